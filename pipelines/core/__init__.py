@@ -1,0 +1,1 @@
+"""Building blocks shared by every pipeline file: typed config, step templates, the CLI."""

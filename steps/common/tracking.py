@@ -1,0 +1,146 @@
+"""MLflow tracking and registry helpers shared by the train, register and deploy steps.
+
+Every function takes the tracking URI explicitly (no process-global active run), so a step can talk to one
+server without leaking state into another. The local default is `sqlite:////fsx/mlflow/mlflow.db`; the local
+executor maps /fsx to a folder of the run.
+
+Client retries are bounded (see `configure`): with a dead server a call fails in well under a minute instead of
+MLflow's default of 7 retries with 120 s timeouts and exponential backoff (about 10 minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+# 4 attempts x 10 s timeout + 1+2+4 s backoff ~ 47 s worst case against a hung server; a refused connection
+# fails after ~7 s. Values already in the environment win, so an operator can widen them.
+CLIENT_ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+SQLITE_PREFIX = "sqlite:///"
+
+# Alias names (stages are deprecated in MLflow: aliases only).
+CHALLENGER = "challenger"
+CHAMPION = "champion"
+PREVIOUS = "previous"
+
+
+def configure(tracking_uri: str) -> None:
+    """Point MLflow's tracking and registry at `tracking_uri`, with bounded client retries and timeouts."""
+    import mlflow
+
+    for name, value in CLIENT_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    db = sqlite_path(tracking_uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+
+
+def client(tracking_uri: str) -> MlflowClient:
+    """An MlflowClient bound to `tracking_uri` for both tracking and registry (after `configure`)."""
+    from mlflow import MlflowClient
+
+    configure(tracking_uri)
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (`sqlite:////abs/path.db` is absolute), else None."""
+    if not tracking_uri.startswith(SQLITE_PREFIX):
+        return None
+    return Path(tracking_uri.removeprefix(SQLITE_PREFIX))
+
+
+def ensure_experiment(tracking_uri: str, name: str) -> str:
+    """Return the id of experiment `name`, creating it if missing.
+
+    With a sqlite backend the experiment's artifacts go to `<folder of the db>/artifacts`, never to ./mlruns of
+    whatever directory the step happens to run in.
+    """
+    mlflow_client = client(tracking_uri)
+    found = mlflow_client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    db = sqlite_path(tracking_uri)
+    artifact_location = (db.parent.resolve() / "artifacts").as_uri() if db is not None else None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(mlflow_client.create_experiment(name, artifact_location=artifact_location))
+    except MlflowException:
+        # Two steps may create it at once; the loser reads the winner's id.
+        found = mlflow_client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return str(found.experiment_id)
+
+
+def start_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str]) -> str:
+    """Create a run in experiment `experiment` (by name, created if missing) and return its id."""
+    experiment_id = ensure_experiment(tracking_uri, experiment)
+    run = client(tracking_uri).create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    return str(run.info.run_id)
+
+
+def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> bool:
+    """Log metrics to a run. Never raises: an MLflow outage must not crash training (warns, returns False)."""
+    try:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
+        client(tracking_uri).log_batch(run_id, metrics=batch, synchronous=True)
+    except Exception as err:  # any tracking failure is non-fatal by contract
+        _warn(f"could not log metrics {sorted(metrics)} to MLflow run {run_id} at {tracking_uri}", err)
+        return False
+    return True
+
+
+def log_params(tracking_uri: str, run_id: str, params: Mapping[str, object]) -> bool:
+    """Log params to a run. Never raises (warns on stderr, returns False)."""
+    try:
+        from mlflow.entities import Param
+
+        batch = [Param(key, str(value)) for key, value in params.items()]
+        client(tracking_uri).log_batch(run_id, params=batch, synchronous=True)
+    except Exception as err:  # any tracking failure is non-fatal by contract
+        _warn(f"could not log params {sorted(params)} to MLflow run {run_id} at {tracking_uri}", err)
+        return False
+    return True
+
+
+def promote(tracking_uri: str, model_name: str, version: str) -> str:
+    """Point alias `champion` at `version`; the former champion (if another version) gets alias `previous`.
+
+    Returns the new champion version. Alias moves are last-writer-wins in MLflow; the workflow runs one deploy
+    per model at a time.
+    """
+    from mlflow.exceptions import MlflowException
+
+    mlflow_client = client(tracking_uri)
+    try:
+        former: str | None = str(mlflow_client.get_model_version_by_alias(model_name, CHAMPION).version)
+    except MlflowException:
+        former = None  # no champion yet
+    if former is not None and former != str(version):
+        mlflow_client.set_registered_model_alias(model_name, PREVIOUS, former)
+    mlflow_client.set_registered_model_alias(model_name, CHAMPION, str(version))
+    return str(version)
+
+
+def _warn(what: str, err: BaseException) -> None:
+    first_line = (str(err).strip().splitlines() or [""])[0][:300]
+    print(f"warning: {what}: {type(err).__name__}: {first_line}", file=sys.stderr, flush=True)
