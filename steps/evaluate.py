@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from steps.common import base_model, checkpoints, tracking
+from steps.common import checkpoints, tracking
+from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
 from steps.common.data import EVAL_FILE, Example, load_examples
 
@@ -81,7 +82,7 @@ class Args(EvaluateSettings, StepArgs):
     dataset_dir: Path = Field(description="staged dataset folder holding eval.jsonl")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step")
     base_model: str
-    model_cache_dir: Path = Field(default_factory=base_model.default_cache_dir)
+    model_cache_dir: Path = Field(default_factory=default_cache_dir)
     report_dir: Path = Field(description="where the JSON and markdown reports are written")
     tracking_uri: str = ""
     mlflow_run_id: str = ""
@@ -174,7 +175,7 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    model_dir = base_model.resolve(args.base_model, args.model_cache_dir)
+    model_dir = resolve_model(args.base_model, args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()

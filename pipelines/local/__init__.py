@@ -1,0 +1,5 @@
+"""The local executor: runs a compiled Argo Workflow manifest on this machine (see executor.py)."""
+
+from pipelines.local.executor import LocalExecutorError, NodeStatus, RunResult, resume_workflow, run_workflow
+
+__all__ = ["LocalExecutorError", "NodeStatus", "RunResult", "resume_workflow", "run_workflow"]

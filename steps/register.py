@@ -1,0 +1,242 @@
+"""Register a trained LoRA adapter in the MLflow model registry (runs only when the evaluation gate passed).
+
+    python -m steps.register --adapter-dir=/fsx/wf/adapter --base-model=smollm2-135m-instruct \
+        --metrics='{"score": 0.82}' --dataset-digest=sha256:... --workflow-name=wf --merged-dir=/fsx/wf/merged
+
+Logs the adapter folder (artifact path "adapter") and the merged model, base + adapter as plain safetensors for
+servers that cannot load adapters (artifact path "model"), to the train step's MLflow run, then registers a model
+version whose source is that "model" artifact, with lineage tags and alias `challenger` (aliases only, never
+stages).
+
+Idempotent: the version carries tag `checkpoint_digest` (sha256 of the adapter files); a rerun for the same
+checkpoint (Argo retry, manual rerun, a client retry whose first response was lost) returns the existing version
+and creates no other.
+
+Outputs (one file each under --outputs-dir):
+    model_version   the registered version number, e.g. "3"
+    model_uri       "models:/<model_name>/<model_version>"
+    mlflow_run_id   the run holding the artifacts
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from steps.common import tracking
+from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common.base_model import default_cache_dir, resolve_model
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+ADAPTER_ARTIFACT = "adapter"
+MODEL_ARTIFACT = "model"
+DIGEST_TAG = "checkpoint_digest"
+EXIT_FAILED = 1  # infrastructure failure: the workflow may retry it
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"  # safe in models:/ URIs, URLs and k8s labels
+
+
+class RegisterSettings(Settings):
+    """Where and under which name the model is registered."""
+
+    model_name: str = Field(
+        "llama-lora",
+        pattern=MODEL_NAME_PATTERN,
+        description="registered model name in MLflow (letters, digits, '.', '_', '-')",
+    )
+    tracking_uri: str = Field(
+        "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (http(s):// or sqlite:///)"
+    )
+    experiment: str = Field("eksflow", description="MLflow experiment of the run when no train run is given")
+
+
+class Args(RegisterSettings, StepArgs):
+    """Settings plus what the workflow wires in."""
+
+    adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
+    base_model: str = Field(description="base model reference the adapter was trained on (see base_model.resolve)")
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
+    metrics: dict[str, float] = Field(description="evaluation metrics as a JSON object, e.g. {\"score\": 0.8}")
+    dataset_digest: str = Field(description="digest of the training data (lineage tag)")
+    workflow_name: str = Field(description="Argo workflow name (lineage tag)")
+    mlflow_run_id: str = Field("", description="the train step's MLflow run; empty starts a new run")
+    merged_dir: Path = Field(description="folder for the merged model (base + adapter) before it is logged")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    model_version: str
+    model_uri: str
+    mlflow_run_id: str
+
+
+def run(args: Args) -> Outputs:
+    """Register the adapter (or find its existing version) and set alias `challenger` on it."""
+    _check_inputs(args)
+    digest = checkpoint_digest(args.adapter_dir)
+    with tracking.errors(args.tracking_uri, "registering the model"):
+        mlflow_client = tracking.client(args.tracking_uri)
+        existing = find_version(mlflow_client, args.model_name, digest)
+        if existing is not None:
+            print(
+                f"model {args.model_name!r} version {existing.version} already holds checkpoint {digest[:12]}; "
+                "not registering again",
+                file=sys.stderr,
+            )
+            mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, existing.version)
+            return _outputs(args.model_name, existing)
+        run_id = _run_id(args)
+        tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
+        merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
+        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
+        mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
+        version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest))
+        mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, version.version)
+    print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
+    return _outputs(args.model_name, version)
+
+
+def checkpoint_digest(adapter_dir: Path) -> str:
+    """sha256 over the adapter's own files (adapter_config.json, adapter_model.*), in name order.
+
+    README files, markers and other extras are left out: they may carry timestamps and would give the same
+    weights a new digest, hence a duplicate version.
+    """
+    h = hashlib.sha256()
+    for path in sorted(p for p in adapter_dir.iterdir() if p.is_file() and p.name.startswith("adapter_")):
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> ModelVersion | None:
+    """The lowest-numbered version of `model_name` tagged with `digest`, or None."""
+    found = mlflow_client.search_model_versions(f"name = '{model_name}' and tags.{DIGEST_TAG} = '{digest}'")
+    return min(found, key=lambda v: int(v.version), default=None)
+
+
+def create_version(
+    mlflow_client: MlflowClient, model_name: str, run_id: str, tags: Mapping[str, str]
+) -> ModelVersion:
+    """Create a version from the run's "model" artifact; collapse duplicates a retried POST may have made."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow_client.create_registered_model(model_name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
+    created = mlflow_client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
+    # The client retries POSTs on timeouts and 5xx: one call may have created two versions. Keep the oldest.
+    twins = mlflow_client.search_model_versions(f"name = '{model_name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'")
+    keep = min(twins, key=lambda v: int(v.version), default=created)
+    for twin in twins:
+        if twin.version != keep.version:
+            mlflow_client.delete_model_version(model_name, twin.version)
+    return keep
+
+
+def lineage_tags(args: Args, digest: str) -> dict[str, str]:
+    """Tags that let a version be traced back to its data, code, image, workflow and scores."""
+    tags = {
+        DIGEST_TAG: digest,
+        "dataset_digest": args.dataset_digest,
+        "workflow_name": args.workflow_name,
+        "base_model": args.base_model,
+        **{f"metric.{name}": repr(value) for name, value in sorted(args.metrics.items())},
+    }
+    for tag, env in (("git_commit", "EKSFLOW_GIT_COMMIT"), ("image", "EKSFLOW_IMAGE")):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    return tags
+
+
+def merge_adapter(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:
+    """Fold the adapter into the base weights and save a plain model folder (safetensors + tokenizer)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    # The train step may have saved its own tokenizer (added tokens, chat template); it wins over the base one.
+    tokenizer_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_dir
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    merged_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{merged_dir.name}.", dir=merged_dir.parent))
+    try:
+        with torch.no_grad():
+            merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(merged_dir, ignore_errors=True)  # a stale merge of another adapter must not survive
+        os.replace(tmp, merged_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_inputs(args: Args) -> None:
+    if not (args.adapter_dir / "adapter_config.json").is_file():
+        raise StepInputError(
+            f"--adapter-dir={args.adapter_dir}: no adapter_config.json there; point it at the folder the train "
+            "step wrote with peft save_pretrained (tasks.train.outputs.parameters.adapter_dir)"
+        )
+    if not args.metrics:
+        raise StepInputError("--metrics is empty; registration needs the evaluation metrics that passed the gate")
+    bad = sorted(name for name, value in args.metrics.items() if not math.isfinite(value))
+    if bad:
+        raise StepInputError(f"--metrics has non-finite values for {bad}; a NaN or inf score must never register")
+
+
+def _run_id(args: Args) -> str:
+    from mlflow.exceptions import MlflowException
+
+    if not args.mlflow_run_id:
+        return tracking.start_run(
+            args.tracking_uri, args.experiment, f"{args.workflow_name}-register", {"workflow_name": args.workflow_name}
+        )
+    try:
+        tracking.client(args.tracking_uri).get_run(args.mlflow_run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise StepInputError(
+            f"--mlflow-run-id={args.mlflow_run_id!r} does not exist at {args.tracking_uri}; pass the train step's "
+            "run id (tasks.train.outputs.parameters.mlflow_run_id) or leave it empty to start a new run"
+        ) from err
+    return args.mlflow_run_id
+
+
+def _outputs(model_name: str, version: ModelVersion) -> Outputs:
+    return Outputs(
+        model_version=str(version.version),
+        model_uri=f"models:/{model_name}/{version.version}",
+        mlflow_run_id=str(version.run_id),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m steps.register --name=value ...`."""
+    try:
+        return run_step(Args, run, argv)
+    except tracking.TrackingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The rendered Workflow: valid against the official Argo schema, and every step's argv parses with its Args."""
+
+import copy
+import importlib
+import re
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.core.config import load_config
+from pipelines.core.templates import manifest
+from pipelines.llama_lora import build
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    return manifest(build(load_config()))
+
+
+def containers(workflow):
+    return [t for t in workflow["spec"]["templates"] if "container" in t]
+
+
+def errors(validator, document):
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_workflow_validates_against_the_official_schema(rendered, argo_validator):
+    assert errors(argo_validator("Workflow"), rendered) == []
+
+
+def test_a_misspelled_field_is_rejected(rendered, argo_validator):
+    broken = copy.deepcopy(rendered)
+    broken["spec"]["templates"][0]["dag"]["tasks"][1]["dependecies"] = ["stage-data"]
+    assert any("dependecies" in e for e in errors(argo_validator("Workflow"), broken))
+
+
+def sample(annotation) -> str:
+    """A representative value of a wired field, as an upstream step would write it."""
+    origin = typing.get_origin(annotation) or annotation
+    return {dict: '{"exact_match": 0.5}', int: "1", float: "0.5", bool: "true"}.get(origin, "/fsx/runs/x/y")
+
+
+@pytest.mark.parametrize("module", ["stage_data", "validate_data", "train", "evaluate", "register", "deploy"])
+def test_template_args_parse_with_the_steps_args_model(rendered, module):
+    step = importlib.import_module(f"steps.{module}")
+    name = module.replace("_", "-")
+    template = next(t for t in containers(rendered) if t["name"] == name)
+    assert template["container"]["command"] == ["python", "-m", f"steps.{module}"]
+
+    params = {p["name"]: p["value"] for p in rendered["spec"]["arguments"]["parameters"]}
+
+    def resolve(arg: str) -> str:
+        arg = re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: params[m.group(1)], arg)
+        arg = arg.replace("{{workflow.name}}", "llama-lora-x7k2p")
+        return re.sub(r"\{\{inputs\.parameters\.(\w+)\}\}",
+                      lambda m: sample(step.Args.model_fields[m.group(1)].annotation), arg)
+
+    args = step.Args.from_argv([resolve(a) for a in template["container"]["args"]])
+    assert args.outputs_dir == Path("/tmp/outputs")
+    declared = [o["name"] for o in template["outputs"]["parameters"]]
+    assert declared == list(step.Outputs.model_fields)
+    assert all(o["valueFrom"]["path"] == f"/tmp/outputs/{o['name']}" for o in template["outputs"]["parameters"])
+
+
+def test_gate_controls_register_and_deploy(rendered):
+    tasks = {t["name"]: t for t in rendered["spec"]["templates"][0]["dag"]["tasks"]}
+    assert tasks["register"]["when"] == "{{tasks.evaluate.outputs.parameters.passed}} == true"
+    assert tasks["deploy"]["depends"] == "register.Succeeded"
+
+
+def test_no_parameter_reaches_a_shell(rendered):
+    """S2: commands are argv lists (python -m ...), never `sh -c` with spliced parameters."""
+    for template in containers(rendered):
+        command = template["container"]["command"]
+        assert command[:2] == ["python", "-m"]
+        assert "script" not in template
+
+
+def test_committed_template_matches_a_fresh_render(rendered):
+    """`make templates` output is generated: it must not drift from the pipeline file."""
+    committed = ROOT / "workflow-templates" / "llama-lora.yaml"
+    assert committed.is_file(), "run `make templates` and commit workflow-templates/"
+    assert yaml.safe_load(committed.read_text()) == rendered, "workflow-templates/ is stale: run `make templates`"

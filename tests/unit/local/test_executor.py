@@ -1,0 +1,640 @@
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from pipelines.local import LocalExecutorError, RunResult, resume_workflow, run_workflow
+from pipelines.local.executor import PathMap
+
+# Snippets for `python -c CODE arg...`; sys.argv[1:] are the container args.
+APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
+WRITE_OUTPUT = (
+    "import os, sys; os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True);open(sys.argv[1], 'w').write(sys.argv[2])"
+)
+EXIT_WITH = "import sys; open(sys.argv[1], 'a').write('x\\n'); sys.exit(int(sys.argv[2]))"
+WAIT_FOR_OTHER = """
+import pathlib, sys, time
+marks, me, other = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+(marks / f"running-{me}").touch()
+deadline = time.monotonic() + 20
+while not (marks / f"running-{other}").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+(marks / f"saw-{me}").write_text(str((marks / f"running-{other}").exists()))
+"""
+
+
+def container(name: str, code: str, *args: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "container": {"image": "python:3.11", "command": ["python", "-c", code], "args": list(args)},
+        **extra,
+    }
+
+
+def task(name: str, template: str, depends: str | None = None, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "template": template, **extra}
+    if depends:
+        spec["depends"] = depends
+    return spec
+
+
+def workflow(tasks: list[dict[str, Any]], templates: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "test-"},
+        "spec": {"entrypoint": "main", "templates": [*templates, {"name": "main", "dag": {"tasks": tasks}}], **spec},
+    }
+
+
+@dataclass
+class Outcome(RunResult):
+    output: str = ""  # what the run printed (plain mode: one line per phase change)
+
+
+def run(manifest: dict[str, Any], tmp_path: Path, **kwargs: Any) -> Outcome:
+    out = io.StringIO()
+    result = run_workflow(manifest, tmp_path / "state", cwd=tmp_path, console=Console(file=out, width=200), **kwargs)
+    return Outcome(**vars(result), output=out.getvalue())
+
+
+def phases(result: RunResult) -> dict[str, str]:
+    return {name: node.phase for name, node in result.nodes.items()}
+
+
+def lines(path: Path) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def test_dag_order_and_parallel_branches(tmp_path: Path) -> None:
+    order, marks = tmp_path / "order", tmp_path / "marks"
+    marks.mkdir()
+    manifest = workflow(
+        [
+            task("a", "append", arguments={"parameters": [{"name": "who", "value": "a"}]}),
+            task(
+                "b",
+                "wait",
+                "a",
+                arguments={"parameters": [{"name": "me", "value": "b"}, {"name": "other", "value": "c"}]},
+            ),
+            task(
+                "c",
+                "wait",
+                "a",
+                arguments={"parameters": [{"name": "me", "value": "c"}, {"name": "other", "value": "b"}]},
+            ),
+            task("d", "append", "b && c", arguments={"parameters": [{"name": "who", "value": "d"}]}),
+        ],
+        [
+            container(
+                "append", APPEND, str(order), "{{inputs.parameters.who}}", inputs={"parameters": [{"name": "who"}]}
+            ),
+            container(
+                "wait",
+                WAIT_FOR_OTHER,
+                str(marks),
+                "{{inputs.parameters.me}}",
+                "{{inputs.parameters.other}}",
+                inputs={"parameters": [{"name": "me"}, {"name": "other"}]},
+            ),
+        ],
+    )
+    result = run(manifest, tmp_path)
+    assert result.phase == "Succeeded", result.message
+    assert lines(order) == ["a", "d"]
+    # Each branch saw the other one running: they ran at the same time.
+    assert (marks / "saw-b").read_text() == "True"
+    assert (marks / "saw-c").read_text() == "True"
+    assert "  d                  Succeeded" in result.output
+
+
+def test_parallelism_caps_running_tasks(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = """
+import pathlib, sys, time
+marks, me = pathlib.Path(sys.argv[1]), sys.argv[2]
+(marks / f"running-{me}").touch()
+time.sleep(0.3)
+(marks / f"seen-{me}").write_text(",".join(sorted(p.name for p in marks.glob("running-*"))))
+(marks / f"running-{me}").unlink()
+"""
+    template = container("t", code, str(marks), "{{inputs.parameters.me}}", inputs={"parameters": [{"name": "me"}]})
+    tasks = [task(n, "t", arguments={"parameters": [{"name": "me", "value": n}]}) for n in ("a", "b", "c")]
+    result = run(workflow(tasks, [template], parallelism=1), tmp_path)
+    assert result.phase == "Succeeded"
+    assert [(marks / f"seen-{n}").read_text() for n in ("a", "b", "c")] == ["running-a", "running-b", "running-c"]
+
+
+def test_depends_and_when_semantics(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    manifest = workflow(
+        [
+            task("fails", "exit", arguments={"parameters": [{"name": "code", "value": "1"}]}),
+            task("after-success", "ok", "fails"),
+            task("on-failure", "ok", "fails.Failed"),
+            task("skipped", "ok", when="false == true"),
+            task("after-skip", "ok", "skipped"),
+            task("needs-skip-succeeded", "ok", "skipped.Succeeded"),
+            task("after-omitted", "ok", "after-success.Omitted && on-failure"),
+        ],
+        [
+            container(
+                "exit", EXIT_WITH, str(log), "{{inputs.parameters.code}}", inputs={"parameters": [{"name": "code"}]}
+            ),
+            container("ok", "print('ok')"),
+        ],
+    )
+    result = run(manifest, tmp_path)
+    assert phases(result) == {
+        "fails": "Failed",
+        "after-success": "Omitted",
+        "on-failure": "Succeeded",
+        "skipped": "Skipped",
+        "after-skip": "Succeeded",
+        "needs-skip-succeeded": "Omitted",
+        "after-omitted": "Succeeded",
+    }
+    assert result.nodes["fails"].exit_code == 1
+    assert "false == true" in result.nodes["skipped"].message
+    # The failure was expected by `fails.Failed`, so it neither stops the DAG nor fails the workflow.
+    assert result.phase == "Succeeded"
+
+
+def test_fail_fast_omits_tasks_not_started(tmp_path: Path) -> None:
+    # `slow` waits until the status file shows `boom` Failed, so the failure is seen while it still runs.
+    wait_for_failure = """
+import json, pathlib, sys, time
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    for status in pathlib.Path(sys.argv[1]).glob("runs/*/status.json"):
+        if json.loads(status.read_text())["status"]["nodes"]["boom"]["phase"] == "Failed":
+            sys.exit(0)
+    time.sleep(0.05)
+sys.exit(3)
+"""
+    manifest = workflow(
+        [task("boom", "boom"), task("slow", "slow"), task("next", "ok", "slow")],
+        [
+            container("boom", "import sys; print('disk on fire'); sys.exit(1)"),
+            container("slow", wait_for_failure, str(tmp_path / "state")),
+            container("ok", "print('ok')"),
+        ],
+    )
+    result = run(manifest, tmp_path)
+    assert phases(result) == {"boom": "Failed", "slow": "Succeeded", "next": "Omitted"}
+    assert "fail fast" in result.nodes["next"].message
+    assert result.phase == "Failed"
+    assert "boom" in result.message
+    # The failed task's log tail is printed.
+    assert "disk on fire" in result.output
+
+
+def test_parameters_and_outputs_flow_between_tasks(tmp_path: Path) -> None:
+    received = tmp_path / "received"
+    producer = container(
+        "produce",
+        WRITE_OUTPUT,
+        "/tmp/outputs/message",
+        "{{inputs.parameters.greeting}} from {{workflow.parameters.who}}",
+        inputs={"parameters": [{"name": "greeting", "default": "hello"}]},
+        outputs={
+            "parameters": [
+                {"name": "message", "valueFrom": {"path": "/tmp/outputs/message"}},
+                {"name": "absent", "valueFrom": {"path": "/tmp/outputs/absent", "default": "fallback"}},
+            ]
+        },
+    )
+    consumer = container(
+        "consume",
+        APPEND,
+        str(received),
+        "{{inputs.parameters.message}}|{{inputs.parameters.absent}}|{{workflow.name}}|{{workflow.namespace}}",
+        inputs={"parameters": [{"name": "message"}, {"name": "absent"}]},
+    )
+    manifest = workflow(
+        [
+            task("produce", "produce"),
+            task(
+                "consume",
+                "consume",
+                "produce",
+                arguments={
+                    "parameters": [
+                        {"name": "message", "value": "{{tasks.produce.outputs.parameters.message}}"},
+                        {"name": "absent", "value": "{{ tasks.produce.outputs.parameters.absent }}"},
+                    ]
+                },
+                when="{{tasks.produce.status}} == Succeeded",
+            ),
+        ],
+        [producer, consumer],
+        arguments={"parameters": [{"name": "who", "value": "argo"}]},
+    )
+    result = run(manifest, tmp_path, parameters={"who": "local"})
+    assert result.phase == "Succeeded", result.message
+    assert result.nodes["produce"].outputs == {"message": "hello from local", "absent": "fallback"}
+    assert lines(received) == [f"hello from local|fallback|{result.name}|local"]
+    assert result.name.startswith("test-") and len(result.name) == len("test-") + 5
+    status = json.loads((result.run_dir / "status.json").read_text())
+    assert status["metadata"]["name"] == result.name
+    assert status["status"]["phase"] == "Succeeded"
+    node = status["status"]["nodes"]["produce"]
+    assert node["outputs"]["parameters"] == [
+        {"name": "message", "value": "hello from local"},
+        {"name": "absent", "value": "fallback"},
+    ]
+    assert {"displayName", "templateName", "phase", "message", "exitCode", "startedAt", "finishedAt"} <= set(node)
+    assert node["startedAt"].endswith("Z")
+    assert (result.run_dir / "manifest.yaml").read_text().count("{{tasks.produce.outputs.parameters.message}}") == 1
+
+
+def test_missing_output_fails_the_task_and_bad_reference_errors(tmp_path: Path) -> None:
+    manifest = workflow(
+        [task("silent", "silent"), task("bad-ref", "echo")],
+        [
+            container(
+                "silent",
+                "pass",
+                outputs={"parameters": [{"name": "score", "valueFrom": {"path": "/tmp/outputs/score"}}]},
+            ),
+            container("echo", "print(1)", "{{workflow.parameters.nope}}"),
+        ],
+        parallelism=1,
+    )
+    manifest["spec"]["templates"][-1]["dag"]["failFast"] = False
+    result = run(manifest, tmp_path)
+    assert result.nodes["silent"].phase == "Failed"
+    assert "/tmp/outputs/score" in result.nodes["silent"].message
+    assert result.nodes["bad-ref"].phase == "Error"
+    assert "{{workflow.parameters.nope}}" in result.nodes["bad-ref"].message
+    assert result.phase == "Failed"
+
+
+def test_retry_with_backoff_never_retries_exit_2(tmp_path: Path) -> None:
+    retry = {
+        "limit": "3",
+        "retryPolicy": "OnFailure",
+        "expression": "asInt(lastRetry.exitCode) != 2",
+        "backoff": {"duration": "50ms", "factor": "2", "maxDuration": "1m"},
+    }
+    template = container(
+        "flaky",
+        EXIT_WITH,
+        str(tmp_path / "{{inputs.parameters.code}}.attempts"),
+        "{{inputs.parameters.code}}",
+        inputs={"parameters": [{"name": "code"}]},
+        retryStrategy=retry,
+    )
+    manifest = workflow(
+        [task(f"exit-{c}", "flaky", arguments={"parameters": [{"name": "code", "value": c}]}) for c in ("1", "2")],
+        [template],
+    )
+    result = run(manifest, tmp_path)
+    assert len(lines(tmp_path / "1.attempts")) == 4  # the first attempt + limit retries
+    assert len(lines(tmp_path / "2.attempts")) == 1  # bad input: never retried
+    assert result.nodes["exit-1"].retries == 3
+    assert result.nodes["exit-2"].retries == 0
+    assert "not retried" in result.nodes["exit-2"].message
+    assert result.nodes["exit-2"].exit_code == 2
+    assert result.phase == "Failed"
+
+
+def test_retry_policy_on_error_does_not_retry_a_failed_exit(tmp_path: Path) -> None:
+    template = container(
+        "t", EXIT_WITH, str(tmp_path / "attempts"), "1", retryStrategy={"limit": 2, "retryPolicy": "OnError"}
+    )
+    result = run(workflow([task("t", "t")], [template]), tmp_path)
+    assert result.nodes["t"].phase == "Failed"
+    assert len(lines(tmp_path / "attempts")) == 1
+
+
+def test_template_deadline_kills_and_on_exit_sees_failure(tmp_path: Path) -> None:
+    status_file = tmp_path / "exit-status"
+    manifest = workflow(
+        [task("hang", "hang"), task("later", "ok", "hang")],
+        [
+            container("hang", "import time; time.sleep(60)", activeDeadlineSeconds=1),
+            container("ok", "print('ok')"),
+            container("exit-handler", APPEND, str(status_file), "{{workflow.status}}"),
+        ],
+        onExit="exit-handler",
+    )
+    result = run(manifest, tmp_path)
+    hang = result.nodes["hang"]
+    assert hang.phase == "Failed"
+    assert "activeDeadlineSeconds=1" in hang.message
+    assert hang.exit_code == 143  # SIGTERM
+    assert result.nodes["later"].phase == "Omitted"
+    assert lines(status_file) == ["Failed"]
+    assert result.nodes["onExit"].phase == "Succeeded"
+    assert result.phase == "Failed"
+
+
+def test_workflow_deadline_stops_running_tasks(tmp_path: Path) -> None:
+    manifest = workflow(
+        [task("hang", "hang"), task("later", "ok", "hang")],
+        [container("hang", "import time; time.sleep(60)"), container("ok", "print('ok')")],
+        activeDeadlineSeconds=1,
+    )
+    result = run(manifest, tmp_path)
+    assert phases(result) == {"hang": "Failed", "later": "Omitted"}
+    assert result.phase == "Failed"
+    assert "activeDeadlineSeconds=1" in result.message
+
+
+def test_resume_keeps_succeeded_tasks(tmp_path: Path) -> None:
+    flag = tmp_path / "fixed"
+    second = """
+import pathlib, sys
+open(sys.argv[1], 'a').write(sys.argv[3] + '\\n')
+sys.exit(0 if pathlib.Path(sys.argv[2]).exists() else 1)
+"""
+    manifest = workflow(
+        [
+            task("first", "first"),
+            task(
+                "second",
+                "second",
+                "first",
+                arguments={"parameters": [{"name": "v", "value": "{{tasks.first.outputs.parameters.v}}"}]},
+            ),
+        ],
+        [
+            container(
+                "first",
+                "import sys; open(sys.argv[1], 'a').write('x\\n'); open(sys.argv[2], 'w').write('from-first')",
+                str(tmp_path / "first.runs"),
+                "/tmp/outputs/v",
+                outputs={"parameters": [{"name": "v", "valueFrom": {"path": "/tmp/outputs/v"}}]},
+            ),
+            container(
+                "second",
+                second,
+                str(tmp_path / "second.runs"),
+                str(flag),
+                "{{inputs.parameters.v}}",
+                inputs={"parameters": [{"name": "v"}]},
+            ),
+        ],
+    )
+    failed = run(manifest, tmp_path)
+    assert phases(failed) == {"first": "Succeeded", "second": "Failed"}
+    flag.touch()
+    resumed = resume_workflow(failed.run_dir, cwd=tmp_path, console=Console(file=io.StringIO()))
+    assert resumed.name == failed.name
+    assert resumed.phase == "Succeeded"
+    assert len(lines(tmp_path / "first.runs")) == 1
+    assert lines(tmp_path / "second.runs") == ["from-first", "from-first"]
+    assert resumed.nodes["first"].outputs == {"v": "from-first"}
+    with pytest.raises(LocalExecutorError, match="already Succeeded"):
+        resume_workflow(failed.run_dir, cwd=tmp_path, console=Console(file=io.StringIO()))
+
+
+def test_volumes_map_to_host_folders(tmp_path: Path) -> None:
+    write_and_report = (
+        "import sys; open(sys.argv[1], 'w').write('data'); open(sys.argv[2], 'w').write('kept');"
+        "open(sys.argv[3], 'w').write(sys.argv[1])"
+    )
+    read_back = "import sys; open(sys.argv[2], 'w').write(open(sys.argv[1]).read())"
+    manifest = workflow(
+        [
+            task("write", "write"),
+            task(
+                "read",
+                "read",
+                "write",
+                arguments={"parameters": [{"name": "path", "value": "{{tasks.write.outputs.parameters.path}}"}]},
+            ),
+        ],
+        [
+            container(
+                "write",
+                write_and_report,
+                "/fsx/x",
+                "/scratch/y",
+                "/tmp/outputs/path",
+                outputs={"parameters": [{"name": "path", "valueFrom": {"path": "/tmp/outputs/path"}}]},
+            ),
+            container(
+                "read",
+                read_back,
+                "{{inputs.parameters.path}}",
+                str(tmp_path / "copy"),
+                inputs={"parameters": [{"name": "path"}]},
+            ),
+        ],
+        volumes=[{"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}],
+    )
+    templates = manifest["spec"]["templates"]
+    for template in templates[:2]:
+        template["container"]["volumeMounts"] = [{"name": "fsx", "mountPath": "/fsx"}]
+    templates[0]["container"]["volumeMounts"].append({"name": "scratch", "mountPath": "/scratch"})
+    templates[0]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    result = run(manifest, tmp_path)
+    assert result.phase == "Succeeded", result.message
+    assert (tmp_path / "state" / "volumes" / "fsx-claim" / "x").read_text() == "data"
+    assert (result.run_dir / "volumes" / "scratch" / "y").read_text() == "kept"
+    assert result.nodes["write"].outputs == {"path": "/fsx/x"}  # as Argo would show it
+    assert (tmp_path / "copy").read_text() == "data"  # mapped again for the downstream task
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/fsx", "/host/fsx"),
+        ("/fsx/a/b", "/host/fsx/a/b"),
+        ("--dir=/fsx/a", "--dir=/host/fsx/a"),
+        ("sqlite:////fsx/db", "sqlite:////host/fsx/db"),
+        ("file:///fsx/data.jsonl", "file:///host/fsx/data.jsonl"),
+        ("/data/fsx/x", "/data/fsx/x"),
+        ("/fsx-old/x", "/fsx-old/x"),
+        ("/fsx.bak", "/fsx.bak"),
+        ("/tmp/outputs/score", "/host/out/score"),
+        ("/tmp/outputs/sub/x", "/host/sub/x"),
+        ("a=/fsx,b=/fsx/c", "a=/host/fsx,b=/host/fsx/c"),
+    ],
+    ids=[
+        "bare",
+        "nested",
+        "flag",
+        "sqlite-url",
+        "file-url",
+        "inner",
+        "sibling",
+        "dotted",
+        "outputs",
+        "longest",
+        "twice",
+    ],
+)
+def test_path_map(text: str, expected: str) -> None:
+    paths = PathMap([("/fsx", "/host/fsx"), ("/tmp/outputs", "/host/out"), ("/tmp/outputs/sub", "/host/sub")])
+    assert paths.to_host(text) == expected
+    assert paths.to_container(expected) == text
+
+
+INJECTION = {
+    "triple-quote": "x''' + __import__('os').system('touch CANARY') + '''",
+    "command-substitution": "$(touch CANARY)",
+    "backticks": "`touch CANARY`",
+    "semicolon": "a; touch CANARY",
+    "newline": "line1\ntouch CANARY\n",
+    "workflow-name": "{{workflow.name}}",
+    "sprig": '{{=sprig.env("HOME")}}',
+    "quotes": "\"double\" 'single' \\back",
+    "non-ascii": "héllo ✓ 日本語 🚀",
+}
+
+
+def test_injection_corpus_reaches_the_step_byte_identical(tmp_path: Path) -> None:
+    record = """
+import os, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for i, value in enumerate(sys.argv[2:]):
+    (out / f"arg{i}").write_bytes(os.fsencode(value))
+    (out / f"env{i}").write_bytes(os.fsencode(os.environ[f"V{i}"]))
+"""
+    out = tmp_path / "seen"
+    out.mkdir()
+    names = list(INJECTION)
+    template = container(
+        "record",
+        record,
+        str(out),
+        *(f"--value={{{{inputs.parameters.p{i}}}}}" for i in range(len(names))),
+        inputs={"parameters": [{"name": f"p{i}"} for i in range(len(names))]},
+    )
+    template["container"]["env"] = [
+        {"name": f"V{i}", "value": f"{{{{workflow.parameters.{n}}}}}"} for i, n in enumerate(names)
+    ]
+    manifest = workflow(
+        [
+            task(
+                "record",
+                "record",
+                arguments={
+                    "parameters": [
+                        {"name": f"p{i}", "value": f"{{{{workflow.parameters.{n}}}}}"} for i, n in enumerate(names)
+                    ]
+                },
+            )
+        ],
+        [template],
+        arguments={"parameters": [{"name": n, "value": "placeholder"} for n in names]},
+    )
+    result = run(manifest, tmp_path, parameters=INJECTION)
+    assert result.phase == "Succeeded", result.message
+    for i, name in enumerate(names):
+        assert (out / f"arg{i}").read_bytes() == f"--value={INJECTION[name]}".encode(), name
+        assert (out / f"env{i}").read_bytes() == INJECTION[name].encode(), name
+    assert not list(tmp_path.rglob("CANARY"))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda t: t.update(script={"image": "x", "source": "print(1)"}),
+            r"spec.templates\[0\].script is not supported locally; use a container",
+        ),
+        (lambda t: t.update(resource={"action": "create"}), r"resource templates .*RayJob"),
+        (
+            lambda t: t["container"].update(env=[{"name": "A", "valueFrom": {"secretKeyRef": {}}}]),
+            r"env\[0\].valueFrom",
+        ),
+        (lambda t: t["container"].pop("command"), r"container.command is required"),
+        (lambda t: t.update(retryStrategy={"retryPolicy": "Always"}), r"retryStrategy.limit is required"),
+        (lambda t: t.update(retryStrategy={"limit": 1, "retryPolicy": "Sometimes"}), r"retryPolicy must be one of"),
+        (
+            lambda t: t["container"].update(volumeMounts=[{"name": "nope", "mountPath": "/x"}]),
+            r"'nope' matches no volume",
+        ),
+    ],
+    ids=["script", "resource", "env-valueFrom", "no-command", "no-limit", "bad-policy", "unknown-volume"],
+)
+def test_unsupported_templates_are_rejected_up_front(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    template = container("t", "print(1)")
+    mutate(template)
+    with pytest.raises(LocalExecutorError, match=message):
+        run(workflow([task("t", "t")], [template]), tmp_path)
+    assert not (tmp_path / "state").exists()  # nothing ran, nothing was written
+
+
+@pytest.mark.parametrize(
+    ("tasks", "message"),
+    [
+        ([task("a", "t", withItems=[1, 2])], r"withItems is not supported"),
+        ([task("a", "t", "ghost")], r"depends on 'ghost'"),
+        ([task("a", "t", "b"), task("b", "t", "a")], r"cycle"),
+        ([task("a", "missing")], r"'missing' is not a container template"),
+        (
+            [task("a", "t"), task("b", "t", arguments={"parameters": [{"name": "x", "value": "{{tasks.a.status}}"}]})],
+            r"does not depend on 'a'",
+        ),
+    ],
+    ids=["withItems", "unknown-dependency", "cycle", "missing-template", "undeclared-dependency"],
+)
+def test_invalid_dags_are_rejected(tmp_path: Path, tasks: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(LocalExecutorError, match=message):
+        run(workflow(tasks, [container("t", "print(1)")]), tmp_path)
+
+
+def test_parameter_overrides_are_checked(tmp_path: Path) -> None:
+    manifest = workflow(
+        [task("t", "t")], [container("t", "print(1)")], arguments={"parameters": [{"name": "a", "value": "1"}]}
+    )
+    with pytest.raises(LocalExecutorError, match="unknown workflow parameter 'b'; known: a"):
+        run(manifest, tmp_path, parameters={"b": "2"})
+
+
+def test_ctrl_c_kills_running_tasks_and_records_interrupted(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    manifest = workflow(
+        [task("hang", "hang")],
+        [
+            container(
+                "hang",
+                "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)",
+                str(pid_file),
+            )
+        ],
+    )
+    manifest["metadata"] = {"name": "interrupted"}
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        "import io, json, sys, pathlib\n"
+        "from rich.console import Console\n"
+        "from pipelines.local import run_workflow\n"
+        "run_workflow(json.loads(sys.argv[1]), pathlib.Path(sys.argv[2]), cwd=pathlib.Path(sys.argv[2]),"
+        " console=Console(file=io.StringIO()))\n"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen([sys.executable, str(runner), json.dumps(manifest), str(tmp_path)], env=env)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    step_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) != 0  # KeyboardInterrupt propagates
+    status = json.loads((tmp_path / "runs" / "interrupted" / "status.json").read_text())
+    assert status["status"]["phase"] == "Failed"
+    assert status["status"]["message"] == "interrupted"
+    assert status["status"]["nodes"]["hang"]["phase"] == "Failed"
+    assert status["status"]["nodes"]["hang"]["message"] == "interrupted"
+    with pytest.raises(ProcessLookupError):
+        os.kill(step_pid, 0)
