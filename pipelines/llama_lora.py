@@ -33,34 +33,59 @@ def build(cfg: PipelineConfig) -> Workflow:
         stage_t = step(stage_data, cfg.data, source="{{workflow.parameters.data_source}}", dest_dir=f"{run_dir}/data")
         validate_t = step(validate_data, cfg.validation, wired=["dataset_dir"], report_dir=f"{run_dir}/reports")
         train_t = step(
-            train, cfg.train, wired=["dataset_dir"], **model, **mlflow,
-            output_dir=f"{run_dir}/train", run_name="{{workflow.name}}", experiment=cfg.mlflow.experiment,
-            image=cfg.images.train, resources=train_resources(cfg),
+            train,
+            cfg.train,
+            wired=["dataset_dir"],
+            **model,
+            **mlflow,
+            output_dir=f"{run_dir}/train",
+            run_name="{{workflow.name}}",
+            experiment=cfg.mlflow.experiment,
+            image=cfg.images.train,
+            resources=train_resources(cfg),
         )
         evaluate_t = step(
-            evaluate, cfg.evaluate, wired=["dataset_dir", "adapter_dir", "mlflow_run_id"], **model, **mlflow,
-            report_dir=f"{run_dir}/reports", resources=Resources(cpu_request=2, memory_request="8Gi"),
+            evaluate,
+            cfg.evaluate,
+            wired=["dataset_dir", "adapter_dir", "mlflow_run_id"],
+            **model,
+            **mlflow,
+            report_dir=f"{run_dir}/reports",
+            resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
         register_t = step(
-            register, cfg.register, wired=["adapter_dir", "metrics", "dataset_digest", "mlflow_run_id"], **model,
-            **mlflow, model_name=cfg.mlflow.model_name, experiment=cfg.mlflow.experiment,
-            workflow_name="{{workflow.name}}", merged_dir=f"{run_dir}/merged",
+            register,
+            cfg.registry,
+            wired=["adapter_dir", "metrics", "dataset_digest", "mlflow_run_id"],
+            **model,
+            **mlflow,
+            model_name=cfg.mlflow.model_name,
+            experiment=cfg.mlflow.experiment,
+            workflow_name="{{workflow.name}}",
+            merged_dir=f"{run_dir}/merged",
             resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
         deploy_t = step(
-            deploy, cfg.deploy, wired=["model_version"], **mlflow, model_name=cfg.mlflow.model_name,
-            serve_dir=f"{run_dir}/serve", resources=Resources(cpu_request=2, memory_request="8Gi"),
+            deploy,
+            cfg.deploy,
+            wired=["model_version"],
+            **mlflow,
+            model_name=cfg.mlflow.model_name,
+            serve_dir=f"{run_dir}/serve",
+            resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
 
         with DAG(name="main"):
             staged = stage_t()
             checked = validate_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
             trained = train_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
-            scored = evaluate_t(arguments={
-                "dataset_dir": staged.get_parameter("dataset_dir"),
-                "adapter_dir": trained.get_parameter("adapter_dir"),
-                "mlflow_run_id": trained.get_parameter("mlflow_run_id"),
-            })
+            scored = evaluate_t(
+                arguments={
+                    "dataset_dir": staged.get_parameter("dataset_dir"),
+                    "adapter_dir": trained.get_parameter("adapter_dir"),
+                    "mlflow_run_id": trained.get_parameter("mlflow_run_id"),
+                }
+            )
             registered = register_t(
                 arguments={
                     "adapter_dir": trained.get_parameter("adapter_dir"),
@@ -72,7 +97,7 @@ def build(cfg: PipelineConfig) -> Workflow:
             )
             deployed = deploy_t(arguments={"model_version": registered.get_parameter("model_version")})
 
-            staged >> checked >> trained >> scored >> registered
+            staged >> checked >> trained >> scored >> registered  # type: ignore[operator]  # Hera types >> as Task | list
             registered.on_success(deployed)  # a skipped registration (gate failed) deploys nothing
     return workflow
 

@@ -16,8 +16,18 @@ import random
 from pathlib import Path
 
 MONTHS = [
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 INSTRUCTION = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only."
 

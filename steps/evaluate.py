@@ -28,8 +28,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from steps.common import checkpoints, tracking
-from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import EVAL_FILE, Example, load_examples
 
 TaskMetric = Literal["exact_match", "contains"]
@@ -178,7 +178,8 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model.to(device).eval()
     base = _score(model, tokenizer, examples, args)
     tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).eval()
     return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args)}
@@ -259,8 +260,15 @@ def _write_report(
         for e, b, t in zip(examples[:8], scores["base"].answers, scores["tuned"].answers, strict=False)
     ]
     thresholds = [{**r.model_dump(), "actual": metrics.get(r.metric)} for r in args.thresholds]
-    report = {"passed": passed, "reason": reason, "metrics": dict(metrics), "thresholds": thresholds,
-              "examples": len(examples), "adapter_dir": str(args.adapter_dir), "samples": samples}
+    report = {
+        "passed": passed,
+        "reason": reason,
+        "metrics": dict(metrics),
+        "thresholds": thresholds,
+        "examples": len(examples),
+        "adapter_dir": str(args.adapter_dir),
+        "samples": samples,
+    }
     path = args.report_dir / REPORT_FILE
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     table = render_table(metrics, args.task_metrics, args.thresholds, passed, reason, len(examples))

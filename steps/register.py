@@ -44,7 +44,6 @@ ADAPTER_ARTIFACT = "adapter"
 MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
 EXIT_FAILED = 1  # infrastructure failure: the workflow may retry it
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"  # safe in models:/ URIs, URLs and k8s labels
 
 
 class RegisterSettings(Settings):
@@ -52,7 +51,7 @@ class RegisterSettings(Settings):
 
     model_name: str = Field(
         "llama-lora",
-        pattern=MODEL_NAME_PATTERN,
+        pattern=tracking.MODEL_NAME_PATTERN,
         description="registered model name in MLflow (letters, digits, '.', '_', '-')",
     )
     tracking_uri: str = Field(
@@ -67,7 +66,7 @@ class Args(RegisterSettings, StepArgs):
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
     base_model: str = Field(description="base model reference the adapter was trained on (see base_model.resolve)")
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
-    metrics: dict[str, float] = Field(description="evaluation metrics as a JSON object, e.g. {\"score\": 0.8}")
+    metrics: dict[str, float] = Field(description='evaluation metrics as a JSON object, e.g. {"score": 0.8}')
     dataset_digest: str = Field(description="digest of the training data (lineage tag)")
     workflow_name: str = Field(description="Argo workflow name (lineage tag)")
     mlflow_run_id: str = Field("", description="the train step's MLflow run; empty starts a new run")
@@ -129,9 +128,7 @@ def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> M
     return min(found, key=lambda v: int(v.version), default=None)
 
 
-def create_version(
-    mlflow_client: MlflowClient, model_name: str, run_id: str, tags: Mapping[str, str]
-) -> ModelVersion:
+def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, tags: Mapping[str, str]) -> ModelVersion:
     """Create a version from the run's "model" artifact; collapse duplicates a retried POST may have made."""
     from mlflow.exceptions import MlflowException
 

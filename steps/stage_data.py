@@ -97,7 +97,7 @@ def manifest_digest(entries: Iterable[ManifestEntry]) -> str:
 
 
 def safe_relative(key: str, source: str) -> str:
-    """`key` as a relative POSIX path that stays inside the destination, or StepInputError."""
+    """`key` itself if it is a plain relative POSIX path (so it stays inside the destination), else StepInputError."""
     parts = key.split("/")
     if key.startswith("/") or any(part in ("", ".", "..") for part in parts):
         raise StepInputError(
@@ -257,14 +257,14 @@ def stage(source: str, dest: Path, concurrency: int) -> list[ManifestEntry]:
         bucket, _ = split_s3(source)
         files = list_s3(client, source)
 
-        def open_source(key: str) -> _Readable:
-            body: _Readable = client.get_object(Bucket=bucket, Key=key)["Body"]
+        def open_source(origin: str) -> _Readable:
+            body: _Readable = client.get_object(Bucket=bucket, Key=origin)["Body"]
             return body
     else:
         files = list_local(local_path(source), source)
 
-        def open_source(key: str) -> _Readable:
-            return open(key, "rb")
+        def open_source(origin: str) -> _Readable:
+            return open(origin, "rb")
 
     if any(f.path == MANIFEST_FILE for f in files):
         print(f"note: ignoring {MANIFEST_FILE} in {source!r}: staging writes its own", file=sys.stderr)

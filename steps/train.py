@@ -23,14 +23,15 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from steps.common import checkpoints, tracking
-from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import TRAIN_FILE, load_examples
 from steps.common.outputs import Progress
 
@@ -149,7 +150,7 @@ def _mlflow_run(args: Args) -> str:
         return ""
     try:
         run_id = tracking.start_run(args.tracking_uri, args.experiment, args.run_name, {"eksflow.step": "train"})
-    except Exception as err:  # noqa: BLE001 - an MLflow outage must not stop training
+    except Exception as err:
         print(f"warning: MLflow unreachable, training without tracking: {err}")
         return ""
     tracking.log_params(args.tracking_uri, run_id, _flat_params(args))
@@ -249,7 +250,7 @@ def train_loop(config: dict[str, Any]) -> None:
     ]
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(loop.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model: Any = AutoModelForCausalLM.from_pretrained(loop.model_dir, dtype=torch.float32, attn_implementation="sdpa")
     if settings.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -312,9 +313,8 @@ def train_loop(config: dict[str, Any]) -> None:
             progress.advance(note=f"loss {metrics.get('loss', float('nan')):.4f}" if metrics else "")
         if done % settings.checkpoint_every == 0 or done == settings.max_steps:
             if rank == 0:
-                checkpoints.commit(
-                    root, done, lambda d: _save_checkpoint(d, model, optimizer, scheduler, done, metrics)
-                )
+                save = partial(_save_checkpoint, model=model, optimizer=optimizer, scheduler=scheduler)
+                checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
                 checkpoints.prune(root, settings.keep_checkpoints)
             ray.train.report({"step": done, **metrics})
 
@@ -341,16 +341,14 @@ def _unwrap(model: Any) -> Any:
     return model.module if hasattr(model, "module") else model
 
 
-def _save_checkpoint(
-    folder: Path, model: Any, optimizer: Any, scheduler: Any, step: int, metrics: dict[str, float]
-) -> None:
+def _save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, metrics: dict[str, float]) -> None:
     import torch
 
-    (folder / METRICS_FILE).write_text(json.dumps({"step": step, **metrics}), encoding="utf-8")
+    (folder / METRICS_FILE).write_text(json.dumps(metrics), encoding="utf-8")
     _unwrap(model).save_pretrained(folder / "adapter", safe_serialization=True)
     torch.save(
         {
-            "step": step,
+            "step": int(metrics["step"]),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),

@@ -31,15 +31,26 @@ def parser(prog: str) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="YAML file overriding the defaults (sections as in core/config.py)")
     common.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one value, e.g. --set train.max_steps=20 (repeatable; applied after --config)",
     )
-    root = argparse.ArgumentParser(prog=prog, description=(sys.modules["__main__"].__doc__ or "").strip(),
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    root = argparse.ArgumentParser(
+        prog=prog,
+        description=(sys.modules["__main__"].__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = root.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", parents=[common], help="run the whole workflow on this machine (no cluster)")
-    run.add_argument("--state-dir", type=Path, default=Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")),
-                     help="runs, logs and local volumes live here (default .eksflow)")
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")),
+        help="runs, logs and local volumes live here (default .eksflow)",
+    )
     run.add_argument("--resume", metavar="RUN", help="resume a failed run by name; succeeded tasks are kept")
     render = commands.add_parser("render", parents=[common], help="print the Argo Workflow YAML")
     render.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
@@ -77,8 +88,10 @@ def check_local_inputs(cfg: PipelineConfig) -> None:
     if not is_s3(cfg.data.source):
         source = local_path(cfg.data.source)
         if not source.exists():
-            raise ConfigError(f"data.source: {cfg.data.source!r} does not exist; point it at a dataset folder "
-                              "(e.g. --set data.source=data/demo) or an s3:// prefix")
+            raise ConfigError(
+                f"data.source: {cfg.data.source!r} does not exist; point it at a dataset folder "
+                "(e.g. --set data.source=data/demo) or an s3:// prefix"
+            )
 
 
 def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Console) -> int:
@@ -92,13 +105,16 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
         result = run_workflow(manifest(workflow), state_dir, cwd=PROJECT_ROOT, env=env, console=console)
     console.print()
     for node in result.nodes.values():
-        console.print(f"[bold]{node.name}[/bold] {node.phase}" + (f": {node.message}" if node.message else ""),
-                      highlight=False)
+        console.print(
+            f"[bold]{node.name}[/bold] {node.phase}" + (f": {node.message}" if node.message else ""), highlight=False
+        )
         for name, value in node.outputs.items():
             shown = value if len(value) <= 160 else value[:157] + "..."
             console.print(f"    {name} = {shown}", highlight=False, soft_wrap=True)
     colour = "green" if result.phase == "Succeeded" else "red"
-    console.print(f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})")
+    console.print(
+        f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
+    )
     if result.phase != "Succeeded":
         console.print(f"resume with: --resume {result.name}")
     return 0 if result.phase == "Succeeded" else EXIT_FAILED

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
+from steps.deploy import DeploySettings
 
 from steps.common.args import Settings
-from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
 from steps.register import RegisterSettings
 from steps.stage_data import StageSettings
@@ -73,7 +73,7 @@ class PipelineConfig(Settings):
     validation: ValidateSettings = ValidateSettings()
     train: TrainSettings = TrainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
-    register: RegisterSettings = RegisterSettings()
+    registry: RegisterSettings = RegisterSettings()
     deploy: DeploySettings = DeploySettings()
 
 
@@ -105,11 +105,14 @@ def explain(err: ValidationError) -> list[str]:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             parent = ".".join(str(p) for p in e["loc"][:-1])
-            lines.append(f"{key}: unknown key; valid keys{' in ' + parent if parent else ''}: "
-                         f"{', '.join(_valid_keys(e['loc'][:-1]))}")
+            lines.append(
+                f"{key}: unknown key; valid keys{' in ' + parent if parent else ''}: "
+                f"{', '.join(_valid_keys(e['loc'][:-1]))}"
+            )
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r}); fix it with --set {key}=<value> "
-                         "or in the --config file")
+            lines.append(
+                f"{key}: {e['msg']} (got {e.get('input')!r}); fix it with --set {key}=<value> or in the --config file"
+            )
     return lines
 
 

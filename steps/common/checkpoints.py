@@ -11,6 +11,7 @@ so at least one complete checkpoint exists at every moment.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -134,7 +135,5 @@ def _fsync(path: Path) -> None:
 
 def _fsync_dir(path: Path) -> None:
     # Directory fsync makes the rename durable; some filesystems (and Windows) do not support it.
-    try:
+    with contextlib.suppress(OSError):
         _fsync(path)
-    except OSError:
-        pass

@@ -70,5 +70,5 @@ def generate(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
             )
         width = batch["input_ids"].shape[1]
-        answers.extend(tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out)
+        answers.extend(str(tokenizer.decode(row[width:], skip_special_tokens=True)).strip() for row in out)
     return answers

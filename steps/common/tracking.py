@@ -31,6 +31,11 @@ CLIENT_ENV_DEFAULTS = {
 }
 SQLITE_PREFIX = "sqlite:///"
 
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"  # registered model names: safe in models:/ URIs and URLs
+
+# What the registry answers for a missing model (RESOURCE_DOES_NOT_EXIST) or alias (INVALID_PARAMETER_VALUE).
+NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
 # Alias names (stages are deprecated in MLflow: aliases only).
 CHALLENGER = "challenger"
 CHAMPION = "champion"
@@ -153,7 +158,9 @@ def promote(tracking_uri: str, model_name: str, version: str) -> str:
     mlflow_client = client(tracking_uri)
     try:
         former: str | None = str(mlflow_client.get_model_version_by_alias(model_name, CHAMPION).version)
-    except MlflowException:
+    except MlflowException as err:
+        if err.error_code not in NOT_FOUND_CODES:
+            raise
         former = None  # no champion yet
     if former is not None and former != str(version):
         mlflow_client.set_registered_model_alias(model_name, PREVIOUS, former)

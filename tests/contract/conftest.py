@@ -27,8 +27,11 @@ def argo_validator():
 
     def validator(kind: str) -> Draft202012Validator:
         return Draft202012Validator(
-            {"$schema": bundle["$schema"], "$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
-             "definitions": defs}
+            {
+                "$schema": bundle["$schema"],
+                "$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
+                "definitions": defs,
+            }
         )
 
     return validator

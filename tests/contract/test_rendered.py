@@ -57,8 +57,9 @@ def test_template_args_parse_with_the_steps_args_model(rendered, module):
     def resolve(arg: str) -> str:
         arg = re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: params[m.group(1)], arg)
         arg = arg.replace("{{workflow.name}}", "llama-lora-x7k2p")
-        return re.sub(r"\{\{inputs\.parameters\.(\w+)\}\}",
-                      lambda m: sample(step.Args.model_fields[m.group(1)].annotation), arg)
+        return re.sub(
+            r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: sample(step.Args.model_fields[m.group(1)].annotation), arg
+        )
 
     args = step.Args.from_argv([resolve(a) for a in template["container"]["args"]])
     assert args.outputs_dir == Path("/tmp/outputs")

@@ -25,16 +25,25 @@ def test_all_errors_are_reported_at_once_with_field_and_fix():
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("images.steps:") and "not pinned" in lines[0]
-    assert any(line.startswith("train.learning_rate: Input should be greater than 0 (got -1)")
-               and "--set train.learning_rate=" in line for line in lines)
-    assert any(line.startswith("train.lr: unknown key; valid keys in train:") and "learning_rate" in line
-               for line in lines)
+    assert any(
+        line.startswith("train.learning_rate: Input should be greater than 0 (got -1)")
+        and "--set train.learning_rate=" in line
+        for line in lines
+    )
+    assert any(
+        line.startswith("train.lr: unknown key; valid keys in train:") and "learning_rate" in line for line in lines
+    )
 
 
 @pytest.mark.parametrize(
     "override",
-    ["train", "train.max_steps=0", "name=Bad_Name", "evaluate.thresholds=[{metric: bogus, value: 1}]",
-     "train.max_steps=ten"],
+    [
+        "train",
+        "train.max_steps=0",
+        "name=Bad_Name",
+        "evaluate.thresholds=[{metric: bogus, value: 1}]",
+        "train.max_steps=ten",
+    ],
     ids=["no-equals", "out-of-range", "k8s-name", "unknown-metric", "wrong-type"],
 )
 def test_bad_overrides_raise_config_error(override):

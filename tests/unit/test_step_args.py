@@ -42,10 +42,34 @@ def test_round_trip_of_every_field_type():
 
 @pytest.mark.parametrize(
     "value",
-    ["'''", '"quoted"', "$(touch /tmp/pwn)", "`id`", "a; rm -rf /", "line1\nline2", "{{workflow.name}}", "日本語", "5",
-     "true", "[1, 2]", "--name=x"],
-    ids=["triple-quote", "quotes", "subshell", "backticks", "semicolon", "newline", "argo-expr", "non-ascii",
-         "number-like", "bool-like", "json-like", "flag-like"],
+    [
+        "'''",
+        '"quoted"',
+        "$(touch /tmp/pwn)",
+        "`id`",
+        "a; rm -rf /",
+        "line1\nline2",
+        "{{workflow.name}}",
+        "日本語",
+        "5",
+        "true",
+        "[1, 2]",
+        "--name=x",
+    ],
+    ids=[
+        "triple-quote",
+        "quotes",
+        "subshell",
+        "backticks",
+        "semicolon",
+        "newline",
+        "argo-expr",
+        "non-ascii",
+        "number-like",
+        "bool-like",
+        "json-like",
+        "flag-like",
+    ],
 )
 def test_text_values_arrive_byte_identical(value):
     assert DemoArgs.from_argv(to_argv({"name": value})).name == value

@@ -211,7 +211,7 @@ def test_register_over_http_survives_server_outage(tmp_path, adapters, no_stage_
     argv = [
         f"--{name.replace('_', '-')}={value}"
         for name, value in {
-            "adapter_dir": adapters[1],
+            "adapter_dir": adapters[0],
             "base_model": DEMO_MODEL,
             "metrics": json.dumps(METRICS),
             "dataset_digest": "x",
@@ -224,6 +224,7 @@ def test_register_over_http_survives_server_outage(tmp_path, adapters, no_stage_
     # The bound is the client's retry budget (tracking.CLIENT_ENV_DEFAULTS), far below MLflow's ~10 minutes.
     down = subprocess.run(
         [sys.executable, "-m", "steps.register", *argv],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -237,18 +238,9 @@ def test_register_over_http_survives_server_outage(tmp_path, adapters, no_stage_
 
     server = start_mlflow_server(tmp_path, port)
     try:
-        again = subprocess.run(
-            [sys.executable, "-m", "steps.register", *argv],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=STEP_ENV,
-        )
-        assert again.returncode == 0, again.stderr[-2000:]
-        assert (tmp_path / "out" / "model_version").read_text() == "2"
-        rerun = register.run(register_args(tmp_path, adapters[1], uri))
-        assert rerun.model_version == "2"
+        assert register.main(argv) == 0
+        assert (tmp_path / "out" / "model_version").read_text() == "1"
         versions = tracking.client(uri).search_model_versions("name = 'llama-lora'")
-        assert sorted(str(v.version) for v in versions) == ["1", "2"]
+        assert [str(v.version) for v in versions] == ["1"]
     finally:
         stop(server)

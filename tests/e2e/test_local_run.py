@@ -1,0 +1,129 @@
+"""The whole pipeline, as a user runs it: `python pipelines/llama_lora.py run` on the real SmolLM2 on CPU.
+
+Real components throughout: Ray Train (2 DDP workers), great-expectations, MLflow (sqlite on the run volume),
+and a real `transformers serve` model server for the smoke test.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = ROOT / "pipelines" / "llama_lora.py"
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    """One converted base model for every e2e run of the session."""
+    return tmp_path_factory.mktemp("models")
+
+
+def pipeline(*args, state_dir: Path, model_cache: Path | None = None, timeout: int = 1500):
+    command = [sys.executable, str(PIPELINE), *args, "--state-dir", str(state_dir)]
+    if model_cache is not None:
+        command += ["--set", f"storage.model_cache={model_cache}"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def only_run(state_dir: Path) -> Path:
+    (run_dir,) = (state_dir / "runs").iterdir()
+    return run_dir
+
+
+def nodes(run_dir: Path) -> dict:
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"]["phase"] in {"Succeeded", "Failed", "Error"}
+    return status["status"]["nodes"]
+
+
+def outputs(node: dict) -> dict:
+    return {p["name"]: p["value"] for p in node.get("outputs", {}).get("parameters", [])}
+
+
+def registered_versions(state_dir: Path) -> list:
+    from mlflow import MlflowClient
+
+    db = state_dir / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
+    if not db.exists():
+        return []
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return client.search_model_versions("name = 'llama-lora'")
+
+
+@pytest.mark.slow
+def test_full_run_fine_tunes_registers_and_serves(tmp_path, model_cache):
+    result = pipeline("run", state_dir=tmp_path, model_cache=model_cache)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    run_dir = only_run(tmp_path)
+    status = nodes(run_dir)
+    assert {name: node["phase"] for name, node in status.items()} == {
+        "stage-data": "Succeeded",
+        "validate-data": "Succeeded",
+        "train": "Succeeded",
+        "evaluate": "Succeeded",
+        "register": "Succeeded",
+        "deploy": "Succeeded",
+    }
+    scores = outputs(status["evaluate"])
+    metrics = json.loads(scores["metrics"])
+    assert scores["passed"] == "true"
+    assert metrics["exact_match"] >= metrics["base_exact_match"] + 0.2  # the fine-tune clearly helps held-out
+    version = outputs(status["register"])["model_version"]
+    served = outputs(status["deploy"])
+    assert served["champion_version"] == version
+    assert "1976-07-04" in served["answer"]
+
+    # What the user sees at the end: base and tuned scores, the decision, the version, the answer.
+    for shown in ("base_exact_match", "passed = true", f"model_version = {version}", "answer = "):
+        assert shown in result.stderr
+
+    # The manifest that ran is the one `render` prints, and lineage reached the registry.
+    rendered = pipeline("render", state_dir=tmp_path, model_cache=model_cache)
+    assert yaml.safe_load((run_dir / "manifest.yaml").read_text()) == yaml.safe_load(rendered.stdout)
+    (registered,) = registered_versions(tmp_path)
+    assert registered.tags["workflow_name"] == run_dir.name
+    assert registered.tags["dataset_digest"] == outputs(status["stage-data"])["dataset_digest"]
+
+
+@pytest.mark.slow
+def test_unmeetable_threshold_registers_and_deploys_nothing(tmp_path, model_cache):
+    result = pipeline(
+        "run",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "evaluate.max_examples=8",
+        "--set",
+        "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",
+        state_dir=tmp_path,
+        model_cache=model_cache,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    status = nodes(only_run(tmp_path))
+    assert status["register"]["phase"] == "Skipped"
+    assert status["deploy"]["phase"] == "Omitted"
+    assert outputs(status["evaluate"])["passed"] == "false"
+    assert "fails exact_match >= 1.01" in result.stderr  # says why
+    assert registered_versions(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.learning_rate=-1", "train.learning_rate: Input should be greater than 0 (got -1)"),
+        ("train.lr=0.1", "train.lr: unknown key; valid keys in train:"),
+        ("data.source=/no/such/dataset", "data.source: '/no/such/dataset' does not exist"),
+    ],
+    ids=["out-of-range", "unknown-key", "missing-dataset"],
+)
+def test_bad_config_exits_2_before_anything_runs(tmp_path, override, expected):
+    result = pipeline("run", "--set", override, state_dir=tmp_path)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,118 @@
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from steps.common import tracking
+
+
+def sqlite_uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[str, Path]:
+    """One sqlite store for the module: creating its tables takes seconds. Tests use distinct names in it."""
+    folder = tmp_path_factory.mktemp("store")
+    return sqlite_uri(folder), folder
+
+
+def dead_uri() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # closed again: nothing listens there
+
+
+@pytest.fixture
+def no_retries(monkeypatch):
+    """A dead server fails on the first attempt (the default budget is ~10 s; not needed to test the contract)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+
+def test_configure_bounds_retries_but_keeps_operator_values(tmp_path, monkeypatch):
+    for name in tracking.CLIENT_ENV_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "33")
+    tracking.configure(sqlite_uri(tmp_path))
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "33"
+    assert (tmp_path / "mlflow").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("uri", "path"),
+    [
+        ("sqlite:////fsx/mlflow/mlflow.db", Path("/fsx/mlflow/mlflow.db")),
+        ("sqlite:///mlflow.db", Path("mlflow.db")),
+        ("http://mlflow:5000", None),
+    ],
+    ids=["absolute", "relative", "http"],
+)
+def test_sqlite_path(uri, path):
+    assert tracking.sqlite_path(uri) == path
+
+
+def test_experiment_artifacts_live_next_to_the_sqlite_db(store):
+    uri, folder = store
+    experiment_id = tracking.ensure_experiment(uri, "artifacts-here")
+    assert tracking.ensure_experiment(uri, "artifacts-here") == experiment_id
+    experiment = tracking.client(uri).get_experiment(experiment_id)
+    assert experiment.artifact_location == (folder / "mlflow" / "artifacts").as_uri()
+
+
+def test_run_metrics_and_params(store):
+    uri, _ = store
+    run_id = tracking.start_run(uri, "runs", "train-1", {"workflow_name": "wf-1"})
+    assert tracking.log_metrics(uri, run_id, {"loss": 2.5}, step=1)
+    assert tracking.log_metrics(uri, run_id, {"loss": 1.5}, step=2)
+    assert tracking.log_params(uri, run_id, {"lr": 0.001, "rank": 8})
+    client = tracking.client(uri)
+    run = client.get_run(run_id)
+    assert run.info.run_name == "train-1"
+    assert run.data.tags["workflow_name"] == "wf-1"
+    assert run.data.params == {"lr": "0.001", "rank": "8"}
+    history = client.get_metric_history(run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.5), (2, 1.5)]
+
+
+def test_logging_never_raises(no_retries, capsys):
+    uri = dead_uri()
+    assert tracking.log_metrics(uri, "0" * 32, {"loss": 1.0}, step=3) is False
+    assert tracking.log_params(uri, "0" * 32, {"lr": 0.1}) is False
+    lines = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert len(warnings) == 2
+    assert f"could not log metrics ['loss'] to MLflow run {'0' * 32} at {uri}" in warnings[0]
+
+
+def test_errors_turn_outages_into_one_line(no_retries):
+    uri = dead_uri()
+    with pytest.raises(tracking.TrackingError) as caught, tracking.errors(uri, "listing models"):
+        tracking.client(uri).search_registered_models()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"MLflow at {uri} failed while listing models: MlflowException: ")
+
+
+def test_promote_keeps_the_former_champion_as_previous(store):
+    uri, _ = store
+    run_id = tracking.start_run(uri, "promote", "r", {})
+    client = tracking.client(uri)
+    client.create_registered_model("m")
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    for _ in range(3):
+        client.create_model_version("m", source, run_id=run_id)
+
+    def aliases() -> dict[str, str]:
+        return {alias: str(version) for alias, version in client.get_registered_model("m").aliases.items()}
+
+    assert tracking.promote(uri, "m", "1") == "1"
+    assert aliases() == {"champion": "1"}
+    tracking.promote(uri, "m", "2")
+    assert aliases() == {"champion": "2", "previous": "1"}
+    tracking.promote(uri, "m", "2")  # a rerun of the same deploy keeps the real predecessor
+    assert aliases() == {"champion": "2", "previous": "1"}
+    tracking.promote(uri, "m", "3")
+    assert aliases() == {"champion": "3", "previous": "2"}
