@@ -1,4 +1,4 @@
-"""Serve a registered model version, smoke-test it with a real chat completion, and promote it to `champion`.
+r"""Serve a registered model version, smoke-test it with a real chat completion, and promote it to `champion`.
 
     python -m steps.deploy --model-name=llama-lora --model-version=3 --tracking-uri=sqlite:////fsx/mlflow/mlflow.db \
         --serve-dir=/fsx/wf/serve

@@ -1,4 +1,4 @@
-"""Register a trained LoRA adapter in the MLflow model registry (runs only when the evaluation gate passed).
+r"""Register a trained LoRA adapter in the MLflow model registry (runs only when the evaluation gate passed).
 
     python -m steps.register --adapter-dir=/fsx/wf/adapter --base-model=smollm2-135m-instruct \
         --metrics='{"score": 0.82}' --dataset-digest=sha256:... --workflow-name=wf --merged-dir=/fsx/wf/merged
@@ -64,7 +64,9 @@ class Args(RegisterSettings, StepArgs):
     """Settings plus what the workflow wires in."""
 
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
-    base_model: str = Field(description="base model reference the adapter was trained on (see base_model.resolve)")
+    base_model: str = Field(
+        description="base model reference the adapter was trained on (see base_model.resolve_model)"
+    )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
     metrics: dict[str, float] = Field(description='evaluation metrics as a JSON object, e.g. {"score": 0.8}')
     dataset_digest: str = Field(description="digest of the training data (lineage tag)")
@@ -97,7 +99,8 @@ def run(args: Args) -> Outputs:
             mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, existing.version)
             return _outputs(args.model_name, existing)
         run_id = _run_id(args)
-        tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
+        if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
+            tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
         merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
         mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
         mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)

@@ -1,4 +1,4 @@
-"""Serve a registered model version in the foreground (OpenAI-compatible API) until Ctrl-C.
+r"""Serve a registered model version in the foreground (OpenAI-compatible API) until Ctrl-C.
 
     python -m steps.serve --model-name=llama-lora --tracking-uri=sqlite:////path/to/mlflow.db [--alias=champion] \
         [--version=3] [--port=8000]

@@ -73,8 +73,12 @@ def _gguf_to_safetensors(folder: Path, gguf_file: str, out: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    # A model loaded from GGUF refuses save_pretrained: rebuild it from its config and copy the weights in.
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained: rebuild it from its config, minus the GGUF quantization
+    # marker (the weights are already dequantized to float32), and copy the weights in.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     model.save_pretrained(out, safe_serialization=True)

@@ -137,7 +137,7 @@ def chat(server: RunningServer, prompt: str, *, max_tokens: int = 32, timeout_s:
     return str(content or "").strip()
 
 
-def stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+def stop(process: subprocess.Popen[Any], grace_s: float = 10) -> None:
     """SIGTERM, then SIGKILL after `grace_s`: the server never outlives the step."""
     if process.poll() is not None:
         return

@@ -5,7 +5,7 @@ server without leaking state into another. The local default is `sqlite:////fsx/
 executor maps /fsx to a folder of the run.
 
 Client retries are bounded (see `configure`): with a dead server a call fails in well under a minute instead of
-MLflow's default of 7 retries with 120 s timeouts and exponential backoff (about 10 minutes).
+MLflow's default of 7 retries, 120 s timeouts and backoff factor 2 (4 minutes of backoff alone, ~20 with timeouts).
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ CLIENT_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
 SQLITE_PREFIX = "sqlite:///"
+
+# After a failed log call, skip logging to that server for this long: retrying every call against a dead server
+# would stall the training loop for the whole retry budget each time.
+OUTAGE_SKIP_S = 60.0
+_outage_since: dict[str, float] = {}  # tracking URI -> time.monotonic() of its last logging failure
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"  # registered model names: safe in models:/ URIs and URLs
 
@@ -122,6 +127,8 @@ def start_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[s
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> bool:
     """Log metrics to a run. Never raises: an MLflow outage must not crash training (warns, returns False)."""
+    if _in_outage(tracking_uri, "metrics", metrics):
+        return False
     try:
         from mlflow.entities import Metric
 
@@ -129,21 +136,27 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], st
         batch = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
         client(tracking_uri).log_batch(run_id, metrics=batch, synchronous=True)
     except Exception as err:  # any tracking failure is non-fatal by contract
+        _note_failure(tracking_uri, err)
         _warn(f"could not log metrics {sorted(metrics)} to MLflow run {run_id} at {tracking_uri}", err)
         return False
+    _outage_since.pop(tracking_uri, None)
     return True
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, object]) -> bool:
     """Log params to a run. Never raises (warns on stderr, returns False)."""
+    if _in_outage(tracking_uri, "params", params):
+        return False
     try:
         from mlflow.entities import Param
 
         batch = [Param(key, str(value)) for key, value in params.items()]
         client(tracking_uri).log_batch(run_id, params=batch, synchronous=True)
     except Exception as err:  # any tracking failure is non-fatal by contract
+        _note_failure(tracking_uri, err)
         _warn(f"could not log params {sorted(params)} to MLflow run {run_id} at {tracking_uri}", err)
         return False
+    _outage_since.pop(tracking_uri, None)
     return True
 
 
@@ -166,6 +179,28 @@ def promote(tracking_uri: str, model_name: str, version: str) -> str:
         mlflow_client.set_registered_model_alias(model_name, PREVIOUS, former)
     mlflow_client.set_registered_model_alias(model_name, CHAMPION, str(version))
     return str(version)
+
+
+def _note_failure(tracking_uri: str, err: Exception) -> None:
+    """Start skipping on server-side or transport failures, not on a rejected request (4xx: e.g. a changed param)."""
+    from mlflow.exceptions import ERROR_CODE_TO_HTTP_STATUS, MlflowException
+
+    if not isinstance(err, MlflowException) or ERROR_CODE_TO_HTTP_STATUS.get(err.error_code, 500) >= 500:
+        _outage_since[tracking_uri] = time.monotonic()
+
+
+def _in_outage(tracking_uri: str, what: str, names: Mapping[str, object]) -> bool:
+    """True (after one warning line) while a recent logging failure says the server is down."""
+    since = _outage_since.get(tracking_uri)
+    if since is None or time.monotonic() - since >= OUTAGE_SKIP_S:
+        return False
+    print(
+        f"warning: skipped logging {what} {sorted(names)}: MLflow at {tracking_uri} failed "
+        f"{time.monotonic() - since:.0f} s ago (next attempt after {OUTAGE_SKIP_S:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def _first_line(err: BaseException) -> str:

@@ -85,6 +85,16 @@ def test_logging_never_raises(no_retries, capsys):
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert len(warnings) == 2
     assert f"could not log metrics ['loss'] to MLflow run {'0' * 32} at {uri}" in warnings[0]
+    # The server just failed: the next call is skipped at once instead of spending the retry budget again.
+    assert f"skipped logging params ['lr']: MLflow at {uri} failed" in warnings[1]
+
+
+def test_rejected_param_is_not_an_outage(store):
+    uri, _ = store
+    run_id = tracking.start_run(uri, "rejected", "r", {})
+    assert tracking.log_params(uri, run_id, {"lr": 0.1})
+    assert tracking.log_params(uri, run_id, {"lr": 0.2}) is False  # MLflow params are immutable
+    assert tracking.log_metrics(uri, run_id, {"loss": 1.0})
 
 
 def test_errors_turn_outages_into_one_line(no_retries):
