@@ -55,7 +55,6 @@ def build(cfg: PipelineConfig) -> Workflow:
         )
         register_t = step(
             register,
-            cfg.registry,
             wired=["adapter_dir", "metrics", "dataset_digest", "mlflow_run_id"],
             **model,
             **mlflow,

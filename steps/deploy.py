@@ -24,7 +24,6 @@ from pydantic import BaseModel, Field
 from steps.common import serving, tracking
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
 
-EXIT_FAILED = 1  # smoke test failed or infrastructure error; never exit 2, which means bad input
 SMOKE_MAX_TOKENS = 32
 
 
@@ -109,11 +108,7 @@ def _check_version_exists(args: Args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: `python -m steps.deploy --name=value ...`."""
-    try:
-        return run_step(Args, run, argv)
-    except (tracking.TrackingError, serving.ServingError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+    return run_step(Args, run, argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from steps.common import tracking
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common.args import StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 if TYPE_CHECKING:
@@ -43,26 +43,18 @@ if TYPE_CHECKING:
 ADAPTER_ARTIFACT = "adapter"
 MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
-EXIT_FAILED = 1  # infrastructure failure: the workflow may retry it
 
 
-class RegisterSettings(Settings):
-    """Where and under which name the model is registered."""
+class Args(StepArgs):
+    """What the workflow wires in; the registry itself is the pipeline's `mlflow` config section."""
 
     model_name: str = Field(
         "llama-lora",
         pattern=tracking.MODEL_NAME_PATTERN,
         description="registered model name in MLflow (letters, digits, '.', '_', '-')",
     )
-    tracking_uri: str = Field(
-        "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (http(s):// or sqlite:///)"
-    )
+    tracking_uri: str = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
     experiment: str = Field("eksflow", description="MLflow experiment of the run when no train run is given")
-
-
-class Args(RegisterSettings, StepArgs):
-    """Settings plus what the workflow wires in."""
-
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
     base_model: str = Field(
         description="base model reference the adapter was trained on (see base_model.resolve_model)"
@@ -231,11 +223,7 @@ def _outputs(model_name: str, version: ModelVersion) -> Outputs:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: `python -m steps.register --name=value ...`."""
-    try:
-        return run_step(Args, run, argv)
-    except tracking.TrackingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+    return run_step(Args, run, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from pydantic import BaseModel, Field
 from steps.common import serving, tracking
 from steps.common.args import StepArgs, StepInputError, run_step
 
-EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 
@@ -97,9 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: `python -m steps.serve --name=value ...`."""
     try:
         return run_step(Args, run, argv)
-    except (tracking.TrackingError, serving.ServingError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:  # Ctrl-C while the model was still loading; the server is already stopped
         return EXIT_INTERRUPTED
 

@@ -52,11 +52,11 @@ class LoraSettings(Settings):
 class TrainSettings(Settings):
     """Training hyper-parameters and layout (config section `train`)."""
 
-    max_steps: int = Field(40, ge=1, description="optimizer steps")
+    max_steps: int = Field(24, ge=1, description="optimizer steps")
     micro_batch_size: int = Field(8, ge=1, description="examples per worker per forward pass")
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="peak learning rate")
-    warmup_steps: int = Field(4, ge=0, description="linear warm-up steps before the cosine decay")
+    warmup_steps: int = Field(3, ge=0, description="linear warm-up steps before the cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final LR as a fraction of the peak")
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
@@ -67,7 +67,7 @@ class TrainSettings(Settings):
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
     use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 autocast")
-    checkpoint_every: int = Field(10, ge=1, description="commit a checkpoint every N optimizer steps")
+    checkpoint_every: int = Field(8, ge=1, description="commit a checkpoint every N optimizer steps")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
     seed: int = 0

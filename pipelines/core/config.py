@@ -12,11 +12,10 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
-from steps.deploy import DeploySettings
 
 from steps.common.args import Settings
+from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
-from steps.register import RegisterSettings
 from steps.stage_data import StageSettings
 from steps.train import TrainSettings
 from steps.validate_data import ValidateSettings
@@ -73,7 +72,6 @@ class PipelineConfig(Settings):
     validation: ValidateSettings = ValidateSettings()
     train: TrainSettings = TrainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
-    registry: RegisterSettings = RegisterSettings()
     deploy: DeploySettings = DeploySettings()
 
 

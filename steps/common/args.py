@@ -20,11 +20,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from steps.common.outputs import write_outputs
 
+EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
 EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
 
 
 class StepInputError(Exception):
     """Input the step cannot work with; the message says what was wrong and how to fix it. Exits 2."""
+
+
+class StepFailedError(Exception):
+    """An expected, explained failure (a dependency down, a check failed): one line on stderr, exit 1."""
 
 
 class Settings(BaseModel):
@@ -96,6 +101,9 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
     except StepInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except StepFailedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     write_outputs(args.outputs_dir, outputs)
     return 0
 

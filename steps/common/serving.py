@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steps.common.args import StepFailedError
+
 LOG_TAIL_LINES = 20
 MODEL_MARKER = "config.json"
 
 
-class ServingError(RuntimeError):
+class ServingError(StepFailedError):
     """The model server failed to start, died, or answered with an error; the message says which and why."""
 
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from steps.common.args import StepFailedError
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
@@ -47,7 +49,7 @@ CHAMPION = "champion"
 PREVIOUS = "previous"
 
 
-class TrackingError(RuntimeError):
+class TrackingError(StepFailedError):
     """MLflow failed (server down, store error); the message is one line. Retryable: the steps are idempotent."""
 
 
