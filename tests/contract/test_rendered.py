@@ -21,6 +21,11 @@ def rendered():
     return manifest(build(load_config()))
 
 
+def dag_tasks(workflow):
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    return dag
+
+
 def containers(workflow):
     return [t for t in workflow["spec"]["templates"] if "container" in t]
 
@@ -35,12 +40,17 @@ def test_workflow_validates_against_the_official_schema(rendered, argo_validator
 
 def test_a_misspelled_field_is_rejected(rendered, argo_validator):
     broken = copy.deepcopy(rendered)
-    broken["spec"]["templates"][0]["dag"]["tasks"][1]["dependecies"] = ["stage-data"]
+    dag_tasks(broken)[1]["dependecies"] = ["stage-data"]
     assert any("dependecies" in e for e in errors(argo_validator("Workflow"), broken))
 
 
-def sample(annotation) -> str:
-    """A representative value of a wired field, as an upstream step would write it."""
+SAMPLE_OUTPUTS = {"model_version": "3", "mlflow_run_id": "0123abcd", "dataset_digest": "sha256:" + "0" * 64}
+
+
+def sample(name, annotation) -> str:
+    """A representative value of a wired field, as the upstream step writes it."""
+    if name in SAMPLE_OUTPUTS:
+        return SAMPLE_OUTPUTS[name]
     origin = typing.get_origin(annotation) or annotation
     return {dict: '{"exact_match": 0.5}', int: "1", float: "0.5", bool: "true"}.get(origin, "/fsx/runs/x/y")
 
@@ -58,7 +68,9 @@ def test_template_args_parse_with_the_steps_args_model(rendered, module):
         arg = re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: params[m.group(1)], arg)
         arg = arg.replace("{{workflow.name}}", "llama-lora-x7k2p")
         return re.sub(
-            r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: sample(step.Args.model_fields[m.group(1)].annotation), arg
+            r"\{\{inputs\.parameters\.(\w+)\}\}",
+            lambda m: sample(m.group(1), step.Args.model_fields[m.group(1)].annotation),
+            arg,
         )
 
     args = step.Args.from_argv([resolve(a) for a in template["container"]["args"]])
@@ -69,7 +81,7 @@ def test_template_args_parse_with_the_steps_args_model(rendered, module):
 
 
 def test_gate_controls_register_and_deploy(rendered):
-    tasks = {t["name"]: t for t in rendered["spec"]["templates"][0]["dag"]["tasks"]}
+    tasks = {t["name"]: t for t in dag_tasks(rendered)}
     assert tasks["register"]["when"] == "{{tasks.evaluate.outputs.parameters.passed}} == true"
     assert tasks["deploy"]["depends"] == "register.Succeeded"
 
