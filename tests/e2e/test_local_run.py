@@ -22,8 +22,10 @@ def model_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 
 
-def pipeline(*args, state_dir: Path, model_cache: Path | None = None, timeout: int = 1500):
-    command = [sys.executable, str(PIPELINE), *args, "--state-dir", str(state_dir)]
+def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = None, timeout: int = 1500):
+    command = [sys.executable, str(PIPELINE), command_name, *args]
+    if command_name == "run":
+        command += ["--state-dir", str(state_dir)]
     if model_cache is not None:
         command += ["--set", f"storage.model_cache={model_cache}"]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
