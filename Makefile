@@ -41,9 +41,17 @@ lint: setup ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy pipelines steps
 
-templates: setup ## regenerate workflow-templates/ from the pipeline files
+TEMPLATE_CRON ?= 0 3 * * 1
+
+templates: setup ## regenerate workflow-templates/ (WorkflowTemplate + weekly CronWorkflow) from the pipeline files
 	mkdir -p workflow-templates
-	$(BIN)/python pipelines/llama_lora.py render -o workflow-templates/llama-lora.yaml
+	$(BIN)/python pipelines/llama_lora.py render --kind WorkflowTemplate -o workflow-templates/llama-lora.yaml
+	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '$(TEMPLATE_CRON)' --timezone UTC \
+		-o workflow-templates/llama-lora-cron.yaml
+
+check-templates: setup ## fail if workflow-templates/ drifted from a fresh render (CI)
+	$(BIN)/python -m pytest -q tests/contract/test_rendered.py::test_committed_template_matches_a_fresh_render \
+		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render
 
 serve: setup ## serve the champion model version on 127.0.0.1:8000 (after a successful `make run`)
 	$(BIN)/python -m steps.serve $(ARGS)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from hera.workflows import DAG, Resources, Workflow
 
-from pipelines.core.config import PipelineConfig
-from pipelines.core.templates import pipeline_workflow, step_factory
-from steps import deploy, evaluate, register, stage_data, train, validate_data
+from pipelines.core.config import PipelineConfig, config_hash
+from pipelines.core.launchers import train_launcher
+from pipelines.core.templates import gauges, pipeline_workflow, step_factory
+from steps import deploy, evaluate, register, stage_data, validate_data
 
 
 def build(cfg: PipelineConfig) -> Workflow:
@@ -31,18 +32,24 @@ def build(cfg: PipelineConfig) -> Workflow:
         parameters={"data_source": cfg.data.source, "base_model": cfg.base_model},
     ) as workflow:
         stage_t = step(stage_data, cfg.data, source="{{workflow.parameters.data_source}}", dest_dir=f"{run_dir}/data")
-        validate_t = step(validate_data, cfg.validation, wired=["dataset_dir"], report_dir=f"{run_dir}/reports")
-        train_t = step(
-            train,
-            cfg.train,
+        validate_t = step(
+            validate_data,
+            cfg.validation,
             wired=["dataset_dir"],
             **model,
+            report_dir=f"{run_dir}/reports",
+            max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
+        )
+        # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks).
+        train_t = train_launcher(
+            cfg,
+            step,
+            **model,
             **mlflow,
+            dataset_dir=f"{run_dir}/data",
             output_dir=f"{run_dir}/train",
             run_name="{{workflow.name}}",
             experiment=cfg.mlflow.experiment,
-            image=cfg.images.train,
-            resources=train_resources(cfg),
         )
         evaluate_t = step(
             evaluate,
@@ -51,16 +58,21 @@ def build(cfg: PipelineConfig) -> Workflow:
             **model,
             **mlflow,
             report_dir=f"{run_dir}/reports",
+            model_name=cfg.mlflow.model_name,
             resources=Resources(cpu_request=2, memory_request="8Gi"),
+            metrics=gauges(cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")),
         )
         register_t = step(
             register,
-            wired=["adapter_dir", "metrics", "dataset_digest", "mlflow_run_id"],
+            wired=["adapter_dir", "metrics", "eval_report", "dataset_digest", "mlflow_run_id"],
             **model,
             **mlflow,
             model_name=cfg.mlflow.model_name,
             experiment=cfg.mlflow.experiment,
             workflow_name="{{workflow.name}}",
+            workflow_uid="{{workflow.uid}}",
+            dataset_uri="{{workflow.parameters.data_source}}",
+            config_hash=config_hash(cfg),
             merged_dir=f"{run_dir}/merged",
             resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
@@ -77,7 +89,7 @@ def build(cfg: PipelineConfig) -> Workflow:
         with DAG(name="main"):
             staged = stage_t()
             checked = validate_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
-            trained = train_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
+            trained = train_t(after=checked, arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
             scored = evaluate_t(
                 arguments={
                     "dataset_dir": staged.get_parameter("dataset_dir"),
@@ -89,6 +101,7 @@ def build(cfg: PipelineConfig) -> Workflow:
                 arguments={
                     "adapter_dir": trained.get_parameter("adapter_dir"),
                     "metrics": scored.get_parameter("metrics"),
+                    "eval_report": scored.get_parameter("report"),
                     "dataset_digest": staged.get_parameter("dataset_digest"),
                     "mlflow_run_id": trained.get_parameter("mlflow_run_id"),
                 },
@@ -96,17 +109,10 @@ def build(cfg: PipelineConfig) -> Workflow:
             )
             deployed = deploy_t(arguments={"model_version": registered.get_parameter("model_version")})
 
-            staged >> checked >> trained >> scored >> registered  # type: ignore[operator]  # Hera types >> as Task | list
+            staged >> checked  # type: ignore[operator]  # Hera types >> as Task | list
+            trained >> scored >> registered  # type: ignore[operator]
             registered.on_success(deployed)  # a skipped registration (gate failed) deploys nothing
     return workflow
-
-
-def train_resources(cfg: PipelineConfig) -> Resources:
-    """Requests for the training pod: one CPU per worker thread, or one GPU per worker."""
-    workers = cfg.train.num_workers
-    if cfg.train.use_gpu:
-        return Resources(cpu_request=8 * workers, memory_request=f"{64 * workers}Gi", gpus=workers)
-    return Resources(cpu_request=workers * cfg.train.cpus_per_worker, memory_request=f"{6 * workers}Gi")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,14 @@ servers that cannot load adapters (artifact path "model"), to the train step's M
 version whose source is that "model" artifact, with lineage tags and alias `challenger` (aliases only, never
 stages).
 
+Lineage tags on the version: checkpoint_digest, workflow_name and workflow_uid, dataset_digest and dataset_uri,
+base_model, git_commit, image, config_hash, eval_set_digest, metric.<name> for every metric, and from the
+evaluate report (--eval-report) gate.decision, gate.reason and gate.thresholds. Empty inputs are left out
+rather than recorded as "". A report whose gate failed is refused (exit 2): a failed model never registers.
+
 Idempotent: the version carries tag `checkpoint_digest` (sha256 of the adapter files); a rerun for the same
 checkpoint (Argo retry, manual rerun, a client retry whose first response was lost) returns the existing version
-and creates no other.
+and creates no other; lineage tags that version lacks are added, existing ones are never overwritten.
 
 Outputs (one file each under --outputs-dir):
     model_version   the registered version number, e.g. "3"
@@ -21,6 +26,7 @@ Outputs (one file each under --outputs-dir):
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -30,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from steps.common import tracking
 from steps.common.args import StepArgs, StepInputError, run_step
@@ -65,6 +71,24 @@ class Args(StepArgs):
     workflow_name: str = Field(description="Argo workflow name (lineage tag)")
     mlflow_run_id: str = Field("", description="the train step's MLflow run; empty starts a new run")
     merged_dir: Path = Field(description="folder for the merged model (base + adapter) before it is logged")
+    eval_report: Path | None = Field(
+        None, description="evaluate's JSON report (tasks.evaluate.outputs.parameters.report): gate lineage tags"
+    )
+    eval_set_digest: str = Field("", description="digest of the eval set the metrics were scored on (lineage tag)")
+    workflow_uid: str = Field("", description="Argo workflow uid, {{workflow.uid}} (lineage tag)")
+    dataset_uri: str = Field("", description="where the training data came from, e.g. s3://... (lineage tag)")
+    config_hash: str = Field("", description="hash of the pipeline config (lineage tag)")
+    git_commit: str = Field("", description="commit of the step code (lineage tag); empty: $EKSFLOW_GIT_COMMIT")
+    image: str = Field("", description="image reference of the step (lineage tag); empty: $EKSFLOW_IMAGE")
+
+
+class GateReport(BaseModel):
+    """The part of evaluate's eval_report.json that registration records."""
+
+    passed: bool
+    reason: str
+    thresholds: list[dict[str, object]]
+    eval_set_digest: str = ""
 
 
 class Outputs(BaseModel):
@@ -78,6 +102,7 @@ class Outputs(BaseModel):
 def run(args: Args) -> Outputs:
     """Register the adapter (or find its existing version) and set alias `challenger` on it."""
     _check_inputs(args)
+    gate_report = read_gate_report(args.eval_report) if args.eval_report is not None else None
     digest = checkpoint_digest(args.adapter_dir)
     with tracking.errors(args.tracking_uri, "registering the model"):
         mlflow_client = tracking.client(args.tracking_uri)
@@ -88,6 +113,10 @@ def run(args: Args) -> Outputs:
                 "not registering again",
                 file=sys.stderr,
             )
+            # Lineage the first registration lacked (e.g. an eval-set digest) is added, never overwritten.
+            for tag, value in lineage_tags(args, digest, gate_report).items():
+                if tag not in existing.tags:
+                    mlflow_client.set_model_version_tag(args.model_name, existing.version, tag, value)
             mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, existing.version)
             return _outputs(args.model_name, existing)
         run_id = _run_id(args)
@@ -96,7 +125,7 @@ def run(args: Args) -> Outputs:
         merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
         mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
         mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
-        version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest))
+        version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest, gate_report))
         mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, version.version)
     print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
     return _outputs(args.model_name, version)
@@ -139,23 +168,52 @@ def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, ta
     keep = min(twins, key=lambda v: int(v.version), default=created)
     for twin in twins:
         if twin.version != keep.version:
-            mlflow_client.delete_model_version(model_name, twin.version)
+            try:
+                mlflow_client.delete_model_version(model_name, twin.version)
+            except MlflowException as err:
+                # Concurrent registrations of this checkpoint collapse the same twins; one delete wins.
+                if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
     return keep
 
 
-def lineage_tags(args: Args, digest: str) -> dict[str, str]:
-    """Tags that let a version be traced back to its data, code, image, workflow and scores."""
-    tags = {
+def read_gate_report(path: Path) -> GateReport:
+    """The gate decision from evaluate's report; a failed gate or an unreadable report refuses registration."""
+    try:
+        report = GateReport.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as err:
+        raise StepInputError(
+            f"--eval-report={path} is not a readable evaluate report ({type(err).__name__}); pass "
+            "tasks.evaluate.outputs.parameters.report"
+        ) from err
+    if not report.passed:
+        raise StepInputError(
+            f"--eval-report={path} says the gate failed ({report.reason}); a failed model never registers"
+        )
+    return report
+
+
+def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None) -> dict[str, str]:
+    """Tags that let a version be traced back to its data, code, image, workflow, eval set and gate decision."""
+    values = {
         DIGEST_TAG: digest,
         "dataset_digest": args.dataset_digest,
+        "dataset_uri": args.dataset_uri,
         "workflow_name": args.workflow_name,
+        "workflow_uid": args.workflow_uid,
         "base_model": args.base_model,
+        "config_hash": args.config_hash,
+        "git_commit": args.git_commit or os.environ.get("EKSFLOW_GIT_COMMIT", ""),
+        "image": args.image or os.environ.get("EKSFLOW_IMAGE", ""),
+        "eval_set_digest": args.eval_set_digest or (gate_report.eval_set_digest if gate_report else ""),
         **{f"metric.{name}": repr(value) for name, value in sorted(args.metrics.items())},
     }
-    for tag, env in (("git_commit", "EKSFLOW_GIT_COMMIT"), ("image", "EKSFLOW_IMAGE")):
-        if os.environ.get(env):
-            tags[tag] = os.environ[env]
-    return tags
+    if gate_report is not None:
+        values["gate.decision"] = "passed"
+        values["gate.reason"] = gate_report.reason[: tracking.MAX_TAG_CHARS]
+        described = [f"{t.get('metric')} {t.get('op')} {t.get('value')}" for t in gate_report.thresholds]
+        values["gate.thresholds"] = json.dumps(described)[: tracking.MAX_TAG_CHARS]
+    return {tag: value for tag, value in values.items() if value}
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:

@@ -7,6 +7,17 @@ RAY_ADDRESS. Every `checkpoint_every` steps rank 0 commits a checkpoint under <o
 optimizer, scheduler, RNG, step; see steps.common.checkpoints); a rerun with the same output dir resumes from the
 newest verified checkpoint, and the data order is a pure function of (seed, step), so it continues exactly.
 
+`--launcher=local` runs the same training loop in this process (world size 1, no Ray): tests and benchmarks use it
+to skip Ray's ~45 s start-up. A lease (steps.common.lease) keeps a second trainer off the same checkpoints, and the
+checkpoint root records the run_name: a retry resumes, another run is refused. With `--checkpoint-uri=s3://...`
+each committed checkpoint also gets a durable copy in the background (marker last), restored when the local root
+is empty.
+
+Spot: SIGTERM asks every worker to stop after the current step; rank 0 commits a checkpoint and the step exits
+with EXIT_PREEMPTED (143, what a SIGTERM-killed process reports), which the workflow's retry expression retries
+(it retries everything but 2, bad input); the retry resumes from that checkpoint. One optimizer step plus a LoRA
+commit takes seconds, well inside the 2-minute Spot notice and the default 30 s grace period on CPU demo sizes.
+
 Outputs (one file each under --outputs-dir):
     adapter_dir     the final LoRA adapter (peft format), inside the last checkpoint
     checkpoint_dir  the last committed checkpoint
@@ -21,16 +32,22 @@ import json
 import math
 import os
 import random
+import signal
+import sys
+import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from steps.common import checkpoints, tracking
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common import checkpoints, lease, strategies, tracking
+from steps.common.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import TRAIN_FILE, load_examples
 from steps.common.outputs import Progress
@@ -38,6 +55,14 @@ from steps.common.outputs import Progress
 RUN_ID_FILE = "mlflow_run_id"
 STATE_FILE = "trainer_state.pt"
 METRICS_FILE = "metrics.json"  # the last logging window's metrics, saved with each checkpoint
+STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
+# Argo owns retries (one budget across Argo x RayJob x Ray Train): a failed worker fails this attempt.
+MAX_FAILURES = 0
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
+
+
+class PreemptedError(Exception):
+    """SIGTERM arrived; a checkpoint was committed and the step should exit with EXIT_PREEMPTED."""
 
 
 class LoraSettings(Settings):
@@ -67,7 +92,12 @@ class TrainSettings(Settings):
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
     use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 autocast")
+    strategy: strategies.Strategy = Field("auto", description="auto (by memory, see steps.common.strategies) or ddp")
+    zero_stage: int = Field(2, ge=2, le=3, description="DeepSpeed ZeRO stage when strategy resolves to deepspeed")
+    cpu_offload: bool = Field(False, description="DeepSpeed: keep optimizer state (and ZeRO-3 params) on CPU")
+    tensor_parallel_size: int = Field(1, ge=1, description="Trainium only (steps.common.neuron)")
     checkpoint_every: int = Field(8, ge=1, description="commit a checkpoint every N optimizer steps")
+    checkpoint_every_minutes: float = Field(0.0, ge=0.0, description="also commit after this many minutes; 0: off")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
     seed: int = 0
@@ -81,6 +111,8 @@ class Args(TrainSettings, StepArgs):
     model_cache_dir: Path = Field(default_factory=default_cache_dir)
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
+    checkpoint_uri: str = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
+    launcher: Literal["ray", "local"] = Field("ray", description="ray: Ray Train workers; local: this process")
     tracking_uri: str = ""
     experiment: str = "eksflow"
 
@@ -105,6 +137,24 @@ class LoopConfig(BaseModel):
     tracking_uri: str
     mlflow_run_id: str
     progress_file: str
+    checkpoint_uri: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Where one training worker runs: filled by the Ray Train wrapper, or by `local_context` for one process."""
+
+    rank: int
+    world: int
+    device: Any  # torch.device
+    prepare_model: Callable[[Any], Any]  # wraps the model for data parallelism (DDP) and moves it to `device`
+    report: Callable[[dict[str, float]], None]  # tells the launcher about a committed checkpoint
+    # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE.
+    # A callable, not the module's Event: Ray pickles train_loop by value when the step runs as __main__.
+    stop_requested: Callable[[], bool] = lambda: False
+
+
+_stop_requested = threading.Event()
 
 
 def run(args: Args) -> Outputs:
@@ -116,19 +166,53 @@ def run(args: Args) -> Outputs:
         raise StepInputError(f"{train_file} has no examples")
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    root = (args.output_dir / "checkpoints").resolve()
+    try:
+        lease.claim_run(root, args.run_name)
+        held = lease.acquire(root, args.run_name)
+    except lease.RunMismatchError as err:
+        raise StepInputError(str(err)) from err
+    except lease.LeaseHeldError as err:
+        raise StepFailedError(str(err)) from err
+    try:
+        return _run_holding_lease(args, model_dir, root, held)
+    finally:
+        held.release()
+
+
+def _run_holding_lease(args: Args, model_dir: Path, root: Path, held: lease.Lease) -> Outputs:
+    train_file = args.dataset_dir / TRAIN_FILE
+    if args.checkpoint_uri and checkpoints.latest(root) is None:
+        restored = checkpoints.restore_latest(args.checkpoint_uri, root)
+        if restored:
+            print(f"restored {restored.path.name} from the durable copy in {args.checkpoint_uri}")
+    (root / STOP_FILE).unlink(missing_ok=True)  # a stop request is for the attempt that received SIGTERM
     run_id = _mlflow_run(args)
     loop = LoopConfig(
         settings=TrainSettings.model_validate(args.model_dump(include=set(TrainSettings.model_fields))),
         # Absolute paths: Ray workers do not share the driver's working directory.
         model_dir=str(model_dir.resolve()),
         train_file=str(train_file.resolve()),
-        checkpoint_root=str((args.output_dir / "checkpoints").resolve()),
+        checkpoint_root=str(root),
         tracking_uri=args.tracking_uri,
         mlflow_run_id=run_id,
         progress_file=os.environ.get("ARGO_PROGRESS_FILE", ""),
+        checkpoint_uri=args.checkpoint_uri,
     )
-    _fit(loop, args.output_dir / "ray", args.run_name)
-    final = checkpoints.latest(Path(loop.checkpoint_root))
+    _stop_requested.clear()
+    previous = _on_sigterm(root)
+    try:
+        with held.kept_alive():
+            if args.launcher == "local":
+                train_worker(loop, local_context(loop.settings))
+            else:
+                _fit(loop, args.output_dir / "ray", args.run_name)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    final = checkpoints.latest(root)
+    if _stop_requested.is_set() and (final is None or final.step < args.max_steps):
+        step = final.step if final else 0
+        raise PreemptedError(f"SIGTERM: stopped after step {step}/{args.max_steps} with a committed checkpoint")
     if final is None or final.step < args.max_steps:
         raise RuntimeError(f"training ended without a final checkpoint in {loop.checkpoint_root}")
     metrics = json.loads((final.path / METRICS_FILE).read_text(encoding="utf-8"))
@@ -138,6 +222,32 @@ def run(args: Args) -> Outputs:
         final_loss=float(metrics.get("loss", math.nan)),
         tokens_per_s=float(metrics.get("tokens_per_s", 0.0)),
         mlflow_run_id=run_id,
+    )
+
+
+def _on_sigterm(root: Path) -> Any:
+    """Install the Spot handler: ask the workers (this process, or Ray's through STOP_FILE) to checkpoint and stop."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _stop_requested.set()
+        (root / STOP_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        print("SIGTERM: committing a checkpoint after the current step, then exiting", file=sys.stderr, flush=True)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def local_context(settings: TrainSettings) -> WorkerContext:
+    """World size 1 in this process: the same loop as a Ray worker, without Ray."""
+    import torch
+
+    device = torch.device("cuda:0" if settings.use_gpu and torch.cuda.is_available() else "cpu")
+    return WorkerContext(
+        rank=0,
+        world=1,
+        device=device,
+        prepare_model=lambda model: model.to(device),
+        report=lambda metrics: None,
+        stop_requested=_stop_requested.is_set,
     )
 
 
@@ -185,6 +295,7 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
             dashboard_host="127.0.0.1",
             object_store_memory=None if address else 128 * 1024**2,
         )
+        _on_sigterm(Path(loop.checkpoint_root))  # ray.init may replace the driver's SIGTERM handler
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=loop.model_dump(mode="json"),
@@ -195,7 +306,7 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
         ),
         # Argo owns retries (one budget, see the workflow's retryStrategy); Ray Train does not retry on its own.
         run_config=RunConfig(
-            name=run_name, storage_path=str(storage.resolve()), failure_config=FailureConfig(max_failures=0)
+            name=run_name, storage_path=str(storage.resolve()), failure_config=FailureConfig(max_failures=MAX_FAILURES)
         ),
     )
     trainer.fit()
@@ -227,19 +338,37 @@ def batch_indices(step: int, micro: int, rank: int, settings: TrainSettings, wor
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """One Ray Train worker: load, (resume,) train, checkpoint. Rank 0 writes checkpoints, logs and progress."""
+    """One Ray Train worker: fill the WorkerContext from Ray Train and run the shared loop."""
     import ray.train
     import ray.train.torch
+
+    loop = LoopConfig.model_validate(config)
+    context = ray.train.get_context()
+    train_worker(
+        loop,
+        WorkerContext(
+            rank=context.get_world_rank(),
+            world=context.get_world_size(),
+            device=ray.train.torch.get_device(),
+            prepare_model=ray.train.torch.prepare_model,  # DDP; broadcasts rank 0's weights
+            report=ray.train.report,
+        ),
+    )
+
+
+def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
+    """Load, (resume,) train, checkpoint. Rank 0 alone writes checkpoints, logs and progress.
+
+    Stops early, after committing a checkpoint, when a stop is requested (SIGTERM in this process, or STOP_FILE
+    written by the driver); every rank agrees on the stopping step through an all-reduce.
+    """
     import torch
     from peft import LoraConfig, get_peft_model
 
-    loop = LoopConfig.model_validate(config)
     settings = loop.settings
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.set_num_threads(settings.cpus_per_worker)
+    rank, world, device = ctx.rank, ctx.world, ctx.device
+    torch.set_num_threads(settings.cpus_per_worker * (settings.num_workers if world == 1 else 1))
     torch.manual_seed(settings.seed + rank)
-    device = ray.train.torch.get_device()
 
     from steps.common.modeling import collate, encode_example, load_tokenizer
 
@@ -266,6 +395,7 @@ def train_loop(config: dict[str, Any]) -> None:
         ),
     )
     params = [p for p in model.parameters() if p.requires_grad]
+    _check_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), sum(p.numel() for p in params))
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
 
@@ -273,50 +403,105 @@ def train_loop(config: dict[str, Any]) -> None:
     start = checkpoints.latest(root)
     if start is not None:
         _load_checkpoint(start.path, model, optimizer, scheduler, rank)
-        print(f"rank {rank}: resumed from {start.path.name} (step {start.step})")
+        print(f"rank {rank}: resumed from {start.path.name} (step {start.step})", flush=True)
     first_step = start.step if start else 0
-    model = ray.train.torch.prepare_model(model)  # DDP; broadcasts rank 0's weights
+    model = ctx.prepare_model(model)
 
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
-    progress = Progress(settings.max_steps, "train") if rank == 0 else None
+    progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
     if progress:
         progress.advance(first_step)
+    durable = checkpoints.DurableCopy(loop.checkpoint_uri) if rank == 0 and loop.checkpoint_uri else None
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
+    last_commit = time.monotonic()
     metrics: dict[str, float] = {}
-    for step in range(first_step, settings.max_steps):
-        model.train()
-        step_loss = 0.0
-        for micro in range(settings.grad_accum_steps):
-            ids = batch_indices(step, micro, rank, settings, world, len(examples))
-            batch = {k: v.to(device) for k, v in collate([examples[i] for i in ids], tokenizer.pad_token_id).items()}
-            tokens += int(batch["attention_mask"].sum())
-            last_micro = micro == settings.grad_accum_steps - 1
-            sync = nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
-            with sync, autocast:
-                loss = model(**batch).loss / settings.grad_accum_steps
-                loss.backward()
-            step_loss += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        window_loss, window_steps = window_loss + step_loss, window_steps + 1
-        done = step + 1
-        if done % settings.log_every == 0 or done == settings.max_steps:
-            metrics = _window_metrics(window_loss / window_steps, tokens, started, world, scheduler)
-            window_loss, window_steps = 0.0, 0
-            if rank == 0:
-                tracking.log_metrics(loop.tracking_uri, loop.mlflow_run_id, metrics, step=done)
-        if progress:
-            progress.advance(note=f"loss {metrics.get('loss', float('nan')):.4f}" if metrics else "")
-        if done % settings.checkpoint_every == 0 or done == settings.max_steps:
-            if rank == 0:
-                save = partial(_save_checkpoint, model=model, optimizer=optimizer, scheduler=scheduler)
-                checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
-                checkpoints.prune(root, settings.keep_checkpoints)
-            ray.train.report({"step": done, **metrics})
+    stop_file = root / STOP_FILE
+    try:
+        for step in range(first_step, settings.max_steps):
+            model.train()
+            step_loss = 0.0
+            for micro in range(settings.grad_accum_steps):
+                ids = batch_indices(step, micro, rank, settings, world, len(examples))
+                pad = tokenizer.pad_token_id
+                batch = {k: v.to(device) for k, v in collate([examples[i] for i in ids], pad).items()}
+                tokens += int(batch["attention_mask"].sum())
+                last_micro = micro == settings.grad_accum_steps - 1
+                sync = nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+                with sync, autocast:
+                    loss = model(**batch).loss / settings.grad_accum_steps
+                    loss.backward()
+                step_loss += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            window_loss, window_steps = window_loss + step_loss, window_steps + 1
+            done = step + 1
+            if done % settings.log_every == 0 or done == settings.max_steps:
+                metrics = _window_metrics(window_loss / window_steps, tokens, started, world, scheduler)
+                window_loss, window_steps = 0.0, 0
+                if rank == 0 and loop.mlflow_run_id:
+                    tracking.log_metrics(loop.tracking_uri, loop.mlflow_run_id, metrics, step=done)
+            if progress:
+                note = f"loss {step_loss:.6f}"  # this step's loss on rank 0: the kill/resume tests compare it
+                progress.advance(note=note)
+            minutes = settings.checkpoint_every_minutes
+            stop, timed = _agree(
+                ctx.stop_requested() or stop_file.exists(),
+                bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
+            )
+            if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed:
+                if rank == 0:
+                    save = partial(_save_checkpoint, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
+                    committed = checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
+                    checkpoints.prune(root, settings.keep_checkpoints)
+                    if durable:
+                        durable.submit(committed)
+                last_commit = time.monotonic()
+                ctx.report({"step": done, **metrics})
+            if stop:
+                print(f"rank {rank}: stop requested; checkpoint step {done} committed, exiting", flush=True)
+                return
+    finally:
+        if durable:
+            for error in durable.close():
+                print(f"warning: {error}", file=sys.stderr)
+
+
+def _check_strategy(settings: TrainSettings, device: Any, world: int, num_params: int, trainable: int) -> None:
+    """Resolve `strategy` for this model and device; this loop trains data-parallel replicas (DDP) only."""
+    import torch
+
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    plan = strategies.choose(
+        settings.strategy,
+        use_gpu=device.type == "cuda",
+        num_params=num_params,
+        trainable_params=trainable,
+        device_memory_bytes=memory,
+        world=world,
+        zero_stage=settings.zero_stage,
+        cpu_offload=settings.cpu_offload,
+    )
+    if plan.strategy != "ddp":
+        raise StepInputError(
+            f"strategy resolved to {plan.strategy} ({plan.reason}), which this training loop does not run: it "
+            "trains DDP replicas only. Use more GPU memory per worker, a smaller base model, or strategy=ddp"
+        )
+
+
+def _agree(*flags: bool) -> tuple[bool, ...]:
+    """The OR of each flag over all workers, so every rank stops or checkpoints at the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flags
+    values = torch.tensor([float(f) for f in flags])
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return tuple(bool(v) for v in values.tolist())
 
 
 def _window_metrics(
@@ -341,9 +526,13 @@ def _unwrap(model: Any) -> Any:
     return model.module if hasattr(model, "module") else model
 
 
-def _save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, metrics: dict[str, float]) -> None:
+def _save_checkpoint(
+    folder: Path, rank: int, model: Any, optimizer: Any, scheduler: Any, metrics: dict[str, float]
+) -> None:
     import torch
 
+    if rank != 0:  # per-rank files would collide (RELIABILITY.md): LoRA + DDP state is identical on every rank
+        raise RuntimeError(f"rank {rank} tried to write checkpoint {folder}; only rank 0 writes checkpoints")
     (folder / METRICS_FILE).write_text(json.dumps(metrics), encoding="utf-8")
     _unwrap(model).save_pretrained(folder / "adapter", safe_serialization=True)
     torch.save(
@@ -352,6 +541,8 @@ def _save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, m
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         },
         folder / STATE_FILE,
     )
@@ -367,13 +558,20 @@ def _load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, r
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     if rank:
         torch.manual_seed(int(state["step"]) * 7919 + rank)  # distinct dropout streams per rank
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m steps.train --name=value ...`."""
-    return run_step(Args, run, argv)
+    """Entry point: `python -m steps.train --name=value ...`; exits EXIT_PREEMPTED after a SIGTERM checkpoint."""
+    try:
+        return run_step(Args, run, argv)
+    except PreemptedError as err:
+        print(f"preempted: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
 """Check a staged dataset with great-expectations before any GPU time is spent on it.
 
-    python -m steps.validate_data --dataset-dir=/fsx/<workflow>/data --report-dir=/fsx/<workflow>/reports
+    python -m steps.validate_data --dataset-dir=/fsx/<workflow>/data --report-dir=/fsx/<workflow>/reports \
+        [--base-model=smollm2-135m-instruct --max-tokens=512]
 
 Each split (train.jsonl, eval.jsonl) must: have at least `min_rows` rows (mandatory: per-row expectations pass
 vacuously on an empty file); parse line by line as JSON objects (malformed JSON and non-UTF-8 bytes are counted
 and reported with their line numbers, never raised); have `prompt` and `completion` present, strings, not blank
-and at most `max_*_chars` long. No eval prompt may occur in train. `mostly` applies to every per-row expectation:
-mostly=0.99 lets 1 bad row in 100 pass. On failure the step prints each failed expectation with up to three
-examples, writes the report, and exits 2 (bad data: never retried).
+and at most `max_*_chars` long; repeat no earlier (prompt, completion) pair; have chat `messages`, where present,
+in role order (optional system, then user/assistant alternating, ending with assistant); and, when --base-model
+and --max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training
+encodes them (chat-templated prompt + completion + EOS). No eval prompt may occur in train.
+
+`mostly` applies to every per-row expectation (mostly=0.99 lets 1 bad row in 100 pass); `mostly_by_check`
+overrides it per check name, e.g. {"no_duplicate": 0.95} tolerates 5% duplicates. On failure the step prints each
+failed expectation with counts and up to three examples, writes the report, and exits 2 (bad data: never retried).
+great-expectations Data Docs (HTML) of both suites land in <report_dir>/data_docs/index.html.
 
 Outputs (one file each under --outputs-dir):
     train_rows  non-blank lines of train.jsonl
@@ -20,14 +27,16 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
-from steps.common.data import FIELDS, SPLITS, read_lines
+from steps.common.base_model import default_cache_dir, resolve_model
+from steps.common.data import FIELDS, SPLITS, read_lines, role_order_error
 from steps.common.outputs import atomic_write_text
 
 if TYPE_CHECKING:
@@ -38,8 +47,25 @@ if TYPE_CHECKING:
 REPORT_FILE = "validation.json"
 LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
 PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
+DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
+ROLE_ERROR = "role_error"  # column: why a chat row's roles are out of order, None when in order or not chat
+TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, None for unusable rows
+EXPLAINED = (PARSE_ERROR, DUPLICATE, ROLE_ERROR)  # columns whose values are already sentences: shown unquoted
+DOCS_DIR = "data_docs"
 EXAMPLES = 3
 EXAMPLE_CHARS = 80
+CHECKS = (
+    "row_count",
+    "lines_parse",
+    *(f"{name}_{check}" for name in FIELDS for check in ("exists", "not_null", "is_str", "not_blank", "max_chars")),
+    "no_duplicate",
+    "role_order",
+    "max_tokens",
+    "prompt_not_in_train",
+)
+
+# (prompts, completions) -> token count of each pair
+TokenCounter = Callable[[Sequence[str], Sequence[str]], list[int]]
 
 
 class ValidateSettings(Settings):
@@ -51,13 +77,33 @@ class ValidateSettings(Settings):
     mostly: float = Field(
         1.0, ge=0.0, le=1.0, description="fraction of rows each per-row expectation must hold for (1.0: all)"
     )
+    mostly_by_check: dict[str, float] = Field(
+        default_factory=dict, description='`mostly` for single checks, e.g. {"no_duplicate": 0.95}'
+    )
+
+    @field_validator("mostly_by_check")
+    @classmethod
+    def _known_checks(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, mostly in value.items():
+            if name not in CHECKS:
+                raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECKS)}")
+            if not 0.0 <= mostly <= 1.0:
+                raise ValueError(f"mostly of {name!r} is {mostly}; use a fraction between 0 and 1")
+        return value
+
+    def mostly_of(self, check: str) -> float:
+        """The `mostly` tolerance of one check."""
+        return self.mostly_by_check.get(check, self.mostly)
 
 
 class Args(ValidateSettings, StepArgs):
-    """Settings plus the folders the workflow wires in."""
+    """Settings plus the folders and model the workflow wires in."""
 
     dataset_dir: Path = Field(description="staged dataset folder (stage_data's dataset_dir)")
-    report_dir: Path = Field(description=f"folder to write {REPORT_FILE} in")
+    report_dir: Path = Field(description=f"folder to write {REPORT_FILE} and {DOCS_DIR}/ in")
+    base_model: str = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
+    max_tokens: int = Field(0, ge=0, description="longest example in tokens (train's max_seq_len); 0 skips it")
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are cached")
 
 
 class Outputs(BaseModel):
@@ -78,6 +124,7 @@ class CheckResult:
     success: bool
     unexpected_count: int | None = None
     checked_count: int | None = None  # rows the expectation looked at (the `mostly` denominator)
+    mostly: float | None = None  # the tolerance it ran with (per-row expectations only)
     examples: tuple[str, ...] = ()
     detail: str = ""
 
@@ -107,8 +154,15 @@ class Report:
         return json.dumps({"success": self.success, **asdict(self)}, indent=1) + "\n"
 
 
-def read_split(path: Path) -> pd.DataFrame:
-    """One row per non-blank line: line number, parse error, the fields present and their `<field>_type` names."""
+def read_split(
+    path: Path, count_tokens: TokenCounter | None = None, max_chars: dict[str, int] | None = None
+) -> pd.DataFrame:
+    """One row per non-blank line: line number, parse error, the fields present and their `<field>_type` names.
+
+    Derived columns: duplicate_of (always), role_error (when any row has `messages`) and tokens (with a counter).
+    Duplicates are looked for among rows that pass the field checks (within `max_chars` per field), so a bad row
+    repeated is counted once, by its own check.
+    """
     import pandas as pd
 
     lines = list(read_lines(path))
@@ -124,11 +178,37 @@ def read_split(path: Path) -> pd.DataFrame:
             # object dtype keeps each value as JSON gave it, so the type check sees every row
             frame[name] = pd.Series([r.get(name) for r in records], dtype=object)
         frame[f"{name}_type"] = pd.Series([type(r.get(name)).__name__ for r in records], dtype=object)
+    usable = [i for i, r in enumerate(records) if all(isinstance(r.get(f), str) and r[f].strip() for f in FIELDS)]
+    limits = max_chars or {}
+    first: dict[tuple[str, str], int] = {}
+    duplicates: list[str | None] = [None] * len(records)
+    for i in usable:
+        if any(len(records[i][f]) > limits.get(f, len(records[i][f])) for f in FIELDS):
+            continue
+        pair = (records[i]["prompt"], records[i]["completion"])
+        if pair in first:
+            duplicates[i] = f"repeats line {first[pair]}"
+        else:
+            first[pair] = lines[i].number
+    frame[DUPLICATE] = pd.Series(duplicates, dtype=object)
+    if any("messages" in r for r in records):
+        errors = [role_order_error(r["messages"]) if "messages" in r else None for r in records]
+        frame[ROLE_ERROR] = pd.Series(errors, dtype=object)
+    if count_tokens is not None:
+        tokens: list[float] = [math.nan] * len(records)
+        counts = count_tokens([records[i]["prompt"] for i in usable], [records[i]["completion"] for i in usable])
+        for i, count in zip(usable, counts, strict=True):
+            tokens[i] = float(count)
+        frame[TOKENS] = pd.Series(tokens, dtype="float64")  # NaN for unusable rows: GE leaves them out
     return frame
 
 
 def build_suite(
-    split: str, data: pd.DataFrame, settings: ValidateSettings, train_prompts: list[str] | None
+    split: str,
+    data: pd.DataFrame,
+    settings: ValidateSettings,
+    train_prompts: list[str] | None,
+    max_tokens: int = 0,
 ) -> ExpectationSuite:
     """The expectations for one split; `train_prompts` adds the no-overlap expectation (for eval)."""
     import great_expectations as gx
@@ -137,6 +217,7 @@ def build_suite(
     from great_expectations.expectations import (  # type: ignore[attr-defined]
         ExpectColumnToExist,
         ExpectColumnValueLengthsToBeBetween,
+        ExpectColumnValuesToBeBetween,
         ExpectColumnValuesToBeNull,
         ExpectColumnValuesToBeOfType,
         ExpectColumnValuesToMatchRegex,
@@ -146,7 +227,7 @@ def build_suite(
     )
     from great_expectations.expectations.row_conditions import Column
 
-    mostly = settings.mostly
+    mostly = settings.mostly_of
     suite = gx.ExpectationSuite(name=f"{split}_data")
 
     def add(check: str, expectation: Any) -> None:
@@ -154,7 +235,7 @@ def build_suite(
         suite.add_expectation(expectation)
 
     add("row_count", ExpectTableRowCountToBeBetween(min_value=settings.min_rows, max_value=None))
-    add("lines_parse", ExpectColumnValuesToBeNull(column=PARSE_ERROR, mostly=mostly))
+    add("lines_parse", ExpectColumnValuesToBeNull(column=PARSE_ERROR, mostly=mostly("lines_parse")))
     limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
     for name in FIELDS:
         add(f"{name}_exists", ExpectColumnToExist(column=name))
@@ -166,16 +247,35 @@ def build_suite(
         text = Column(f"{name}_type") == "str"
         add(
             f"{name}_not_null",
-            ExpectColumnValuesToNotBeNull(column=name, mostly=mostly, row_condition=parsed),
+            ExpectColumnValuesToNotBeNull(column=name, mostly=mostly(f"{name}_not_null"), row_condition=parsed),
         )
-        add(f"{name}_is_str", ExpectColumnValuesToBeOfType(column=name, type_="str", mostly=mostly))
+        add(f"{name}_is_str", ExpectColumnValuesToBeOfType(column=name, type_="str", mostly=mostly(f"{name}_is_str")))
         add(
             f"{name}_not_blank",
-            ExpectColumnValuesToMatchRegex(column=name, regex=r"\S", mostly=mostly, row_condition=text),
+            ExpectColumnValuesToMatchRegex(
+                column=name, regex=r"\S", mostly=mostly(f"{name}_not_blank"), row_condition=text
+            ),
         )
         add(
             f"{name}_max_chars",
-            ExpectColumnValueLengthsToBeBetween(column=name, max_value=limits[name], mostly=mostly, row_condition=text),
+            ExpectColumnValueLengthsToBeBetween(
+                column=name, max_value=limits[name], mostly=mostly(f"{name}_max_chars"), row_condition=text
+            ),
+        )
+    usable = Column(PARSE_ERROR).is_null()
+    add(
+        "no_duplicate",
+        ExpectColumnValuesToBeNull(column=DUPLICATE, mostly=mostly("no_duplicate"), row_condition=usable),
+    )
+    if ROLE_ERROR in data.columns:
+        add(
+            "role_order",
+            ExpectColumnValuesToBeNull(column=ROLE_ERROR, mostly=mostly("role_order"), row_condition=usable),
+        )
+    if TOKENS in data.columns and max_tokens:
+        add(
+            "max_tokens",
+            ExpectColumnValuesToBeBetween(column=TOKENS, max_value=max_tokens, mostly=mostly("max_tokens")),
         )
     if train_prompts and "prompt" in data.columns:
         add(
@@ -183,16 +283,28 @@ def build_suite(
             ExpectColumnValuesToNotBeInSet(
                 column="prompt",
                 value_set=train_prompts,
-                mostly=mostly,
+                mostly=mostly("prompt_not_in_train"),
                 row_condition=Column("prompt_type") == "str",
             ),
         )
     return suite
 
 
-def validate(dataset_dir: Path, settings: ValidateSettings) -> Report:
-    """Run the suites of both splits in one ephemeral great-expectations context."""
+def validate(
+    dataset_dir: Path,
+    settings: ValidateSettings,
+    *,
+    docs_dir: Path | None = None,
+    count_tokens: TokenCounter | None = None,
+    max_tokens: int = 0,
+) -> Report:
+    """Run the suites of both splits in one ephemeral great-expectations context.
+
+    With `docs_dir`, the suites run as a checkpoint that renders Data Docs (index.html) there; with `count_tokens`
+    and `max_tokens`, rows longer than max_tokens tokens fail the max_tokens check.
+    """
     import great_expectations as gx
+    from great_expectations.checkpoint.actions import UpdateDataDocsAction
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     frames = {}
@@ -200,7 +312,8 @@ def validate(dataset_dir: Path, settings: ValidateSettings) -> Report:
         path = dataset_dir / name
         if not path.is_file():
             raise StepInputError(f"{str(path)!r} does not exist; is --dataset-dir the folder stage_data published?")
-        frames[split] = read_split(path)
+        limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
+        frames[split] = read_split(path, count_tokens if max_tokens else None, limits)
 
     train_prompts = _strings(frames["train"], "prompt")
     eval_prompts = _strings(frames["eval"], "prompt")
@@ -209,6 +322,15 @@ def validate(dataset_dir: Path, settings: ValidateSettings) -> Report:
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    if docs_dir is not None:
+        context.add_data_docs_site(
+            site_name="run",
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
     batches = context.data_sources.add_pandas("staged").add_dataframe_asset("split")
     whole = batches.add_batch_definition_whole_dataframe("whole")
     result_format = {
@@ -218,11 +340,25 @@ def validate(dataset_dir: Path, settings: ValidateSettings) -> Report:
     }
     checks: list[CheckResult] = []
     for split, data in frames.items():
-        suite = build_suite(split, data, settings, sorted(train_set) if split == "eval" else None)
+        suite = build_suite(split, data, settings, sorted(train_set) if split == "eval" else None, max_tokens)
         order = [e.meta["check"] for e in suite.expectations if e.meta]
-        outcome = whole.get_batch(batch_parameters={"dataframe": data}).validate(suite, result_format=result_format)
+        if docs_dir is None:
+            outcome = whole.get_batch(batch_parameters={"dataframe": data}).validate(suite, result_format=result_format)
+        else:
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(name=split, data=whole, suite=context.suites.add(suite))
+            )
+            checkpoint = context.checkpoints.add(
+                gx.Checkpoint(
+                    name=f"{split}_checkpoint",
+                    validation_definitions=[definition],
+                    actions=[UpdateDataDocsAction(name="data_docs")],
+                    result_format=result_format,
+                )
+            )
+            (outcome,) = checkpoint.run(batch_parameters={"dataframe": data}).run_results.values()
         results = sorted(outcome.results, key=lambda r: order.index(_config(r).meta["check"]))
-        checks.extend(_check_result(split, r) for r in results)
+        checks.extend(_check_result(split, r, settings) for r in results)
     return Report(
         dataset_dir=str(dataset_dir),
         settings=settings.model_dump(),
@@ -232,17 +368,34 @@ def validate(dataset_dir: Path, settings: ValidateSettings) -> Report:
     )
 
 
+def token_counter(base_model: str, cache_dir: Path | None = None) -> TokenCounter:
+    """Count tokens with `base_model`'s tokenizer exactly as train encodes an example (before truncation)."""
+    from steps.common.modeling import load_tokenizer, prompt_text
+
+    tokenizer = load_tokenizer(resolve_model(base_model, cache_dir))
+
+    def count(prompts: Sequence[str], completions: Sequence[str]) -> list[int]:
+        if not prompts:
+            return []
+        prompt_ids = tokenizer([prompt_text(tokenizer, p) for p in prompts], add_special_tokens=False)["input_ids"]
+        eos = tokenizer.eos_token or ""
+        answer_ids = tokenizer([c + eos for c in completions], add_special_tokens=False)["input_ids"]
+        return [len(p) + len(a) for p, a in zip(prompt_ids, answer_ids, strict=True)]
+
+    return count
+
+
 def format_failures(report: Report, report_path: Path) -> str:
     """A readable account of the failed expectations, for stderr."""
     failures = report.failures
     lines = [f"data validation failed for {report.dataset_dir}: {len(failures)} of {len(report.checks)} checks"]
-    mostly = report.settings["mostly"]
     for c in failures:
         lines.append(f"  {c.split:<5} {c.check} ({c.expectation})")
         if c.unexpected_count is not None:
             share = c.unexpected_count / c.checked_count if c.checked_count else 0.0
+            allowed = 1 - (c.mostly if c.mostly is not None else report.settings["mostly"])
             lines.append(
-                f"        {c.unexpected_count} unexpected of {c.checked_count} ({share:.2%}; allowed {1 - mostly:.2%})"
+                f"        {c.unexpected_count} unexpected of {c.checked_count} ({share:.2%}; allowed {allowed:.2%})"
             )
         if c.detail:
             lines.append(f"        {c.detail}")
@@ -254,12 +407,24 @@ def format_failures(report: Report, report_path: Path) -> str:
 def run(args: Args) -> Outputs:
     """Validate `args.dataset_dir`; write the report; raise StepInputError when any expectation failed."""
     settings = ValidateSettings(**{name: getattr(args, name) for name in ValidateSettings.model_fields})
-    report = validate(args.dataset_dir, settings)
+    if bool(args.base_model) != bool(args.max_tokens):
+        raise StepInputError(
+            f"--base-model={args.base_model!r} and --max-tokens={args.max_tokens} go together: set both to check "
+            "token lengths (the train step's base_model and max_seq_len), or neither to skip the check"
+        )
     args.report_dir.mkdir(parents=True, exist_ok=True)
+    report = validate(
+        args.dataset_dir,
+        settings,
+        docs_dir=(args.report_dir / DOCS_DIR).absolute(),
+        count_tokens=token_counter(args.base_model, args.model_cache_dir) if args.base_model else None,
+        max_tokens=args.max_tokens,
+    )
     report_path = (args.report_dir / REPORT_FILE).absolute()
     atomic_write_text(report_path, report.to_json())
     if not report.success:
         print(format_failures(report, report_path), file=sys.stderr)
+        print(f"data docs: {args.report_dir.absolute() / DOCS_DIR / 'index.html'}", file=sys.stderr)
         failed = ", ".join(sorted({f"{c.split}/{c.check}" for c in report.failures}))
         raise StepInputError(f"dataset {str(args.dataset_dir)!r} failed validation ({failed}); fix the data and rerun")
     print(
@@ -274,7 +439,7 @@ def _strings(data: pd.DataFrame, column: str) -> list[str]:
     return [v for v in data[column] if isinstance(v, str)]
 
 
-def _check_result(split: str, result: ExpectationValidationResult) -> CheckResult:
+def _check_result(split: str, result: ExpectationValidationResult, settings: ValidateSettings) -> CheckResult:
     config = _config(result)
     outcome = result.result or {}
     column = config.kwargs.get("column")
@@ -283,7 +448,7 @@ def _check_result(split: str, result: ExpectationValidationResult) -> CheckResul
     if unexpected is not None:
         checked = int(outcome.get("element_count", 0)) - int(outcome.get("missing_count", 0))
     examples = tuple(
-        f"line {int(item[LINE])}: {_show(item.get(column), raw=column == PARSE_ERROR)}"
+        f"line {int(item[LINE])}: {_show(item.get(column), raw=column in EXPLAINED)}"
         for item in outcome.get("partial_unexpected_index_list", [])[:EXAMPLES]
     )
     detail = _error(result.exception_info)
@@ -298,6 +463,7 @@ def _check_result(split: str, result: ExpectationValidationResult) -> CheckResul
         success=bool(result.success),
         unexpected_count=None if unexpected is None else int(unexpected),
         checked_count=checked,
+        mostly=None if unexpected is None else settings.mostly_of(str(config.meta["check"])),
         examples=examples,
         detail=detail,
     )
@@ -321,6 +487,8 @@ def _error(info: dict[str, Any] | None) -> str:
 def _show(value: Any, *, raw: bool) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         text = "missing"
+    elif isinstance(value, float) and value.is_integer():
+        text = f"{int(value)}"  # token counts: pandas holds them as floats so that NaN can mark unusable rows
     else:
         text = str(value) if raw else repr(value)
     return text if len(text) <= EXAMPLE_CHARS else text[: EXAMPLE_CHARS - 1] + "…"

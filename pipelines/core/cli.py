@@ -1,22 +1,25 @@
-"""The command line every pipeline file shares: `python pipelines/<name>.py run|render [options]`.
+"""The command line every pipeline file shares: `python pipelines/<name>.py run|render|plan|submit|schedule`.
 
-Config errors exit 2 with one line per problem before anything runs; a failed workflow exits 1.
+Config errors exit 2 with one line per problem before anything runs or is submitted; a failed workflow exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from hera.workflows import Workflow
 from rich.console import Console
 
 from pipelines.core.config import ConfigError, PipelineConfig, load_config
-from pipelines.core.templates import manifest
+from pipelines.core.profiles import PROFILES, VARIANT_DEFAULTS
+from pipelines.core.templates import KINDS, cron_workflow, manifest, workflow_template
 from steps.common.storage import is_s3, local_path
 
 EXIT_FAILED = 1
@@ -38,6 +41,11 @@ def parser(prog: str) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one value, e.g. --set train.max_steps=20 (repeatable; applied after --config)",
     )
+    common.add_argument(
+        "--variant",
+        choices=sorted(VARIANT_DEFAULTS),
+        help="accelerator kind; picks a default cluster.instance_type of that kind unless one is configured",
+    )
     root = argparse.ArgumentParser(
         prog=prog,
         description=(sys.modules["__main__"].__doc__ or "").strip(),
@@ -54,6 +62,33 @@ def parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN", help="resume a failed run by name; succeeded tasks are kept")
     render = commands.add_parser("render", parents=[common], help="print the Argo Workflow YAML")
     render.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    render.add_argument("--kind", choices=KINDS, default="Workflow", help="Workflow (default) or WorkflowTemplate")
+    render.add_argument("--cron", help="with --kind CronWorkflow: the schedule, e.g. '0 3 * * 1'")
+    render.add_argument("--timezone", help="with --kind CronWorkflow: IANA zone of the schedule (default UTC)")
+    commands.add_parser("plan", parents=[common], help="preflight: pods, devices, memory, retries, cost; no submit")
+    submit = commands.add_parser("submit", parents=[common], help="plan, then send the Workflow to an Argo Server")
+    submit.add_argument("--argo-server", default=os.environ.get("ARGO_SERVER", ""), help="host:port ($ARGO_SERVER)")
+    submit.add_argument("-n", "--namespace", default=os.environ.get("ARGO_NAMESPACE"), help="($ARGO_NAMESPACE)")
+    submit.add_argument(
+        "-k",
+        "--insecure-skip-verify",
+        action="store_true",
+        default=os.environ.get("ARGO_INSECURE_SKIP_VERIFY") == "true",
+        help="do not verify the server's certificate ($ARGO_INSECURE_SKIP_VERIFY=true)",
+    )
+    submit.add_argument(
+        "-e",
+        "--secure",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("ARGO_SECURE", "true") != "false",
+        help="use TLS (default; $ARGO_SECURE=false for plain http)",
+    )
+    submit.add_argument("--argo-base-href", default=os.environ.get("ARGO_BASE_HREF", ""), help="($ARGO_BASE_HREF)")
+    submit.add_argument("--watch", action="store_true", help="follow node phases until the workflow finishes")
+    schedule = commands.add_parser("schedule", parents=[common], help="print a WorkflowTemplate and its CronWorkflow")
+    schedule.add_argument("--cron", required=True, help="cron schedule, e.g. '0 3 * * 1'")
+    schedule.add_argument("--timezone", help="IANA zone of the schedule, e.g. Europe/Paris (default UTC)")
+    schedule.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     return root
 
 
@@ -62,9 +97,24 @@ def main(build: Build, argv: Sequence[str] | None = None) -> None:
     args = parser(Path(sys.argv[0]).name).parse_args(argv)
     console = Console(stderr=True)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = apply_variant(load_config(args.config, args.overrides), args.variant)
         if args.command == "render":
-            raise SystemExit(render(build(cfg), args.output))
+            raise SystemExit(render(build(cfg), args.output, args.kind, args.cron, args.timezone))
+        if args.command == "schedule":
+            raise SystemExit(render(build(cfg), args.output, "CronWorkflow", args.cron, args.timezone))
+        if args.command in ("plan", "submit"):
+            from pipelines.core.plan import check, print_plan
+
+            print_plan(check(cfg), Console())
+            if args.command == "submit":
+                from pipelines.core.submit import SubmitError, submit
+
+                try:
+                    raise SystemExit(submit(manifest(build(cfg)), args, console))
+                except SubmitError as err:
+                    console.print(f"[red]submit failed:[/red] {err}", highlight=False, soft_wrap=True)
+                    raise SystemExit(EXIT_FAILED) from None
+            raise SystemExit(0)
         check_local_inputs(cfg)
         raise SystemExit(run(build(cfg), args.state_dir, args.resume, console))
     except ConfigError as err:
@@ -73,14 +123,55 @@ def main(build: Build, argv: Sequence[str] | None = None) -> None:
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
-def render(workflow: Workflow, output: Path | None) -> int:
-    """Print (or write) the manifest as YAML."""
-    text = yaml.safe_dump(manifest(workflow), sort_keys=False)
+def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:
+    """`--variant gpu`: keep a configured instance type of that kind, otherwise use the variant's default."""
+    if variant is None or PROFILES[cfg.cluster.instance_type].kind == variant:
+        return cfg
+    cluster = cfg.cluster.model_copy(update={"instance_type": VARIANT_DEFAULTS[variant]})  # type: ignore[index]
+    return cfg.model_copy(update={"cluster": cluster})
+
+
+def render(
+    workflow: Workflow,
+    output: Path | None,
+    kind: str = "Workflow",
+    cron: str | None = None,
+    timezone: str | None = None,
+) -> int:
+    """Print (or write) the manifest as YAML: the Workflow, its WorkflowTemplate, or a CronWorkflow running it."""
+    rendered = manifest(workflow)
+    if kind == "Workflow":
+        documents = [rendered]
+    elif kind == "WorkflowTemplate":
+        documents = [workflow_template(rendered)]
+    else:
+        check_schedule(cron, timezone)
+        documents = [workflow_template(rendered), cron_workflow(rendered, cron or "", timezone)]
+    text = yaml.safe_dump_all(documents, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
     else:
         output.write_text(text, encoding="utf-8")
     return 0
+
+
+CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$|^[A-Za-z]{3}(-[A-Za-z]{3})?$")
+
+
+def check_schedule(cron: str | None, timezone: str | None) -> None:
+    """Refuse a schedule Argo's cron parser would reject, before anything is written (S3)."""
+    problems = []
+    if not cron:
+        problems.append("--cron: a CronWorkflow needs a schedule, e.g. --cron '0 3 * * 1'")
+    elif not cron.startswith("@") and (len(cron.split()) != 5 or not all(CRON_FIELD.match(f) for f in cron.split())):
+        problems.append(f"--cron {cron!r}: expected 5 fields (minute hour day month weekday), e.g. '0 3 * * 1'")
+    if timezone:
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(f"--timezone {timezone!r}: not an IANA time zone; use e.g. UTC or Europe/Paris")
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def check_local_inputs(cfg: PipelineConfig) -> None:

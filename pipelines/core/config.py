@@ -6,13 +6,15 @@ same fields with the same rules. Unknown keys are errors, and every error is rep
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from pipelines.core.profiles import PROFILES
 from steps.common.args import Settings
 from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
@@ -58,6 +60,29 @@ class MlflowSettings(Settings):
     model_name: str = Field("llama-lora", pattern=r"^[\w.\-]+$", description="registered model name")
 
 
+class ClusterSettings(Settings):
+    """Where the training job runs on EKS: the node type (its accelerator profile) and how it is gang-scheduled."""
+
+    instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
+    nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
+    scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
+    queue: str = Field("eksflow", pattern=K8S_NAME, description="Kueue LocalQueue or Volcano Queue name")
+    spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
+    zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
+    rayjob_backoff_limit: int = Field(1, ge=0, le=10, description="RayJob resubmissions after a failed attempt")
+    retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
+    ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
+    expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")
+    model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, instance_type: str) -> str:
+        if instance_type not in PROFILES:
+            raise ValueError(f"unknown instance type {instance_type!r}; known: {', '.join(sorted(PROFILES))}")
+        return instance_type
+
+
 class PipelineConfig(Settings):
     """Everything a pipeline run needs; validated at render/run time and again inside each step."""
 
@@ -73,6 +98,7 @@ class PipelineConfig(Settings):
     train: TrainSettings = TrainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
     deploy: DeploySettings = DeploySettings()
+    cluster: ClusterSettings = ClusterSettings()
 
 
 def load_config(path: Path | None = None, overrides: Iterable[str] = ()) -> PipelineConfig:
@@ -137,3 +163,8 @@ def dump(config: Mapping[str, Any] | PipelineConfig) -> str:
     """The config as YAML (for `config` listings and docs)."""
     data = config.model_dump(mode="json") if isinstance(config, PipelineConfig) else dict(config)
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def config_hash(config: PipelineConfig) -> str:
+    """`sha256:<hex>` of the validated config: the lineage tag that says which settings produced a model."""
+    return "sha256:" + hashlib.sha256(config.model_dump_json().encode()).hexdigest()

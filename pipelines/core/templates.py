@@ -70,41 +70,74 @@ def step_factory(cfg: PipelineConfig) -> StepFactory:
         wired: Sequence[str] = (),
         image: str | None = None,
         resources: Resources = SMALL,
+        metrics: m.Metrics | None = None,
         **values: object,
     ) -> StepTemplate:
         """Container template for `python -m steps.<module>` with its argv rendered from the step's Args."""
-        args_type = module.Args
-        fields = args_type.model_fields
-        rendered: dict[str, object] = {}
-        if settings is not None:
-            rendered.update({name: getattr(settings, name) for name in type(settings).model_fields})
-        rendered.update(values)
-        rendered.update({name: f"{{{{inputs.parameters.{name}}}}}" for name in wired})
-        rendered["outputs_dir"] = OUTPUTS_DIR
-        unknown = sorted(set(rendered) - set(fields))
-        missing = sorted(n for n, f in fields.items() if f.is_required() and n not in rendered)
-        if unknown or missing:
-            raise TypeError(f"{module.__name__}: unknown args {unknown}, missing required args {missing}")
+        image = image or cfg.images.steps
         return StepTemplate(
             Container(
                 name=template_name(module),
-                image=image or cfg.images.steps,
+                image=image,
                 command=["python", "-m", module.__name__],
-                args=to_argv(rendered),
+                args=step_argv(module, settings, wired=wired, outputs_dir=OUTPUTS_DIR, **values),
                 inputs=[Parameter(name=name) for name in wired],
                 outputs=[
                     Parameter(name=name, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
                     for name in module.Outputs.model_fields
                 ],
-                env=[Env(name="HF_HUB_OFFLINE", value="1")],  # nothing downloads from a model hub at run time
+                env=[
+                    Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
+                    Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
+                ],
                 volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
                 resources=resources,
                 retry_strategy=STEP_RETRY,
                 security_context=RESTRICTED,
+                metrics=metrics,
             )
         )
 
     return step
+
+
+def step_argv(
+    module: ModuleType,
+    settings: Settings | None = None,
+    *,
+    wired: Sequence[str] = (),
+    outputs_dir: str = OUTPUTS_DIR,
+    **values: object,
+) -> list[str]:
+    """`--name=value` items for the step's Args: settings, then values, then wired inputs as `{{inputs...}}`."""
+    fields = module.Args.model_fields
+    rendered: dict[str, object] = {}
+    if settings is not None:
+        rendered.update({name: getattr(settings, name) for name in type(settings).model_fields})
+    rendered.update(values)
+    rendered.update({name: f"{{{{inputs.parameters.{name}}}}}" for name in wired})
+    rendered["outputs_dir"] = outputs_dir
+    unknown = sorted(set(rendered) - set(fields))
+    missing = sorted(n for n, f in fields.items() if f.is_required() and n not in rendered)
+    if unknown or missing:
+        raise TypeError(f"{module.__name__}: unknown args {unknown}, missing required args {missing}")
+    return to_argv(rendered)
+
+
+def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
+    """Prometheus gauges (`name=(help, value)`) the controller emits when the template succeeds."""
+    return m.Metrics(
+        prometheus=[
+            m.Prometheus(
+                name=f"eksflow_{name}",
+                help=help_text,
+                labels=[m.MetricLabel(key="pipeline", value=cfg.name)],
+                gauge=m.Gauge(value=value, realtime=False),
+                when="{{status}} == Succeeded",
+            )
+            for name, (help_text, value) in values.items()
+        ]
+    )
 
 
 @contextmanager
@@ -137,3 +170,38 @@ def manifest(workflow: Workflow) -> dict[str, Any]:
     """The Workflow as the plain dict that `render` prints, `submit` sends and `run` executes."""
     rendered: dict[str, Any] = workflow.to_dict()
     return rendered
+
+
+KINDS = ("Workflow", "WorkflowTemplate", "CronWorkflow")
+CRON_STARTING_DEADLINE_S = 600  # a schedule missed by more than this (controller down) is skipped, not run late
+
+
+def workflow_template(workflow: Mapping[str, Any]) -> dict[str, Any]:
+    """The Workflow as a WorkflowTemplate named after the pipeline (what `argo submit --from` and crons run)."""
+    metadata = dict(workflow["metadata"])
+    metadata["name"] = metadata.pop("generateName").rstrip("-")
+    return {
+        "apiVersion": workflow["apiVersion"],
+        "kind": "WorkflowTemplate",
+        "metadata": metadata,
+        "spec": workflow["spec"],
+    }
+
+
+def cron_workflow(workflow: Mapping[str, Any], cron: str, timezone: str | None = None) -> dict[str, Any]:
+    """A CronWorkflow running the pipeline's WorkflowTemplate: one run at a time, late runs skipped."""
+    template = workflow_template(workflow)
+    name = template["metadata"]["name"]
+    spec: dict[str, Any] = {
+        "schedules": [cron],
+        "concurrencyPolicy": "Forbid",  # a long training run is never overlapped by the next one
+        "startingDeadlineSeconds": CRON_STARTING_DEADLINE_S,
+        "successfulJobsHistoryLimit": 3,
+        "failedJobsHistoryLimit": 3,
+        "workflowMetadata": {"labels": dict(template["metadata"].get("labels", {}))},
+        "workflowSpec": {"workflowTemplateRef": {"name": name}},
+    }
+    if timezone:
+        spec["timezone"] = timezone
+    metadata = {k: v for k, v in template["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
+    return {"apiVersion": workflow["apiVersion"], "kind": "CronWorkflow", "metadata": metadata, "spec": spec}

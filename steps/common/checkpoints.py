@@ -7,6 +7,11 @@ Commit protocol (what HF Trainer and torchtune lack, see RELIABILITY.md CK1-CK3)
 `latest()` returns the highest-numbered `step-<N>` (numeric order) whose manifest verifies; partial, temporary and
 corrupt folders are skipped with a log line. Retention deletes old checkpoints only after a newer one is committed,
 so at least one complete checkpoint exists at every moment.
+
+Durable copy (`DurableCopy`): for an s3:// checkpoint location, a background thread uploads each committed folder
+to `<uri>/step-<N>/` and writes the `COMMITTED` marker object LAST, so a reader that sees the marker sees every
+file; `restore_latest` brings the newest marked copy back when the local root has none (a new node after Spot).
+Training never waits for an upload except at the end (`close`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+MARKER = "COMMITTED"  # the object written last in a durable copy
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -123,6 +131,107 @@ def prune(root: Path, keep: int) -> list[Path]:
             shutil.rmtree(stale, ignore_errors=True)
             removed.append(stale)
     return removed
+
+
+class DurableCopy:
+    """Upload committed checkpoints to an s3:// prefix in a background thread, marker last; newest wins.
+
+    Only the newest pending checkpoint is uploaded: if training commits faster than the upload, the older pending
+    one is skipped (it would be superseded anyway). Upload errors are logged and remembered, never raised into the
+    training loop; `close()` waits for the last upload and returns the errors.
+    """
+
+    def __init__(self, uri: str) -> None:
+        from steps.common.storage import split_s3
+
+        self.bucket, prefix = split_s3(uri)
+        self.prefix = prefix.rstrip("/")
+        self.errors: list[str] = []
+        self.uploaded: list[int] = []
+        self._pending: queue.Queue[Checkpoint | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="durable-checkpoint-copy", daemon=True)
+        self._thread.start()
+
+    def submit(self, checkpoint: Checkpoint) -> None:
+        """Queue a committed checkpoint for upload; returns at once."""
+        self._pending.put(checkpoint)
+
+    def close(self) -> list[str]:
+        """Finish the queued uploads and stop the thread; return the upload errors (empty when all succeeded)."""
+        self._pending.put(None)
+        self._thread.join()
+        return self.errors
+
+    def _run(self) -> None:
+        from steps.common.storage import s3_client
+
+        client = s3_client()
+        while True:
+            item = self._pending.get()
+            while item is not None and not self._pending.empty():
+                newer = self._pending.get()  # skip to the newest; a None (close) still ends the loop after it
+                if newer is None:
+                    self._upload(client, item)
+                    return
+                item = newer
+            if item is None:
+                return
+            self._upload(client, item)
+
+    def _upload(self, client: object, checkpoint: Checkpoint) -> None:
+        base = f"{self.prefix}/{checkpoint.path.name}" if self.prefix else checkpoint.path.name
+        try:
+            for path in sorted(p for p in checkpoint.path.rglob("*") if p.is_file()):
+                key = f"{base}/{path.relative_to(checkpoint.path).as_posix()}"
+                client.upload_file(str(path), self.bucket, key)  # type: ignore[attr-defined]
+            client.put_object(Bucket=self.bucket, Key=f"{base}/{MARKER}", Body=b"")  # type: ignore[attr-defined]
+        except Exception as err:  # a durable-copy outage must not stop training; the local commit stands
+            message = f"durable copy of {checkpoint.path.name} to s3://{self.bucket}/{base} failed: {err}"
+            print(f"warning: {message}", file=sys.stderr)
+            self.errors.append(message)
+            return
+        self.uploaded.append(checkpoint.step)
+
+
+def restore_latest(uri: str, root: Path) -> Checkpoint | None:
+    """Download the newest durable copy under `uri` that has its marker and verifies into `root`; None if none."""
+    from steps.common.storage import s3_client, split_s3
+
+    bucket, prefix = split_s3(uri)
+    base = prefix.rstrip("/") + "/" if prefix else ""
+    client = s3_client()
+    marked: list[tuple[int, str]] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
+        for obj in page.get("Contents", []):
+            parts = obj["Key"][len(base) :].split("/")
+            match = _STEP_DIR.match(parts[0])
+            if match and parts[1:] == [MARKER]:
+                marked.append((int(match.group(1)), parts[0]))
+    for step, name in sorted(marked, reverse=True):
+        tmp = root / f".tmp-restore-{name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{base}{name}/"):
+            for obj in page.get("Contents", []):
+                relative = obj["Key"][len(f"{base}{name}/") :]
+                if relative == MARKER or not relative:
+                    continue
+                target = (tmp / relative).resolve()
+                if not target.is_relative_to(tmp.resolve()):
+                    raise CorruptCheckpointError(f"object key {obj['Key']!r} escapes the checkpoint folder")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, obj["Key"], str(target))
+        try:
+            verify(tmp)
+        except CorruptCheckpointError as err:
+            print(f"skipping durable copy {name}: {err}", file=sys.stderr)
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
+        final = root / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        return Checkpoint(final, step)
+    return None
 
 
 def _fsync(path: Path) -> None:

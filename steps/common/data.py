@@ -2,13 +2,19 @@
 
     <dataset_dir>/train.jsonl      one JSON object per line; blank lines are ignored
     <dataset_dir>/eval.jsonl       held out: no prompt of it occurs in train.jsonl
-    <dataset_dir>/manifest.json    written by stage_data: path, size and sha256 of each file, and the dataset digest
+    <dataset_dir>/manifest.json    written by stage_data: key, size, ETag and sha256 of each source file, the files
+                                   derived from them, and the dataset digest
+    <dataset_dir>/raw/...          the source files as staged (train.jsonl and eval.jsonl are derived from them)
+
+stage_data normalizes instruction data ({"instruction", "input", "output"}) and chat data ({"messages": [...]})
+to this form (normalize_record) and splits a single data file by a hash of each prompt (split_of).
 
 Other keys in a record are allowed and ignored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Iterator
@@ -98,3 +104,66 @@ def load_examples(path: Path) -> list[Example]:
     if not examples:
         raise StepInputError(f"{str(path)!r} holds no usable examples; expected JSON lines of prompt/completion")
     return examples
+
+
+# Instruction data in the Alpaca shape; `input` is optional context appended to the instruction.
+INSTRUCTION_FIELDS = ("instruction", "output")
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def normalize_record(record: dict[str, Any]) -> dict[str, Any] | None:
+    """`record` in the internal prompt/completion form, or None when it is already in it or in no known form.
+
+    Known forms: {"instruction", "input"?, "output"} (prompt = instruction, then the input after a blank line) and
+    chat {"messages": [{"role", "content"}, ...]} ending with an assistant turn (prompt = the turns before it;
+    a single user turn, after an optional system turn, is used as is, longer histories are rendered as
+    "role: content" lines). Chat records keep `messages` so validate_data can check the role order. Records in
+    no known form are left to validate_data, which names what is missing.
+    """
+    if "prompt" in record or "completion" in record:
+        return None
+    if all(isinstance(record.get(name), str) for name in INSTRUCTION_FIELDS):
+        context = record.get("input")
+        prompt = record["instruction"]
+        if isinstance(context, str) and context.strip():
+            prompt = f"{prompt}\n\n{context}"
+        return {"prompt": prompt, "completion": record["output"]}
+    messages = record.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        *history, last = messages
+        if last.get("role") != "assistant" or not isinstance(last.get("content"), str):
+            return {"messages": messages}  # no answer to learn: validate_data reports the role order
+        turns = [m for m in history if m.get("role") != "system"]
+        system = [str(m.get("content", "")) for m in history if m.get("role") == "system"]
+        if len(turns) == 1 and turns[0].get("role") == "user":
+            prompt = "\n\n".join([*system, str(turns[0].get("content", ""))])
+        else:
+            prompt = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in history)
+        return {"prompt": prompt, "completion": last["content"], "messages": messages}
+    return None
+
+
+def role_order_error(messages: Any) -> str | None:
+    """Why a chat `messages` list is out of order (system first, then user/assistant alternating, assistant last)."""
+    if not isinstance(messages, list) or not messages:
+        return "messages is not a non-empty list"
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    unknown = [r for r in roles if r not in CHAT_ROLES]
+    if unknown:
+        return f"unknown role {unknown[0]!r} (expected one of {', '.join(CHAT_ROLES)})"
+    turns = roles[1:] if roles[0] == "system" else roles
+    if "system" in turns:
+        return "a system message after the first turn"
+    expected = ["user" if i % 2 == 0 else "assistant" for i in range(len(turns))]
+    if turns != expected or not turns or turns[-1] != "assistant":
+        return f"roles {'>'.join(str(r) for r in roles)}: expected user/assistant alternating, ending with assistant"
+    return None
+
+
+def split_of(prompt: str, eval_fraction: float) -> str:
+    """The split ("eval" or "train") from a hash of the prompt alone, so a row's split never depends on other rows.
+
+    Hashing the prompt (not the whole record) sends duplicate prompts to the same split: no train/eval overlap.
+    """
+    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") / 2**64
+    return "eval" if bucket < eval_fraction else "train"

@@ -35,13 +35,16 @@ def local_path(uri: str) -> Path:
     return Path(uri)
 
 
-def s3_client() -> Any:
-    """A boto3 S3 client configured from the environment (endpoint, profile, region, retries)."""
+def s3_client(max_pool_connections: int = 32) -> Any:
+    """A boto3 S3 client configured from the environment (endpoint, profile, region, retries).
+
+    `max_pool_connections` bounds the HTTP connections kept open: at least the number of parallel requests.
+    """
     import boto3
     from botocore.config import Config
 
     return boto3.session.Session().client(
-        "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)
+        "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=max_pool_connections)
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ from steps.common.args import StepFailedError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
 
 # 4 attempts x 10 s timeout + 1+2+4 s backoff ~ 47 s worst case against a hung server; a refused connection
 # fails after ~7 s. Values already in the environment win, so an operator can widen them.
@@ -42,6 +43,9 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$"  # registered model 
 
 # What the registry answers for a missing model (RESOURCE_DOES_NOT_EXIST) or alias (INVALID_PARAMETER_VALUE).
 NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+# MLflow rejects longer tag values (the server's limit is 8000 characters; keep a margin).
+MAX_TAG_CHARS = 5000
 
 # Alias names (stages are deprecated in MLflow: aliases only).
 CHALLENGER = "challenger"
@@ -160,6 +164,56 @@ def log_params(tracking_uri: str, run_id: str, params: Mapping[str, object]) -> 
         return False
     _outage_since.pop(tracking_uri, None)
     return True
+
+
+def set_tags(tracking_uri: str, run_id: str, tags: Mapping[str, str]) -> bool:
+    """Set tags on a run (over-long values are cut). Never raises (warns on stderr, returns False)."""
+    if _in_outage(tracking_uri, "tags", tags):
+        return False
+    try:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(key, str(value)[:MAX_TAG_CHARS]) for key, value in tags.items()]
+        client(tracking_uri).log_batch(run_id, tags=batch, synchronous=True)
+    except Exception as err:  # any tracking failure is non-fatal by contract
+        _note_failure(tracking_uri, err)
+        _warn(f"could not set tags {sorted(tags)} on MLflow run {run_id} at {tracking_uri}", err)
+        return False
+    _outage_since.pop(tracking_uri, None)
+    return True
+
+
+def log_files(tracking_uri: str, run_id: str, paths: Sequence[Path], artifact_path: str) -> bool:
+    """Upload files into the run's artifact folder `artifact_path`. Never raises (warns, returns False)."""
+    names = {p.name: p for p in paths}
+    if _in_outage(tracking_uri, "artifacts", names):
+        return False
+    try:
+        mlflow_client = client(tracking_uri)
+        for path in paths:
+            mlflow_client.log_artifact(run_id, str(path), artifact_path)
+    except Exception as err:  # any tracking failure is non-fatal by contract
+        _note_failure(tracking_uri, err)
+        _warn(f"could not log {sorted(names)} to MLflow run {run_id} at {tracking_uri}", err)
+        return False
+    _outage_since.pop(tracking_uri, None)
+    return True
+
+
+def alias_version(tracking_uri: str, model_name: str, alias: str) -> ModelVersion | None:
+    """The version of `model_name` holding `alias`, or None when the model or the alias does not exist.
+
+    Raises TrackingError when the registry cannot answer: a caller gating on the answer must not guess.
+    """
+    from mlflow.exceptions import MlflowException
+
+    with errors(tracking_uri, f"looking up alias {alias!r} of model {model_name!r}"):
+        try:
+            return client(tracking_uri).get_model_version_by_alias(model_name, alias)
+        except MlflowException as err:
+            if err.error_code not in NOT_FOUND_CODES:
+                raise
+            return None
 
 
 def promote(tracking_uri: str, model_name: str, version: str) -> str:

@@ -35,3 +35,95 @@ def argo_validator():
         )
 
     return validator
+
+
+def _strictify(node):
+    """Unknown fields become errors (kubectl --validate=strict), except in maps and preserve-unknown nodes."""
+    if isinstance(node, dict):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+            and not node.get("x-kubernetes-embedded-resource")
+        ):
+            node["additionalProperties"] = False
+        for child in node.get("properties", {}).values():
+            _strictify(child)
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                _strictify(node[key])
+        for child in node.get("anyOf", []) + node.get("allOf", []) + node.get("oneOf", []):
+            _strictify(child)
+    return node
+
+
+CRDS = {
+    ("ray.io", "RayJob"): "kuberay/ray.io_rayjobs.yaml",
+    ("batch.volcano.sh", "Job"): "volcano/batch.volcano.sh_jobs.yaml",
+    ("scheduling.volcano.sh", "PodGroup"): "volcano/scheduling.volcano.sh_podgroups.yaml",
+}
+
+
+@pytest.fixture(scope="session")
+def crd_validator():
+    """Strict validator for a custom resource manifest, from its official CRD (built once per kind and version)."""
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    cache = {}
+
+    def validator(manifest) -> Draft202012Validator:
+        group, version = manifest["apiVersion"].split("/")
+        key = (group, manifest["kind"], version)
+        if key not in cache:
+            path = SCHEMAS / CRDS[(group, manifest["kind"])]
+            if not path.is_file():
+                pytest.skip(f"official CRD not found at {path}")
+            crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+            schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+            cache[key] = Draft202012Validator(_strictify(schema))
+        return cache[key]
+
+    return validator
+
+
+@pytest.fixture(scope="session")
+def swagger_validator():
+    """Strict validator for an Argo Server REST API body definition, from argo/swagger.json."""
+    path = SCHEMAS / "argo" / "swagger.json"
+    if not path.is_file():
+        pytest.skip(f"official Argo API spec not found at {path}")
+    from jsonschema import Draft202012Validator
+
+    swagger = json.loads(path.read_text())
+    defs = swagger["definitions"]
+    defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
+    defs["io.k8s.apimachinery.pkg.api.resource.Quantity"] = {"type": ["integer", "number", "string"]}
+    for definition in defs.values():
+        if definition.get("type") == "object" and "properties" in definition:
+            definition.setdefault("additionalProperties", False)
+
+    def validator(name: str) -> Draft202012Validator:
+        return Draft202012Validator({"$ref": f"#/definitions/{name}", "definitions": defs})
+
+    return validator
+
+
+@pytest.fixture(scope="session")
+def kueue_validator():
+    """Strict validator for a Kueue object, from its CRD and the version in its apiVersion."""
+    import yaml
+    from jsonschema import Draft202012Validator
+
+    files = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}
+
+    def validator(manifest) -> Draft202012Validator:
+        path = SCHEMAS / "kueue" / f"kueue.x-k8s.io_{files[manifest['kind']]}.yaml"
+        if not path.is_file():
+            pytest.skip(f"official CRD not found at {path}")
+        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+        version = manifest["apiVersion"].split("/")[1]
+        schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+        return Draft202012Validator(_strictify(schema))
+
+    return validator

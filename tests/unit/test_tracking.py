@@ -126,3 +126,29 @@ def test_promote_keeps_the_former_champion_as_previous(store):
     assert aliases() == {"champion": "2", "previous": "1"}
     tracking.promote(uri, "m", "3")
     assert aliases() == {"champion": "3", "previous": "2"}
+
+
+def test_tags_and_files_on_a_run(store, tmp_path):
+    uri, _ = store
+    run_id = tracking.start_run(uri, "tags", "r", {})
+    assert tracking.set_tags(uri, run_id, {"gate.decision": "passed", "gate.reason": "x" * 9000})
+    (tmp_path / "eval_report.md").write_text("| metric |\n")
+    assert tracking.log_files(uri, run_id, [tmp_path / "eval_report.md"], "eval")
+    client = tracking.client(uri)
+    tags = client.get_run(run_id).data.tags
+    assert tags["gate.decision"] == "passed"
+    assert len(tags["gate.reason"]) == tracking.MAX_TAG_CHARS  # cut, not rejected
+    assert [a.path for a in client.list_artifacts(run_id, "eval")] == ["eval/eval_report.md"]
+
+
+def test_alias_version_is_none_for_a_missing_model_or_alias(store):
+    uri, _ = store
+    assert tracking.alias_version(uri, "no-such-model", tracking.CHAMPION) is None
+    tracking.client(uri).create_registered_model("no-alias")
+    assert tracking.alias_version(uri, "no-alias", tracking.CHAMPION) is None
+
+
+def test_alias_lookup_fails_closed_when_the_registry_is_down(no_retries):
+    uri = dead_uri()
+    with pytest.raises(tracking.TrackingError, match=f"MLflow at {uri} failed while looking up alias 'champion'"):
+        tracking.alias_version(uri, "m", tracking.CHAMPION)

@@ -1,11 +1,22 @@
 """The evaluation gate: thresholds as data, fail closed on missing or NaN metrics (RELIABILITY.md EV1)."""
 
+import hashlib
 import math
 
 import pytest
 from pydantic import ValidationError
 
-from steps.evaluate import EvaluateSettings, Threshold, combine, gate, render_table, task_score
+from steps.evaluate import (
+    Champion,
+    EvaluateSettings,
+    Threshold,
+    champion_gate,
+    combine,
+    eval_set_digest,
+    gate,
+    render_table,
+    task_score,
+)
 
 
 def rules(*triples):
@@ -92,3 +103,72 @@ def test_table_shows_base_tuned_and_decision():
     table = render_table(metrics, ["exact_match"], rules(("exact_match", ">=", 0.6)), True, "ok", 48)
     assert "| exact_match | 0.1000 | 0.9000 | +0.8000 |" in table
     assert "gate: PASSED" in table
+
+
+def champion(score=0.7, digest="sha256:aa", version="3", metric="exact_match"):
+    return Champion(version=version, eval_set_digest=digest, scores={metric: score})
+
+
+@pytest.mark.parametrize(
+    ("metrics", "found", "margin", "applied", "passed"),
+    [
+        ({"exact_match": 0.9}, None, 0.05, False, True),
+        ({"exact_match": 0.80}, champion(0.7), 0.05, True, True),
+        ({"exact_match": 0.75}, champion(0.7), 0.05, True, True),
+        ({"exact_match": 0.74}, champion(0.7), 0.05, True, False),
+        ({"exact_match": 0.1}, champion(0.7, digest="sha256:bb"), 0.05, False, True),
+        ({"exact_match": 0.1}, champion(0.7, digest=""), 0.05, False, True),
+        ({"exact_match": 0.1}, champion(0.7, metric="contains"), 0.05, False, True),
+        ({}, champion(0.7), 0.0, True, False),
+        ({"exact_match": math.nan}, champion(0.7), 0.0, True, False),
+    ],
+    ids=[
+        "no-champion",
+        "beats",
+        "exactly-margin",
+        "short-of-margin",
+        "other-eval-set",
+        "champion-without-digest",
+        "champion-without-score",
+        "missing",
+        "nan",
+    ],
+)
+def test_champion_gate(metrics, found, margin, applied, passed):
+    check = champion_gate(metrics, found, "sha256:aa", "exact_match", margin)
+    assert (check.applied, check.passed) == (applied, passed)
+
+
+def test_champion_gate_on_loss_wants_lower():
+    found = Champion(version="2", eval_set_digest="d", scores={"eval_loss": 0.5})
+    assert champion_gate({"eval_loss": 0.4}, found, "d", "eval_loss", 0.1).passed
+    check = champion_gate({"eval_loss": 0.45}, found, "d", "eval_loss", 0.1)
+    assert not check.passed
+    assert check.required == pytest.approx(0.4)
+
+
+def test_champion_on_another_eval_set_is_named_in_the_reason():
+    check = champion_gate(
+        {"exact_match": 0.9}, champion(digest="sha256:" + "b" * 64), "sha256:" + "a" * 64, "exact_match", 0
+    )
+    assert "champion v3 was scored on eval set sha256:bbbbb" in check.reason
+    assert "not comparable, thresholds only" in check.reason
+
+
+def test_eval_set_digest_is_the_file_sha256_and_marks_subsets(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_bytes(b'{"prompt": "p", "completion": "c"}\n')
+    full = eval_set_digest(path, 0)
+    assert full == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert eval_set_digest(path, 8) == full + "@first-8"
+
+
+def test_champion_metric_must_be_a_tuned_metric():
+    with pytest.raises(ValidationError, match="champion_metric 'exact_match_gain' is not a tuned metric"):
+        EvaluateSettings(champion_metric="exact_match_gain")
+
+
+def test_table_shows_the_champion_rule():
+    check = champion_gate({"exact_match": 0.74}, champion(0.7), "sha256:aa", "exact_match", 0.05)
+    table = render_table({"exact_match": 0.74}, ["exact_match"], [], False, check.reason, 8, check)
+    assert "| exact_match >= 0.75 (champion v3) | 0.7400 | FAIL |" in table

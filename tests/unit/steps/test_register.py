@@ -247,3 +247,14 @@ def test_register_over_http_survives_server_outage(tmp_path, adapters, no_stage_
         assert [str(v.version) for v in versions] == ["1"]
     finally:
         kill(server)
+
+
+def test_a_failed_gate_report_never_registers(tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    report = tmp_path / "eval_report.json"
+    report.write_text(json.dumps({"passed": False, "reason": "exact_match = 0.1000 fails", "thresholds": []}))
+    args = register_args(tmp_path, adapter, f"sqlite:///{tmp_path}/mlflow.db", eval_report=report)
+    with pytest.raises(StepInputError, match="says the gate failed"):
+        register.run(args)

@@ -51,14 +51,18 @@ def test_stages_local_folder_with_manifest(tmp_path):
     source = make_source(tmp_path / "src", {"docs/README.md": b"dates\n"})
     dest, manifest = stage(source, tmp_path / "fsx" / "wf" / "data", concurrency=2)
 
-    assert files_under(dest) == {"train.jsonl", "eval.jsonl", "docs", "docs/README.md", "manifest.json"}
+    raw = {"raw", "raw/train.jsonl", "raw/eval.jsonl", "raw/docs", "raw/docs/README.md"}
+    assert files_under(dest) == {"train.jsonl", "eval.jsonl", "manifest.json", *raw}
     assert (dest / "train.jsonl").read_bytes() == TRAIN
+    assert (dest / "train.jsonl").samefile(dest / "raw" / "train.jsonl")  # already prompt/completion: linked
     assert manifest["source"] == str(source)
-    assert [f["path"] for f in manifest["files"]] == ["docs/README.md", "eval.jsonl", "train.jsonl"]
+    assert [f["key"] for f in manifest["files"]] == ["docs/README.md", "eval.jsonl", "train.jsonl"]
     for entry in manifest["files"]:
-        data = (source / entry["path"]).read_bytes()
+        data = (source / entry["key"]).read_bytes()
         assert entry["size"] == len(data)
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert entry["etag"] == f"mtime:{(source / entry['key']).stat().st_mtime_ns}"
+    assert [d["path"] for d in manifest["derived"]] == ["train.jsonl", "eval.jsonl"]
     assert manifest["digest"].startswith("sha256:") and len(manifest["digest"]) == len("sha256:") + 64
     assert files_under(dest.parent) == {"data", *(f"data/{p}" for p in files_under(dest))}  # no temp siblings
 
@@ -80,8 +84,11 @@ def test_stages_from_s3_prefix(s3_env, tmp_path):
 
     dest, manifest = stage(f"s3://{bucket}/datasets/dates", tmp_path / "fsx" / "data", concurrency=4)
 
-    assert files_under(dest) == {"train.jsonl", "eval.jsonl", "shards", *nested, "manifest.json"}
-    assert (dest / "shards/part-03.jsonl").read_bytes() == TRAIN * 4
+    raw = {f"raw/{p}" for p in ("train.jsonl", "eval.jsonl", "shards", *nested)}
+    assert files_under(dest) == {"train.jsonl", "eval.jsonl", "manifest.json", "raw", *raw}
+    assert (dest / "raw/shards/part-03.jsonl").read_bytes() == TRAIN * 4
+    etags = {f["key"]: f["etag"] for f in manifest["files"]}
+    assert etags["train.jsonl"] == hashlib.md5(TRAIN).hexdigest()  # the S3 ETag of a single-part upload
     _, local = stage(make_source(tmp_path / "src", nested), tmp_path / "local" / "data")
     assert manifest["digest"] == local["digest"]  # the digest is about content, not where it came from
 
@@ -91,7 +98,15 @@ def test_main_writes_outputs(tmp_path):
     out = tmp_path / "out"
     code = main([f"--source={source}", f"--dest-dir={tmp_path / 'data'}", f"--outputs-dir={out}"])
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["dataset_digest", "dataset_dir", "num_bytes", "num_files"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "changed",
+        "copied_files",
+        "dataset_digest",
+        "dataset_dir",
+        "num_bytes",
+        "num_files",
+    ]
+    assert (out / "changed").read_text() == "true"
     assert (out / "num_files").read_text() == "2"
     assert (out / "num_bytes").read_text() == str(len(TRAIN) + len(EVAL))
     assert (out / "dataset_digest").read_text().startswith("sha256:")
@@ -107,7 +122,14 @@ def test_restage_replaces_the_old_copy_whole(tmp_path):
     (v2 / "train.jsonl").write_bytes(TRAIN * 2)
     _, second = stage(v2, dest)
 
-    assert files_under(dest) == {"train.jsonl", "eval.jsonl", "manifest.json"}
+    assert files_under(dest) == {
+        "train.jsonl",
+        "eval.jsonl",
+        "manifest.json",
+        "raw",
+        "raw/train.jsonl",
+        "raw/eval.jsonl",
+    }
     assert (dest / "train.jsonl").read_bytes() == TRAIN * 2
     assert second["digest"] != first["digest"]
     assert sorted(p.name for p in (tmp_path / "fsx").iterdir()) == ["data"]
@@ -200,7 +222,7 @@ def test_symlink_inside_a_local_source_is_copied_as_a_file(tmp_path):
         stage(source, tmp_path / "a" / "data")
     (source / "loop").unlink()
     dest, _ = stage(source, tmp_path / "b" / "data")
-    assert not (dest / "train.jsonl").is_symlink()
+    assert not (dest / "raw" / "train.jsonl").is_symlink()
     assert (dest / "train.jsonl").read_bytes() == TRAIN * 3
 
 
@@ -208,7 +230,7 @@ def test_digest_is_stable_and_changes_with_one_byte(tmp_path):
     source = make_source(tmp_path / "src")
     _, first = stage(source, tmp_path / "a" / "data")
     _, again = stage(source, tmp_path / "b" / "data")
-    _, restaged = stage(tmp_path / "a" / "data", tmp_path / "c" / "data")  # its manifest.json is not data
+    _, restaged = stage(tmp_path / "a" / "data" / "raw", tmp_path / "c" / "data")  # the same bytes elsewhere
     data = bytearray((source / "eval.jsonl").read_bytes())
     data[10] ^= 0x01
     (source / "eval.jsonl").write_bytes(bytes(data))

@@ -185,7 +185,7 @@ def test_failure_report_is_readable(tmp_path, capsys):
     with pytest.raises(StepInputError, match=r"failed validation \(train/prompt_max_chars\)"):
         run(Args(dataset_dir=data, report_dir=tmp_path / "reports"))
     err = capsys.readouterr().err
-    assert "1 of 25 checks" in err
+    assert "1 of 27 checks" in err
     assert "train prompt_max_chars (expect_column_value_lengths_to_be_between)" in err
     assert "4 unexpected of 100 (4.00%; allowed 0.00%)" in err
     shown = [ln.strip() for ln in err.splitlines() if ln.strip().startswith("line ")]

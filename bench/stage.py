@@ -1,0 +1,178 @@
+"""Staging throughput of steps.stage_data against `aws s3 sync`, on the same local moto_server and objects.
+
+    .venv/bin/python bench/stage.py [--rounds 3] [--small 300x256] [--big 4x48]
+
+Fills a bucket with random bytes in two datasets: small (many objects of KiB: per-request cost dominates) and big
+(few objects of MiB: bandwidth dominates), each with the train.jsonl/eval.jsonl the step requires. Per round and
+dataset, in rotating order (interleaved, so drift in the shared machine hits every method alike), it times into an
+empty folder:
+    aws_sync       `aws s3 sync` with its defaults (10 threads, 8 MiB ranged parts above 8 MiB)
+    aws_sync_whole the same with multipart_threshold=1GB: whole-object GETs, like stage_data below its threshold
+    stage_data     `python -m steps.stage_data` (defaults; hashes every byte and fsyncs every file, which aws does not)
+then re-runs aws_sync and stage_data on their full folder with nothing changed (the unchanged re-stage).
+Wall time includes interpreter start-up for both. moto serves a ranged GET by reading the whole object, so ranged
+(multipart) downloads look slower here than on real S3: aws_sync_whole is the like-for-like peer on big objects.
+Prints medians (min-max) in MB/s (10^6 bytes) and the ratio stage_data / peer per round, medianed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BUCKET = "bench"
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start moto_server on a free port; return the process and its URL once it answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"moto_server did not answer on {url}; see {log}")
+
+
+def populate(url: str, datasets: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Create the bucket and the datasets' objects; return the bytes of each dataset."""
+    import boto3
+
+    s3 = boto3.client(
+        "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    sizes = {}
+    for name, (count, size) in datasets.items():
+        rows = b'{"prompt": "q", "completion": "a"}\n'
+        objects = {"train.jsonl": rows, "eval.jsonl": rows}
+        objects.update({f"part-{i:04d}.bin": os.urandom(size) for i in range(count)})
+        for key, body in objects.items():
+            s3.put_object(Bucket=BUCKET, Key=f"{name}/{key}", Body=body)
+        sizes[name] = sum(len(b) for b in objects.values())
+    return sizes
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one command, after flushing the page cache's dirty pages."""
+    subprocess.run(["sync"], check=True)  # flush earlier dirty pages so they are not billed to this run
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    """Run the rounds and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--small", default="300x256", help="COUNTxKiB")
+    parser.add_argument("--big", default="4x48", help="COUNTxMiB")
+    opts = parser.parse_args()
+    small_n, small_kib = map(int, opts.small.split("x"))
+    big_n, big_mib = map(int, opts.big.split("x"))
+    datasets = {"small": (small_n, small_kib << 10), "big": (big_n, big_mib << 20)}
+
+    root = Path(tempfile.mkdtemp(prefix="eksflow-bench-stage-"))
+    proc, url = start_moto(root / "moto.log")
+    try:
+        sizes = populate(url, datasets)
+        env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": url, "PYTHONPATH": str(REPO)}
+        whole_cfg = root / "aws_whole.cfg"
+        whole_cfg.write_text("[default]\ns3 =\n  multipart_threshold = 1GB\n  max_concurrent_requests = 10\n")
+
+        def aws(ds: str, dest: Path) -> list[str]:
+            return [
+                str(BIN / "aws"),
+                "s3",
+                "sync",
+                f"s3://{BUCKET}/{ds}/",
+                str(dest),
+                "--endpoint-url",
+                url,
+                "--only-show-errors",
+            ]
+
+        def stage(ds: str, dest: Path) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "steps.stage_data",
+                f"--source=s3://{BUCKET}/{ds}",
+                f"--dest-dir={dest}",
+                f"--outputs-dir={root / 'outputs'}",
+            ]
+
+        methods: dict[str, tuple[Callable[[str, Path], list[str]], dict[str, str]]] = {
+            "aws_sync": (aws, env),
+            "aws_sync_whole": (aws, {**env, "AWS_CONFIG_FILE": str(whole_cfg)}),
+            "stage_data": (stage, env),
+        }
+        times: dict[tuple[str, str], list[float]] = {}
+        for r in range(opts.rounds):
+            for ds in datasets:
+                names = list(methods)
+                names = names[r % len(names) :] + names[: r % len(names)]
+                for name in names:
+                    make, method_env = methods[name]
+                    dest = root / f"dest-{name}" / "data"
+                    shutil.rmtree(dest.parent, ignore_errors=True)
+                    dest.parent.mkdir()
+                    times.setdefault((ds, name), []).append(timed(make(ds, dest), method_env))
+                    if name in ("aws_sync", "stage_data"):
+                        times.setdefault((ds, f"resync_{name}"), []).append(timed(make(ds, dest), method_env))
+
+        print(f"rounds: {opts.rounds}; small: {small_n} x {small_kib} KiB; big: {big_n} x {big_mib} MiB; moto {url}")
+        for ds in datasets:
+            print(f"\n{ds} ({sizes[ds] / 1e6:.1f} MB)")
+            for name in methods:
+                t = times[(ds, name)]
+                rates = [sizes[ds] / 1e6 / x for x in t]
+                print(
+                    f"  {name:<16} {statistics.median(rates):8.1f} MB/s  ({min(rates):.1f}-{max(rates):.1f})"
+                    f"  median {statistics.median(t):.2f} s"
+                )
+            for peer in ("aws_sync", "aws_sync_whole"):
+                ratios = [p / s for p, s in zip(times[(ds, peer)], times[(ds, "stage_data")], strict=True)]
+                print(f"  ratio stage_data / {peer:<15} {statistics.median(ratios):.2f}x")
+            for name in ("resync_aws_sync", "resync_stage_data"):
+                t = times[(ds, name)]
+                print(f"  {name:<18} unchanged re-stage {statistics.median(t):.2f} s  ({min(t):.2f}-{max(t):.2f})")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

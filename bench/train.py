@@ -1,0 +1,122 @@
+"""Tokens/s of eksflow's train step loop, as a plug-in for the peer harness (bare PyTorch loop, HF Trainer, Ray).
+
+    .venv/bin/python /work/shared/bench/train_peers.py --rounds 2 --steps 4 --warmup 1 --variants bare,hf \
+        --extra eksflow='.venv/bin/python bench/train.py'
+
+The harness interleaves the variants round by round and prints tokens/s and ratios; this script runs
+`steps.train.train_worker` (the loop every Ray Train worker runs, here with `--launcher=local`: one process) on
+the harness's model, sequence length, micro-batch, LoRA shape and thread count, and prints `RESULT {...}`.
+
+Same work per step as the peers: every example is longer than BENCH_SEQ tokens and truncated to it, so a step
+is BENCH_MB x BENCH_SEQ real tokens (no padding), forward + backward + AdamW. The step's own extras stay in:
+gradient clipping, the LR schedule, progress reporting. The one checkpoint is taken after the last step and is
+not timed; the interval of a step is the time between the progress lines of consecutive steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from steps.common.data import TRAIN_FILE
+from steps.train import LoopConfig, TrainSettings, local_context, train_worker
+
+STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
+
+
+class StepClock:
+    """A stderr wrapper that timestamps the train loop's `[train] N/M` progress lines."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+        self.marks: list[float] = []
+
+    def write(self, text: str) -> int:
+        """Pass `text` through; timestamp it when it is a progress line."""
+        if STEP_LINE.match(text):
+            self.marks.append(time.perf_counter())
+        return self.inner.write(text)
+
+    def flush(self) -> None:
+        """Flush the wrapped stream."""
+        self.inner.flush()
+
+
+def main() -> int:
+    """Train BENCH_WARMUP + BENCH_STEPS steps with the harness's settings; print the RESULT line."""
+    model_dir = os.environ.get("BENCH_MODEL_DIR") or _demo_model()
+    seq, mb = int(os.environ.get("BENCH_SEQ", "256")), int(os.environ.get("BENCH_MB", "4"))
+    steps, warmup = int(os.environ.get("BENCH_STEPS", "3")), int(os.environ.get("BENCH_WARMUP", "1"))
+    threads = int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1)))
+    lora = json.loads(os.environ.get("BENCH_LORA", "{}"))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        train_file = Path(tmp) / TRAIN_FILE
+        filler = " ".join(["the quick brown fox jumps over the lazy dog"] * (seq // 4))
+        rows = [{"prompt": f"Describe item {i}.", "completion": f"Item {i}: {filler}"} for i in range(64)]
+        train_file.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        total = warmup + steps
+        settings = TrainSettings(
+            max_steps=total,
+            micro_batch_size=mb,
+            learning_rate=2e-4,
+            warmup_steps=0,
+            max_seq_len=seq,
+            num_workers=1,
+            cpus_per_worker=threads,
+            checkpoint_every=total,
+            log_every=total,
+            lora={
+                "rank": lora.get("r", 16),
+                "alpha": lora.get("lora_alpha", 32),
+                "dropout": lora.get("lora_dropout", 0.05),
+                "target_modules": tuple(lora.get("target_modules", ("q_proj", "k_proj", "v_proj", "o_proj"))),
+            },
+        )
+        loop = LoopConfig(
+            settings=settings,
+            model_dir=model_dir,
+            train_file=str(train_file),
+            checkpoint_root=str(Path(tmp) / "checkpoints"),
+            tracking_uri="",
+            mlflow_run_id="",
+            progress_file="",
+        )
+        clock = StepClock(sys.stderr)
+        sys.stderr = clock
+        try:
+            train_worker(loop, local_context(settings))
+        finally:
+            sys.stderr = clock.inner
+    # marks[0] is the `0/M` line written just before the first batch; marks[i] the end of step i.
+    intervals = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
+    timed = intervals[warmup:]
+    median = statistics.median(timed)
+    result = {
+        "tokens_per_s": mb * seq / median,
+        "intervals": timed,
+        "warmup_intervals": intervals[:warmup],
+        "startup_s": clock.marks[0] - started,
+        "threads": threads,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _demo_model() -> str:
+    from steps.common.base_model import resolve_model
+
+    return str(resolve_model("smollm2-135m-instruct"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""Every variant and kind validates against the official schemas; embedded jobs against their CRDs (strict)."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.core.cli import apply_variant
+from pipelines.core.config import load_config
+from pipelines.core.launchers import RAYJOB_FAILURE, RAYJOB_SUCCESS
+from pipelines.core.templates import cron_workflow, manifest, workflow_template
+from pipelines.llama_lora import build
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = {
+    "cpu": [],
+    "gpu-kueue": ["cluster.instance_type=g5.12xlarge"],
+    "gpu-volcano": ["cluster.instance_type=g5.12xlarge", "cluster.scheduler=volcano"],
+    "p4d-efa-spot": [
+        "cluster.instance_type=p4d.24xlarge",
+        "cluster.nodes=2",
+        "cluster.zone=us-west-2a",
+        "cluster.spot=true",
+    ],
+    "p5": ["cluster.instance_type=p5.48xlarge"],
+    "trainium": ["cluster.instance_type=trn1.32xlarge", "cluster.nodes=2"],
+}
+
+
+def render(overrides):
+    return manifest(build(load_config(None, overrides)))
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request):
+    return request.param, render(VARIANTS[request.param])
+
+
+def errors(validator, document):
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def embedded(workflow):
+    """(template name, parsed manifest) of every resource template."""
+    return [
+        (t["name"], yaml.safe_load(t["resource"]["manifest"])) for t in workflow["spec"]["templates"] if "resource" in t
+    ]
+
+
+def test_every_kind_of_every_variant_validates(variant, argo_validator):
+    _, workflow = variant
+    assert errors(argo_validator("Workflow"), workflow) == []
+    assert errors(argo_validator("WorkflowTemplate"), workflow_template(workflow)) == []
+    assert errors(argo_validator("CronWorkflow"), cron_workflow(workflow, "0 3 * * 1", "Europe/Paris")) == []
+
+
+def test_embedded_jobs_validate_against_their_crds(variant, crd_validator):
+    name, workflow = variant
+    objects = embedded(workflow)
+    assert bool(objects) == (name != "cpu")
+    for _, obj in objects:
+        assert errors(crd_validator(obj), obj) == []
+
+
+def test_a_misspelled_rayjob_field_is_rejected(crd_validator):
+    (_, job), *_ = embedded(render(VARIANTS["gpu-kueue"]))
+    job["spec"]["entryPoint"] = job["spec"].pop("entrypoint")
+    assert any("entryPoint" in e for e in errors(crd_validator(job), job))
+
+
+def test_rayjob_follows_kueue_and_its_status():
+    workflow = render(VARIANTS["gpu-kueue"])
+    (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
+    assert train["resource"]["successCondition"] == RAYJOB_SUCCESS
+    assert train["resource"]["failureCondition"] == RAYJOB_FAILURE
+    assert train["resource"]["setOwnerReference"] is True
+    job = yaml.safe_load(train["resource"]["manifest"])
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "eksflow"
+    assert job["spec"]["suspend"] is True
+    assert job["spec"]["shutdownAfterJobFinishes"] is True and job["spec"]["ttlSecondsAfterFinished"] == 600
+    (workers,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 1
+    limits = workers["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "4"
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "steps.train"]
+    assert "--num-workers=4" in argv and "--use-gpu=true" in argv
+    assert "--outputs-dir=/fsx/runs/{{workflow.name}}/train/outputs" in argv
+
+
+def test_volcano_gang_covers_every_pod():
+    objects = dict(embedded(render(VARIANTS["gpu-volcano"])))
+    assert objects["train-podgroup"]["spec"]["minMember"] == 2  # head + 1 worker
+    job = objects["train"]
+    assert "suspend" not in job["spec"]
+    for group in [job["spec"]["rayClusterSpec"]["headGroupSpec"], *job["spec"]["rayClusterSpec"]["workerGroupSpecs"]]:
+        pod = group["template"]
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "{{workflow.name}}-train-pg"
+
+
+def test_efa_pods_are_wired_for_efa_in_one_zone():
+    (_, job), *_ = embedded(render(VARIANTS["p4d-efa-spot"]))
+    pod = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    spec = pod["spec"]
+    assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert spec["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": "p4d.24xlarge",
+        "karpenter.sh/capacity-type": "spot",
+        "topology.kubernetes.io/zone": "us-west-2a",
+    }
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["RDMAV_FORK_SAFE"] == "1"
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/fsx": "fsx", "/dev/shm": "dshm"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == "fsx-claim"
+    assert spec["serviceAccountName"] == "eksflow-pipeline"
+
+
+def test_trainium_runs_torchrun_on_every_neuron_core():
+    (_, job), *_ = embedded(render(VARIANTS["trainium"]))
+    assert job["spec"]["minAvailable"] == 2 and job["spec"]["schedulerName"] == "volcano"
+    (task,) = job["spec"]["tasks"]
+    (container,) = task["template"]["spec"]["containers"]
+    assert "--nproc_per_node=32" in container["command"] and "--nnodes=2" in container["command"]
+    assert container["resources"]["limits"]["aws.amazon.com/neuron"] == "16"
+    assert "--num-workers=64" in container["command"]
+
+
+def test_train_outputs_reach_evaluate_on_the_cluster_variants():
+    workflow = render(VARIANTS["gpu-kueue"])
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    tasks = {t["name"]: t for t in dag}
+    assert tasks["train"]["depends"] == "validate-data"
+    assert tasks["train-outputs"]["depends"] == "train"
+    evaluate_args = {p["name"]: p["value"] for p in tasks["evaluate"]["arguments"]["parameters"]}
+    assert evaluate_args["adapter_dir"] == "{{tasks.train-outputs.outputs.parameters.adapter_dir}}"
+    (collector,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train-outputs"]
+    paths = [p["valueFrom"]["path"] for p in collector["outputs"]["parameters"]]
+    assert collector["container"]["command"] == ["cat", *paths]
+    assert all(p.startswith("/fsx/runs/{{workflow.name}}/train/outputs/") for p in paths)
+
+
+SHELL_PARAMETER = re.compile(r"\{\{\s*(inputs|tasks|steps|workflow\.parameters)\.")
+
+
+def pod_specs(workflow):
+    """(where, pod-level dict, container) for every container Argo or an embedded job would start."""
+    for t in workflow["spec"]["templates"]:
+        if "container" in t:
+            yield t["name"], t, t["container"]
+    for name, obj in embedded(workflow):
+        spec = obj["spec"]
+        groups = []
+        if obj["kind"] == "RayJob":
+            cluster = spec["rayClusterSpec"]
+            groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        elif obj["kind"] == "Job":
+            groups = spec["tasks"]
+        for group in groups:
+            for container in group["template"]["spec"]["containers"]:
+                yield f"{name}/{container['name']}", group["template"]["spec"], container
+
+
+def test_lint_every_rendered_manifest(variant):
+    """S2: no parameter in a shell string, no :latest, restricted security context, resources set."""
+    _, workflow = variant
+    for _, obj in embedded(workflow):
+        if obj["kind"] == "RayJob":
+            assert not SHELL_PARAMETER.search(obj["spec"]["entrypoint"]), obj["spec"]["entrypoint"]
+    for where, pod, container in pod_specs(workflow):
+        assert "script" not in pod
+        image = container.get("image", "")
+        assert image and not image.endswith(":latest") and ":" in image.rsplit("/", 1)[-1], where
+        assert container["resources"].get("requests") or container["resources"].get("limits"), where
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False and security["runAsNonRoot"] is True, where
+        assert security["capabilities"]["drop"] == ["ALL"], where
+        assert security["capabilities"].get("add", ["IPC_LOCK"]) == ["IPC_LOCK"], where  # EFA only: pinned memory
+        for var in container.get("env", []):
+            assert not re.search(r"(?i)(secret|token|password)", var["name"]), where
+
+
+def test_apply_variant_keeps_a_configured_instance_of_that_kind():
+    cfg = load_config(None, ["cluster.instance_type=p5.48xlarge"])
+    assert apply_variant(cfg, "gpu").cluster.instance_type == "p5.48xlarge"
+    assert apply_variant(cfg, "trainium").cluster.instance_type == "trn1.32xlarge"
+    assert apply_variant(cfg, "cpu").cluster.instance_type == "m6i.4xlarge"
+
+
+def test_committed_cron_matches_a_fresh_render():
+    committed = ROOT / "workflow-templates" / "llama-lora-cron.yaml"
+    assert committed.is_file(), "run `make templates` and commit workflow-templates/"
+    documents = list(yaml.safe_load_all(committed.read_text()))
+    workflow = render([])
+    assert documents == [workflow_template(workflow), cron_workflow(workflow, "0 3 * * 1", "UTC")], (
+        "workflow-templates/ is stale: run `make templates`"
+    )
+    cron = documents[1]["spec"]
+    assert cron["concurrencyPolicy"] == "Forbid" and cron["schedules"] == ["0 3 * * 1"]
+
+
+def test_prometheus_gauges_on_train_and_evaluate(variant):
+    _, workflow = variant
+    names = {
+        t["name"]: [p["name"] for p in t.get("metrics", {}).get("prometheus", [])]
+        for t in workflow["spec"]["templates"]
+    }
+    assert names["evaluate"] == ["eksflow_eval_exact_match"]
+    holder = "train-outputs" if "train-outputs" in names else "train"
+    assert names[holder] == ["eksflow_train_final_loss", "eksflow_train_tokens_per_second"]
+
+
+def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
+    from pipelines.local.executor import parse_manifest
+
+    workflow = render([])
+    (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
+    assert train["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert train["nodeSelector"]["node.kubernetes.io/instance-type"] == "m6i.4xlarge"
+    assert parse_manifest(workflow).containers["train"].command == ("python", "-m", "steps.train")

@@ -1,0 +1,97 @@
+"""One test per `plan` rule: each refuses the bad config naming the field and the fix, and passes the default."""
+
+import re
+import shlex
+
+import pytest
+
+from pipelines.core import plan
+from pipelines.core.cli import check_schedule
+from pipelines.core.config import ConfigError, load_config
+from pipelines.core.launchers import entrypoint, retry_attempts
+from pipelines.core.profiles import PROFILES
+
+
+def problems(*overrides):
+    with pytest.raises(ConfigError) as err:
+        plan.check(load_config(None, overrides))
+    return str(err.value).splitlines()
+
+
+def test_defaults_and_every_profile_pass():
+    for instance_type in PROFILES:
+        rows = dict(plan.check(load_config(None, [f"cluster.instance_type={instance_type}"])).rows)
+        assert rows["cost per hour"].startswith("$")
+
+
+def test_memory_that_cannot_fit_is_refused():
+    (line,) = problems("base_model=llama-3-70b", "cluster.instance_type=g5.12xlarge")
+    assert line.startswith("train.micro_batch_size:") and "gradient_checkpointing" in line
+
+
+def test_unknown_model_size_asks_for_it():
+    (line,) = problems("base_model=/models/mystery")
+    assert line.startswith("cluster.model_params_b:") and "--set cluster.model_params_b=" in line
+
+
+def test_world_size_must_match_the_profile():
+    (line,) = problems("cluster.instance_type=p4d.24xlarge", "train.num_workers=4")
+    assert line.startswith("train.num_workers:") and "--set train.num_workers=8" in line
+
+
+def test_cpu_workers_must_fit_the_node():
+    (line,) = problems("train.num_workers=20")
+    assert line.startswith("train.num_workers:")
+
+
+def test_efa_across_nodes_needs_one_zone():
+    (line,) = problems("cluster.instance_type=p5.48xlarge", "cluster.nodes=2")
+    assert line.startswith("cluster.zone:")
+    plan.check(load_config(None, ["cluster.instance_type=p5.48xlarge", "cluster.nodes=2", "cluster.zone=us-west-2a"]))
+
+
+def test_spot_requires_checkpoints_before_the_end():
+    (line,) = problems("cluster.spot=true", "train.checkpoint_every=24")
+    assert line.startswith("train.checkpoint_every:")
+
+
+def test_retry_layers_stay_within_the_budget():
+    cfg = load_config(None, ["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"])
+    assert retry_attempts(cfg) == 2 * 6 * 1
+    (line,) = problems("cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=6")
+    assert line.startswith("cluster.retry_budget:")
+
+
+def test_every_problem_is_reported_at_once():
+    assert len(problems("cluster.instance_type=p4d.24xlarge", "cluster.nodes=2", "train.num_workers=3")) == 2
+
+
+def test_unknown_instance_type_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"cluster\.instance_type"):
+        load_config(None, ["cluster.instance_type=p9.huge"])
+
+
+def test_entrypoint_passes_parameters_through_the_environment():
+    line, env = entrypoint(["python", "--base-model={{workflow.parameters.base_model}}", "--x=a b;rm -rf /"])
+    assert "{{" not in line
+    assert env == [{"name": "EKSFLOW_PARAM_BASE_MODEL", "value": "{{workflow.parameters.base_model}}"}]
+    assert shlex.split(line) == ["python", "--base-model=${EKSFLOW_PARAM_BASE_MODEL}", "--x=a b;rm -rf /"]
+
+
+@pytest.mark.parametrize(
+    ("cron", "timezone", "expected"),
+    [
+        ("0 3 * *", None, "--cron '0 3 * *': expected 5 fields"),
+        ("0 3 * * funday", None, "expected 5 fields"),
+        (None, None, "needs a schedule"),
+        ("0 3 * * 1", "Mars/Olympus", "not an IANA time zone"),
+    ],
+)
+def test_bad_schedules_are_config_errors(cron, timezone, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        check_schedule(cron, timezone)
+
+
+def test_good_schedules_pass():
+    for cron in ("0 3 * * 1", "*/15 * * * *", "0 0 1,15 * MON-FRI", "@daily"):
+        check_schedule(cron, "Europe/Paris")

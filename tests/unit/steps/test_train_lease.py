@@ -1,0 +1,125 @@
+"""One writer per run (RELIABILITY.md CK7), run identity, rank-0-only writes and the durable s3 copy."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from steps import train
+from steps.common import checkpoints, lease
+
+
+def test_second_writer_is_refused_while_the_first_lives(tmp_path):
+    first = lease.acquire(tmp_path, "run-a")
+    with pytest.raises(lease.LeaseHeldError, match=f"pid {os.getpid()}"):
+        lease.acquire(tmp_path, "run-a")
+    first.release()
+    lease.acquire(tmp_path, "run-a").release()  # released: the next writer gets it at once
+    assert not (tmp_path / lease.LEASE_FILE).exists()
+
+
+def test_lease_of_a_dead_process_is_taken_over(tmp_path):
+    command = [sys.executable, "-c", "import os; print(os.getpid())"]
+    dead = subprocess.run(command, check=True, capture_output=True, text=True)
+    record = {"host": socket.gethostname(), "pid": int(dead.stdout), "run_name": "run-a", "token": "old"}
+    (tmp_path / lease.LEASE_FILE).write_text(json.dumps(record))
+    taken = lease.acquire(tmp_path, "run-a")
+    assert json.loads(taken.path.read_text())["pid"] == os.getpid()
+
+
+def test_lease_from_another_host_goes_stale_without_heartbeat(tmp_path):
+    record = {"host": "other-node", "pid": 1, "run_name": "run-a", "token": "old"}
+    path = tmp_path / lease.LEASE_FILE
+    path.write_text(json.dumps(record))
+    with pytest.raises(lease.LeaseHeldError, match="other-node"):
+        lease.acquire(tmp_path, "run-a", ttl_s=60)
+    old = time.time() - 120
+    os.utime(path, (old, old))  # the other pod stopped heart-beating two minutes ago
+    assert lease.acquire(tmp_path, "run-a", ttl_s=60).path == path
+
+
+def test_release_does_not_remove_a_lease_taken_over_meanwhile(tmp_path):
+    mine = lease.acquire(tmp_path, "run-a")
+    (tmp_path / lease.LEASE_FILE).write_text(json.dumps({"token": "someone-else"}))
+    mine.release()
+    assert (tmp_path / lease.LEASE_FILE).exists()
+
+
+def test_another_run_never_resumes_these_checkpoints(tmp_path):
+    lease.claim_run(tmp_path, "wf-1")
+    lease.claim_run(tmp_path, "wf-1")  # a retry of the same workflow resumes
+    with pytest.raises(lease.RunMismatchError, match="--run-name=wf-1"):
+        lease.claim_run(tmp_path, "wf-2")
+
+
+def step_argv(tmp_path, run_name):
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "train.jsonl").write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
+    return [
+        f"--dataset-dir={data}",
+        "--base-model=smollm2-135m-instruct",
+        f"--output-dir={tmp_path / 'out'}",
+        f"--outputs-dir={tmp_path / 'outputs'}",
+        f"--run-name={run_name}",
+        "--launcher=local",
+    ]
+
+
+def test_step_exits_2_for_another_runs_checkpoints_and_1_for_a_live_writer(tmp_path, capsys):
+    root = tmp_path / "out" / "checkpoints"
+    lease.claim_run(root, "wf-1")
+    assert train.main(step_argv(tmp_path, "wf-2")) == 2
+    assert "belong to run 'wf-1'" in capsys.readouterr().err
+    held = lease.acquire(root, "wf-1")
+    assert train.main(step_argv(tmp_path, "wf-1")) == 1  # retried by the workflow; the holder may be a zombie
+    assert "another trainer is writing these checkpoints" in capsys.readouterr().err
+    held.release()
+
+
+def test_only_rank_0_writes_checkpoints(tmp_path):
+    with pytest.raises(RuntimeError, match="only rank 0 writes"):
+        train._save_checkpoint(tmp_path, rank=1, model=None, optimizer=None, scheduler=None, metrics={"step": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+def write_step(step):
+    def write(folder):
+        (folder / "adapter").mkdir()
+        (folder / "adapter" / "weights.bin").write_bytes(bytes([step]) * 4096)
+        (folder / "state.json").write_text(json.dumps({"step": step}))
+
+    return write
+
+
+def test_durable_copy_writes_the_marker_last_and_restores_the_newest(tmp_path, s3_env):
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    local = tmp_path / "local"
+    copy = checkpoints.DurableCopy("s3://ckpt/runs/wf-1")
+    for step in (2, 4):
+        copy.submit(checkpoints.commit(local, step, write_step(step)))
+    assert copy.close() == []
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt")["Contents"]]
+    assert "runs/wf-1/step-00000004/COMMITTED" in keys
+    assert "runs/wf-1/step-00000004/manifest.json" in keys
+    # An upload interrupted before its marker (a killed pod) is not a checkpoint.
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket="ckpt", Key="runs/wf-1/step-00000006/state.json", Body=b"{}")
+
+    fresh = tmp_path / "new-node"
+    restored = checkpoints.restore_latest("s3://ckpt/runs/wf-1", fresh)
+    assert restored.step == 4
+    assert checkpoints.latest(fresh).step == 4
+
+
+def test_durable_copy_outage_never_raises_into_training(tmp_path, s3_env):
+    copy = checkpoints.DurableCopy("s3://no-such-bucket/x")
+    copy.submit(checkpoints.commit(tmp_path, 2, write_step(2)))
+    errors = copy.close()
+    assert len(errors) == 1
+    assert "step-00000002" in errors[0]

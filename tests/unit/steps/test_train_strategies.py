@@ -1,0 +1,124 @@
+"""Strategy choice (decision matrix), DeepSpeed configs, and the Trainium argument mapping: pure functions."""
+
+import importlib.util
+
+import pytest
+
+from steps.common import neuron, strategies
+from steps.common.args import StepInputError
+
+GIB = 1024**3
+
+
+def plan(requested="auto", **kw):
+    args = {
+        "use_gpu": True,
+        "num_params": 8_000_000_000,
+        "trainable_params": 20_000_000,
+        "device_memory_bytes": 80 * GIB,
+        "world": 8,
+    }
+    return strategies.choose(requested, **{**args, **kw})
+
+
+def test_auto_follows_the_memory_decision_matrix():
+    assert plan().strategy == "ddp"  # 8B in bf16 = 15 GiB fits an 80 GiB GPU
+    assert plan(num_params=70_000_000_000).strategy == "fsdp"  # 130 GiB: fits only sharded over 8
+    offload = plan(num_params=70_000_000_000, trainable_params=10_000_000_000, device_memory_bytes=40 * GIB)
+    assert (offload.strategy, offload.zero_stage, offload.cpu_offload) == ("deepspeed", 3, True)
+    with pytest.raises(StepInputError, match="raise num_workers"):
+        plan(num_params=400_000_000_000, device_memory_bytes=24 * GIB, world=2)
+    assert plan(use_gpu=False, num_params=70_000_000_000).strategy == "ddp"  # CPU: always DDP over gloo
+
+
+def test_explicit_strategy_wins_and_bad_combinations_are_refused():
+    assert plan("fsdp").strategy == "fsdp"
+    with pytest.raises(StepInputError, match="needs GPU workers"):
+        plan("deepspeed", use_gpu=False)
+    with pytest.raises(StepInputError, match="zero_stage=1"):
+        plan("deepspeed", zero_stage=1)
+
+
+def test_deepspeed_config_shape():
+    config = strategies.deepspeed_config(
+        plan("deepspeed", zero_stage=3, cpu_offload=True),
+        micro_batch_size=4,
+        grad_accum_steps=2,
+        max_grad_norm=1.0,
+        bf16=True,
+    )
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["offload_param"]["device"] == "cpu"
+    assert "train_batch_size" not in config  # DeepSpeed derives it from micro x accum x world
+    stage2 = strategies.deepspeed_config(
+        plan("deepspeed", zero_stage=2, cpu_offload=True),
+        micro_batch_size=4,
+        grad_accum_steps=1,
+        max_grad_norm=1.0,
+        bf16=True,
+    )
+    assert "offload_param" not in stage2["zero_optimization"]  # parameter offload exists only in ZeRO-3
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is the gpu extra; not installed in this env"
+)
+@pytest.mark.parametrize(("stage", "offload"), [(2, False), (2, True), (3, False), (3, True)])
+def test_deepspeed_accepts_the_configs(stage, offload):
+    config = strategies.deepspeed_config(
+        plan("deepspeed", zero_stage=stage, cpu_offload=offload),
+        micro_batch_size=4,
+        grad_accum_steps=2,
+        max_grad_norm=1.0,
+        bf16=True,
+    )
+    strategies.validate_deepspeed_config(config)
+
+
+def test_trainium_mapping_from_a_plain_dict():
+    train = {
+        "max_steps": 100,
+        "micro_batch_size": 2,
+        "grad_accum_steps": 4,
+        "learning_rate": 2e-4,
+        "warmup_steps": 10,
+        "min_lr_ratio": 0.05,
+        "gradient_checkpointing": True,
+        "checkpoint_every": 20,
+        "keep_checkpoints": 4,
+        "tensor_parallel_size": 8,
+    }
+    args = neuron.training_arguments(train, "/fsx/run/train")
+    assert args["tensor_parallel_size"] == 8
+    assert args["zero_1"] is True  # 32 cores / tp 8 = 4 data-parallel ranks
+    assert args["bf16"] is True
+    assert args["gradient_checkpointing"] is True
+    assert (args["save_steps"], args["save_total_limit"], args["save_strategy"]) == (20, 4, "steps")
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (2, 4)
+    assert args["lr_scheduler_kwargs"] == {"min_lr_rate": 0.05}
+    assert neuron.training_arguments({"tensor_parallel_size": 32}, "/o")["zero_1"] is False
+
+
+def test_trainium_mapping_refuses_what_neuron_cannot_do():
+    with pytest.raises(StepInputError, match="tensor_parallel_size=3"):
+        neuron.training_arguments({"tensor_parallel_size": 3}, "/o")
+    with pytest.raises(StepInputError, match="no Trainium equivalent"):
+        neuron.training_arguments({"strategy": "deepspeed"}, "/o")
+
+
+def test_neuron_module_does_not_import_optimum():
+    import sys
+
+    assert "optimum.neuron" not in sys.modules
+
+
+def test_train_loop_refuses_a_strategy_it_does_not_run():
+    import torch
+
+    from steps.train import TrainSettings, _check_strategy
+
+    _check_strategy(TrainSettings(), torch.device("cpu"), 2, 135_000_000, 1_800_000)  # auto on CPU: DDP
+    with pytest.raises(StepInputError, match="strategy resolved to fsdp"):
+        _check_strategy(TrainSettings(strategy="fsdp"), torch.device("cpu"), 2, 135_000_000, 1_800_000)
