@@ -73,6 +73,18 @@ class LoraSettings(Settings):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1)
 
+    def peft_config(self) -> Any:
+        """The peft LoraConfig for a causal LM (peft imported here: the pipeline imports this module)."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            task_type="CAUSAL_LM",
+        )
+
 
 class TrainSettings(Settings):
     """Training hyper-parameters and layout (config section `train`)."""
@@ -363,7 +375,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     written by the driver); every rank agrees on the stopping step through an all-reduce.
     """
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
@@ -383,17 +395,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     if settings.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    lora = settings.lora
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        ),
-    )
+    model = get_peft_model(model, settings.lora.peft_config())
     params = [p for p in model.parameters() if p.requires_grad]
     _check_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), sum(p.numel() for p in params))
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)

@@ -34,7 +34,7 @@ def run(args: Args) -> Outputs:
             "steps.train_neuron needs optimum-neuron on a Trainium instance (the train-neuron image, "
             f"`pip install eksflow[neuron]`); for CPUs and GPUs use steps.train ({err})"
         ) from err
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -56,17 +56,7 @@ def run(args: Args) -> Outputs:
     settings = args.model_dump(include=set(TrainSettings.model_fields))
     trainer_args = NeuronTrainingArguments(**training_arguments(settings, str(args.output_dir / "checkpoints")))
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-    lora = args.lora
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        ),
-    )
+    model = get_peft_model(model, args.lora.peft_config())
     trainer = NeuronTrainer(
         model=model,
         args=trainer_args,
