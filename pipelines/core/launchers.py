@@ -38,7 +38,7 @@ from pipelines.core.templates import (
 from steps import train
 from steps.train import MAX_FAILURES, TrainSettings
 
-TRAINIUM_MODULE = "steps.train_neuron"  # optimum-neuron trainer, same Args as steps.train (owned by the steps team)
+TRAINIUM_MODULE = "steps.train_neuron"  # optimum-neuron NeuronTrainer, same Args as steps.train
 RAYJOB_SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
 RAYJOB_FAILURE = "status.jobDeploymentStatus == Failed"
 VOLCANO_SUCCESS = "status.state.phase == Completed"
