@@ -117,7 +117,7 @@ def run(args: Args) -> Outputs:
             for tag, value in lineage_tags(args, digest, gate_report).items():
                 if tag not in existing.tags:
                     mlflow_client.set_model_version_tag(args.model_name, existing.version, tag, value)
-            mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, existing.version)
+            tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, existing.version)
             return _outputs(args.model_name, existing)
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
@@ -126,7 +126,7 @@ def run(args: Args) -> Outputs:
         mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
         mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
         version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest, gate_report))
-        mlflow_client.set_registered_model_alias(args.model_name, tracking.CHALLENGER, version.version)
+        tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
     print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
     return _outputs(args.model_name, version)
 

@@ -48,6 +48,7 @@ NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 MAX_TAG_CHARS = 5000
 
 # Alias names (stages are deprecated in MLflow: aliases only).
+ALIAS_ATTEMPTS = 3
 CHALLENGER = "challenger"
 CHAMPION = "champion"
 PREVIOUS = "previous"
@@ -216,6 +217,24 @@ def alias_version(tracking_uri: str, model_name: str, alias: str) -> ModelVersio
             return None
 
 
+def set_alias(mlflow_client: MlflowClient, model_name: str, alias: str, version: str) -> None:
+    """Point `alias` at `version`, retrying MLflow's check-then-insert race.
+
+    Two concurrent writers of the same new alias can both find it missing and both insert it; the server answers
+    the loser with a UNIQUE constraint error although the alias now exists. Setting it again updates the row.
+    """
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(ALIAS_ATTEMPTS):
+        try:
+            mlflow_client.set_registered_model_alias(model_name, alias, str(version))
+            return
+        except MlflowException as err:
+            if "UNIQUE constraint" not in str(err) or attempt == ALIAS_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def promote(tracking_uri: str, model_name: str, version: str) -> str:
     """Point alias `champion` at `version`; the former champion (if another version) gets alias `previous`.
 
@@ -232,8 +251,8 @@ def promote(tracking_uri: str, model_name: str, version: str) -> str:
             raise
         former = None  # no champion yet
     if former is not None and former != str(version):
-        mlflow_client.set_registered_model_alias(model_name, PREVIOUS, former)
-    mlflow_client.set_registered_model_alias(model_name, CHAMPION, str(version))
+        set_alias(mlflow_client, model_name, PREVIOUS, former)
+    set_alias(mlflow_client, model_name, CHAMPION, str(version))
     return str(version)
 
 

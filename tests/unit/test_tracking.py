@@ -152,3 +152,32 @@ def test_alias_lookup_fails_closed_when_the_registry_is_down(no_retries):
     uri = dead_uri()
     with pytest.raises(tracking.TrackingError, match=f"MLflow at {uri} failed while looking up alias 'champion'"):
         tracking.alias_version(uri, "m", tracking.CHAMPION)
+
+
+class _RacingRegistry:
+    """A registry whose first alias insert loses MLflow's check-then-insert race, as a concurrent writer's does."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.aliases: dict[str, str] = {}
+
+    def set_registered_model_alias(self, name: str, alias: str, version: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        if self.failures:
+            self.failures -= 1
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: registered_model_aliases.alias")
+        self.aliases[alias] = version
+
+
+def test_set_alias_retries_the_unique_constraint_race() -> None:
+    registry = _RacingRegistry(failures=1)
+    tracking.set_alias(registry, "m", tracking.CHALLENGER, "3")  # type: ignore[arg-type]
+    assert registry.aliases == {tracking.CHALLENGER: "3"}
+
+
+def test_set_alias_gives_up_after_bounded_attempts() -> None:
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match="UNIQUE constraint"):
+        tracking.set_alias(_RacingRegistry(failures=tracking.ALIAS_ATTEMPTS), "m", "champion", "1")  # type: ignore[arg-type]
