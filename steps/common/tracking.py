@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,68 +134,64 @@ def start_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[s
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> bool:
     """Log metrics to a run. Never raises: an MLflow outage must not crash training (warns, returns False)."""
-    if _in_outage(tracking_uri, "metrics", metrics):
-        return False
-    try:
+
+    def log() -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(key, float(value), now, step or 0) for key, value in metrics.items()]
         client(tracking_uri).log_batch(run_id, metrics=batch, synchronous=True)
-    except Exception as err:  # any tracking failure is non-fatal by contract
-        _note_failure(tracking_uri, err)
-        _warn(f"could not log metrics {sorted(metrics)} to MLflow run {run_id} at {tracking_uri}", err)
-        return False
-    _outage_since.pop(tracking_uri, None)
-    return True
+
+    return _best_effort(tracking_uri, "metrics", metrics, log, f"log metrics {sorted(metrics)} to MLflow run {run_id}")
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, object]) -> bool:
     """Log params to a run. Never raises (warns on stderr, returns False)."""
-    if _in_outage(tracking_uri, "params", params):
-        return False
-    try:
+
+    def log() -> None:
         from mlflow.entities import Param
 
         batch = [Param(key, str(value)) for key, value in params.items()]
         client(tracking_uri).log_batch(run_id, params=batch, synchronous=True)
-    except Exception as err:  # any tracking failure is non-fatal by contract
-        _note_failure(tracking_uri, err)
-        _warn(f"could not log params {sorted(params)} to MLflow run {run_id} at {tracking_uri}", err)
-        return False
-    _outage_since.pop(tracking_uri, None)
-    return True
+
+    return _best_effort(tracking_uri, "params", params, log, f"log params {sorted(params)} to MLflow run {run_id}")
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: Mapping[str, str]) -> bool:
     """Set tags on a run (over-long values are cut). Never raises (warns on stderr, returns False)."""
-    if _in_outage(tracking_uri, "tags", tags):
-        return False
-    try:
+
+    def log() -> None:
         from mlflow.entities import RunTag
 
         batch = [RunTag(key, str(value)[:MAX_TAG_CHARS]) for key, value in tags.items()]
         client(tracking_uri).log_batch(run_id, tags=batch, synchronous=True)
-    except Exception as err:  # any tracking failure is non-fatal by contract
-        _note_failure(tracking_uri, err)
-        _warn(f"could not set tags {sorted(tags)} on MLflow run {run_id} at {tracking_uri}", err)
-        return False
-    _outage_since.pop(tracking_uri, None)
-    return True
+
+    return _best_effort(tracking_uri, "tags", tags, log, f"set tags {sorted(tags)} on MLflow run {run_id}")
 
 
 def log_files(tracking_uri: str, run_id: str, paths: Sequence[Path], artifact_path: str) -> bool:
     """Upload files into the run's artifact folder `artifact_path`. Never raises (warns, returns False)."""
     names = {p.name: p for p in paths}
-    if _in_outage(tracking_uri, "artifacts", names):
-        return False
-    try:
+
+    def log() -> None:
         mlflow_client = client(tracking_uri)
         for path in paths:
             mlflow_client.log_artifact(run_id, str(path), artifact_path)
+
+    return _best_effort(tracking_uri, "artifacts", names, log, f"log {sorted(names)} to MLflow run {run_id}")
+
+
+def _best_effort(
+    tracking_uri: str, kind: str, names: Mapping[str, object], log: Callable[[], None], doing: str
+) -> bool:
+    """Run `log` unless the server is in a recent outage; on failure warn once, note the outage, return False."""
+    if _in_outage(tracking_uri, kind, names):
+        return False
+    try:
+        log()
     except Exception as err:  # any tracking failure is non-fatal by contract
         _note_failure(tracking_uri, err)
-        _warn(f"could not log {sorted(names)} to MLflow run {run_id} at {tracking_uri}", err)
+        _warn(f"could not {doing} at {tracking_uri}", err)
         return False
     _outage_since.pop(tracking_uri, None)
     return True
