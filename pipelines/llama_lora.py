@@ -1,5 +1,8 @@
 """Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> deploy (both gated on the eval).
 
+Training runs unless `retrain` is if-data-changed (the CronWorkflow's setting) and the staged data has the digest
+the champion was trained on; a skipped train skips everything after it.
+
     python pipelines/llama_lora.py run                          # the whole pipeline here, no cluster
     python pipelines/llama_lora.py render > workflow.yaml       # the Argo Workflow `run` executes
     python pipelines/llama_lora.py run --config my.yaml --set train.max_steps=100
@@ -15,7 +18,7 @@ from hera.workflows import DAG, Resources, Workflow
 from pipelines.core.config import PipelineConfig, config_hash
 from pipelines.core.launchers import train_launcher
 from pipelines.core.templates import gauges, pipeline_workflow, step_factory
-from steps import deploy, evaluate, register, stage_data, validate_data
+from steps import champion, deploy, evaluate, register, stage_data, validate_data
 
 
 def build(cfg: PipelineConfig) -> Workflow:
@@ -29,9 +32,18 @@ def build(cfg: PipelineConfig) -> Workflow:
         cfg,
         title=f"LoRA fine-tune of {cfg.base_model}",
         description="stage -> validate -> train -> evaluate -> register -> deploy",
-        parameters={"data_source": cfg.data.source, "base_model": cfg.base_model},
+        parameters={"data_source": cfg.data.source, "base_model": cfg.base_model, "retrain": cfg.retrain},
     ) as workflow:
-        stage_t = step(stage_data, cfg.data, source="{{workflow.parameters.data_source}}", dest_dir=f"{run_dir}/data")
+        champion_t = step(
+            champion, retrain="{{workflow.parameters.retrain}}", model_name=cfg.mlflow.model_name, **mlflow
+        )
+        stage_t = step(
+            stage_data,
+            cfg.data,
+            wired=["previous_digest"],
+            source="{{workflow.parameters.data_source}}",
+            dest_dir=f"{run_dir}/data",
+        )
         validate_t = step(
             validate_data,
             cfg.validation,
@@ -59,6 +71,7 @@ def build(cfg: PipelineConfig) -> Workflow:
             **mlflow,
             report_dir=f"{run_dir}/reports",
             model_name=cfg.mlflow.model_name,
+            mlflow_ui_url=cfg.mlflow.ui_url,
             resources=Resources(cpu_request=2, memory_request="8Gi"),
             metrics=gauges(cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")),
         )
@@ -74,6 +87,7 @@ def build(cfg: PipelineConfig) -> Workflow:
             dataset_uri="{{workflow.parameters.data_source}}",
             config_hash=config_hash(cfg),
             merged_dir=f"{run_dir}/merged",
+            mlflow_ui_url=cfg.mlflow.ui_url,
             resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
         deploy_t = step(
@@ -87,9 +101,14 @@ def build(cfg: PipelineConfig) -> Workflow:
         )
 
         with DAG(name="main"):
-            staged = stage_t()
+            trained_on = champion_t()
+            staged = stage_t(arguments={"previous_digest": trained_on.get_parameter("dataset_digest")})
             checked = validate_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
-            trained = train_t(after=checked, arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
+            trained = train_t(
+                after=checked,
+                arguments={"dataset_dir": staged.get_parameter("dataset_dir")},
+                when=f"{staged.get_parameter('changed')} == true",
+            )
             scored = evaluate_t(
                 arguments={
                     "dataset_dir": staged.get_parameter("dataset_dir"),
@@ -109,9 +128,12 @@ def build(cfg: PipelineConfig) -> Workflow:
             )
             deployed = deploy_t(arguments={"model_version": registered.get_parameter("model_version")})
 
-            staged >> checked  # type: ignore[operator]  # Hera types >> as Task | list
-            trained >> scored >> registered  # type: ignore[operator]
-            registered.on_success(deployed)  # a skipped registration (gate failed) deploys nothing
+            trained_on >> staged >> checked  # type: ignore[operator]  # Hera types >> as Task | list
+            # .Succeeded, not plain `>>`: a skipped task counts as done for `>>`, and nothing after a skipped
+            # training run (unchanged data) or a skipped registration (gate failed) may run.
+            trained.on_success(scored)
+            scored.on_success(registered)
+            registered.on_success(deployed)
     return workflow
 
 

@@ -23,6 +23,7 @@ Outputs (one file each under --outputs-dir):
     exact_match     tuned exact match on the held-out split, in [0, 1]
     base_exact_match  the base model's exact match on the same split
     report          path of the JSON report (metrics, thresholds, decision, sample answers)
+    mlflow_run_url  the run's page in the MLflow UI (metrics, reports); empty without an http(s) address
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Args(EvaluateSettings, StepArgs):
     report_dir: Path = Field(description="where the JSON and markdown reports are written")
     tracking_uri: str = Field("", description="MLflow URI for the run's metrics and the champion; empty: neither")
     mlflow_run_id: str = ""
+    mlflow_ui_url: str = Field("", description="MLflow UI address for the run link; empty: the http(s) tracking URI")
     model_name: str = Field(
         "llama-lora",
         pattern=r"^$|" + tracking.MODEL_NAME_PATTERN,
@@ -128,6 +130,7 @@ class Outputs(BaseModel):
     report: str
     eval_set_digest: str
     champion_version: str
+    mlflow_run_url: str
 
 
 class Champion(BaseModel):
@@ -285,6 +288,7 @@ def run(args: Args) -> Outputs:
         report=str(report),
         eval_set_digest=digest,
         champion_version=check.version if check.applied else "",
+        mlflow_run_url=tracking.run_url(args.tracking_uri, args.mlflow_ui_url, args.mlflow_run_id),
     )
 
 

@@ -21,6 +21,7 @@ Outputs (one file each under --outputs-dir):
     model_version   the registered version number, e.g. "3"
     model_uri       "models:/<model_name>/<model_version>"
     mlflow_run_id   the run holding the artifacts
+    model_version_url  the version's page in the MLflow UI; empty without an http(s) address
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Args(StepArgs):
     config_hash: str = Field("", description="hash of the pipeline config (lineage tag)")
     git_commit: str = Field("", description="commit of the step code (lineage tag); empty: $EKSFLOW_GIT_COMMIT")
     image: str = Field("", description="image reference of the step (lineage tag); empty: $EKSFLOW_IMAGE")
+    mlflow_ui_url: str = Field("", description="MLflow UI address for the version link; empty: the tracking URI")
 
 
 class GateReport(BaseModel):
@@ -97,6 +99,7 @@ class Outputs(BaseModel):
     model_version: str
     model_uri: str
     mlflow_run_id: str
+    model_version_url: str
 
 
 def run(args: Args) -> Outputs:
@@ -118,7 +121,7 @@ def run(args: Args) -> Outputs:
                 if tag not in existing.tags:
                     mlflow_client.set_model_version_tag(args.model_name, existing.version, tag, value)
             tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, existing.version)
-            return _outputs(args.model_name, existing)
+            return _outputs(args, existing)
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
@@ -128,7 +131,7 @@ def run(args: Args) -> Outputs:
         version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest, gate_report))
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
     print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
-    return _outputs(args.model_name, version)
+    return _outputs(args, version)
 
 
 def checkpoint_digest(adapter_dir: Path) -> str:
@@ -197,7 +200,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
     """Tags that let a version be traced back to its data, code, image, workflow, eval set and gate decision."""
     values = {
         DIGEST_TAG: digest,
-        "dataset_digest": args.dataset_digest,
+        tracking.DATASET_DIGEST_TAG: args.dataset_digest,
         "dataset_uri": args.dataset_uri,
         "workflow_name": args.workflow_name,
         "workflow_uid": args.workflow_uid,
@@ -271,11 +274,13 @@ def _run_id(args: Args) -> str:
     return args.mlflow_run_id
 
 
-def _outputs(model_name: str, version: ModelVersion) -> Outputs:
+def _outputs(args: Args, version: ModelVersion) -> Outputs:
+    number = str(version.version)
     return Outputs(
-        model_version=str(version.version),
-        model_uri=f"models:/{model_name}/{version.version}",
+        model_version=number,
+        model_uri=f"models:/{args.model_name}/{number}",
         mlflow_run_id=str(version.run_id),
+        model_version_url=tracking.model_version_url(args.tracking_uri, args.mlflow_ui_url, args.model_name, number),
     )
 
 

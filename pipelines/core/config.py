@@ -15,6 +15,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from pipelines.core.profiles import PROFILES
+from steps.champion import Retrain
 from steps.common.args import Settings
 from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
@@ -58,6 +59,9 @@ class MlflowSettings(Settings):
     tracking_uri: str = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
     experiment: str = Field("eksflow", min_length=1)
     model_name: str = Field("llama-lora", pattern=r"^[\w.\-]+$", description="registered model name")
+    ui_url: str = Field(
+        "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
+    )
 
 
 class ClusterSettings(Settings):
@@ -90,6 +94,11 @@ class PipelineConfig(Settings):
     namespace: str = Field("argo", pattern=K8S_NAME)
     service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME)
     base_model: str = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
+    retrain: Retrain = Field(
+        "always",
+        description="always, or if-data-changed: skip training when the champion was trained on the same data "
+        "(the CronWorkflow always passes if-data-changed)",
+    )
     images: Images = Images()
     storage: StorageSettings = StorageSettings()
     mlflow: MlflowSettings = MlflowSettings()

@@ -268,23 +268,29 @@ class TrainLauncher:
         self.templates = templates
         self.collect = collect
 
-    def __call__(self, *, after: Task, arguments: Mapping[str, Any] | None = None) -> Task:
-        """Add the tasks after `after`; the returned task carries the train step's output parameters."""
+    def __call__(self, *, after: Task, arguments: Mapping[str, Any] | None = None, when: str | None = None) -> Task:
+        """Add the tasks after `after` (the first one only if `when` holds); the returned task carries the outputs.
+
+        Each later task runs only if the one before it succeeded, so a skipped first task skips the rest.
+        """
         first = self.templates[0]
         if isinstance(first, StepTemplate):
-            task = first(arguments=arguments)
+            task = first(arguments=arguments, when=when)
             after >> task  # type: ignore[operator]  # Hera types >> as Task | list
             return task
-        previous = after
+        previous: Task | None = None
         for template in self.templates:
             assert isinstance(template, Resource)
-            created = template()
+            created = template(when=when) if previous is None else template()
             assert isinstance(created, Task)
-            previous >> created  # type: ignore[operator]
+            if previous is None:
+                after >> created  # type: ignore[operator]
+            else:
+                previous.on_success(created)
             previous = created
-        assert self.collect is not None
+        assert self.collect is not None and previous is not None
         collected = self.collect()
-        previous >> collected  # type: ignore[operator]
+        previous.on_success(collected)
         return collected
 
 

@@ -189,7 +189,10 @@ def workflow_template(workflow: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cron_workflow(workflow: Mapping[str, Any], cron: str, timezone: str | None = None) -> dict[str, Any]:
-    """A CronWorkflow running the pipeline's WorkflowTemplate: one run at a time, late runs skipped."""
+    """A CronWorkflow running the pipeline's WorkflowTemplate: one run at a time, late runs skipped.
+
+    It passes `retrain=if-data-changed`: a scheduled run trains only when the data differs from the champion's.
+    """
     template = workflow_template(workflow)
     name = template["metadata"]["name"]
     spec: dict[str, Any] = {
@@ -199,7 +202,11 @@ def cron_workflow(workflow: Mapping[str, Any], cron: str, timezone: str | None =
         "successfulJobsHistoryLimit": 3,
         "failedJobsHistoryLimit": 3,
         "workflowMetadata": {"labels": dict(template["metadata"].get("labels", {}))},
-        "workflowSpec": {"workflowTemplateRef": {"name": name}},
+        "workflowSpec": {
+            "workflowTemplateRef": {"name": name},
+            # a scheduled run trains only on new data; `argo submit --from workflowtemplate/...` keeps the default
+            "arguments": {"parameters": [{"name": "retrain", "value": "if-data-changed"}]},
+        },
     }
     if timezone:
         spec["timezone"] = timezone

@@ -53,6 +53,8 @@ CHALLENGER = "challenger"
 CHAMPION = "champion"
 PREVIOUS = "previous"
 
+DATASET_DIGEST_TAG = "dataset_digest"  # lineage tag on a model version: the digest of the data it was trained on
+
 
 class TrackingError(StepFailedError):
     """MLflow failed (server down, store error); the message is one line. Retryable: the steps are idempotent."""
@@ -123,6 +125,35 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
         if found is None:
             raise
         return str(found.experiment_id)
+
+
+def ui_base(tracking_uri: str, ui_url: str) -> str:
+    """Where links point: `ui_url` (what a browser reaches), else an http(s) tracking URI; empty for sqlite."""
+    if ui_url:
+        return ui_url.rstrip("/")
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else ""
+
+
+def run_url(tracking_uri: str, ui_url: str, run_id: str) -> str:
+    """The MLflow UI page of `run_id`, or "" when there is no UI address or the run cannot be read."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    base = ui_base(tracking_uri, ui_url)
+    if not base or not run_id:
+        return ""
+    try:
+        experiment_id = client(tracking_uri).get_run(run_id).info.experiment_id
+    except (MlflowException, requests.RequestException) as err:  # a link is a convenience: never fail a step for it
+        _warn(f"looking up run {run_id} for its link", err)
+        return ""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def model_version_url(tracking_uri: str, ui_url: str, model_name: str, version: str) -> str:
+    """The MLflow UI page of a registered model version, or "" when there is no UI address."""
+    base = ui_base(tracking_uri, ui_url)
+    return f"{base}/#/models/{model_name}/versions/{version}" if base else ""
 
 
 def start_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str]) -> str:

@@ -139,7 +139,9 @@ def test_train_outputs_reach_evaluate_on_the_cluster_variants():
     (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
     tasks = {t["name"]: t for t in dag}
     assert tasks["train"]["depends"] == "validate-data"
-    assert tasks["train-outputs"]["depends"] == "train"
+    assert tasks["train"]["when"] == "{{tasks.stage-data.outputs.parameters.changed}} == true"
+    assert tasks["train-outputs"]["depends"] == "train.Succeeded"  # a skipped job skips the collector
+    assert tasks["evaluate"]["depends"] == "train-outputs.Succeeded"
     evaluate_args = {p["name"]: p["value"] for p in tasks["evaluate"]["arguments"]["parameters"]}
     assert evaluate_args["adapter_dir"] == "{{tasks.train-outputs.outputs.parameters.adapter_dir}}"
     (collector,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train-outputs"]
@@ -205,6 +207,10 @@ def test_committed_cron_matches_a_fresh_render():
     )
     cron = documents[1]["spec"]
     assert cron["concurrencyPolicy"] == "Forbid" and cron["schedules"] == ["0 3 * * 1"]
+    # scheduled runs train only on new data; the template's own default (manual submits) trains every time
+    assert cron["workflowSpec"]["arguments"]["parameters"] == [{"name": "retrain", "value": "if-data-changed"}]
+    defaults = {p["name"]: p["value"] for p in documents[0]["spec"]["arguments"]["parameters"]}
+    assert defaults["retrain"] == "always"
 
 
 def test_prometheus_gauges_on_train_and_evaluate(variant):

@@ -181,3 +181,32 @@ def test_set_alias_gives_up_after_bounded_attempts() -> None:
 
     with pytest.raises(MlflowException, match="UNIQUE constraint"):
         tracking.set_alias(_RacingRegistry(failures=tracking.ALIAS_ATTEMPTS), "m", "champion", "1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tracking_uri", "ui_url", "base"),
+    [
+        ("http://mlflow.mlflow.svc:5000/", "", "http://mlflow.mlflow.svc:5000"),
+        ("http://mlflow.mlflow.svc:5000", "https://mlflow.example.com/", "https://mlflow.example.com"),
+        ("sqlite:////fsx/mlflow/mlflow.db", "", ""),
+        ("sqlite:////fsx/mlflow/mlflow.db", "http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ],
+)
+def test_links_point_at_the_address_a_browser_reaches(tracking_uri, ui_url, base):
+    assert tracking.ui_base(tracking_uri, ui_url) == base
+    expected = f"{base}/#/models/llama-lora/versions/3" if base else ""
+    assert tracking.model_version_url(tracking_uri, ui_url, "llama-lora", "3") == expected
+
+
+def test_run_url_names_the_runs_experiment(store):
+    uri, _ = store
+    run_id = tracking.start_run(uri, "links", "run", {})
+    experiment_id = tracking.ensure_experiment(uri, "links")
+    ui = "http://127.0.0.1:5000"
+    assert tracking.run_url(uri, ui, run_id) == f"{ui}/#/experiments/{experiment_id}/runs/{run_id}"
+    assert tracking.run_url(uri, "", run_id) == ""  # sqlite and no UI address: no link rather than a wrong one
+
+
+def test_run_url_is_empty_when_the_server_is_down(no_retries, capsys):
+    assert tracking.run_url(dead_uri(), "", "0123") == ""
+    assert "warning: looking up run 0123" in capsys.readouterr().err
