@@ -35,8 +35,9 @@ class Images(Settings):
 
     steps: str = Field("ghcr.io/eksflow/steps:0.1.0", description="CPU image: stage, validate, evaluate, register")
     train: str = Field("ghcr.io/eksflow/train-gpu:0.1.0", description="training image (CUDA, NCCL, EFA)")
+    train_neuron: str = Field("ghcr.io/eksflow/train-neuron:0.1.0", description="Trainium image (Neuron SDK)")
 
-    @field_validator("steps", "train")
+    @field_validator("steps", "train", "train_neuron")
     @classmethod
     def _pinned(cls, image: str) -> str:
         name = image.rsplit("/", 1)[-1]

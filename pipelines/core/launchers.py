@@ -91,7 +91,7 @@ def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *
     """A training pod: profile resources and placement, FSx + /dev/shm, service account, security context."""
     container = {
         **container,
-        "image": cfg.images.train,
+        "image": cfg.images.train_neuron if profile.kind == "trainium" else cfg.images.train,
         "env": profiles.env(profile),
         "resources": profiles.resources(profile, head=head),
         "volumeMounts": profiles.volume_mounts(profile, cfg.storage.fsx_mount),

