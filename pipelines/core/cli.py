@@ -1,6 +1,7 @@
 """The command line every pipeline file shares: `python pipelines/<name>.py run|render|plan|submit|schedule`.
 
-Config errors exit 2 with one line per problem before anything runs or is submitted; a failed workflow exits 1.
+Config errors exit 2 with one line per problem before anything runs or is submitted; a failed workflow exits 1;
+a local run stopped by Ctrl-C exits 130 with the way to resume it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from steps.common.storage import is_s3, local_path
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 Build = Callable[[PipelineConfig], Workflow]
@@ -187,13 +189,24 @@ def check_local_inputs(cfg: PipelineConfig) -> None:
 
 def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Console) -> int:
     """Execute the manifest with the local executor and print what each task produced."""
-    from pipelines.local import resume_workflow, run_workflow
+    from pipelines.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
 
     env = {"EKSFLOW_GIT_COMMIT": _git_commit()}
-    if resume:
-        result = resume_workflow(state_dir / "runs" / resume, cwd=PROJECT_ROOT, env=env, console=console)
-    else:
-        result = run_workflow(manifest(workflow), state_dir, cwd=PROJECT_ROOT, env=env, console=console)
+    try:
+        if resume:
+            result = resume_workflow(state_dir / "runs" / resume, cwd=PROJECT_ROOT, env=env, console=console)
+        else:
+            result = run_workflow(manifest(workflow), state_dir, cwd=PROJECT_ROOT, env=env, console=console)
+    except RunInterrupted as stopped:
+        console.print(
+            f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+    except LocalExecutorError as err:
+        console.print(f"[red]cannot run locally:[/red] {err}", highlight=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
     console.print()
     for node in result.nodes.values():
         console.print(

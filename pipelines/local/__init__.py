@@ -1,5 +1,12 @@
 """The local executor: runs a compiled Argo Workflow manifest on this machine (see executor.py)."""
 
-from pipelines.local.executor import LocalExecutorError, NodeStatus, RunResult, resume_workflow, run_workflow
+from pipelines.local.executor import (
+    LocalExecutorError,
+    NodeStatus,
+    RunInterrupted,
+    RunResult,
+    resume_workflow,
+    run_workflow,
+)
 
-__all__ = ["LocalExecutorError", "NodeStatus", "RunResult", "resume_workflow", "run_workflow"]
+__all__ = ["LocalExecutorError", "NodeStatus", "RunInterrupted", "RunResult", "resume_workflow", "run_workflow"]

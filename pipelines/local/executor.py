@@ -1,18 +1,28 @@
 """Run a compiled Argo Workflow manifest on this machine, task by task, as local processes.
 
-The manifest is exactly what `render` prints and `submit` sends. A supported subset is checked up front (DAG and
-container templates, depends/when, parameters, retryStrategy, activeDeadlineSeconds, onExit, parallelism,
-volumes); anything else raises LocalExecutorError naming the field. Each run keeps its state in
-`state_dir/runs/<workflow name>/`:
+The manifest is exactly what `render` prints and `submit` sends. A supported subset is checked up front (DAG,
+container and resource templates, depends/when, parameters, retryStrategy, activeDeadlineSeconds, onExit,
+parallelism, volumes); anything else raises LocalExecutorError naming the field. What runs:
+
+- a container template: its command and args, as a process in the project's environment (`python` is this
+  interpreter), with its env;
+- a resource template creating a RayJob: the job's entrypoint under `bash -c`, with the head container's env and
+  mounts, where the train step starts a local Ray itself; the RayJob's activeDeadlineSeconds applies too. A job
+  asking for GPUs or Neuron devices this machine lacks fails before it starts, saying so. A Volcano PodGroup
+  (cluster admission) succeeds without a process; a workflow with a Volcano Job (torchrun across pods) is refused
+  up front, before any task runs. See resources.py.
+
+Each run keeps its state in `state_dir/runs/<workflow name>/`:
 
     manifest.yaml        the manifest as given, before substitution (what resume_workflow re-reads)
     status.json          Argo-like workflow status, rewritten atomically after every phase change
     logs/<task>.log      combined stdout+stderr of every attempt
-    tasks/<task>/        outputs/ (the task's output parameter files), progress ($ARGO_PROGRESS_FILE)
+    tasks/<task>/        outputs/ (the task's output parameter files), progress ($ARGO_PROGRESS_FILE),
+                         bin/ (`python` for a RayJob's shell entrypoint: this interpreter)
     volumes/<name>       emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
 
-Container paths are mapped to these folders in command, args and env values, and mapped back in output values,
-so status.json and downstream tasks see the paths Argo would show.
+Container paths are mapped to these folders in command, args, env values and RayJob entrypoints, and mapped back
+in output values, so status.json and downstream tasks see the paths Argo would show.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import posixpath
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import string
@@ -40,6 +51,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from pipelines.local import resources
 from pipelines.local.display import TaskDisplay, format_duration
 from pipelines.local.expressions import (
     COMPLETED_PHASES,
@@ -51,6 +63,7 @@ from pipelines.local.expressions import (
     evaluate_retry_expression,
     evaluate_when,
 )
+from pipelines.local.fields import FieldReader
 
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL, like a pod's terminationGracePeriodSeconds (Argo's default is 30)
 NAMESPACE = "local"
@@ -79,7 +92,7 @@ _CLUSTER_ONLY_CONTAINER = frozenset({
 })  # fmt: skip
 _HINTS = {
     "script": "use a container template (parameters as argv items, never spliced into source)",
-    "resource": "resource templates (e.g. a RayJob) need a cluster; run the entrypoint as a container template",
+    "resource": "a template is one kind: dag, container or resource",
     "steps": "use a dag template",
     "withItems": "fan-out runs only on a cluster; list the tasks explicitly",
     "withParam": "fan-out runs only on a cluster; list the tasks explicitly",
@@ -91,10 +104,24 @@ _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _REFERENCE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TASK_REFERENCE = re.compile(r"\{\{\s*tasks\.([\w\-]+)\.")
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_RESOURCE_ACTIONS = ("create", "apply")  # both make the job run; get/patch/delete act on an object that is not here
+_PLACEHOLDER = "eksflow-placeholder"  # stands in for every {{...}} when a manifest is checked before the run
+_SHELL_SAFE = re.compile(r"[\w@%+=:,./\-]+")  # what a shell word carries unquoted (shlex's safe set)
 
 
 class LocalExecutorError(Exception):
     """A manifest or run folder the local executor cannot run; the message names the field and the fix."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped run `name`: its tasks were killed and status.json says Failed, "interrupted" (resumable)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+_fields = FieldReader(LocalExecutorError, _HINTS)
 
 
 @dataclass
@@ -176,6 +203,15 @@ class _Container:
 
 
 @dataclass(frozen=True)
+class _Resource:
+    name: str
+    manifest: str  # YAML text with its {{...}} references: substituted for each attempt, then parsed (as Argo does)
+    inputs: tuple[_Input, ...]
+    retry: _Retry | None
+    deadline_s: float | None
+
+
+@dataclass(frozen=True)
 class _Task:
     name: str
     template: str
@@ -206,47 +242,10 @@ class _Workflow:
     parallelism: int | None
     deadline_s: float | None
     containers: dict[str, _Container]
+    resources: dict[str, _Resource]
 
-
-def _check_keys(obj: Mapping[str, Any], where: str, used: set[str], ignored: frozenset[str] = frozenset()) -> None:
-    for key in obj:
-        if key not in used and key not in ignored:
-            hint = _HINTS.get(key, "remove it, or run on a cluster with `submit`")
-            raise LocalExecutorError(f"{where}.{key} is not supported locally; {hint}")
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise LocalExecutorError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _items(value: Any, where: str) -> list[Mapping[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise LocalExecutorError(f"{where} must be a list, got {type(value).__name__}")
-    return [_mapping(item, f"{where}[{i}]") for i, item in enumerate(value)]
-
-
-def _text(value: Any, where: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise LocalExecutorError(f"{where} must be a string, got {value!r}")
-    return str(value)
-
-
-def _optional_text(obj: Mapping[str, Any], key: str, where: str) -> str | None:
-    return None if obj.get(key) is None else _text(obj[key], f"{where}.{key}")
-
-
-def _number(value: Any, where: str) -> float:
-    """An IntOrString field (`limit: "2"`, `factor: 2`)."""
-    try:
-        return float(str(value))
-    except ValueError:
-        raise LocalExecutorError(f"{where} must be a number, got {value!r}") from None
+    def template(self, name: str) -> _Container | _Resource:
+        return self.containers[name] if name in self.containers else self.resources[name]
 
 
 def _duration_s(value: Any, where: str) -> float:
@@ -261,41 +260,43 @@ def _duration_s(value: Any, where: str) -> float:
 
 
 def _parse_inputs(template: Mapping[str, Any], where: str) -> tuple[_Input, ...]:
-    inputs = _mapping(template.get("inputs"), f"{where}.inputs")
-    _check_keys(inputs, f"{where}.inputs", {"parameters"})
+    inputs = _fields.mapping(template.get("inputs"), f"{where}.inputs")
+    _fields.check_keys(inputs, f"{where}.inputs", {"parameters"})
     parsed = []
-    for i, param in enumerate(_items(inputs.get("parameters"), f"{where}.inputs.parameters")):
+    for i, param in enumerate(_fields.mappings(inputs.get("parameters"), f"{where}.inputs.parameters")):
         at = f"{where}.inputs.parameters[{i}]"
-        _check_keys(param, at, {"name", "default", "value", "description", "enum"})
+        _fields.check_keys(param, at, {"name", "default", "value", "description", "enum"})
         # A template input's `value` is a fixed value; locally it behaves like a default the task may override.
-        default = _optional_text(param, "default", at)
-        parsed.append(_Input(_text(param.get("name"), f"{at}.name"), _optional_text(param, "value", at) or default))
+        default = _fields.optional_text(param, "default", at)
+        parsed.append(
+            _Input(_fields.text(param.get("name"), f"{at}.name"), _fields.optional_text(param, "value", at) or default)
+        )
     return tuple(parsed)
 
 
 def _parse_retry(raw: Any, where: str) -> _Retry | None:
     if raw is None:
         return None
-    retry = _mapping(raw, where)
-    _check_keys(retry, where, {"limit", "retryPolicy", "backoff", "expression"}, frozenset({"affinity"}))
+    retry = _fields.mapping(raw, where)
+    _fields.check_keys(retry, where, {"limit", "retryPolicy", "backoff", "expression"}, frozenset({"affinity"}))
     if retry.get("limit") is None:
         # Argo retries forever without a limit; locally that spins on a broken step, so the limit is required.
         raise LocalExecutorError(f"{where}.limit is required locally (retries are unbounded without it)")
-    limit = int(_number(retry["limit"], f"{where}.limit"))
-    expression = _optional_text(retry, "expression", where)
+    limit = int(_fields.number(retry["limit"], f"{where}.limit"))
+    expression = _fields.optional_text(retry, "expression", where)
     # Argo >= 3.5: without a policy the expression alone decides (Always); otherwise OnFailure is the default.
-    policy = _optional_text(retry, "retryPolicy", where) or ("Always" if expression else "OnFailure")
+    policy = _fields.optional_text(retry, "retryPolicy", where) or ("Always" if expression else "OnFailure")
     if policy not in _RETRY_POLICIES:
         raise LocalExecutorError(f"{where}.retryPolicy must be one of {', '.join(_RETRY_POLICIES)}, got {policy!r}")
-    backoff = _mapping(retry.get("backoff"), f"{where}.backoff")
-    _check_keys(backoff, f"{where}.backoff", {"duration", "factor", "maxDuration", "cap"})
+    backoff = _fields.mapping(retry.get("backoff"), f"{where}.backoff")
+    _fields.check_keys(backoff, f"{where}.backoff", {"duration", "factor", "maxDuration", "cap"})
     at = f"{where}.backoff"
     return _Retry(
         limit=limit,
         policy=policy,
         expression=expression,
         backoff_s=_duration_s(backoff.get("duration", 0), f"{at}.duration"),
-        factor=_number(backoff.get("factor", 1), f"{at}.factor"),
+        factor=_fields.number(backoff.get("factor", 1), f"{at}.factor"),
         max_duration_s=None if backoff.get("maxDuration") is None else _duration_s(backoff["maxDuration"], at),
         cap_s=None if backoff.get("cap") is None else _duration_s(backoff["cap"], f"{at}.cap"),
     )
@@ -304,111 +305,153 @@ def _parse_retry(raw: Any, where: str) -> _Retry | None:
 def _parse_volumes(spec: Mapping[str, Any], where: str) -> dict[str, tuple[str, str]]:
     """Volume name -> (scope, folder): a PVC is shared by all runs, anything else belongs to this run."""
     volumes: dict[str, tuple[str, str]] = {}
-    for i, volume in enumerate(_items(spec.get("volumes"), f"{where}.volumes")):
-        name = _text(volume.get("name"), f"{where}.volumes[{i}].name")
-        claim = _mapping(volume.get("persistentVolumeClaim"), f"{where}.volumes[{i}].persistentVolumeClaim")
+    for i, volume in enumerate(_fields.mappings(spec.get("volumes"), f"{where}.volumes")):
+        name = _fields.text(volume.get("name"), f"{where}.volumes[{i}].name")
+        claim = _fields.mapping(volume.get("persistentVolumeClaim"), f"{where}.volumes[{i}].persistentVolumeClaim")
         if claim:
-            volumes[name] = ("state", _text(claim.get("claimName"), f"{where}.volumes[{i}].persistentVolumeClaim"))
+            volumes[name] = (
+                "state",
+                _fields.text(claim.get("claimName"), f"{where}.volumes[{i}].persistentVolumeClaim"),
+            )
         else:
             volumes[name] = ("run", name)
-    for i, claim_template in enumerate(_items(spec.get("volumeClaimTemplates"), f"{where}.volumeClaimTemplates")):
-        metadata = _mapping(claim_template.get("metadata"), f"{where}.volumeClaimTemplates[{i}].metadata")
-        name = _text(metadata.get("name"), f"{where}.volumeClaimTemplates[{i}].metadata.name")
+    for i, claim_template in enumerate(
+        _fields.mappings(spec.get("volumeClaimTemplates"), f"{where}.volumeClaimTemplates")
+    ):
+        metadata = _fields.mapping(claim_template.get("metadata"), f"{where}.volumeClaimTemplates[{i}].metadata")
+        name = _fields.text(metadata.get("name"), f"{where}.volumeClaimTemplates[{i}].metadata.name")
         volumes[name] = ("run", name)  # Argo creates (and deletes) this claim per workflow
     return volumes
 
 
 def _parse_container(template: Mapping[str, Any], where: str, spec_volumes: dict[str, tuple[str, str]]) -> _Container:
-    name = _text(template.get("name"), f"{where}.name")
-    container = _mapping(template["container"], f"{where}.container")
+    name = _fields.text(template.get("name"), f"{where}.name")
+    container = _fields.mapping(template["container"], f"{where}.container")
     at = f"{where}.container"
-    _check_keys(container, at, {"name", "command", "args", "env", "volumeMounts"}, _CLUSTER_ONLY_CONTAINER)
-    command = tuple(_text(c, f"{at}.command[{i}]") for i, c in enumerate(container.get("command") or []))
+    _fields.check_keys(container, at, {"name", "command", "args", "env", "volumeMounts"}, _CLUSTER_ONLY_CONTAINER)
+    command = tuple(_fields.text(c, f"{at}.command[{i}]") for i, c in enumerate(container.get("command") or []))
     if not command:
         raise LocalExecutorError(f"{at}.command is required locally: the image's entrypoint is unknown here")
-    args = tuple(_text(a, f"{at}.args[{i}]") for i, a in enumerate(container.get("args") or []))
-    env = []
-    for i, var in enumerate(_items(container.get("env"), f"{at}.env")):
-        _check_keys(var, f"{at}.env[{i}]", {"name", "value"})
-        env.append(
-            (_text(var.get("name"), f"{at}.env[{i}].name"), _optional_text(var, "value", f"{at}.env[{i}]") or "")
-        )
+    args = tuple(_fields.text(a, f"{at}.args[{i}]") for i, a in enumerate(container.get("args") or []))
     volumes = {**spec_volumes, **_parse_volumes(template, where)}
     mounts = []
-    for i, mount in enumerate(_items(container.get("volumeMounts"), f"{at}.volumeMounts")):
+    for i, mount in enumerate(_fields.mappings(container.get("volumeMounts"), f"{at}.volumeMounts")):
         m_at = f"{at}.volumeMounts[{i}]"
-        _check_keys(mount, m_at, {"name", "mountPath", "subPath", "readOnly"}, frozenset({"mountPropagation"}))
-        volume = _text(mount.get("name"), f"{m_at}.name")
+        _fields.check_keys(mount, m_at, {"name", "mountPath", "subPath", "readOnly"}, frozenset({"mountPropagation"}))
+        volume = _fields.text(mount.get("name"), f"{m_at}.name")
         if volume not in volumes:
             raise LocalExecutorError(
                 f"{m_at}.name {volume!r} matches no volume in the template's volumes, spec.volumes or "
                 "spec.volumeClaimTemplates; declare the volume"
             )
         scope, folder = volumes[volume]
-        mount_path = _text(mount.get("mountPath"), f"{m_at}.mountPath").rstrip("/")
+        mount_path = _fields.text(mount.get("mountPath"), f"{m_at}.mountPath").rstrip("/")
         if not mount_path.startswith("/"):
             raise LocalExecutorError(f"{m_at}.mountPath must be absolute, got {mount_path!r}")
-        mounts.append(_Mount(mount_path, scope, folder, _optional_text(mount, "subPath", m_at) or ""))
-    outputs_spec = _mapping(template.get("outputs"), f"{where}.outputs")
-    _check_keys(outputs_spec, f"{where}.outputs", {"parameters"})
+        mounts.append(_Mount(mount_path, scope, folder, _fields.optional_text(mount, "subPath", m_at) or ""))
+    outputs_spec = _fields.mapping(template.get("outputs"), f"{where}.outputs")
+    _fields.check_keys(outputs_spec, f"{where}.outputs", {"parameters"})
     outputs = []
-    for i, param in enumerate(_items(outputs_spec.get("parameters"), f"{where}.outputs.parameters")):
+    for i, param in enumerate(_fields.mappings(outputs_spec.get("parameters"), f"{where}.outputs.parameters")):
         p_at = f"{where}.outputs.parameters[{i}]"
-        _check_keys(param, p_at, {"name", "valueFrom", "description"})
-        value_from = _mapping(param.get("valueFrom"), f"{p_at}.valueFrom")
-        _check_keys(value_from, f"{p_at}.valueFrom", {"path", "default"})
-        path = _text(value_from.get("path"), f"{p_at}.valueFrom.path")
+        _fields.check_keys(param, p_at, {"name", "valueFrom", "description"})
+        value_from = _fields.mapping(param.get("valueFrom"), f"{p_at}.valueFrom")
+        _fields.check_keys(value_from, f"{p_at}.valueFrom", {"path", "default"})
+        path = _fields.text(value_from.get("path"), f"{p_at}.valueFrom.path")
         if not path.startswith("/"):
             raise LocalExecutorError(f"{p_at}.valueFrom.path must be absolute, got {path!r}")
         outputs.append(
-            _Output(_text(param.get("name"), f"{p_at}.name"), path, _optional_text(value_from, "default", p_at))
+            _Output(
+                _fields.text(param.get("name"), f"{p_at}.name"),
+                path,
+                _fields.optional_text(value_from, "default", p_at),
+            )
         )
     deadline = template.get("activeDeadlineSeconds")
     return _Container(
         name=name,
         command=command,
         args=args,
-        env=tuple(env),
+        env=_fields.env(container, at),
         mounts=tuple(mounts),
         inputs=_parse_inputs(template, where),
         outputs=tuple(outputs),
         retry=_parse_retry(template.get("retryStrategy"), f"{where}.retryStrategy"),
-        deadline_s=None if deadline is None else _number(deadline, f"{where}.activeDeadlineSeconds"),
+        deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.activeDeadlineSeconds"),
     )
 
 
-def _parse_dag(template: Mapping[str, Any], where: str, containers: Mapping[str, Any]) -> _Dag:
-    dag = _mapping(template["dag"], f"{where}.dag")
-    _check_keys(dag, f"{where}.dag", {"tasks", "failFast"})
+def _parse_resource(template: Mapping[str, Any], where: str) -> _Resource:
+    name = _fields.text(template.get("name"), f"{where}.name")
+    if template.get("outputs") is not None:
+        raise LocalExecutorError(
+            f"{where}.outputs is not supported locally on a resource template (jsonPath/jqFilter read the live "
+            "object); have the job write files to a volume and publish them with a container task"
+        )
+    resource = _fields.mapping(template["resource"], f"{where}.resource")
+    at = f"{where}.resource"
+    # Locally the job's process decides the phase (exit 0: Succeeded), so the conditions are read but not evaluated.
+    _fields.check_keys(
+        resource, at, {"action", "manifest", "successCondition", "failureCondition", "setOwnerReference"}
+    )
+    for key in ("successCondition", "failureCondition"):
+        _fields.optional_text(resource, key, at)
+    action = _fields.text(resource.get("action"), f"{at}.action")
+    if action not in _RESOURCE_ACTIONS:
+        raise LocalExecutorError(
+            f"{at}.action {action!r} is not supported locally; only {' and '.join(_RESOURCE_ACTIONS)} run a job here"
+        )
+    manifest = _fields.text(resource.get("manifest"), f"{at}.manifest")
+    try:
+        job = resources.describe(_REFERENCE.sub(_PLACEHOLDER, manifest), f"{at}.manifest")
+    except resources.ResourceError as exc:
+        raise LocalExecutorError(str(exc)) from None
+    if job.refusal:  # its kind is never templated, so a cluster-only job is known now, before any task runs
+        raise LocalExecutorError(f"template {name!r}: {job.refusal}")
+    deadline = template.get("activeDeadlineSeconds")
+    return _Resource(
+        name=name,
+        manifest=manifest,
+        inputs=_parse_inputs(template, where),
+        retry=_parse_retry(template.get("retryStrategy"), f"{where}.retryStrategy"),
+        deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.activeDeadlineSeconds"),
+    )
+
+
+def _parse_dag(template: Mapping[str, Any], where: str, runnable: Mapping[str, Any]) -> _Dag:
+    dag = _fields.mapping(template["dag"], f"{where}.dag")
+    _fields.check_keys(dag, f"{where}.dag", {"tasks", "failFast"})
     tasks: dict[str, _Task] = {}
-    for i, raw in enumerate(_items(dag.get("tasks"), f"{where}.dag.tasks")):
+    for i, raw in enumerate(_fields.mappings(dag.get("tasks"), f"{where}.dag.tasks")):
         at = f"{where}.dag.tasks[{i}]"
-        _check_keys(raw, at, {"name", "template", "arguments", "depends", "dependencies", "when"})
-        name = _text(raw.get("name"), f"{at}.name")
+        _fields.check_keys(raw, at, {"name", "template", "arguments", "depends", "dependencies", "when"})
+        name = _fields.text(raw.get("name"), f"{at}.name")
         if name in tasks:
             raise LocalExecutorError(f"{at}.name {name!r} is used twice in DAG {template.get('name')!r}")
-        target = _text(raw.get("template"), f"{at}.template")
-        if target not in containers:
+        target = _fields.text(raw.get("template"), f"{at}.template")
+        if target not in runnable:
             raise LocalExecutorError(
-                f"{at}.template {target!r} is not a container template of this workflow "
+                f"{at}.template {target!r} is not a container or resource template of this workflow "
                 "(nested DAGs and missing templates are not supported locally)"
             )
-        arguments = _mapping(raw.get("arguments"), f"{at}.arguments")
-        _check_keys(arguments, f"{at}.arguments", {"parameters"})
+        arguments = _fields.mapping(raw.get("arguments"), f"{at}.arguments")
+        _fields.check_keys(arguments, f"{at}.arguments", {"parameters"})
         params = []
-        for j, param in enumerate(_items(arguments.get("parameters"), f"{at}.arguments.parameters")):
+        for j, param in enumerate(_fields.mappings(arguments.get("parameters"), f"{at}.arguments.parameters")):
             p_at = f"{at}.arguments.parameters[{j}]"
-            _check_keys(param, p_at, {"name", "value", "description"})
+            _fields.check_keys(param, p_at, {"name", "value", "description"})
             if param.get("value") is None:
                 raise LocalExecutorError(f"{p_at}.value is required")
-            params.append((_text(param.get("name"), f"{p_at}.name"), _text(param["value"], f"{p_at}.value")))
-        depends = _optional_text(raw, "depends", at)
+            params.append(
+                (_fields.text(param.get("name"), f"{p_at}.name"), _fields.text(param["value"], f"{p_at}.value"))
+            )
+        depends = _fields.optional_text(raw, "depends", at)
         if raw.get("dependencies") is not None:
             if depends is not None:
                 raise LocalExecutorError(f"{at} sets both depends and dependencies; use depends only")
-            deps = [_text(d, f"{at}.dependencies[{j}]") for j, d in enumerate(raw["dependencies"])]
+            deps = [_fields.text(d, f"{at}.dependencies[{j}]") for j, d in enumerate(raw["dependencies"])]
             depends = dependencies_to_depends(deps) or None
-        tasks[name] = _Task(name, target, tuple(params), depends, _optional_text(raw, "when", at))
+        tasks[name] = _Task(name, target, tuple(params), depends, _fields.optional_text(raw, "when", at))
     if not tasks:
         raise LocalExecutorError(f"{where}.dag.tasks is empty")
     handled: set[str] = set()
@@ -464,40 +507,43 @@ def parse_manifest(manifest: Mapping[str, Any]) -> _Workflow:
     """Check that the manifest is within the locally supported subset; raise LocalExecutorError otherwise."""
     if manifest.get("kind") != "Workflow":
         raise LocalExecutorError(f"kind must be 'Workflow', got {manifest.get('kind')!r}; compile with Workflow")
-    metadata = _mapping(manifest.get("metadata"), "metadata")
-    name = _optional_text(metadata, "name", "metadata")
-    generate_name = _optional_text(metadata, "generateName", "metadata")
+    metadata = _fields.mapping(manifest.get("metadata"), "metadata")
+    name = _fields.optional_text(metadata, "name", "metadata")
+    generate_name = _fields.optional_text(metadata, "generateName", "metadata")
     if not name and not generate_name:
         raise LocalExecutorError("metadata.name or metadata.generateName is required")
-    spec = _mapping(manifest.get("spec"), "spec")
+    spec = _fields.mapping(manifest.get("spec"), "spec")
     used = {"entrypoint", "arguments", "templates", "onExit", "parallelism", "activeDeadlineSeconds", "volumes"}
-    _check_keys(spec, "spec", used | {"volumeClaimTemplates"}, _CLUSTER_ONLY_SPEC)
+    _fields.check_keys(spec, "spec", used | {"volumeClaimTemplates"}, _CLUSTER_ONLY_SPEC)
     spec_volumes = _parse_volumes(spec, "spec")
-    raw_templates = _items(spec.get("templates"), "spec.templates")
+    raw_templates = _fields.mappings(spec.get("templates"), "spec.templates")
     kinds: dict[str, tuple[str, str, Mapping[str, Any]]] = {}
     for i, template in enumerate(raw_templates):
         where = f"spec.templates[{i}]"
-        kind = "dag" if "dag" in template else "container" if "container" in template else ""
+        kind = next((k for k in ("dag", "container", "resource") if k in template), "")
         used_keys = {"name", "inputs", "outputs", kind}
+        if kind in ("container", "resource"):
+            used_keys |= {"retryStrategy", "activeDeadlineSeconds"}
         if kind == "container":
-            used_keys |= {"retryStrategy", "activeDeadlineSeconds", "volumes"}
-        _check_keys(template, where, used_keys, _CLUSTER_ONLY_TEMPLATE)
+            used_keys |= {"volumes"}
+        _fields.check_keys(template, where, used_keys, _CLUSTER_ONLY_TEMPLATE)
         if not kind:
-            raise LocalExecutorError(f"{where} has neither dag nor container; only those run locally")
-        tname = _text(template.get("name"), f"{where}.name")
+            raise LocalExecutorError(f"{where} has none of dag, container or resource; only those run locally")
+        tname = _fields.text(template.get("name"), f"{where}.name")
         if tname in kinds:
             raise LocalExecutorError(f"{where}.name {tname!r} is used by two templates")
         kinds[tname] = (kind, where, template)
     containers = {
         n: _parse_container(t, where, spec_volumes) for n, (kind, where, t) in kinds.items() if kind == "container"
     }
+    resource_templates = {n: _parse_resource(t, where) for n, (kind, where, t) in kinds.items() if kind == "resource"}
 
     def dag_named(field_name: str, template_name: str) -> _Dag:
         if template_name not in kinds:
             raise LocalExecutorError(f"{field_name} {template_name!r} names no template in spec.templates")
         kind, where, template = kinds[template_name]
         if kind == "dag":
-            return _parse_dag(template, where, containers)
+            return _parse_dag(template, where, {**containers, **resource_templates})
         if field_name == "spec.entrypoint":
             raise LocalExecutorError(f"spec.entrypoint {template_name!r} must be a dag template locally")
         # A container exit handler runs as a one-task DAG whose task is named after the handler node.
@@ -505,15 +551,17 @@ def parse_manifest(manifest: Mapping[str, Any]) -> _Workflow:
             template_name, {EXIT_HANDLER: _Task(EXIT_HANDLER, template_name, (), None, None)}, (), True, frozenset()
         )
 
-    entrypoint = dag_named("spec.entrypoint", _text(spec.get("entrypoint"), "spec.entrypoint"))
-    on_exit = None if spec.get("onExit") is None else dag_named("spec.onExit", _text(spec["onExit"], "spec.onExit"))
-    arguments = _mapping(spec.get("arguments"), "spec.arguments")
-    _check_keys(arguments, "spec.arguments", {"parameters"})
+    entrypoint = dag_named("spec.entrypoint", _fields.text(spec.get("entrypoint"), "spec.entrypoint"))
+    on_exit = (
+        None if spec.get("onExit") is None else dag_named("spec.onExit", _fields.text(spec["onExit"], "spec.onExit"))
+    )
+    arguments = _fields.mapping(spec.get("arguments"), "spec.arguments")
+    _fields.check_keys(arguments, "spec.arguments", {"parameters"})
     parameters: dict[str, str | None] = {}
-    for i, param in enumerate(_items(arguments.get("parameters"), "spec.arguments.parameters")):
+    for i, param in enumerate(_fields.mappings(arguments.get("parameters"), "spec.arguments.parameters")):
         at = f"spec.arguments.parameters[{i}]"
-        _check_keys(param, at, {"name", "value", "description", "enum"})
-        parameters[_text(param.get("name"), f"{at}.name")] = _optional_text(param, "value", at)
+        _fields.check_keys(param, at, {"name", "value", "description", "enum"})
+        parameters[_fields.text(param.get("name"), f"{at}.name")] = _fields.optional_text(param, "value", at)
     parallelism = spec.get("parallelism")
     deadline = spec.get("activeDeadlineSeconds")
     return _Workflow(
@@ -522,9 +570,10 @@ def parse_manifest(manifest: Mapping[str, Any]) -> _Workflow:
         parameters=parameters,
         entrypoint=entrypoint,
         on_exit=on_exit,
-        parallelism=None if parallelism is None else max(int(_number(parallelism, "spec.parallelism")), 1),
-        deadline_s=None if deadline is None else _number(deadline, "spec.activeDeadlineSeconds"),
+        parallelism=None if parallelism is None else max(int(_fields.number(parallelism, "spec.parallelism")), 1),
+        deadline_s=None if deadline is None else _fields.number(deadline, "spec.activeDeadlineSeconds"),
         containers=containers,
+        resources=resource_templates,
     )
 
 
@@ -598,12 +647,31 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     proc.wait()
 
 
+def _shell_unsafe(command: str, pairs: list[tuple[str, str]]) -> str:
+    """A host folder that mapping would splice into the shell text `command` but is no plain shell word ("" if none)."""
+    for mount_path, host in pairs:
+        if not _SHELL_SAFE.fullmatch(host) and PathMap([(mount_path, host)]).to_host(command) != command:
+            return host
+    return ""
+
+
+def _python_shims(folder: Path) -> Path:
+    """`python` and `python3` that exec this interpreter, so a shell entrypoint's `python` is the project's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python", "python3"):
+        shim = folder / name
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
+        shim.chmod(0o755)
+    return folder
+
+
 @dataclass
 class _Attempt:
     phase: str
     exit_code: int | None
     message: str
     duration_s: float
+    retriable: bool = True  # False: the same inputs would fail the same way (an unresolved reference, a refusal)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -814,13 +882,13 @@ class _Run:
                     self._set(key, "Skipped", f"when {condition!r} evaluated to false")
                     return
             arguments = {name: substitute(value, lookup) for name, value in task.arguments}
-            container = self.wf.containers[task.template]
+            template = self.wf.template(task.template)
             inputs = {}
-            for param in container.inputs:
+            for param in template.inputs:
                 value = arguments.get(param.name, param.default)
                 if value is None:
                     raise _UnresolvedError(
-                        f"input parameter {param.name!r} of template {container.name!r} has no value; pass it in "
+                        f"input parameter {param.name!r} of template {template.name!r} has no value; pass it in "
                         "the task's arguments.parameters or give it a default"
                     )
                 inputs[param.name] = value
@@ -828,7 +896,7 @@ class _Run:
             self._set(key, "Error", str(exc))
             return
         thread = threading.Thread(
-            target=self._task_thread, args=(key, container, inputs, workflow_status), name=f"task-{key}", daemon=True
+            target=self._task_thread, args=(key, template, inputs, workflow_status), name=f"task-{key}", daemon=True
         )
         self.running[key] = thread
         self._set(key, "Running", "", retries=0, exit_code=None, outputs={}, progress=None, finished_at=None)
@@ -848,35 +916,31 @@ class _Run:
 
     # -- one task --------------------------------------------------------------------------------------------
 
-    def _task_thread(self, key: str, container: _Container, inputs: dict[str, str], status: str | None) -> None:
+    def _task_thread(
+        self, key: str, template: _Container | _Resource, inputs: dict[str, str], status: str | None
+    ) -> None:
         try:
-            phase, message, exit_code, outputs = self._run_task(key, container, inputs, status)
+            phase, message, exit_code, outputs = self._run_task(key, template, inputs, status)
         except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
             phase, message, exit_code, outputs = "Error", f"local executor error: {exc!r}", None, {}
         self._set(key, phase, message, exit_code=exit_code, outputs=outputs)
 
-    def _path_map(self, key: str, container: _Container) -> tuple[PathMap, Path]:
-        task_dir = self.run_dir / "tasks" / key
-        outputs_dir = task_dir / "outputs"
-        pairs: list[tuple[str, str]] = []
-        for mount in container.mounts:
+    def _mount_pairs(self, mounts: tuple[_Mount, ...]) -> list[tuple[str, str]]:
+        """(mount path, host folder) of each mount; the folders are created."""
+        pairs = []
+        for mount in mounts:
             root = self.state_dir / "volumes" if mount.scope == "state" else self.run_dir / "volumes"
             host = root / mount.folder / mount.sub_path if mount.sub_path else root / mount.folder
             host.mkdir(parents=True, exist_ok=True)
             pairs.append((mount.mount_path, str(host)))
-        mounted = [m.mount_path for m in container.mounts]
-        for output in container.outputs:
-            folder = posixpath.dirname(output.path)
-            # An output written into a mounted volume is read from that volume, as Argo does.
-            if not any(folder == m or folder.startswith(m + "/") for m in mounted):
-                pairs.append((folder, str(outputs_dir)))
-        return PathMap(pairs), task_dir
+        return pairs
 
     def _run_task(
-        self, key: str, container: _Container, inputs: dict[str, str], workflow_status: str | None
+        self, key: str, template: _Container | _Resource, inputs: dict[str, str], workflow_status: str | None
     ) -> tuple[str, str, int | None, dict[str, str]]:
-        paths, task_dir = self._path_map(key, container)
-        retry = container.retry
+        task_dir = self.run_dir / "tasks" / key
+        task_dir.mkdir(parents=True, exist_ok=True)
+        retry = template.retry
         first_start = time.monotonic()
         attempt = 0
         while True:
@@ -884,21 +948,12 @@ class _Run:
             def lookup(ref: str, retries: int = attempt) -> str:
                 return self._lookup(ref, inputs=inputs, retries=retries, workflow_status=workflow_status)
 
-            try:
-                argv = [paths.to_host(substitute(a, lookup)) for a in (*container.command, *container.args)]
-                env = {n: paths.to_host(substitute(v, lookup)) for n, v in container.env}
-            except _UnresolvedError as exc:
-                return "Error", str(exc), None, {}
-            if _PYTHON.fullmatch(os.path.basename(argv[0])):
-                argv[0] = sys.executable  # the project's environment, not whatever `python` is on PATH
-            shutil.rmtree(task_dir / "outputs", ignore_errors=True)  # a fresh pod: no stale outputs
-            (task_dir / "outputs").mkdir(parents=True, exist_ok=True)
             (task_dir / "progress").unlink(missing_ok=True)
-            result = self._attempt(key, attempt, argv, env=env, task_dir=task_dir, deadline_s=container.deadline_s)
-            outputs, missing = self._read_outputs(container, task_dir, paths)
-            if result.phase == "Succeeded" and missing:
-                result.phase, result.message = "Failed", missing
-            if result.phase == "Succeeded" or self.abort.is_set():
+            if isinstance(template, _Container):
+                result, outputs = self._container_attempt(key, attempt, template, lookup, task_dir)
+            else:
+                result, outputs = self._resource_attempt(key, attempt, template, lookup, task_dir), {}
+            if result.phase == "Succeeded" or self.abort.is_set() or not result.retriable:
                 return result.phase, result.message, result.exit_code, outputs
             retry_in, why_not = self._retry_delay(retry, attempt, result, first_start, lookup)
             if retry_in is None:
@@ -914,6 +969,81 @@ class _Run:
             )
             if self.abort.wait(retry_in):
                 return result.phase, f"{result.message}; not retried: {self.abort_reason}", result.exit_code, outputs
+
+    def _container_attempt(
+        self, key: str, attempt: int, container: _Container, lookup: Callable[[str], str], task_dir: Path
+    ) -> tuple[_Attempt, dict[str, str]]:
+        try:
+            output_paths = {output.name: substitute(output.path, lookup) for output in container.outputs}
+            pairs = self._mount_pairs(container.mounts)
+            mounted = [m.mount_path for m in container.mounts]
+            for path in output_paths.values():
+                folder = posixpath.dirname(path)
+                # An output written into a mounted volume is read from that volume, as Argo does.
+                if not any(folder == m or folder.startswith(m + "/") for m in mounted):
+                    pairs.append((folder, str(task_dir / "outputs")))
+            paths = PathMap(pairs)
+            argv = [paths.to_host(substitute(a, lookup)) for a in (*container.command, *container.args)]
+            env = {n: paths.to_host(substitute(v, lookup)) for n, v in container.env}
+        except _UnresolvedError as exc:
+            return _Attempt("Error", None, str(exc), 0.0, retriable=False), {}
+        if _PYTHON.fullmatch(os.path.basename(argv[0])):
+            argv[0] = sys.executable  # the project's environment, not whatever `python` is on PATH
+        shutil.rmtree(task_dir / "outputs", ignore_errors=True)  # a fresh pod: no stale outputs
+        (task_dir / "outputs").mkdir(parents=True, exist_ok=True)
+        result = self._attempt(key, attempt, argv, env=env, task_dir=task_dir, deadline_s=container.deadline_s)
+        outputs, missing = self._read_outputs(container.outputs, output_paths, paths)
+        if result.phase == "Succeeded" and missing:
+            result.phase, result.message = "Failed", missing
+        return result, outputs
+
+    def _resource_attempt(
+        self, key: str, attempt: int, template: _Resource, lookup: Callable[[str], str], task_dir: Path
+    ) -> _Attempt:
+        where = f"template {template.name!r}: resource.manifest"
+        try:
+            job = resources.describe(substitute(template.manifest, lookup), where)
+        except (_UnresolvedError, resources.ResourceError) as exc:
+            return _Attempt("Error", None, str(exc), 0.0, retriable=False)
+        if job.note:  # nothing to do here (a PodGroup)
+            return _Attempt("Succeeded", None, job.note, 0.0)
+        refusal = resources.refusal(job)
+        if refusal:  # no retry can add a GPU: fail once, before anything starts
+            return _Attempt("Failed", None, refusal, 0.0, retriable=False)
+        mounts = tuple(
+            _Mount(m.mount_path, "run" if m.claim is None else "state", m.claim or m.volume, m.sub_path)
+            for m in job.mounts
+        )
+        pairs = self._mount_pairs(mounts)
+        unsafe = _shell_unsafe(job.entrypoint, pairs)
+        if unsafe:
+            return _Attempt(
+                "Error",
+                None,
+                f"{where}: the entrypoint would get the folder {unsafe!r}, which a shell command line cannot carry "
+                "unquoted; use a --state-dir whose path has only letters, digits and @%+=:,./-",
+                0.0,
+                retriable=False,
+            )
+        paths = PathMap(pairs)
+        command = paths.to_host(job.entrypoint)
+        env = {name: paths.to_host(value) for name, value in job.env}
+        env["PATH"] = os.pathsep.join(
+            [
+                str(_python_shims(task_dir / "bin")),
+                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun) before the system's
+                env.get("PATH") or self.env.get("PATH") or os.environ.get("PATH", ""),
+            ]
+        )
+        deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
+        return self._attempt(
+            key,
+            attempt,
+            ["bash", "-c", command],
+            env=env,
+            task_dir=task_dir,
+            deadline_s=min(deadlines) if deadlines else None,
+        )
 
     def _attempt(
         self, key: str, attempt: int, argv: list[str], *, env: dict[str, str], task_dir: Path, deadline_s: float | None
@@ -979,12 +1109,14 @@ class _Run:
         return f"exit code {exit_code}" + (f": {_short(last)}" if last else "")
 
     @staticmethod
-    def _read_outputs(container: _Container, task_dir: Path, paths: PathMap) -> tuple[dict[str, str], str]:
+    def _read_outputs(
+        declared: tuple[_Output, ...], output_paths: Mapping[str, str], paths: PathMap
+    ) -> tuple[dict[str, str], str]:
         """Output values (host paths mapped back to container paths) and a message naming any missing file."""
         outputs: dict[str, str] = {}
         missing: list[str] = []
-        for output in container.outputs:
-            host = Path(paths.to_host(output.path))
+        for output in declared:
+            host = Path(paths.to_host(output_paths[output.name]))
             if host.is_file():
                 value = host.read_text(encoding="utf-8", errors="replace")
                 # Argo trims one trailing newline "for user convenience"; `echo x > file` gives "x".
@@ -992,7 +1124,9 @@ class _Run:
             elif output.default is not None:
                 outputs[output.name] = output.default
             else:
-                missing.append(f"output parameter {output.name!r}: {output.path} was not written (host: {host})")
+                missing.append(
+                    f"output parameter {output.name!r}: {output_paths[output.name]} was not written (host: {host})"
+                )
         return outputs, "; ".join(missing)
 
     def _retry_delay(
@@ -1052,7 +1186,7 @@ class _Run:
                     self.phase, self.message = "Failed", "interrupted"
                     self.finished_at = _now()
                     self.write_status()
-                raise
+                raise RunInterrupted(self.name) from None
             self.finished_at = _now()
             self.write_status()
             self.display.note(f"workflow {self.name} {self.phase}{f': {self.message}' if self.message else ''}")
@@ -1143,7 +1277,11 @@ def run_workflow(
     console: Console | None = None,
     parameters: Mapping[str, str] | None = None,
 ) -> RunResult:
-    """Run a compiled Workflow manifest here; its folder is `state_dir/runs/<workflow name>/`."""
+    """Run a compiled Workflow manifest here; its folder is `state_dir/runs/<workflow name>/`.
+
+    Ctrl-C stops the running tasks, records the run as Failed "interrupted" and raises RunInterrupted (as does
+    resume_workflow); the run can then be resumed.
+    """
     try:
         plain = json.loads(json.dumps(dict(manifest)))  # a private deep copy, and proof it is plain data
     except (TypeError, ValueError) as exc:

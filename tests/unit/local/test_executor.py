@@ -549,7 +549,7 @@ for i, value in enumerate(sys.argv[2:]):
             lambda t: t.update(script={"image": "x", "source": "print(1)"}),
             r"spec.templates\[0\].script is not supported locally; use a container",
         ),
-        (lambda t: t.update(resource={"action": "create"}), r"resource templates .*RayJob"),
+        (lambda t: t.update(resource={"action": "create"}), r"resource is not supported locally; a template is one"),
         (
             lambda t: t["container"].update(env=[{"name": "A", "valueFrom": {"secretKeyRef": {}}}]),
             r"env\[0\].valueFrom",
@@ -562,7 +562,7 @@ for i, value in enumerate(sys.argv[2:]):
             r"'nope' matches no volume",
         ),
     ],
-    ids=["script", "resource", "env-valueFrom", "no-command", "no-limit", "bad-policy", "unknown-volume"],
+    ids=["script", "container-and-resource", "env-valueFrom", "no-command", "no-limit", "bad-policy", "unknown-volume"],
 )
 def test_unsupported_templates_are_rejected_up_front(
     tmp_path: Path, mutate: Callable[[dict[str, Any]], object], message: str
@@ -580,7 +580,7 @@ def test_unsupported_templates_are_rejected_up_front(
         ([task("a", "t", withItems=[1, 2])], r"withItems is not supported"),
         ([task("a", "t", "ghost")], r"depends on 'ghost'"),
         ([task("a", "t", "b"), task("b", "t", "a")], r"cycle"),
-        ([task("a", "missing")], r"'missing' is not a container template"),
+        ([task("a", "missing")], r"'missing' is not a container or resource template"),
         (
             [task("a", "t"), task("b", "t", arguments={"parameters": [{"name": "x", "value": "{{tasks.a.status}}"}]})],
             r"does not depend on 'a'",
@@ -601,40 +601,57 @@ def test_parameter_overrides_are_checked(tmp_path: Path) -> None:
         run(manifest, tmp_path, parameters={"b": "2"})
 
 
-def test_ctrl_c_kills_running_tasks_and_records_interrupted(tmp_path: Path) -> None:
+# `run` of the CLI on a one-task workflow; the task writes its pid to argv[2] and sleeps unless that file exists
+# (so the resumed run succeeds at once).
+RUN_CLI = """
+import sys
+from pathlib import Path
+from hera.workflows import DAG, Container, Workflow
+from rich.console import Console
+from pipelines.core.cli import run
+
+state_dir, pid_file, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
+code = (
+    "import os, pathlib, sys, time; mark = pathlib.Path(sys.argv[1]); again = mark.exists(); "
+    "mark.write_text(str(os.getpid())); time.sleep(0 if again else 60)"
+)
+with Workflow(name="sleepy", entrypoint="main") as workflow:
+    hang = Container(name="hang", image="python:3.11", command=["python", "-c", code], args=[pid_file])
+    with DAG(name="main"):
+        hang()
+sys.exit(run(workflow, Path(state_dir), resume, Console(stderr=True, width=200)))
+"""
+
+
+def test_ctrl_c_stops_the_run_with_one_line_and_it_resumes(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    manifest = workflow(
-        [task("hang", "hang")],
-        [
-            container(
-                "hang",
-                "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)",
-                str(pid_file),
-            )
-        ],
-    )
-    manifest["metadata"] = {"name": "interrupted"}
-    runner = tmp_path / "runner.py"
-    runner.write_text(
-        "import io, json, sys, pathlib\n"
-        "from rich.console import Console\n"
-        "from pipelines.local import run_workflow\n"
-        "run_workflow(json.loads(sys.argv[1]), pathlib.Path(sys.argv[2]), cwd=pathlib.Path(sys.argv[2]),"
-        " console=Console(file=io.StringIO()))\n"
-    )
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    proc = subprocess.Popen([sys.executable, str(runner), json.dumps(manifest), str(tmp_path)], env=env)
+
+    def cli_run(resume: str = "") -> subprocess.Popen[str]:
+        command = [sys.executable, "-c", RUN_CLI, str(tmp_path / "state"), str(pid_file), resume]
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    proc = cli_run()
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     step_pid = int(pid_file.read_text())
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(30) != 0  # KeyboardInterrupt propagates
-    status = json.loads((tmp_path / "runs" / "interrupted" / "status.json").read_text())
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == "interrupted: workflow sleepy stopped; resume with: --resume sleepy"
+    status = json.loads((tmp_path / "state" / "runs" / "sleepy" / "status.json").read_text())
     assert status["status"]["phase"] == "Failed"
     assert status["status"]["message"] == "interrupted"
     assert status["status"]["nodes"]["hang"]["phase"] == "Failed"
     assert status["status"]["nodes"]["hang"]["message"] == "interrupted"
     with pytest.raises(ProcessLookupError):
         os.kill(step_pid, 0)
+
+    resumed = cli_run("sleepy")
+    _, stderr = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, stderr
+    status = json.loads((tmp_path / "state" / "runs" / "sleepy" / "status.json").read_text())
+    assert status["status"]["phase"] == "Succeeded"
