@@ -5,8 +5,10 @@ and a real `transformers serve` model server for the smoke test.
 """
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,14 +58,42 @@ def registered_versions(state_dir: Path) -> list:
     return client.search_model_versions("name = 'llama-lora'")
 
 
-@pytest.mark.slow
-def test_full_run_fine_tunes_registers_and_serves(tmp_path, model_cache):
-    result = pipeline("run", state_dir=tmp_path, model_cache=model_cache)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+def start_run(*args: str, state_dir: Path, model_cache: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, str(PIPELINE), "run", *args, "--state-dir", str(state_dir)]
+    command += ["--set", f"storage.model_cache={model_cache}"]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+
+def wait_for(predicate, proc: subprocess.Popen[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"the run ended (exit {proc.returncode}) before the condition held:\n{err[-5000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tmp_path, model_cache):
+    """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data."""
+    proc = start_run(state_dir=tmp_path, model_cache=model_cache)
+    committed = lambda: any((tmp_path / "volumes").glob("fsx-claim/runs/*/train/checkpoints/step-*"))  # noqa: E731
+    wait_for(committed, proc, timeout_s=1200)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends: the executor stops the train task (SIGTERM)
+    _, interrupted = proc.communicate(timeout=300)
+    assert proc.returncode == 130  # 128 + SIGINT, like a shell reports Ctrl-C
     run_dir = only_run(tmp_path)
+    assert nodes(run_dir)["train"]["phase"] == "Failed"
+    assert f"--resume {run_dir.name}" in interrupted
+
+    result = pipeline("run", "--resume", run_dir.name, state_dir=tmp_path, model_cache=model_cache)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     status = nodes(run_dir)
     assert {name: node["phase"] for name, node in status.items()} == {
+        "champion": "Succeeded",
         "stage-data": "Succeeded",
         "validate-data": "Succeeded",
         "train": "Succeeded",
@@ -71,6 +101,8 @@ def test_full_run_fine_tunes_registers_and_serves(tmp_path, model_cache):
         "register": "Succeeded",
         "deploy": "Succeeded",
     }
+    train_log = (run_dir / "logs" / "train.log").read_text()
+    assert "resumed from step-" in train_log  # the retry continued from the checkpoint committed at Ctrl-C
     scores = outputs(status["evaluate"])
     metrics = json.loads(scores["metrics"])
     assert scores["passed"] == "true"
@@ -89,7 +121,19 @@ def test_full_run_fine_tunes_registers_and_serves(tmp_path, model_cache):
     assert yaml.safe_load((run_dir / "manifest.yaml").read_text()) == yaml.safe_load(rendered.stdout)
     (registered,) = registered_versions(tmp_path)
     assert registered.tags["workflow_name"] == run_dir.name
-    assert registered.tags["dataset_digest"] == outputs(status["stage-data"])["dataset_digest"]
+    dataset_digest = outputs(status["stage-data"])["dataset_digest"]
+    assert registered.tags["dataset_digest"] == dataset_digest
+
+    # A scheduled run (retrain=if-data-changed) on the same data: nothing after validation runs.
+    again = pipeline("run", "--set", "retrain=if-data-changed", state_dir=tmp_path, model_cache=model_cache)
+    assert again.returncode == 0, again.stderr[-5000:]
+    (second,) = [d for d in (tmp_path / "runs").iterdir() if d != run_dir]
+    status = nodes(second)
+    assert outputs(status["champion"]) == {"version": version, "dataset_digest": dataset_digest}
+    assert outputs(status["stage-data"])["changed"] == "false"
+    assert status["train"]["phase"] == "Skipped"
+    assert {status[t]["phase"] for t in ("evaluate", "register", "deploy")} == {"Omitted"}
+    assert len(registered_versions(tmp_path)) == 1
 
 
 @pytest.mark.slow
