@@ -1,4 +1,4 @@
-"""Fine-tune a LoRA adapter on the staged dataset with Ray Train (TorchTrainer: DDP over gloo on CPU, NCCL on GPU).
+"""Fine-tune a LoRA adapter on the staged dataset with Ray Train (TorchTrainer: DDP or FSDP; gloo on CPU, NCCL on GPU).
 
     python -m steps.train --dataset-dir=/fsx/run/data --base-model=smollm2-135m-instruct --output-dir=/fsx/run/train
 
@@ -6,12 +6,14 @@ Locally Ray starts in-process (`ray.init()`); inside a KubeRay RayJob the same e
 RAY_ADDRESS. Every `checkpoint_every` steps rank 0 commits a checkpoint under <output_dir>/checkpoints (adapter,
 optimizer, scheduler, RNG, step; see steps.common.checkpoints); a rerun with the same output dir resumes from the
 newest verified checkpoint, and the data order is a pure function of (seed, step), so it continues exactly.
+Checkpoints hold full (unsharded) state keyed by parameter name, whatever the strategy (`strategy`: DDP replicas,
+or FSDP2 shards per decoder layer; see steps.common.strategies), so a run may resume under the other strategy.
 
-`--launcher=local` runs the same training loop in this process (world size 1, no Ray): tests and benchmarks use it
-to skip Ray's ~45 s start-up. A lease (steps.common.lease) keeps a second trainer off the same checkpoints, and the
-checkpoint root records the run_name: a retry resumes, another run is refused. With `--checkpoint-uri=s3://...`
-each committed checkpoint also gets a durable copy in the background (marker last), restored when the local root
-is empty.
+`--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP gets a 1-rank process
+group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores). A lease
+(steps.common.lease) keeps a second trainer off the same checkpoints, and the checkpoint root records the run_name:
+a retry resumes, another run is refused. With `--checkpoint-uri=s3://...` each committed checkpoint also gets a
+durable copy in the background (marker last), restored when the local root is empty.
 
 Spot: SIGTERM asks every worker to stop after the current step; rank 0 commits a checkpoint and the step exits
 with EXIT_PREEMPTED (143, what a SIGTERM-killed process reports), which the workflow's retry expression retries
@@ -36,8 +38,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -103,8 +105,10 @@ class TrainSettings(Settings):
     # Measured on 2 cores: 2 DDP workers x 1 thread run at 0.96-0.975x a bare loop, 1 worker x 2 threads at 0.81x.
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
-    use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 autocast")
-    strategy: strategies.Strategy = Field("auto", description="auto (by memory, see steps.common.strategies) or ddp")
+    use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 compute")
+    strategy: strategies.Strategy = Field(
+        "auto", description="auto (by memory, see steps.common.strategies), ddp or fsdp; deepspeed is refused"
+    )
     zero_stage: int = Field(2, ge=2, le=3, description="DeepSpeed ZeRO stage when strategy resolves to deepspeed")
     cpu_offload: bool = Field(False, description="DeepSpeed: keep optimizer state (and ZeRO-3 params) on CPU")
     tensor_parallel_size: int = Field(1, ge=1, description="Trainium only (steps.common.neuron)")
@@ -159,7 +163,7 @@ class WorkerContext:
     rank: int
     world: int
     device: Any  # torch.device
-    prepare_model: Callable[[Any], Any]  # wraps the model for data parallelism (DDP) and moves it to `device`
+    prepare_model: Callable[[Any], Any]  # the DDP path: wraps the model in DDP and moves it to `device`
     report: Callable[[dict[str, float]], None]  # tells the launcher about a committed checkpoint
     # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE.
     # A callable, not the module's Event: Ray pickles train_loop by value when the step runs as __main__.
@@ -176,6 +180,10 @@ def run(args: Args) -> Outputs:
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
     if not load_examples(train_file):
         raise StepInputError(f"{train_file} has no examples")
+    if args.strategy == "deepspeed":  # refused before Ray starts: bad input exits 2, never a retried job failure
+        strategies.require_loop_support(
+            strategies.Plan("deepspeed", args.zero_stage, args.cpu_offload, "strategy=deepspeed from config")
+        )
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     root = (args.output_dir / "checkpoints").resolve()
@@ -369,7 +377,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
-    """Load, (resume,) train, checkpoint. Rank 0 alone writes checkpoints, logs and progress.
+    """Load, replicate (DDP) or shard (FSDP), (resume,) train, checkpoint. Rank 0 alone writes checkpoints and logs.
 
     Stops early, after committing a checkpoint, when a stop is requested (SIGTERM in this process, or STOP_FILE
     written by the driver); every rank agrees on the stopping step through an all-reduce.
@@ -380,15 +388,10 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     torch.set_num_threads(settings.cpus_per_worker * (settings.num_workers if world == 1 else 1))
-    torch.manual_seed(settings.seed + rank)
+    # One seed for the adapter's initialisation on every rank: DDP would broadcast rank 0's weights anyway, but
+    # FSDP keeps each rank's own shard of what it initialised.
+    torch.manual_seed(settings.seed)
 
-    from steps.common.modeling import collate, encode_example, load_tokenizer
-
-    tokenizer = load_tokenizer(Path(loop.model_dir))
-    examples = [
-        encode_example(tokenizer, e.prompt, e.completion, settings.max_seq_len)
-        for e in load_examples(Path(loop.train_file))
-    ]
     from transformers import AutoModelForCausalLM
 
     model: Any = AutoModelForCausalLM.from_pretrained(loop.model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -396,26 +399,65 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     model = get_peft_model(model, settings.lora.peft_config())
-    params = [p for p in model.parameters() if p.requires_grad]
-    _check_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), sum(p.numel() for p in params))
-    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
+    torch.manual_seed(settings.seed + rank)  # distinct dropout streams per rank
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    plan = _plan_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), trainable)
+    if rank == 0:
+        print(f"strategy: {plan.strategy} ({plan.reason})", flush=True)
 
     root = Path(loop.checkpoint_root)
     start = checkpoints.latest(root)
-    if start is not None:
-        _load_checkpoint(start.path, model, optimizer, scheduler, rank)
-        print(f"rank {rank}: resumed from {start.path.name} (step {start.step})", flush=True)
-    first_step = start.step if start else 0
-    model = ctx.prepare_model(model)
+    # The adapter goes into the unsharded model (PEFT's own loader); the optimizer state, keyed by parameter name,
+    # is loaded once the optimizer exists over the final (possibly sharded) parameters.
+    state = _load_adapter(start.path, model) if start else {}
+    fsdp = plan.strategy == "fsdp"
+    with _process_group(device, world) if fsdp else nullcontext():
+        model = _shard(model, device, world) if fsdp else ctx.prepare_model(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
+        if start:
+            _restore_state(state, model, optimizer, scheduler, rank)
+            print(
+                f"rank {rank}: resumed from {start.path.name} (step {start.step}), saved under "
+                f"{state['strategy']}, training under {plan.strategy}",
+                flush=True,
+            )
+        _train(loop, ctx, plan, model, optimizer, scheduler, params, start.step if start else 0)
 
+
+def _train(
+    loop: LoopConfig,
+    ctx: WorkerContext,
+    plan: strategies.Plan,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    params: list[Any],
+    first_step: int,
+) -> None:
+    """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
+    import torch
+
+    from steps.common.modeling import collate, encode_example, load_tokenizer
+
+    settings = loop.settings
+    rank, world, device = ctx.rank, ctx.world, ctx.device
+    root = Path(loop.checkpoint_root)
+    tokenizer = load_tokenizer(Path(loop.model_dir))
+    examples = [
+        encode_example(tokenizer, e.prompt, e.completion, settings.max_seq_len)
+        for e in load_examples(Path(loop.train_file))
+    ]
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
     progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
     if progress:
         progress.advance(first_step)
     durable = checkpoints.DurableCopy(loop.checkpoint_uri) if rank == 0 and loop.checkpoint_uri else None
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    # FSDP on GPU casts through its MixedPrecisionPolicy instead (see _shard).
+    bf16_autocast = device.type == "cuda" and plan.strategy == "ddp"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16_autocast else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
     last_commit = time.monotonic()
     metrics: dict[str, float] = {}
@@ -429,9 +471,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
                 pad = tokenizer.pad_token_id
                 batch = {k: v.to(device) for k, v in collate([examples[i] for i in ids], pad).items()}
                 tokens += int(batch["attention_mask"].sum())
-                last_micro = micro == settings.grad_accum_steps - 1
-                sync = nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
-                with sync, autocast:
+                with _gradient_sync(model, micro == settings.grad_accum_steps - 1), autocast:
                     loss = model(**batch).loss / settings.grad_accum_steps
                     loss.backward()
                 step_loss += float(loss.detach())
@@ -455,8 +495,17 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
                 bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
             )
             if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed:
+                adapter, optimizer_state = _full_state(model, optimizer)  # a collective: every rank takes part
                 if rank == 0:
-                    save = partial(_save_checkpoint, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
+                    save = partial(
+                        _save_checkpoint,
+                        rank=rank,
+                        model=model,
+                        adapter=adapter,
+                        optimizer_state=optimizer_state,
+                        scheduler=scheduler,
+                        strategy=plan.strategy,
+                    )
                     committed = checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
                     checkpoints.prune(root, settings.keep_checkpoints)
                     if durable:
@@ -472,8 +521,10 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
                 print(f"warning: {error}", file=sys.stderr)
 
 
-def _check_strategy(settings: TrainSettings, device: Any, world: int, num_params: int, trainable: int) -> None:
-    """Resolve `strategy` for this model and device; this loop trains data-parallel replicas (DDP) only."""
+def _plan_strategy(
+    settings: TrainSettings, device: Any, world: int, num_params: int, trainable: int
+) -> strategies.Plan:
+    """Resolve `strategy` for this model and device: DDP or FSDP; DeepSpeed is refused (no loop runs it)."""
     import torch
 
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
@@ -487,11 +538,52 @@ def _check_strategy(settings: TrainSettings, device: Any, world: int, num_params
         zero_stage=settings.zero_stage,
         cpu_offload=settings.cpu_offload,
     )
-    if plan.strategy != "ddp":
-        raise StepInputError(
-            f"strategy resolved to {plan.strategy} ({plan.reason}), which this training loop does not run: it "
-            "trains DDP replicas only. Use more GPU memory per worker, a smaller base model, or strategy=ddp"
-        )
+    return strategies.require_loop_support(plan)
+
+
+@contextmanager
+def _process_group(device: Any, world: int) -> Iterator[None]:
+    """FSDP needs a process group: Ray Train made one for its workers; the local launcher gets a 1-rank group."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    if world != 1:
+        raise RuntimeError(f"FSDP over {world} workers needs the process group Ray Train creates; none exists")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, absent from torch's type stubs
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _shard(model: Any, device: Any, world: int) -> Any:
+    """FSDP2: shard each decoder layer, then the rest (embeddings, norm, head) as the root unit, over all workers."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        precision = MixedPrecisionPolicy()  # fp32 on CPU, as the DDP path
+    model = model.to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    for unit in reversed(strategies.fsdp_units(model)):
+        fully_shard(unit, mesh=mesh, mp_policy=precision)
+    return fully_shard(model, mesh=mesh, mp_policy=precision)
+
+
+def _gradient_sync(model: Any, sync: bool) -> Any:
+    """A context for one micro-batch: reduce gradients only on the last one (DDP no_sync; FSDP2's switch)."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 has no no_sync context
+        model.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
 
 
 def _agree(*flags: bool) -> tuple[bool, ...]:
@@ -501,9 +593,17 @@ def _agree(*flags: bool) -> tuple[bool, ...]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return flags
-    values = torch.tensor([float(f) for f in flags])
+    values = torch.tensor([float(f) for f in flags], device=_collective_device())
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return tuple(bool(v) for v in values.tolist())
+
+
+def _collective_device() -> Any:
+    """Where a tensor must live for the default process group's collectives: NCCL reduces CUDA tensors only."""
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _window_metrics(
@@ -515,6 +615,7 @@ def _window_metrics(
 
     values = torch.tensor([local_loss, float(local_tokens)], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized():
+        values = values.to(_collective_device())
         dist.all_reduce(values)
     elapsed = max(time.perf_counter() - started, 1e-9)
     return {
@@ -528,19 +629,43 @@ def _unwrap(model: Any) -> Any:
     return model.module if hasattr(model, "module") else model
 
 
+def _full_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Trainable weights and optimizer state, unsharded on CPU and keyed by parameter name; empty off rank 0.
+
+    A collective under FSDP: every rank calls it at the same step.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
 def _save_checkpoint(
-    folder: Path, rank: int, model: Any, optimizer: Any, scheduler: Any, metrics: dict[str, float]
+    folder: Path,
+    rank: int,
+    model: Any,
+    adapter: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    scheduler: Any,
+    strategy: str,
+    metrics: dict[str, float],
 ) -> None:
     import torch
 
-    if rank != 0:  # per-rank files would collide (RELIABILITY.md): LoRA + DDP state is identical on every rank
+    if rank != 0:  # per-rank files would collide (RELIABILITY.md): rank 0 holds the gathered full state
         raise RuntimeError(f"rank {rank} tried to write checkpoint {folder}; only rank 0 writes checkpoints")
     (folder / METRICS_FILE).write_text(json.dumps(metrics), encoding="utf-8")
-    _unwrap(model).save_pretrained(folder / "adapter", safe_serialization=True)
+    # PEFT picks the adapter's tensors out of the full state and names them as evaluate and register expect.
+    _unwrap(model).save_pretrained(folder / "adapter", safe_serialization=True, state_dict=adapter)
     torch.save(
         {
             "step": int(metrics["step"]),
-            "optimizer": optimizer.state_dict(),
+            "strategy": strategy,
+            "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
@@ -550,14 +675,28 @@ def _save_checkpoint(
     )
 
 
-def _load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+def _load_adapter(folder: Path, model: Any) -> dict[str, Any]:
+    """Load the checkpoint's adapter into the (not yet wrapped or sharded) PEFT model; return its trainer state."""
     import torch
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    state: dict[str, Any] = torch.load(folder / STATE_FILE, weights_only=False)
+    if "strategy" not in state:
+        raise StepInputError(
+            f"{folder} was written by an older eksflow (optimizer state keyed by position, not by parameter name) "
+            f"and cannot be resumed: start a new run (another run_name) or delete {folder.parent}"
+        )
     set_peft_model_state_dict(model, load_file(folder / "adapter" / "adapter_model.safetensors"))
-    state = torch.load(folder / STATE_FILE, weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def _restore_state(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
+    """Optimizer (full state by parameter name, sharded here when the model is), scheduler and RNG streams."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])

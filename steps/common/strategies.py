@@ -7,6 +7,14 @@ Decision matrix (per device, LoRA on frozen bf16 weights):
     fits sharded with optimizer on CPU  -> deepspeed  ZeRO-3 + CPU offload
     otherwise                           -> refused: more workers or larger devices
 On CPU (gloo) workers `auto` is always DDP: a LoRA replica fits host memory and sharding only adds traffic.
+
+What the training loop (steps.train) runs:
+    ddp        CPU (gloo, fp32) and GPU (NCCL, bf16 autocast): Ray Train's prepare_model wraps the model in DDP
+    fsdp       CPU (gloo, fp32) and GPU (NCCL, bf16 parameters, fp32 gradient reduction): FSDP2 `fully_shard` on
+               each decoder layer (`fsdp_units`), then on the whole model; chosen by `auto` on GPU only, or by
+               strategy=fsdp anywhere (tests run it on 2 CPU workers)
+    deepspeed  refused with StepInputError: the plan and its ZeRO config (`deepspeed_config`, validated by
+               DeepSpeed's own parser) exist, but ZeRO needs GPU workers and the gpu extra, so no loop runs it
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ def choose(
     if zero_stage not in (2, 3):
         raise StepInputError(f"zero_stage={zero_stage} is not supported; use 2 (shard optimizer + grads) or 3")
     if requested == "deepspeed" and not use_gpu:
-        raise StepInputError("strategy=deepspeed needs GPU workers (use_gpu=true); on CPU use ddp or auto")
+        raise StepInputError("strategy=deepspeed needs GPU workers (use_gpu=true); on CPU use ddp, fsdp or auto")
     if requested != "auto":
         return Plan(requested, zero_stage, cpu_offload, f"strategy={requested} from config")
     if not use_gpu:
@@ -71,6 +79,17 @@ def choose(
         f"the model's {num_params:,} parameters need {frozen_share / gib:.1f} GiB per device even sharded over "
         f"{world} workers ({budget / gib:.1f} GiB usable): raise num_workers or use larger GPUs"
     )
+
+
+def require_loop_support(plan: Plan) -> Plan:
+    """Return `plan` when the training loop runs it (ddp, fsdp); refuse deepspeed, naming what to use instead."""
+    if plan.strategy == "deepspeed":
+        raise StepInputError(
+            f"strategy resolved to deepspeed ({plan.reason}), which the training loop does not run: DeepSpeed ZeRO "
+            "needs GPU workers and the gpu extra, and only its config is built and validated here. Use "
+            "strategy=fsdp (parameters sharded over the workers), more workers, or larger GPUs"
+        )
+    return plan
 
 
 def deepspeed_config(
@@ -102,3 +121,21 @@ def validate_deepspeed_config(config: dict[str, Any]) -> None:
         DeepSpeedConfig(config)
     except Exception as err:  # DeepSpeed raises AssertionError, ValueError or pydantic errors for bad configs
         raise StepInputError(f"invalid DeepSpeed config {config}: {err}") from err
+
+
+def fsdp_units(model: Any) -> list[Any]:
+    """The submodules FSDP shards one by one: the decoder layers, found by the model's `_no_split_modules` names.
+
+    `model` may be a PEFT wrapper; the names come from the transformers model inside it. Returned in module order,
+    outer before inner, so shard them in reverse (FSDP requires children before their parents).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    units = [module for module in model.modules() if type(module).__name__ in names]
+    if not units:
+        raise StepInputError(
+            f"strategy=fsdp: {type(base).__name__} names no decoder layer class in _no_split_modules "
+            f"({sorted(names) or 'empty'}) matching one of its submodules, so there is nothing to shard per layer; "
+            "use strategy=ddp for this model"
+        )
+    return units

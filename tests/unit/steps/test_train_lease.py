@@ -12,6 +12,7 @@ import pytest
 
 from steps import train
 from steps.common import checkpoints, lease
+from steps.common.args import StepInputError
 
 
 def test_second_writer_is_refused_while_the_first_lives(tmp_path):
@@ -84,8 +85,25 @@ def test_step_exits_2_for_another_runs_checkpoints_and_1_for_a_live_writer(tmp_p
 
 def test_only_rank_0_writes_checkpoints(tmp_path):
     with pytest.raises(RuntimeError, match="only rank 0 writes"):
-        train._save_checkpoint(tmp_path, rank=1, model=None, optimizer=None, scheduler=None, metrics={"step": 1})
+        train._save_checkpoint(
+            tmp_path,
+            rank=1,
+            model=None,
+            adapter={},
+            optimizer_state={},
+            scheduler=None,
+            strategy="fsdp",
+            metrics={"step": 1},
+        )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_from_before_name_keyed_optimizer_state_is_refused(tmp_path):
+    import torch
+
+    torch.save({"step": 2, "optimizer": {"state": {0: {}}, "param_groups": []}}, tmp_path / train.STATE_FILE)
+    with pytest.raises(StepInputError, match=r"older eksflow .* or delete "):
+        train._load_adapter(tmp_path, model=None)
 
 
 def write_step(step):
@@ -123,3 +141,9 @@ def test_durable_copy_outage_never_raises_into_training(tmp_path, s3_env):
     errors = copy.close()
     assert len(errors) == 1
     assert "step-00000002" in errors[0]
+
+
+def test_deepspeed_is_refused_as_bad_input_before_anything_starts(tmp_path, capsys):
+    assert train.main([*step_argv(tmp_path, "wf-1"), "--strategy=deepspeed", "--use-gpu=true"]) == 2
+    assert "strategy=fsdp" in capsys.readouterr().err  # names what to use instead
+    assert not (tmp_path / "out").exists()  # no lease, no checkpoint folder, no Ray

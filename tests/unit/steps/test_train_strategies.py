@@ -114,11 +114,39 @@ def test_neuron_module_does_not_import_optimum():
     assert "optimum.neuron" not in sys.modules
 
 
-def test_train_loop_refuses_a_strategy_it_does_not_run():
+def test_train_loop_runs_ddp_and_fsdp_on_cpu_and_refuses_deepspeed():
     import torch
 
-    from steps.train import TrainSettings, _check_strategy
+    from steps.train import TrainSettings, _plan_strategy
 
-    _check_strategy(TrainSettings(), torch.device("cpu"), 2, 135_000_000, 1_800_000)  # auto on CPU: DDP
-    with pytest.raises(StepInputError, match="strategy resolved to fsdp"):
-        _check_strategy(TrainSettings(strategy="fsdp"), torch.device("cpu"), 2, 135_000_000, 1_800_000)
+    cpu = torch.device("cpu")
+    assert _plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU
+    assert _plan_strategy(TrainSettings(strategy="fsdp"), cpu, 2, 135_000_000, 1_800_000).strategy == "fsdp"
+    with pytest.raises(StepInputError, match="use ddp, fsdp or auto"):
+        _plan_strategy(TrainSettings(strategy="deepspeed"), cpu, 2, 135_000_000, 1_800_000)
+    offload = plan(num_params=70_000_000_000, trainable_params=10_000_000_000, device_memory_bytes=40 * GIB)
+    with pytest.raises(StepInputError, match=r"resolved to deepspeed .* Use strategy=fsdp"):
+        strategies.require_loop_support(offload)
+    assert strategies.require_loop_support(plan(num_params=70_000_000_000)).strategy == "fsdp"
+
+
+def tiny_llama_with_lora():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    return get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+
+def test_fsdp_units_are_the_decoder_layers_found_through_the_peft_wrapper():
+    import torch
+
+    model = tiny_llama_with_lora()
+    units = strategies.fsdp_units(model)
+    assert units == list(model.base_model.model.model.layers)
+    assert strategies.fsdp_units(model.get_base_model()) == units
+    with pytest.raises(StepInputError, match=r"Sequential names no decoder layer class.*use strategy=ddp"):
+        strategies.fsdp_units(torch.nn.Sequential(torch.nn.Linear(2, 2)))
