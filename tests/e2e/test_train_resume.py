@@ -57,6 +57,8 @@ class Trainer:
         launcher: str = "local",
         workers: int = 1,
         strategy: str = "auto",
+        checkpoint_every: int = INTERVAL,
+        checkpoint_every_minutes: float = 0.0,
     ) -> None:
         command = [
             sys.executable,
@@ -72,7 +74,8 @@ class Trainer:
             f"--max-steps={max_steps}",
             "--max-seq-len=64",
             "--micro-batch-size=2",
-            f"--checkpoint-every={INTERVAL}",
+            f"--checkpoint-every={checkpoint_every}",
+            f"--checkpoint-every-minutes={checkpoint_every_minutes}",
             "--keep-checkpoints=3",
             "--log-every=100",
             f"--num-workers={workers}",
@@ -164,11 +167,16 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     """CK6: SIGTERM -> checkpoint committed, exit 143 (retried); CK5: the resumed losses match an uninterrupted run,
     even when the retry trains under FSDP (a 1-rank process group here) from the DDP run's checkpoint."""
     max_steps = 8
-    reference = Trainer(dataset, tmp_path / "ref", max_steps, tmp_path / "p-ref")
+    # The reference commits by time only (every step takes longer than 0.6 ms), which checks that cadence too.
+    reference = Trainer(
+        dataset, tmp_path / "ref", max_steps, tmp_path / "p-ref", checkpoint_every=1000, checkpoint_every_minutes=1e-5
+    )
     code, output = reference.finish()
     assert code == 0, output[-3000:]
     uninterrupted = losses(output)
     assert sorted(uninterrupted) == list(range(1, max_steps + 1))
+    kept = sorted(p.name for p in (tmp_path / "ref" / "checkpoints").glob("step-*"))
+    assert kept == [f"step-{s:08d}" for s in (6, 7, 8)]  # a commit after every step, the newest 3 kept
 
     out = tmp_path / "out"
     first = Trainer(dataset, out, max_steps, tmp_path / "p")
