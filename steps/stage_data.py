@@ -11,9 +11,18 @@ under raw/ (other files are copied too), listed in manifest.json with key, size,
 Fast: files are copied `concurrency` at a time, S3 objects of at least `multipart_threshold_mb` in ranged parts
 (`part_concurrency` per object). A file whose size and ETag (for a local file: its mtime) equal the previous
 manifest's is not copied again: the published copy is hard-linked into the new version, so a re-stage with nothing
-changed costs one listing. If the FSx file system is linked to the same S3 prefix (a data repository
-association), stage from the FSx path instead (--source=/fsx/...): the copies are then local reads, and the
-manifest still verifies every byte by sha256.
+changed costs one listing.
+
+Linked: when a data repository association (DRA) already exposes the s3:// source on FSx, --fsx-linked-path names
+that FSx path (e.g. --source=s3://datasets/dates --fsx-linked-path=/fsx/dra/dates) and no object is downloaded. The
+prefix is still listed (keys, sizes, ETags, the same key checks); each listed file must be under the linked path (no
+symlink leading out of it), a regular file and of the listed size; it is then read there (FSx loads it from S3 on
+first read) and copied, with its sha256, into the new version. A copy, not a hard link: FSx may overwrite or drop
+the content of a linked file when its object changes, and a published version must never change. A missing file or
+another size means the DRA has not imported the change yet (auto-import lag, or an import policy without NEW or
+CHANGED events): the stage fails (exit 1, retried) naming the key. Only the size is compared: a same-size edit not
+yet imported is staged with its old bytes; the next stage reads the file again, as it does any linked file changed
+(ctime) after its published copy was written, so the import landing is enough to correct it.
 
 Safe: the new version is built in a temporary sibling of dest_dir and published with a rename, so readers never see
 a half-written dataset, a killed stage leaves the previous one intact, and a rerun completes (it removes what the
@@ -26,7 +35,7 @@ Outputs (one file each under --outputs-dir):
     changed         "true" unless --previous-digest equals the new digest (a cron retrains only when data changed)
     num_files       source files staged (manifest.json and the derived splits not counted)
     num_bytes       bytes of those files
-    copied_files    files transferred this time (the rest were unchanged and linked)
+    copied_files    files downloaded or copied this time (the rest were unchanged and linked); 0 with a linked path
 """
 
 from __future__ import annotations
@@ -45,11 +54,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 from typing import Any, BinaryIO, Protocol
 
 from pydantic import BaseModel, Field
 
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from steps.common.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
 from steps.common.data import EVAL_FILE, MANIFEST_FILE, TRAIN_FILE, normalize_record, split_of
 from steps.common.outputs import Progress, atomic_write_text
 from steps.common.storage import is_s3, local_path, s3_api_client, split_s3
@@ -74,6 +84,11 @@ class StageSettings(Settings):
     multipart_chunk_mb: int = Field(16, ge=5, description="size of one part (MiB)")
     eval_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="share of a single data file's rows (by prompt hash) that go to eval"
+    )
+    fsx_linked_path: str = Field(
+        "",
+        description="FSx path where a data repository association exposes the s3:// source (e.g. /fsx/dra/dates): "
+        "files are read there, checked against the S3 listing, never downloaded; empty: download from S3",
     )
 
 
@@ -259,8 +274,25 @@ def _hash_file(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def _copy_stream(src: _Readable, target: Path) -> tuple[int, str]:
+    """Write `src` to the new file `target` (fsynced) while hashing it; return its size and sha256."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(target, "xb") as out:
+        while chunk := src.read(CHUNK_BYTES):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return size, digest.hexdigest()
+
+
 class Source:
-    """Reads the listed files of one source into a folder: streamed and hashed, or in parts for large objects."""
+    """Reads the listed files of one source into a folder: streamed and hashed, or in parts for large objects.
+
+    With `fsx_linked_path`, an S3 source is listed as usual but its files are read from that FSx path.
+    """
 
     def __init__(self, settings: StageSettings) -> None:
         self.uri = settings.source
@@ -268,6 +300,14 @@ class Source:
         self.client: Any = None
         self.bucket = ""
         self.transfer: Any = None  # boto3's TransferConfig, once a listing holds an object to fetch in parts
+        self.linked: Path | None = None  # the resolved fsx_linked_path, once listed
+        self.single = False
+        if settings.fsx_linked_path and not is_s3(self.uri):
+            raise StepInputError(
+                f"fsx_linked_path (--fsx-linked-path) is {settings.fsx_linked_path!r} but source {self.uri!r} is "
+                "not an s3:// URI: a data repository association links an S3 prefix; set source to that prefix, "
+                "or fsx_linked_path to '' to stage the source as it is"
+            )
         if is_s3(self.uri):
             # each file thread may run part_concurrency part downloads: size the pool for all of them
             self.client = s3_api_client(max_pool_connections=settings.concurrency * settings.part_concurrency)
@@ -279,6 +319,10 @@ class Source:
             root = local_path(self.uri)
             return list_local(root, self.uri), root.is_file()
         files, single = list_s3(self.client, self.uri)
+        self.single = single
+        if self.settings.fsx_linked_path:
+            self.linked = self._linked_root(single)
+            return files, single
         threshold = self.settings.multipart_threshold_mb << 20
         if any(f.size >= threshold for f in files):
             # imported only now (and before the copy threads): s3transfer adds 0.02 s to a start-up that a
@@ -292,6 +336,67 @@ class Source:
             )
         return files, single
 
+    def _linked_root(self, single: bool) -> Path:
+        path = Path(self.settings.fsx_linked_path)
+        fix = (
+            f"set fsx_linked_path (--fsx-linked-path) to the FSx {'file' if single else 'directory'} where the "
+            f"data repository association exposes {self.uri!r}, or to '' to download from S3"
+        )
+        if not path.is_absolute():
+            raise StepInputError(f"fsx_linked_path {str(path)!r} is not an absolute path; {fix}")
+        if single:
+            return path  # the file itself: checked, like every linked file, as it is read
+        try:
+            root = path.resolve(strict=True)
+        except (OSError, RuntimeError) as err:
+            raise StepInputError(f"fsx_linked_path {str(path)!r} cannot be opened ({err}); {fix}") from err
+        if not root.is_dir():
+            raise StepInputError(f"fsx_linked_path {str(path)!r} is not a directory; {fix}")
+        return root
+
+    def _linked_file(self, linked: Path, file: SourceFile) -> Path:
+        """Where `file` is under `linked`, checked to be a regular file of the listed size inside it."""
+        candidate = linked if self.single else linked / file.path
+        where = f"s3://{self.bucket}/{file.origin} at {str(candidate)!r}"
+        lag = (
+            "the data repository association has not imported it yet (auto-import lag, or an import policy "
+            "without NEW/CHANGED events); rerun once it has, or stage without fsx_linked_path to download from S3"
+        )
+        try:
+            resolved = candidate.resolve(strict=True)
+            info = resolved.stat()
+        except FileNotFoundError as err:
+            if candidate.is_symlink():
+                raise StepInputError(f"{where} is a broken symlink; remove it from the linked path") from err
+            raise StepFailedError(f"{where} is missing: {lag}") from err
+        except (OSError, RuntimeError) as err:
+            raise StepInputError(f"{where} cannot be opened ({err})") from err
+        if not self.single and not resolved.is_relative_to(linked):
+            raise StepInputError(
+                f"{where} leads outside fsx_linked_path {str(linked)!r}, to {str(resolved)!r}; "
+                "refusing to stage it (replace the symlink with the file)"
+            )
+        if not S_ISREG(info.st_mode):
+            raise StepFailedError(f"{where} is not a regular file: {lag}")
+        if info.st_size != file.size:
+            raise StepFailedError(f"{where} has {info.st_size} bytes, the S3 listing {file.size}: {lag}")
+        return resolved
+
+    def unchanged_since(self, file: SourceFile, copied: os.stat_result) -> bool:
+        """Whether a copy of `file` written at `copied.st_mtime_ns` still holds what the source has.
+
+        The ETag alone says so for a download. A linked file may have been copied before the DRA imported a
+        same-size edit (the listing already had the new ETag); the import moves the file's ctime, so a linked file
+        changed after its copy was written is read again.
+        """
+        if self.linked is None:
+            return True
+        try:
+            linked = (self.linked if self.single else self.linked / file.path).stat()
+        except OSError:
+            return False  # read again: the copy step reports why
+        return linked.st_ctime_ns < copied.st_mtime_ns
+
     def open(self, origin: str) -> _Readable:
         """A stream of one file's bytes."""
         if self.client is None:
@@ -303,6 +408,17 @@ class Source:
         """Copy one file into `into` (fsynced), check its size against the listing, and record its sha256."""
         target = into / file.path
         target.parent.mkdir(parents=True, exist_ok=True)
+        if self.linked is not None:
+            # a copy, not a hard link: FSx may overwrite or drop a linked file's content when S3 changes
+            # (docs.aws.amazon.com/fsx/latest/LustreGuide/hard-links.html), and a published version never changes
+            with open(self._linked_file(self.linked, file), "rb") as src:
+                size, sha256 = _copy_stream(src, target)
+            if size != file.size:
+                raise StepFailedError(
+                    f"read {size} bytes of {file.path!r} from fsx_linked_path but S3 listed {file.size}: it changed "
+                    "during staging; rerun once it is stable"
+                )
+            return ManifestEntry(file.path, size, sha256, file.etag)
         if self.transfer is not None and file.size >= self.transfer.multipart_threshold:
             from boto3.s3.transfer import S3Transfer
 
@@ -312,16 +428,8 @@ class Source:
             size, sha256 = _hash_file(target)
             _sync(target)
         else:
-            digest = hashlib.sha256()
-            size = 0
-            with closing(self.open(file.origin)) as src, open(target, "xb") as out:
-                while chunk := src.read(CHUNK_BYTES):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            sha256 = digest.hexdigest()
+            with closing(self.open(file.origin)) as src:
+                size, sha256 = _copy_stream(src, target)
         if size != file.size:
             raise RuntimeError(
                 f"copied {size} bytes of {file.path!r} but the source listed {file.size}: it changed "
@@ -378,16 +486,19 @@ def _link_or_copy(old: Path, new: Path) -> None:
         _sync(new)
 
 
-def reuse(file: SourceFile, previous: dict[str, ManifestEntry], old_dir: Path, into: Path) -> ManifestEntry | None:
+def reuse(
+    file: SourceFile, previous: dict[str, ManifestEntry], old_dir: Path, into: Path, source: Source
+) -> ManifestEntry | None:
     """Link the published copy of `file` into `into` when its size and ETag match the previous manifest."""
     entry = previous.get(file.path)
     if entry is None or not file.etag or entry.etag != file.etag or entry.size != file.size:
         return None
     old = old_dir / file.path
     try:
-        if old.is_symlink() or old.stat().st_size != file.size:
-            return None
+        copied = old.lstat()
     except OSError:
+        return None
+    if not S_ISREG(copied.st_mode) or copied.st_size != file.size or not source.unchanged_since(file, copied):
         return None
     _link_or_copy(old, into / file.path)
     return entry
@@ -408,7 +519,7 @@ def copy_all(
     entries: list[ManifestEntry] = []
     todo: list[SourceFile] = []
     for file in files:
-        kept = reuse(file, previous, old_dir, into) if previous and old_dir is not None else None
+        kept = reuse(file, previous, old_dir, into, source) if previous and old_dir is not None else None
         if kept is None:
             todo.append(file)
         else:
@@ -538,7 +649,8 @@ class Staged:
     files: list[ManifestEntry]  # source files, by path below raw/
     derived: list[ManifestEntry]  # train.jsonl and eval.jsonl
     digest: str
-    copied: int
+    copied: int  # downloaded or copied from the source
+    verified: int  # read from fsx_linked_path after checking it against the S3 listing
 
 
 def stage(settings: StageSettings, dest: Path) -> Staged:
@@ -556,7 +668,7 @@ def stage(settings: StageSettings, dest: Path) -> Staged:
     staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     staged.chmod(0o755)  # mkdtemp makes it private; the train and evaluate pods may run as other users
     try:
-        entries, copied = copy_all(
+        entries, read = copy_all(
             files, source, staged / RAW_DIR, settings.concurrency, previous_entries(manifest), dest / RAW_DIR
         )
         # what the derived splits depend on: reused when it is the same as last time
@@ -582,7 +694,8 @@ def stage(settings: StageSettings, dest: Path) -> Staged:
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    return Staged(entries, derived, digest, copied)
+    linked = source.linked is not None
+    return Staged(entries, derived, digest, copied=0 if linked else read, verified=read if linked else 0)
 
 
 def run(args: Args) -> Outputs:
@@ -592,9 +705,14 @@ def run(args: Args) -> Outputs:
     staged = stage(args, dest)
     num_bytes = sum(e.size for e in staged.files)
     changed = staged.digest != args.previous_digest
+    read = (
+        f"{staged.verified} verified in place at {args.fsx_linked_path} (no S3 download), "
+        if args.fsx_linked_path
+        else f"{staged.copied} copied, "
+    )
     print(
-        f"staged {len(staged.files)} files, {num_bytes} bytes ({staged.copied} copied, "
-        f"{len(staged.files) - staged.copied} unchanged) from {args.source} to {dest} in "
+        f"staged {len(staged.files)} files, {num_bytes} bytes ({read}"
+        f"{len(staged.files) - staged.copied - staged.verified} unchanged) from {args.source} to {dest} in "
         f"{time.monotonic() - started:.1f} s ({staged.digest}{'' if changed else ', unchanged since last time'})",
         file=sys.stderr,
     )
