@@ -413,13 +413,7 @@ class Source:
             # (docs.aws.amazon.com/fsx/latest/LustreGuide/hard-links.html), and a published version never changes
             with open(self._linked_file(self.linked, file), "rb") as src:
                 size, sha256 = _copy_stream(src, target)
-            if size != file.size:
-                raise StepFailedError(
-                    f"read {size} bytes of {file.path!r} from fsx_linked_path but S3 listed {file.size}: it changed "
-                    "during staging; rerun once it is stable"
-                )
-            return ManifestEntry(file.path, size, sha256, file.etag)
-        if self.transfer is not None and file.size >= self.transfer.multipart_threshold:
+        elif self.transfer is not None and file.size >= self.transfer.multipart_threshold:
             from boto3.s3.transfer import S3Transfer
 
             # ranged GETs pinned to the object's ETag by s3transfer; hashing afterwards reads from the page cache
@@ -431,7 +425,7 @@ class Source:
             with closing(self.open(file.origin)) as src:
                 size, sha256 = _copy_stream(src, target)
         if size != file.size:
-            raise RuntimeError(
+            raise StepFailedError(
                 f"copied {size} bytes of {file.path!r} but the source listed {file.size}: it changed "
                 "during staging; rerun once it is stable"
             )
