@@ -1178,7 +1178,15 @@ class _Run:
                     self._run_exit_handler(self.wf.on_exit)
             except KeyboardInterrupt:
                 self.stop("interrupted")
-                self.wait_for_tasks()
+                self.display.note(f"interrupted: stopping tasks (up to {KILL_GRACE_S:.0f} s)")
+                # A second Ctrl-C here would leave tasks running and status.json stale; stopping is bounded.
+                main = threading.current_thread() is threading.main_thread()
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+                try:
+                    self.wait_for_tasks()
+                finally:
+                    if main:
+                        signal.signal(signal.SIGINT, previous)
                 with self.lock:
                     for key, node in self.nodes.items():
                         if node.phase == "Running":

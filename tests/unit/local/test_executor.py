@@ -602,7 +602,7 @@ def test_parameter_overrides_are_checked(tmp_path: Path) -> None:
 
 
 # `run` of the CLI on a one-task workflow; the task writes its pid to argv[2] and sleeps unless that file exists
-# (so the resumed run succeeds at once).
+# (so the resumed run succeeds at once). Like the train step committing a checkpoint, it takes 1 s to stop on SIGTERM.
 RUN_CLI = """
 import sys
 from pathlib import Path
@@ -612,8 +612,9 @@ from pipelines.core.cli import run
 
 state_dir, pid_file, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
 code = (
-    "import os, pathlib, sys, time; mark = pathlib.Path(sys.argv[1]); again = mark.exists(); "
-    "mark.write_text(str(os.getpid())); time.sleep(0 if again else 60)"
+    "import os, pathlib, signal, sys, time; mark = pathlib.Path(sys.argv[1]); again = mark.exists(); "
+    "mark.write_text(str(os.getpid())); "
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(143))); time.sleep(0 if again else 60)"
 )
 with Workflow(name="sleepy", entrypoint="main") as workflow:
     hang = Container(name="hang", image="python:3.11", command=["python", "-c", code], args=[pid_file])
@@ -638,6 +639,8 @@ def test_ctrl_c_stops_the_run_with_one_line_and_it_resumes(tmp_path: Path) -> No
         time.sleep(0.05)
     step_pid = int(pid_file.read_text())
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # an impatient second Ctrl-C while the task is still stopping
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
