@@ -20,9 +20,9 @@ from pipelines.core.profiles import Profile, profile_for
 
 PRICES = Path(__file__).with_name("prices.yaml")
 GIB = 1024**3
-# Rough LoRA memory model (DDP: every worker holds the whole base model): weights x 1.2 for the CUDA/Neuron context,
-# adapter optimizer state and buffers, plus activations of about 0.5 MiB per token per billion parameters (bf16,
-# ~34 x hidden x layers bytes per token), an eighth of that with gradient checkpointing.
+# Rough LoRA memory model (DDP: every worker holds the whole base model; FSDP: 1/world of it): weights x 1.2 for
+# the CUDA/Neuron context, adapter optimizer state and buffers, plus activations of about 0.5 MiB per token per
+# billion parameters (bf16, ~34 x hidden x layers bytes per token), an eighth of that with gradient checkpointing.
 OVERHEAD = 1.2
 ACTIVATION_BYTES_PER_TOKEN_PER_B = 0.5 * 1024**2
 HEADROOM = 0.9  # refuse plans that need more than 90% of device memory: fragmentation and NCCL buffers need the rest
@@ -47,10 +47,10 @@ def model_params_b(cfg: PipelineConfig) -> float | None:
     return size / 1000 if found.group(2).lower() == "m" else size
 
 
-def memory_per_worker_gib(cfg: PipelineConfig, profile: Profile, params_b: float) -> float:
-    """Estimated memory one training process needs on its device (or in RAM on CPU)."""
+def memory_per_worker_gib(cfg: PipelineConfig, profile: Profile, params_b: float, shards: int = 1) -> float:
+    """Estimated memory one training process needs on its device (or in RAM on CPU), weights split `shards` ways."""
     bytes_per_param = 4 if profile.kind == "cpu" else 2  # fp32 on CPU, bf16 on GPU and Trainium
-    weights = params_b * 1e9 * bytes_per_param * OVERHEAD
+    weights = params_b * 1e9 * bytes_per_param * OVERHEAD / shards
     tokens = cfg.train.micro_batch_size * cfg.train.max_seq_len
     activations = tokens * params_b * ACTIVATION_BYTES_PER_TOKEN_PER_B
     if cfg.train.gradient_checkpointing:
@@ -58,24 +58,56 @@ def memory_per_worker_gib(cfg: PipelineConfig, profile: Profile, params_b: float
     return (weights + activations) / GIB
 
 
+def available_gib(cfg: PipelineConfig, profile: Profile) -> float:
+    """Memory one training process may use: its device's (per Neuron core), or its share of the node's RAM on CPU."""
+    if profile.kind == "cpu":
+        return profile.memory_gib / max(train_layout(cfg, profile).num_workers, 1)
+    return profile.device_memory_gib / profile.cores_per_device
+
+
+def sharding(cfg: PipelineConfig, profile: Profile, params_b: float) -> tuple[str, int]:
+    """How the train step will hold the weights, and over how many workers they are split.
+
+    Mirrors steps.common.strategies: `auto` shards (FSDP) only on GPUs and only when a replica does not fit one
+    device; Trainium splits them by tensor parallelism.
+    """
+    if profile.kind == "trainium":
+        return "NeuronTrainer, tensor parallel", cfg.train.tensor_parallel_size
+    world = train_layout(cfg, profile).num_workers
+    if cfg.train.strategy == "fsdp":
+        return "fsdp", world
+    replica_fits = memory_per_worker_gib(cfg, profile, params_b) <= available_gib(cfg, profile) * HEADROOM
+    if cfg.train.strategy == "auto" and profile.kind == "gpu" and world > 1 and not replica_fits:
+        return "fsdp (auto: a replica does not fit one device)", world
+    return "ddp", 1
+
+
 def rule_memory(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Estimated memory per worker must fit the device (or the node's RAM on CPU)."""
+    """Estimated memory per worker, with the weights as the strategy holds them, must fit the device (or RAM)."""
     params_b = model_params_b(cfg)
     if params_b is None:
         return [
             f"cluster.model_params_b: cannot tell the size of {cfg.base_model!r} from its name; "
             "fix: --set cluster.model_params_b=<billions>"
         ]
-    need = memory_per_worker_gib(cfg, profile, params_b)
-    if profile.kind == "cpu":
-        available = profile.memory_gib / max(train_layout(cfg, profile).num_workers, 1)
-    else:
-        available = profile.device_memory_gib / profile.cores_per_device
+    strategy, shards = sharding(cfg, profile, params_b)
+    need = memory_per_worker_gib(cfg, profile, params_b, shards)
+    available = available_gib(cfg, profile)
     if need > available * HEADROOM:
         return [
-            f"train.micro_batch_size: about {need:.1f} GiB per worker needed, {available:.0f} GiB available on "
-            f"{profile.instance_type}; fix: lower train.micro_batch_size or train.max_seq_len, set "
-            "train.gradient_checkpointing=true, or pick a larger cluster.instance_type"
+            f"train.micro_batch_size: about {need:.1f} GiB per worker needed ({strategy}), {available:.0f} GiB "
+            f"available on {profile.instance_type}; fix: lower train.micro_batch_size or train.max_seq_len, set "
+            "train.gradient_checkpointing=true, add cluster.nodes, or pick a larger cluster.instance_type"
+        ]
+    return []
+
+
+def rule_strategy(cfg: PipelineConfig, profile: Profile) -> list[str]:
+    """Only strategies the training loop runs: DeepSpeed is planned by `auto` in the step but refused there."""
+    if cfg.train.strategy == "deepspeed":
+        return [
+            "train.strategy: deepspeed is not run by the training loop (only its config is built and validated); "
+            "fix: --set train.strategy=fsdp (parameters sharded over the workers) or auto"
         ]
     return []
 
@@ -140,7 +172,7 @@ def rule_retry_budget(cfg: PipelineConfig, profile: Profile) -> list[str]:
     return []
 
 
-RULES = (rule_memory, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
+RULES = (rule_memory, rule_strategy, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
 
 
 def prices() -> dict[str, object]:
@@ -162,7 +194,8 @@ def check(cfg: PipelineConfig) -> Plan:
     usd: dict[str, float] = table["usd_per_hour"]  # type: ignore[assignment]
     hourly = usd[profile.instance_type] * nodes
     params_b = model_params_b(cfg) or 0.0
-    memory_room = profile.device_memory_gib / profile.cores_per_device if profile.devices else profile.memory_gib
+    strategy, shards = sharding(cfg, profile, params_b)
+    need = memory_per_worker_gib(cfg, profile, params_b, shards)
     rows = [
         (
             "instance",
@@ -171,7 +204,8 @@ def check(cfg: PipelineConfig) -> Plan:
         ("pods", pods[profile.kind]),
         ("devices", f"{profile.devices * nodes} ({profile.devices} per node), {profile.efa} EFA per node"),
         ("world size", f"{layout.num_workers} workers"),
-        ("memory per worker", f"~{memory_per_worker_gib(cfg, profile, params_b):.1f} GiB of {memory_room:.0f} GiB"),
+        ("strategy", strategy),
+        ("memory per worker", f"~{need:.1f} GiB of {available_gib(cfg, profile):.0f} GiB"),
         ("gang admission", f"{cfg.cluster.scheduler} queue {cfg.cluster.queue}"),
         ("training attempts", f"{retry_attempts(cfg)} at most (budget {cfg.cluster.retry_budget})"),
         ("cost per hour", f"${hourly:,.2f} (on-demand, {table['region']}, prices as of {table['as_of']})"),

@@ -95,3 +95,20 @@ def test_bad_schedules_are_config_errors(cron, timezone, expected):
 def test_good_schedules_pass():
     for cron in ("0 3 * * 1", "*/15 * * * *", "0 0 1,15 * MON-FRI", "@daily"):
         check_schedule(cron, "Europe/Paris")
+
+
+def test_deepspeed_is_refused_because_no_loop_runs_it():
+    (line,) = problems("train.strategy=deepspeed")
+    assert line.startswith("train.strategy:") and "--set train.strategy=fsdp" in line
+
+
+def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
+    big = ["base_model=llama-3-70b", "cluster.instance_type=p4d.24xlarge", "cluster.zone=us-west-2a"]
+    big += ["train.gradient_checkpointing=true", "cluster.nodes=2"]
+    rows = dict(plan.check(load_config(None, big)).rows)
+    assert rows["strategy"].startswith("fsdp (auto")
+    assert problems(*big, "train.strategy=ddp")[0].startswith("train.micro_batch_size:")  # a replica per GPU: no
+
+
+def test_small_models_keep_ddp():
+    assert dict(plan.check(load_config(None, ["cluster.instance_type=g5.12xlarge"])).rows)["strategy"] == "ddp"
