@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from steps.common import checkpoints, tracking
+from steps.common import checkpoints, storage, tracking
 from steps.common.args import Settings, StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import EVAL_FILE, Example, load_examples
@@ -257,7 +257,7 @@ def eval_set_digest(path: Path, max_examples: int) -> str:
 
     A score on a subset is never compared with a score on the whole set.
     """
-    digest = "sha256:" + checkpoints.sha256_file(path)
+    digest = "sha256:" + storage.sha256_file(path)
     return f"{digest}@first-{max_examples}" if max_examples else digest
 
 

@@ -62,7 +62,7 @@ from pydantic import BaseModel, Field
 from steps.common.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
 from steps.common.data import EVAL_FILE, MANIFEST_FILE, TRAIN_FILE, normalize_record, split_of
 from steps.common.outputs import Progress, atomic_write_text
-from steps.common.storage import is_s3, local_path, s3_api_client, split_s3
+from steps.common.storage import fsync, is_s3, local_path, s3_api_client, sha256_file, split_s3
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per read: large enough for S3 throughput, small enough for 64 threads
 DATA_FILE = "data.jsonl"  # a folder's single data file, split into train and eval by stage_data
@@ -256,24 +256,6 @@ def list_s3(client: Any, uri: str) -> tuple[list[SourceFile], bool]:
     return files, False
 
 
-def _sync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 def _copy_stream(src: _Readable, target: Path) -> tuple[int, str]:
     """Write `src` to the new file `target` (fsynced) while hashing it; return its size and sha256."""
     digest = hashlib.sha256()
@@ -419,8 +401,8 @@ class Source:
             # ranged GETs pinned to the object's ETag by s3transfer; hashing afterwards reads from the page cache
             with S3Transfer(self.client, self.transfer) as transfer:
                 transfer.download_file(self.bucket, file.origin, str(target))
-            size, sha256 = _hash_file(target)
-            _sync(target)
+            size, sha256 = target.stat().st_size, sha256_file(target)
+            fsync(target)
         else:
             with closing(self.open(file.origin)) as src:
                 size, sha256 = _copy_stream(src, target)
@@ -477,7 +459,7 @@ def _link_or_copy(old: Path, new: Path) -> None:
         os.link(old, new)
     except OSError:
         shutil.copyfile(old, new)  # a file system without hard links: still no download
-        _sync(new)
+        fsync(new)
 
 
 def reuse(
@@ -562,7 +544,7 @@ def derive(raw: Path, inputs: tuple[str, ...], into: Path, eval_fraction: float)
                 os.fsync(out.fileno())
     entries = []
     for name, output in outputs.items():
-        size, sha256 = _hash_file(output)
+        size, sha256 = output.stat().st_size, sha256_file(output)
         entries.append(ManifestEntry(name, size, sha256))
     return entries
 
@@ -614,7 +596,7 @@ def publish(staged: Path, dest: Path) -> None:
         if aside is not None:
             os.replace(aside, dest)
         raise
-    _sync(dest.parent)  # the rename itself must survive a crash before the old copy goes
+    fsync(dest.parent)  # the rename itself must survive a crash before the old copy goes
     if aside is not None:
         _remove(aside)
 

@@ -41,7 +41,7 @@ def resolve_model(reference: str, cache_dir: Path | None = None) -> Path:
         key = hashlib.sha256(reference.encode()).hexdigest()[:16]
         target = cache_dir / f"s3-{key}"
         if not (target / MODEL_MARKER).exists():
-            _publish(target, lambda tmp: download_prefix(reference, tmp))
+            _publish(target, lambda tmp: _download_model(reference, tmp))
         return target
     folder = local_path(reference)
     if not (folder / MODEL_MARKER).is_file():
@@ -50,6 +50,11 @@ def resolve_model(reference: str, cache_dir: Path | None = None) -> Path:
             f"use {DEMO_MODEL!r}, a local model folder, or an s3:// prefix holding one"
         )
     return folder
+
+
+def _download_model(uri: str, dest: Path) -> None:
+    if not download_prefix(uri, dest):
+        raise StepInputError(f"no objects under {uri!r}; check the bucket and prefix")
 
 
 def _convert_demo_gguf(target: Path) -> Path:

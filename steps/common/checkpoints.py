@@ -16,8 +16,6 @@ Training never waits for an upload except at the end (`close`).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import queue
@@ -28,6 +26,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from steps.common.storage import UnsafeKeyError, download_prefix, fsync, fsync_dir, s3_client, sha256_file, split_s3
 
 MANIFEST = "manifest.json"
 MARKER = "COMMITTED"  # the object written last in a durable copy
@@ -46,15 +46,6 @@ class Checkpoint:
     step: int
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def commit(root: Path, step: int, write: Callable[[Path], None]) -> Checkpoint:
     """Let `write` fill a temporary folder, then publish it as `root/step-<step>` with a manifest."""
     root.mkdir(parents=True, exist_ok=True)
@@ -65,17 +56,17 @@ def commit(root: Path, step: int, write: Callable[[Path], None]) -> Checkpoint:
     write(tmp)
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for path in files:
-        _fsync(path)
+        fsync(path)
     manifest = {
         "step": step,
         "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
-    _fsync(tmp / MANIFEST)
+    fsync(tmp / MANIFEST)
     if final.exists():  # the same step committed before a crash: the new copy is equivalent
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     return Checkpoint(final, step)
 
 
@@ -142,8 +133,6 @@ class DurableCopy:
     """
 
     def __init__(self, uri: str) -> None:
-        from steps.common.storage import split_s3
-
         self.bucket, prefix = split_s3(uri)
         self.prefix = prefix.rstrip("/")
         self.errors: list[str] = []
@@ -163,8 +152,6 @@ class DurableCopy:
         return self.errors
 
     def _run(self) -> None:
-        from steps.common.storage import s3_client
-
         client = s3_client()
         while True:
             item = self._pending.get()
@@ -195,8 +182,6 @@ class DurableCopy:
 
 def restore_latest(uri: str, root: Path) -> Checkpoint | None:
     """Download the newest durable copy under `uri` that has its marker and verifies into `root`; None if none."""
-    from steps.common.storage import s3_client, split_s3
-
     bucket, prefix = split_s3(uri)
     base = prefix.rstrip("/") + "/" if prefix else ""
     client = s3_client()
@@ -210,16 +195,10 @@ def restore_latest(uri: str, root: Path) -> Checkpoint | None:
     for step, name in sorted(marked, reverse=True):
         tmp = root / f".tmp-restore-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{base}{name}/"):
-            for obj in page.get("Contents", []):
-                relative = obj["Key"][len(f"{base}{name}/") :]
-                if relative == MARKER or not relative:
-                    continue
-                target = (tmp / relative).resolve()
-                if not target.is_relative_to(tmp.resolve()):
-                    raise CorruptCheckpointError(f"object key {obj['Key']!r} escapes the checkpoint folder")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(bucket, obj["Key"], str(target))
+        try:
+            download_prefix(f"s3://{bucket}/{base}{name}", tmp, skip=frozenset({MARKER}), client=client)
+        except UnsafeKeyError as err:
+            raise CorruptCheckpointError(f"durable copy {name}: {err}") from err
         try:
             verify(tmp)
         except CorruptCheckpointError as err:
@@ -229,20 +208,6 @@ def restore_latest(uri: str, root: Path) -> Checkpoint | None:
         final = root / name
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         return Checkpoint(final, step)
     return None
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Directory fsync makes the rename durable; some filesystems (and Windows) do not support it.
-    with contextlib.suppress(OSError):
-        _fsync(path)

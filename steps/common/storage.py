@@ -6,11 +6,18 @@ and to a local S3 server (moto_server) in tests.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from steps.common.args import StepInputError
+
+
+class UnsafeKeyError(StepInputError):
+    """An object key that would land outside the folder it is copied into."""
 
 
 def is_s3(uri: str) -> bool:
@@ -66,23 +73,48 @@ def _client_config(max_pool_connections: int) -> Any:
     return Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=max_pool_connections)
 
 
-def download_prefix(uri: str, dest: Path) -> list[str]:
-    """Copy every object under an s3:// prefix into `dest`, keeping relative keys; return the keys copied."""
+def download_prefix(uri: str, dest: Path, *, skip: frozenset[str] = frozenset(), client: Any = None) -> list[str]:
+    """Copy every object under an s3:// prefix into `dest`, keeping relative keys; return the keys copied.
+
+    Relative keys in `skip` are left out; a key that would land outside `dest` raises UnsafeKeyError.
+    """
     bucket, prefix = split_s3(uri)
-    client = s3_client()
+    client = client or s3_client()
     base = prefix.rstrip("/") + "/" if prefix else ""
     copied = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
         for obj in page.get("Contents", []):
             relative = obj["Key"][len(base) :]
-            if not relative or relative.endswith("/"):
+            if not relative or relative.endswith("/") or relative in skip:
                 continue
             target = (dest / relative).resolve()
             if not target.is_relative_to(dest.resolve()):
-                raise StepInputError(f"object key {obj['Key']!r} escapes the destination; refusing to copy it")
+                raise UnsafeKeyError(f"object key {obj['Key']!r} escapes the destination; refusing to copy it")
             target.parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, obj["Key"], str(target))
             copied.append(relative)
-    if not copied:
-        raise StepInputError(f"no objects under {uri!r}; check the bucket and prefix")
     return copied
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync(path: Path) -> None:
+    """Flush a file's (or a directory's entries') writes to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """`fsync` a directory, so a rename in it survives a crash; a no-op where the file system cannot."""
+    with contextlib.suppress(OSError):
+        fsync(path)

@@ -8,22 +8,38 @@ import pytest
 SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
 
 
-@pytest.fixture(scope="session")
-def argo_validator():
-    """Strict (unknown fields rejected) validator factory for an Argo kind, from argo/schema.json."""
-    path = SCHEMAS / "argo" / "schema.json"
+def _strict_definitions(path: Path, what: str) -> dict:
+    """An Argo JSON schema bundle (schema.json or swagger.json) whose object definitions reject unknown fields."""
     if not path.is_file():
-        pytest.skip(f"official Argo schema not found at {path} (the shared/ folder sits beside the repo in CI)")
-    from jsonschema import Draft202012Validator
-
+        pytest.skip(f"official {what} not found at {path} (the shared/ folder sits beside the repo in CI)")
     bundle = json.loads(path.read_text())
     defs = bundle["definitions"]
-    # The file renders IntOrString and Quantity as plain strings; the API server accepts numbers for both.
+    # The files render IntOrString and Quantity as plain strings; the API server accepts numbers for both.
     defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
     defs["io.k8s.apimachinery.pkg.api.resource.Quantity"] = {"type": ["integer", "number", "string"]}
     for definition in defs.values():  # kubectl --validate=strict: a misspelled field is an error
         if definition.get("type") == "object" and "properties" in definition:
             definition.setdefault("additionalProperties", False)
+    return bundle
+
+
+def _crd_schema(path: Path, version: str) -> dict:
+    """The strict openAPIV3Schema of one version of an official CRD file."""
+    import yaml
+
+    if not path.is_file():
+        pytest.skip(f"official CRD not found at {path}")
+    crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+    return _strictify(next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"])
+
+
+@pytest.fixture(scope="session")
+def argo_validator():
+    """Strict (unknown fields rejected) validator factory for an Argo kind, from argo/schema.json."""
+    from jsonschema import Draft202012Validator
+
+    bundle = _strict_definitions(SCHEMAS / "argo" / "schema.json", "Argo schema")
+    defs = bundle["definitions"]
 
     def validator(kind: str) -> Draft202012Validator:
         return Draft202012Validator(
@@ -67,7 +83,6 @@ CRDS = {
 @pytest.fixture(scope="session")
 def crd_validator():
     """Strict validator for a custom resource manifest, from its official CRD (built once per kind and version)."""
-    import yaml
     from jsonschema import Draft202012Validator
 
     cache = {}
@@ -76,12 +91,7 @@ def crd_validator():
         group, version = manifest["apiVersion"].split("/")
         key = (group, manifest["kind"], version)
         if key not in cache:
-            path = SCHEMAS / CRDS[(group, manifest["kind"])]
-            if not path.is_file():
-                pytest.skip(f"official CRD not found at {path}")
-            crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
-            schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
-            cache[key] = Draft202012Validator(_strictify(schema))
+            cache[key] = Draft202012Validator(_crd_schema(SCHEMAS / CRDS[(group, manifest["kind"])], version))
         return cache[key]
 
     return validator
@@ -90,18 +100,9 @@ def crd_validator():
 @pytest.fixture(scope="session")
 def swagger_validator():
     """Strict validator for an Argo Server REST API body definition, from argo/swagger.json."""
-    path = SCHEMAS / "argo" / "swagger.json"
-    if not path.is_file():
-        pytest.skip(f"official Argo API spec not found at {path}")
     from jsonschema import Draft202012Validator
 
-    swagger = json.loads(path.read_text())
-    defs = swagger["definitions"]
-    defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
-    defs["io.k8s.apimachinery.pkg.api.resource.Quantity"] = {"type": ["integer", "number", "string"]}
-    for definition in defs.values():
-        if definition.get("type") == "object" and "properties" in definition:
-            definition.setdefault("additionalProperties", False)
+    defs = _strict_definitions(SCHEMAS / "argo" / "swagger.json", "Argo API spec")["definitions"]
 
     def validator(name: str) -> Draft202012Validator:
         return Draft202012Validator({"$ref": f"#/definitions/{name}", "definitions": defs})
@@ -112,18 +113,12 @@ def swagger_validator():
 @pytest.fixture(scope="session")
 def kueue_validator():
     """Strict validator for a Kueue object, from its CRD and the version in its apiVersion."""
-    import yaml
     from jsonschema import Draft202012Validator
 
     files = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}
 
     def validator(manifest) -> Draft202012Validator:
         path = SCHEMAS / "kueue" / f"kueue.x-k8s.io_{files[manifest['kind']]}.yaml"
-        if not path.is_file():
-            pytest.skip(f"official CRD not found at {path}")
-        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
-        version = manifest["apiVersion"].split("/")[1]
-        schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
-        return Draft202012Validator(_strictify(schema))
+        return Draft202012Validator(_crd_schema(path, manifest["apiVersion"].split("/")[1]))
 
     return validator
