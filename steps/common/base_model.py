@@ -32,14 +32,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("EKSFLOW_MODEL_CACHE", Path.home() / ".cache" / "eksflow" / "models"))
 
 
+def model_folder(reference: str, cache_dir: Path) -> Path:
+    """Where `resolve_model` puts (or finds) the folder of `reference`; nothing is read or converted."""
+    if reference == DEMO_MODEL:
+        return cache_dir / DEMO_MODEL
+    if is_s3(reference):
+        return cache_dir / f"s3-{hashlib.sha256(reference.encode()).hexdigest()[:16]}"
+    return local_path(reference)
+
+
 def resolve_model(reference: str, cache_dir: Path | None = None) -> Path:
     """Return a folder that `AutoModelForCausalLM.from_pretrained` loads offline."""
     cache_dir = cache_dir or default_cache_dir()
     if reference == DEMO_MODEL:
-        return _convert_demo_gguf(cache_dir / DEMO_MODEL)
+        return _convert_demo_gguf(model_folder(reference, cache_dir))
     if is_s3(reference):
-        key = hashlib.sha256(reference.encode()).hexdigest()[:16]
-        target = cache_dir / f"s3-{key}"
+        target = model_folder(reference, cache_dir)
         if not (target / MODEL_MARKER).exists():
             _publish(target, lambda tmp: _download_model(reference, tmp))
         return target

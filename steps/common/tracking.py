@@ -1,4 +1,4 @@
-"""MLflow tracking and registry helpers shared by the train, register and deploy steps.
+"""MLflow tracking and registry helpers shared by the train, register and rollout steps.
 
 Every function takes the tracking URI explicitly (no process-global active run), so a step can talk to one
 server without leaking state into another. The local default is `sqlite:////fsx/mlflow/mlflow.db`; the local
@@ -31,6 +31,7 @@ CLIENT_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # a step's stderr ends with its one-line error, not a bar
 }
 SQLITE_PREFIX = "sqlite:///"
 
@@ -265,8 +266,8 @@ def set_alias(mlflow_client: MlflowClient, model_name: str, alias: str, version:
 def promote(tracking_uri: str, model_name: str, version: str) -> str:
     """Point alias `champion` at `version`; the former champion (if another version) gets alias `previous`.
 
-    Returns the new champion version. Alias moves are last-writer-wins in MLflow; the workflow runs one deploy
-    per model at a time.
+    Returns the new champion version. Alias moves are last-writer-wins in MLflow: steps.promote compares the
+    alias with the champion it expects first, and reads it back after (RO4).
     """
     from mlflow.exceptions import MlflowException
 
