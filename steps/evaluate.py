@@ -15,14 +15,14 @@ alone decide. A registry that cannot be reached fails the step (exit 1, retryabl
 With --max-examples the digest gets suffix `@first-<N>`, so a subset score is never compared with a full-set one.
 
 Outputs (one file each under --outputs-dir):
-    passed          "true" / "false": register and deploy run only on "true"
+    passed          "true" / "false": register and the rollout run only on "true"
     reason          one line: why the gate passed or which thresholds failed
     metrics         all metrics as a JSON object
     eval_set_digest "sha256:<hex of eval.jsonl>", with "@first-<N>" when --max-examples=N limits the scoring
     champion_version  the champion compared against; empty when none was comparable
     exact_match     tuned exact match on the held-out split, in [0, 1]
     base_exact_match  the base model's exact match on the same split
-    report          path of the JSON report (metrics, thresholds, decision, sample answers)
+    report          path of the JSON report (metrics, thresholds, decision, sample answers, per-row scores)
     mlflow_run_url  the run's page in the MLflow UI (metrics, reports); empty without an http(s) address
 """
 
@@ -436,6 +436,12 @@ def _write_report(
         for e, b, t in zip(examples[:8], scores["base"].answers, scores["tuned"].answers, strict=False)
     ]
     thresholds = [{**r.model_dump(), "actual": metrics.get(r.metric)} for r in args.thresholds]
+    # Per-row scores of the tuned model: the canary checks that the served model scores the same rows alike (RO3).
+    rows = [
+        {"prompt": e.prompt, "reference": e.completion, "answer": a}
+        | {m: task_score(m, a, e.completion) for m in args.task_metrics}
+        for e, a in zip(examples, scores["tuned"].answers, strict=True)
+    ]
     report = {
         "passed": passed,
         "reason": reason,
@@ -446,6 +452,7 @@ def _write_report(
         "examples": len(examples),
         "adapter_dir": str(args.adapter_dir),
         "samples": samples,
+        "rows": rows,
     }
     path = args.report_dir / REPORT_FILE
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")

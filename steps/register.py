@@ -3,10 +3,11 @@ r"""Register a trained LoRA adapter in the MLflow model registry (runs only when
     python -m steps.register --adapter-dir=/fsx/wf/adapter --base-model=smollm2-135m-instruct \
         --metrics='{"score": 0.82}' --dataset-digest=sha256:... --workflow-name=wf --merged-dir=/fsx/wf/merged
 
-Logs the adapter folder (artifact path "adapter") and the merged model, base + adapter as plain safetensors for
-servers that cannot load adapters (artifact path "model"), to the train step's MLflow run, then registers a model
-version whose source is that "model" artifact, with lineage tags and alias `challenger` (aliases only, never
-stages).
+Logs the adapter folder (artifact path "adapter") to the train step's MLflow run and registers a model version
+whose source is that artifact, with lineage tags (`base_model` among them: what serving loads the adapter onto)
+and alias `challenger` (aliases only, never stages). vLLM serves the adapter on the base model; only with
+--merged-dir does it also log base + adapter merged as plain safetensors (artifact path "model"), for the adapters
+an engine cannot load as adapters (DoRA, modules_to_save, ...: see steps/common/vllm.py).
 
 Lineage tags on the version: checkpoint_digest, workflow_name and workflow_uid, dataset_digest and dataset_uri,
 base_model, git_commit, image, config_hash, eval_set_digest, metric.<name> for every metric, and from the
@@ -71,7 +72,9 @@ class Args(StepArgs):
     dataset_digest: str = Field(description="digest of the training data (lineage tag)")
     workflow_name: str = Field(description="Argo workflow name (lineage tag)")
     mlflow_run_id: str = Field("", description="the train step's MLflow run; empty starts a new run")
-    merged_dir: Path = Field(description="folder for the merged model (base + adapter) before it is logged")
+    merged_dir: Path | None = Field(
+        None, description="also merge base + adapter here and log it (artifact 'model'); empty: the adapter only"
+    )
     eval_report: Path | None = Field(
         None, description="evaluate's JSON report (tasks.evaluate.outputs.parameters.report): gate lineage tags"
     )
@@ -125,9 +128,10 @@ def run(args: Args) -> Outputs:
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
         mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
-        mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
+        if args.merged_dir is not None:
+            merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
+            mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
         version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest, gate_report))
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
     print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
@@ -156,7 +160,7 @@ def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> M
 
 
 def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, tags: Mapping[str, str]) -> ModelVersion:
-    """Create a version from the run's "model" artifact; collapse duplicates a retried POST may have made."""
+    """Create a version from the run's "adapter" artifact; collapse duplicates a retried POST may have made."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -164,7 +168,7 @@ def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, ta
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
+    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{ADAPTER_ARTIFACT}"
     created = mlflow_client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
     # The client retries POSTs on timeouts and 5xx: one call may have created two versions. Keep the oldest.
     twins = mlflow_client.search_model_versions(f"name = '{model_name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'")

@@ -1,10 +1,14 @@
-r"""Serve a registered model version in the foreground (OpenAI-compatible API) until Ctrl-C.
+r"""Serve the champion with vLLM in the foreground (OpenAI-compatible API) until Ctrl-C.
 
     python -m steps.serve --model-name=llama-lora --tracking-uri=sqlite:////path/to/mlflow.db [--alias=champion] \
         [--version=3] [--port=8000]
+    make serve                        # the champion of the last `make run`, on 127.0.0.1:8000
 
-Not a pipeline step: the command a user runs after `run` to talk to the model the pipeline promoted. It uses the
-same download and server code as steps.deploy, so what you try here is what the smoke test saw.
+Not a pipeline step: the command a user runs to talk to the model a rollout promoted. The engine is the one the
+fleet runs (steps/common/vllm.py): the version's base model (its `base_model` tag) plus its LoRA adapter, served
+under the registered model's name, so a request for model "llama-lora" answers with the adapter; the plain base
+model answers as "<name>-base". The adapter is checked (rank, base model) before the engine starts: bad input
+exits 2 without starting anything.
 
 Outputs (one file each under --outputs-dir, when the server stops):
     endpoint        the chat completions URL that was served
@@ -20,27 +24,28 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from steps.common import serving, tracking
+from steps.common import rollout, tracking, vllm
 from steps.common.args import StepArgs, StepInputError, run_step
+from steps.common.base_model import default_cache_dir, resolve_model
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 
-class Args(StepArgs):
-    """Which version to serve, and where."""
+class Args(vllm.EngineSettings, StepArgs):
+    """Which version to serve, where, and the engine's settings."""
 
-    model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name")
+    model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name, served as is")
     tracking_uri: str = Field(
         "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (the run's mlflow.db)"
     )
     alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")
     version: str = Field("", pattern=r"^([1-9][0-9]*)?$", description="version number; overrides --alias")
     host: str = Field("127.0.0.1", description="listen address; 0.0.0.0 exposes the server to the network")
-    port: int = Field(8000, ge=0, le=65535, description="listen port; 0 picks a free one")
+    port: int = Field(8000, ge=1, le=65535, description="listen port")
     serve_dir: Path = Field(
-        Path.home() / ".cache" / "eksflow" / "serve", description="folder registered models are downloaded into"
+        Path.home() / ".cache" / "eksflow" / "serve", description="folder registered adapters are downloaded into"
     )
-    startup_timeout_s: int = Field(300, ge=1, description="seconds to wait for the server's /health")
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are converted")
 
 
 class Outputs(BaseModel):
@@ -51,52 +56,68 @@ class Outputs(BaseModel):
 
 
 def run(args: Args) -> Outputs:
-    """Serve until Ctrl-C or until the server exits by itself (then fail with its log)."""
-    with tracking.errors(args.tracking_uri, f"looking up {args.model_name}"):
-        version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
-        model_dir = serving.download_version(args.tracking_uri, args.model_name, version, args.serve_dir)
-    port = args.port or serving.free_port(args.host)
-    log_path = args.serve_dir / f"server-{args.model_name}-v{version}.log"
-    print(f"starting {args.model_name} version {version} from {model_dir} (log: {log_path})", file=sys.stderr)
-    with serving.model_server(
-        model_dir, host=args.host, port=port, startup_timeout_s=args.startup_timeout_s, log_path=log_path
-    ) as server:
-        print(usage(server), flush=True)
+    """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
+    version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
+    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
+    base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
+    if not base_model:
+        raise StepInputError(f"--version={version}: the version has no base_model tag; register it with steps.register")
+    base_dir = resolve_model(base_model, args.model_cache_dir)
+    vllm.check_adapter(vllm.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}")
+    engine_args = [
+        *vllm.engine_args(str(base_dir), f"{args.model_name}-base", args.port, args),
+        f"--host={args.host}",
+        f"--lora-modules={args.model_name}={adapter}",
+    ]
+    log_path = args.serve_dir / f"vllm-{args.model_name}-v{version}.log"
+    base_url = f"http://{args.host}:{args.port}"
+    print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
+    with vllm.engine(engine_args, vllm.engine_env(args, cpu=True), log_path=log_path) as process:
+        vllm.wait_ready(base_url, args.model_name, timeout_s=args.startup_timeout_s, process=process, log_path=log_path)
+        print(usage(base_url, args.model_name), flush=True)
         try:
-            code = server.process.wait()
+            code = process.wait()
         except KeyboardInterrupt:
-            print("\nstopping the server", file=sys.stderr)
-            return Outputs(endpoint=server.chat_url, model_version=version)
-    raise serving.ServingError(f"model server exited with code {code}; {serving.log_tail(log_path)}")
+            print("\nstopping vLLM", file=sys.stderr)
+            return Outputs(endpoint=f"{base_url}/v1/chat/completions", model_version=version)
+    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm.log_tail(log_path)}")
 
 
 def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
     """The version number an alias points at; StepInputError if the alias is unset."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(tracking.client(tracking_uri).get_model_version_by_alias(model_name, alias).version)
-    except MlflowException as err:
-        if err.error_code not in tracking.NOT_FOUND_CODES:
-            raise
+    found = tracking.alias_version(tracking_uri, model_name, alias)
+    if found is None:
         raise StepInputError(
-            f"model {model_name!r} has no alias {alias!r} at {tracking_uri}; run the pipeline through deploy first, "
+            f"model {model_name!r} has no alias {alias!r} at {tracking_uri}; run the pipeline through promote first, "
             "or pass --version=N"
-        ) from err
+        )
+    return str(found.version)
 
 
-def usage(server: serving.RunningServer) -> str:
-    """The URL and a curl command that talks to it."""
-    request = {"model": server.model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64}
-    curl = f"curl {server.chat_url} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(request))}"
-    return f"serving {server.model} at {server.base_url} (OpenAI-compatible; Ctrl-C stops)\n\n  {curl}\n"
+def usage(base_url: str, model: str) -> str:
+    """The URL and a curl command that talks to the served adapter."""
+    request = {
+        "model": model,
+        "messages": [
+            {
+                "role": "user",
+                "content": "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the "
+                "date only.\nDate: July 4, 1976",
+            }
+        ],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    url = f"{base_url}/v1/chat/completions"
+    curl = f"curl -s {url} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(request))}"
+    return f"serving {model} at {base_url} with vLLM (OpenAI-compatible; Ctrl-C stops)\n\n  {curl}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: `python -m steps.serve --name=value ...`."""
     try:
         return run_step(Args, run, argv)
-    except KeyboardInterrupt:  # Ctrl-C while the model was still loading; the server is already stopped
+    except KeyboardInterrupt:  # Ctrl-C while the engine was still loading; it is already stopped
         return EXIT_INTERRUPTED
 
 

@@ -1,0 +1,371 @@
+r"""Canary analysis: does the served candidate behave at its current share of traffic? One task per canary step.
+
+    python -m steps.canary --percent=10 --report-dir=/fsx/runs/<wf>/reports --model-name=llama-lora \
+        --tracking-uri=... --vllm-url=... --proxy-url=... --state-file=...
+
+Two kinds of traffic, both real requests to the running fleet:
+- live traffic through the proxy: `traffic_requests` chat requests to the public model name, `concurrency` at a
+  time; which slot answered is read from each response's x-litellm-model-id header;
+- the probe set: the first `probe_rows` rows of the held-out split as `evaluate` scored them for this version
+  (its report in the version's MLflow run holds each row's prompt, reference and score), sent straight to the
+  candidate's adapter and, when one is served, to the champion's (greedy, the evaluation's token budget). The
+  live traffic uses the same prompts.
+
+Metrics (declarative rules like evaluate.thresholds, the same code: steps.evaluate.gate; missing or NaN fails):
+    served_score          the task metric (exact match by default) of the served candidate on the probe rows
+    evaluated_score       what `evaluate` measured for this version on the same rows (its report's per-row scores)
+    served_gap            |served_score - evaluated_score|: a wrong adapter, base model or chat template shows
+                          here (RO3); bfloat16 serving vs float32 evaluation flips a row now and then
+    error_rate            failed or empty answers / requests, live traffic and candidate probes together
+    p95_latency_s         95th percentile of the live requests' latency through the proxy
+    candidate_share       share of the live requests the candidate's slot answered
+    share_z               |candidate_share - weight| in binomial standard errors, sqrt(w (1 - w) / n): the
+                          routing tolerance (4: a correct router fails it about once in 16 000 steps); at 0 % or
+                          100 % any deviation is infinite
+    champion_score, score_vs_champion   the champion on the same probes, and candidate - champion
+                                        (champion_thresholds, applied only when a champion is served)
+
+Writes canary-<percent>.json and .md to --report-dir and to the candidate's MLflow run (artifacts canary/,
+metrics canary_<percent>_<name>). Exits 1 naming the failing rule (the exit handler then rolls back), 2 for bad
+input (no evaluation report for the version, no probe rows).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from steps.common import litellm_proxy, rollout, tracking, vllm
+from steps.common.args import Settings, StepFailedError, StepInputError, run_step
+from steps.common.rollout import FleetArgs, RolloutState
+from steps.evaluate import COMPARISONS, REPORT_ARTIFACT, REPORT_FILE, Threshold, gate, task_score
+
+STEP = "analyze"
+CANARY_METRICS = (
+    "served_score",
+    "evaluated_score",
+    "served_gap",
+    "error_rate",
+    "p95_latency_s",
+    "candidate_share",
+    "share_z",
+    "champion_score",
+    "score_vs_champion",
+    "champion_error_rate",
+)
+REPORT_ARTIFACTS = "canary"
+
+
+class CanarySettings(Settings):
+    """Canary steps and their analysis (config section `canary`)."""
+
+    weights: tuple[float, ...] = Field(
+        (10.0, 50.0, 100.0), min_length=1, description="the candidate's share at each step, percent; ends at 100"
+    )
+    traffic_requests: int = Field(40, ge=1, description="live requests through the proxy per analysis")
+    concurrency: int = Field(4, ge=1, le=64, description="live requests in flight at once")
+    probe_rows: int = Field(16, ge=1, description="held-out rows sent to candidate and champion")
+    task_metric: Literal["exact_match", "contains"] = Field("exact_match", description="scored like evaluate")
+    thresholds: tuple[Threshold, ...] = Field(
+        (
+            Threshold(metric="served_gap", op="<=", value=0.125),
+            Threshold(metric="error_rate", op="<=", value=0.0),
+            Threshold(metric="p95_latency_s", op="<=", value=60.0),
+            Threshold(metric="share_z", op="<=", value=4.0),
+        ),
+        description="every rule must hold at every step",
+    )
+    champion_thresholds: tuple[Threshold, ...] = Field(
+        (Threshold(metric="score_vs_champion", op=">=", value=-0.125),),
+        description="rules against the champion on the same probes, applied when a champion is served",
+    )
+    request_timeout_s: int = Field(120, ge=1, description="seconds one request may take before it counts as failed")
+    drain_timeout_s: int = Field(120, ge=0, description="promotion: seconds to wait for the old champion's requests")
+
+    @field_validator("weights")
+    @classmethod
+    def _increasing_to_100(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < w <= 100 for w in weights) or list(weights) != sorted(set(weights)) or weights[-1] != 100:
+            raise ValueError(f"weights must increase within (0, 100] and end at 100, e.g. (10, 50, 100); got {weights}")
+        return weights
+
+    @field_validator("thresholds", "champion_thresholds")
+    @classmethod
+    def _known_metrics(cls, rules: tuple[Threshold, ...]) -> tuple[Threshold, ...]:
+        for rule in rules:
+            if rule.metric not in CANARY_METRICS:
+                raise ValueError(f"unknown canary metric {rule.metric!r}; known: {', '.join(CANARY_METRICS)}")
+        return rules
+
+
+class Args(CanarySettings, FleetArgs):
+    """Canary settings, the fleet, and what this analysis checks against."""
+
+    percent: float = Field(gt=0, le=100, description="the share the shift task just gave the candidate, percent")
+    report_dir: Path = Field(description="where canary-<percent>.json and .md are written")
+    max_new_tokens: int = Field(16, ge=1, description="answer length cap: evaluate.max_new_tokens")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters (written only when the analysis passed)."""
+
+    reason: str
+    metrics: dict[str, float]
+    report: str
+
+
+class Probe(BaseModel):
+    """One probe row: the prompt, its reference, what evaluate scored, and what the served models answered."""
+
+    prompt: str
+    reference: str
+    evaluated: float
+    candidate: str = ""
+    candidate_score: float = math.nan
+    champion: str = ""
+    champion_score: float = math.nan
+
+
+def run(args: Args) -> Outputs:
+    """Send live traffic and the probe set, compute the metrics, apply the rules, report."""
+    with rollout.recording_failures(args.state_file, f"{STEP}-{args.percent:g}"):
+        return _run(args)
+
+
+def _run(args: Args) -> Outputs:
+    state = rollout.read_state(args.state_file)
+    if state.candidate_slot is None or not state.candidate_version:
+        raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
+    probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
+    live = send_live_traffic(args, [p.prompt for p in probes])
+    probe_errors = send_probes(args, state, probes)
+    metrics = analyse(args, state, live, probes, probe_errors)
+    rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
+    passed, reason = gate(metrics, rules)
+    report = write_report(args, state, metrics, rules, passed, reason, live, probes)
+    _log_to_mlflow(args, state.candidate_version, metrics, report)
+    if not passed:
+        raise StepFailedError(
+            f"canary analysis at {args.percent:g}% failed for v{state.candidate_version}: {reason} "
+            f"(report: {report}); the exit handler routes traffic back to the champion"
+        )
+    rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
+    return Outputs(reason=reason, metrics=metrics, report=str(report))
+
+
+def evaluated_rows(args: Args, version: str) -> list[dict[str, object]]:
+    """The held-out rows `evaluate` scored for this version, in order (its report in the version's MLflow run)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tracking.errors(args.tracking_uri, f"reading the evaluation report of {args.model_name} v{version}"):
+        run_id = tracking.client(args.tracking_uri).get_model_version(args.model_name, version).run_id
+        try:
+            text = mlflow.artifacts.load_text(f"runs:/{run_id}/{REPORT_ARTIFACT}/{REPORT_FILE}")
+        except (MlflowException, OSError) as err:
+            raise StepInputError(
+                f"--model-name={args.model_name}: version {version} has no {REPORT_ARTIFACT}/{REPORT_FILE} in run "
+                f"{run_id}; served == evaluated cannot be checked without evaluate's per-row scores"
+            ) from err
+    rows = json.loads(text).get("rows") or []
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "exact_match") -> list[Probe]:
+    """The first `count` rows evaluate scored with `metric`: prompt, reference, and the score it measured."""
+    probes = [
+        Probe(prompt=str(r["prompt"]), reference=str(r["reference"]), evaluated=float(r[metric]))  # type: ignore[arg-type]
+        for r in rows
+        if {"prompt", "reference", metric} <= set(r)
+    ][:count]
+    if not probes:
+        raise StepInputError(
+            f"the evaluation report has no per-row {metric} scores with prompt and reference; re-evaluate the "
+            "version with this version of steps.evaluate"
+        )
+    return probes
+
+
+def send_live_traffic(args: Args, prompts: Sequence[str]) -> list[vllm.Answer]:
+    """`traffic_requests` requests to the public name through the proxy, `concurrency` at a time."""
+    key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
+
+    def one(i: int) -> vllm.Answer:
+        return vllm.chat(
+            args.proxy_url,
+            args.model_name,
+            prompts[i % len(prompts)],
+            api_key=key,
+            max_tokens=args.max_new_tokens,
+            timeout_s=args.request_timeout_s,
+        )
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        return list(pool.map(one, range(args.traffic_requests)))
+
+
+def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[str, int]:
+    """Ask the candidate's (and the champion's) adapter every probe; fill in answers and scores; count failures."""
+    key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
+    targets = {"candidate": state.candidate_slot, "champion": state.champion_slot}
+    errors = {"candidate": 0, "champion": 0}
+    for role, slot in targets.items():
+        if slot is None:
+            continue
+        name = litellm_proxy.slot_id(args.model_name, slot)
+
+        def ask(probe: Probe, name: str = name) -> vllm.Answer:
+            return vllm.chat(
+                args.vllm_url,
+                name,
+                probe.prompt,
+                api_key=key,
+                max_tokens=args.max_new_tokens,
+                timeout_s=args.request_timeout_s,
+            )
+
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            answers = list(pool.map(ask, probes))
+        for probe, answer in zip(probes, answers, strict=True):
+            score = task_score(args.task_metric, answer.text, probe.reference) if answer.ok else 0.0
+            setattr(probe, role, answer.text if answer.ok else f"<error: {answer.error or answer.status}>")
+            setattr(probe, f"{role}_score", score)
+            errors[role] += not answer.ok
+    return errors
+
+
+def analyse(
+    args: Args, state: RolloutState, live: Sequence[vllm.Answer], probes: Sequence[Probe], errors: Mapping[str, int]
+) -> dict[str, float]:
+    """The canary metrics (see the module docstring); NaN where there is nothing to measure."""
+    answered = [a for a in live if a.ok]
+    candidate_id = litellm_proxy.slot_id(args.model_name, state.candidate_slot or "blue")
+    share = sum(a.served_by == candidate_id for a in answered) / len(answered) if answered else math.nan
+    served = statistics.fmean(p.candidate_score for p in probes)
+    evaluated = statistics.fmean(p.evaluated for p in probes)
+    metrics = {
+        "served_score": served,
+        "evaluated_score": evaluated,
+        "served_gap": abs(served - evaluated),
+        "error_rate": (len(live) - len(answered) + errors["candidate"]) / (len(live) + len(probes)),
+        "p95_latency_s": _percentile([a.latency_s for a in live if a.status], 0.95),
+        "candidate_share": share,
+        "share_z": share_z(share, state.percent / 100, len(answered)),
+    }
+    if state.champion_slot is not None:
+        champion = statistics.fmean(p.champion_score for p in probes)
+        metrics.update(
+            champion_score=champion,
+            score_vs_champion=served - champion,
+            champion_error_rate=errors["champion"] / len(probes),
+        )
+    return {k: round(v, 6) if math.isfinite(v) else v for k, v in metrics.items()}
+
+
+def share_z(share: float, weight: float, n: int) -> float:
+    """|share - weight| in binomial standard errors; infinite for any deviation from a 0 or 1 weight."""
+    if n == 0 or math.isnan(share):
+        return math.nan
+    if weight in (0.0, 1.0):
+        return 0.0 if share == weight else math.inf
+    return abs(share - weight) / math.sqrt(weight * (1 - weight) / n)
+
+
+def write_report(
+    args: Args,
+    state: RolloutState,
+    metrics: Mapping[str, float],
+    rules: Sequence[Threshold],
+    passed: bool,
+    reason: str,
+    live: Sequence[vllm.Answer],
+    probes: Sequence[Probe],
+) -> Path:
+    """canary-<percent>.json (everything) and .md (the table), in --report-dir; prints the table."""
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.report_dir / f"canary-{args.percent:g}"
+    served_by: dict[str, int] = {}
+    for answer in live:
+        key = answer.served_by or f"error {answer.status}"
+        served_by[key] = served_by.get(key, 0) + 1
+    report = {
+        "passed": passed,
+        "reason": reason,
+        "percent": args.percent,
+        "candidate": {"version": state.candidate_version, "slot": state.candidate_slot},
+        "champion": {"version": state.champion_version, "slot": state.champion_slot},
+        "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()},
+        "rules": [{**r.model_dump(), "actual": metrics.get(r.metric)} for r in rules],
+        "live_traffic": {"requests": len(live), "served_by": served_by},
+        "probes": [p.model_dump() for p in probes],
+    }
+    json_path = stem.with_suffix(".json")
+    json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    table = render_table(args.percent, state, metrics, rules, passed, reason, served_by)
+    stem.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    return json_path
+
+
+def render_table(
+    percent: float,
+    state: RolloutState,
+    metrics: Mapping[str, float],
+    rules: Sequence[Threshold],
+    passed: bool,
+    reason: str,
+    served_by: Mapping[str, int],
+) -> str:
+    """The markdown summary: traffic split, every rule with its value, the decision."""
+    champion = f"v{state.champion_version} ({state.champion_slot})" if state.champion_slot else "none served"
+    lines = [
+        f"canary at {percent:g}%: candidate v{state.candidate_version} ({state.candidate_slot}), champion {champion}",
+        "",
+        "live traffic served by: " + ", ".join(f"{k} {v}" for k, v in sorted(served_by.items())),
+        "",
+        "| rule | actual | result |",
+        "|---|---|---|",
+    ]
+    for rule in rules:
+        value = metrics.get(rule.metric, math.nan)
+        ok = not math.isnan(value) and COMPARISONS[rule.op](value, rule.value)
+        lines.append(f"| {rule.describe()} | {value:.4f} | {'pass' if ok else 'FAIL'} |")
+    others = [k for k in metrics if k not in {r.metric for r in rules}]
+    lines += ["", ", ".join(f"{k} = {metrics[k]:.4f}" for k in others)]
+    lines += ["", f"analysis: {'PASSED' if passed else 'FAILED'} ({reason})"]
+    return "\n".join(lines)
+
+
+def _log_to_mlflow(args: Args, version: str, metrics: Mapping[str, float], report: Path) -> None:
+    """Metrics and both report files on the version's run (best effort: the analysis already decided)."""
+    try:
+        run_id = str(tracking.client(args.tracking_uri).get_model_version(args.model_name, version).run_id)
+    except Exception as err:  # a report that cannot be logged must not change the decision
+        rollout.log(f"warning: not logging the canary report to MLflow: {err}")
+        return
+    prefix = f"canary_{args.percent:g}_"
+    tracking.log_metrics(args.tracking_uri, run_id, {prefix + k: v for k, v in metrics.items() if math.isfinite(v)})
+    tracking.log_files(args.tracking_uri, run_id, [report, report.with_suffix(".md")], REPORT_ARTIFACTS)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m steps.canary --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

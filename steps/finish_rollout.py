@@ -1,0 +1,80 @@
+r"""The rollout's exit handler: roll back whatever did not finish; record the outcome on the candidate version.
+
+    python -m steps.finish_rollout --workflow-status={{workflow.status}} --model-name=llama-lora ... --state-file=...
+
+Argo runs it when the workflow ends however it ends: succeeded, a task failed (a canary analysis, a killed
+server), or the workflow was stopped or hit its deadline. If the rollout reached promotion there is nothing to
+undo (rollout.phase=Healthy). Otherwise, with a candidate on the fleet: every request of the public name goes
+back to the champion's slot (when a champion is served), the candidate's adapter is unloaded, and the candidate
+version is tagged rollout.phase=Degraded with the reason (the failing step's own message, from the state file).
+`champion` never moved, so the registry needs no repair. Clean-up against a fleet that is gone (a killed engine)
+is reported and skipped; the tags are always written. A run that never loaded a candidate (the gate failed,
+training was skipped) has nothing to undo.
+
+Outputs (one file each under --outputs-dir):
+    phase    Healthy, Degraded, or empty when no candidate was rolled out
+    reason   why
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from steps.common import litellm_proxy, rollout, vllm
+from steps.common.args import run_step
+from steps.common.rollout import FleetArgs
+
+
+class Args(FleetArgs):
+    """The fleet, and how the workflow ended."""
+
+    workflow_status: str = Field(description="{{workflow.status}}: Succeeded, Failed or Error")
+    vllm_url: str = Field("", pattern=r"^$|^https?://", description="the fleet; empty: the one the state file names")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    phase: str
+    reason: str
+
+
+def run(args: Args) -> Outputs:
+    """Nothing to do, or roll back to the champion and tag the candidate Degraded."""
+    state = rollout.read_state(args.state_file)
+    if not state.candidate_version or state.candidate_slot is None:
+        rollout.log(f"workflow {args.workflow_status}: no candidate was put on the fleet; nothing to roll back")
+        return Outputs(phase="", reason="no candidate")
+    if state.phase == "Healthy":
+        rollout.log(f"v{state.candidate_version} was promoted; nothing to roll back")
+        return Outputs(phase="Healthy", reason="promoted")
+    reason = state.failure or f"workflow {args.workflow_status} before promotion (last finished: {state.stage})"
+    candidate = litellm_proxy.slot_id(args.model_name, state.candidate_slot)
+    key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
+    if state.champion_slot is not None:
+        weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, 0.0)
+        rollout.best_effort("route traffic back to the champion", lambda: rollout.routes(args).set_weights(weights))
+    vllm_url = args.vllm_url or state.vllm_url
+    if vllm_url:
+        rollout.best_effort(
+            f"unload the candidate's adapter {candidate}", lambda: vllm.unload_adapter(vllm_url, candidate, api_key=key)
+        )
+    rollout.tag_version(
+        args.tracking_uri,
+        args.model_name,
+        state.candidate_version,
+        {rollout.PHASE_TAG: "Degraded", rollout.REASON_TAG: reason},
+    )
+    rollout.write_state(args.state_file, state.model_copy(update={"phase": "Degraded", "percent": 0.0}))
+    champion = f"champion v{state.champion_version}" if state.champion_version else "no champion"
+    rollout.log(f"rolled back v{state.candidate_version} (Degraded): {reason}; traffic on {champion}")
+    return Outputs(phase="Degraded", reason=reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m steps.finish_rollout --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+r"""Put the candidate on the serving fleet: its adapter loaded at run time into the slot the champion does not hold.
+
+    python -m steps.load_candidate --model-name=llama-lora --model-version=4 --evaluated-champion=3 \
+        --tracking-uri=... --vllm-url=... --proxy-url=... --serving-dir=... --state-file=... --base-dir=...
+
+Bad input exits 2 before any server is asked: a version without its adapter folder, an adapter whose rank is
+above the engine's --max-lora-rank, an adapter trained on another base model (its tensor shapes against the base
+model folder the engine serves, and the version's `base_model` tag against the fleet's), or one vLLM can only
+serve merged (steps/common/vllm.py says when). RO4: if `champion` moved since `evaluate` compared the candidate
+with it, the candidate never beat the champion it would replace, and the rollout stops (exit 1).
+
+The candidate gets weight 0 (the champion keeps every request) and must answer a real generation through its
+slot before the task succeeds.
+
+Outputs (one file each under --outputs-dir):
+    candidate_slot  blue or green
+    adapter_dir     where the fleet loaded the adapter from
+    answer          the candidate's answer to the readiness prompt
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from steps.common import litellm_proxy, rollout, vllm
+from steps.common.args import StepFailedError, StepInputError, run_step
+from steps.common.rollout import FleetArgs
+
+STEP = "load-candidate"
+
+
+class Args(FleetArgs):
+    """The candidate version, the fleet, and what `evaluate` compared the candidate with."""
+
+    model_version: str = Field(pattern=r"^[1-9][0-9]*$", description="register's model_version")
+    evaluated_champion: str = Field(
+        "", pattern=r"^([1-9][0-9]*)?$", description="evaluate's champion_version: the champion the candidate beat"
+    )
+    base_model: str = Field(description="the fleet's base model reference (the workflow's base_model)")
+    base_dir: Path = Field(
+        description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
+    )
+    max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
+    workflow_name: str = Field("", description="the rollout's workflow, {{workflow.name}} (tag on the version)")
+    timeout_s: int = Field(300, ge=1, description="seconds for the candidate's first answer")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    candidate_slot: str
+    adapter_dir: str
+    answer: str
+
+
+def run(args: Args) -> Outputs:
+    """Check the candidate, load it into the free slot at weight 0, prove it answers."""
+    with rollout.recording_failures(args.state_file, STEP):
+        return _run(args)
+
+
+def check_candidate(args: Args) -> Path:
+    """The candidate's adapter folder, after every input check (exit 2 on any); no server is contacted."""
+    tags = rollout.version_tags(args.tracking_uri, args.model_name, args.model_version)
+    trained_on = tags.get("base_model", "")
+    if trained_on and trained_on != args.base_model:
+        raise StepInputError(
+            f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
+            f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
+        )
+    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, args.model_version, args.serving_dir)
+    spec = vllm.read_adapter(adapter, "--model-version")
+    vllm.check_adapter(spec, args.max_lora_rank, args.base_dir, f"--model-version={args.model_version}")
+    return adapter
+
+
+def _run(args: Args) -> Outputs:
+    adapter = check_candidate(args)
+    state = rollout.read_state(args.state_file)
+    current = rollout.champion_version(args.tracking_uri, args.model_name)
+    if current != state.champion_version or (args.evaluated_champion and args.evaluated_champion != current):
+        compared = args.evaluated_champion or state.champion_version or "none"
+        raise StepFailedError(
+            f"champion moved: the candidate was compared with v{compared}, `champion` is now v{current or 'unset'} "
+            "(another rollout promoted meanwhile); rerun the pipeline to evaluate against the new champion (RO4)"
+        )
+    slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
+    name = litellm_proxy.slot_id(args.model_name, slot)
+    api_key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
+    routes = rollout.routes(args)
+    if state.champion_slot is not None:  # the champion keeps all traffic until the first canary step
+        routes.set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))
+    vllm.load_adapter(args.vllm_url, name, adapter, api_key=api_key)
+    routes.point(name, args.vllm_url)
+    answer = vllm.wait_ready(args.vllm_url, name, api_key=api_key, timeout_s=args.timeout_s)
+    rollout.tag_version(
+        args.tracking_uri,
+        args.model_name,
+        args.model_version,
+        {rollout.SLOT_TAG: slot, rollout.PHASE_TAG: "Progressing", rollout.WORKFLOW_TAG: args.workflow_name},
+    )
+    rollout.write_state(
+        args.state_file,
+        state.model_copy(
+            update={
+                "candidate_version": args.model_version,
+                "candidate_slot": slot,
+                "stage": STEP,
+                "vllm_url": args.vllm_url,
+            }
+        ),
+    )
+    rollout.log(
+        f"candidate v{args.model_version} loaded in slot {slot} ({name}) at weight 0; it answered {answer.text!r}"
+    )
+    return Outputs(candidate_slot=slot, adapter_dir=str(adapter), answer=answer.text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m steps.load_candidate --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+r"""One canary step: give the candidate `--percent` of the public model name's traffic, the champion the rest.
+
+    python -m steps.shift_traffic --percent=10 --model-name=llama-lora --proxy-url=... --state-file=...
+
+The weights change in the LiteLLM proxy (its management API in the cluster, the routes file here: see
+steps/common/litellm_proxy.py); no request fails during the change, and the next request is routed by the new
+weights. Without a live champion the candidate takes all traffic at the first step. The analysis task that
+follows (steps.canary) measures the share the candidate actually got.
+
+Outputs (one file each under --outputs-dir):
+    weights   slot id -> weight now in force, as JSON
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from steps.common import litellm_proxy, rollout
+from steps.common.args import StepInputError, run_step
+from steps.common.rollout import FleetArgs
+
+STEP = "shift"
+
+
+class Args(FleetArgs):
+    """The share to give the candidate."""
+
+    percent: float = Field(gt=0, le=100, description="the candidate's share of the public name's requests, percent")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    weights: dict[str, float]
+
+
+def run(args: Args) -> Outputs:
+    """Set the slot weights for this step."""
+    with rollout.recording_failures(args.state_file, f"{STEP}-{args.percent:g}"):
+        state = rollout.read_state(args.state_file)
+        if state.candidate_slot is None:
+            raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
+        weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, args.percent)
+        routes = rollout.routes(args)
+        routes.set_weights(weights)
+        percent = 100.0 if state.champion_slot is None else args.percent
+        rollout.write_state(
+            args.state_file, state.model_copy(update={"percent": percent, "stage": f"{STEP}-{args.percent:g}"})
+        )
+        rollout.log(f"candidate v{state.candidate_version} now takes {percent:g}% ({routes.describe()}): {weights}")
+        return Outputs(weights=weights)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m steps.shift_traffic --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
