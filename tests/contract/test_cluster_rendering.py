@@ -42,11 +42,19 @@ def errors(validator, document):
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
 
 
-def embedded(workflow):
+CORE_API_VERSIONS = ("v1", "apps/v1", "policy/v1")  # the serving fleet: validated by tests/contract/test_serving.py
+
+
+def resources(workflow):
     """(template name, parsed manifest) of every resource template."""
     return [
         (t["name"], yaml.safe_load(t["resource"]["manifest"])) for t in workflow["spec"]["templates"] if "resource" in t
     ]
+
+
+def embedded(workflow):
+    """(template name, parsed manifest) of every resource template creating a custom resource (a training job)."""
+    return [(name, obj) for name, obj in resources(workflow) if obj["apiVersion"] not in CORE_API_VERSIONS]
 
 
 def test_every_kind_of_every_variant_validates(variant, argo_validator):
@@ -166,6 +174,11 @@ def pod_specs(workflow):
             groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
         elif obj["kind"] == "Job":
             groups = spec["tasks"]
+        for group in groups:
+            for container in group["template"]["spec"]["containers"]:
+                yield f"{name}/{container['name']}", group["template"]["spec"], container
+    for name, obj in resources(workflow):
+        groups = [obj["spec"]] if obj["kind"] == "Deployment" else []  # the serving fleet's pods
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
                 yield f"{name}/{container['name']}", group["template"]["spec"], container

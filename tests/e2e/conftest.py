@@ -1,0 +1,86 @@
+"""Session fixtures of the end-to-end tests: one converted base model, and one shared vLLM engine.
+
+A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
+are not about starting an engine (the gate, the S3 source, the rollout scenarios) adopt one engine started once
+for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own (pipelines/local/serving.py).
+The flagship run and `serve` start their own engines, before this one exists (test_local_run.py runs first).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from steps.common import vllm
+from steps.common.base_model import DEMO_MODEL, resolve_model
+
+BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One converted base model for every e2e run of the session."""
+    return tmp_path_factory.mktemp("models")
+
+
+class SharedEngine:
+    """A vLLM engine for the session, started on first use and again after a test killed it."""
+
+    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.log_dir = log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """The engine's address, after making sure it runs and generates."""
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        settings = vllm.EngineSettings()
+        args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
+        log = self.log_dir / f"vllm-{int(time.time())}.log"
+        with open(log, "ab") as out:
+            self.process = subprocess.Popen(
+                [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **vllm.engine_env(settings, cpu=True)},
+                start_new_session=True,
+            )
+        vllm.wait_ready(f"http://127.0.0.1:{self.port}", BASE_NAME, timeout_s=900, process=self.process, log_path=log)
+
+    def stop(self) -> None:
+        """Stop the engine and all its processes."""
+        if self.process is not None:
+            vllm.stop(self.process)
+
+
+@pytest.fixture(scope="session")
+def shared_engine(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedEngine]:
+    """The session's vLLM engine (see the module docstring); runs adopt it with `adopt_engine`."""
+    engine = SharedEngine(resolve_model(DEMO_MODEL, model_cache), tmp_path_factory.mktemp("engine"))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -> SharedEngine:
+    """Make this test's runs use the shared engine instead of starting their own."""
+    monkeypatch.setenv("EKSFLOW_VLLM_URL", shared_engine.url)
+    monkeypatch.delenv("EKSFLOW_VLLM_API_KEY", raising=False)
+    return shared_engine

@@ -1,0 +1,254 @@
+"""The rollout on a real vLLM engine (CPU build) and a real LiteLLM proxy, run from the compiled workflow.
+
+One small adapter is trained and evaluated for the module; the other versions are cheap derivatives of it: a
+copy with a tiny perturbation of its LoRA weights (the same answers, another checkpoint digest, so another
+version) and a copy with a large one (broken answers, registered with the good one's evaluation: what serving
+catches when the registered artifact is not what was evaluated). Runs adopt the session's shared engine
+(conftest.py). The tests build on each other in file order: v1 is champion, a canary promotes v2, v3 is rolled
+back, and v4's rollout loses its engine (last: it kills the shared engine, which a later user restarts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.core.config import load_config
+from pipelines.core.rollout import rollout_workflow
+from pipelines.core.templates import manifest
+from pipelines.local import run_workflow
+from steps import register
+from steps.common import litellm_proxy, rollout, tracking, vllm
+from steps.common.base_model import DEMO_MODEL
+from tests.e2e.processes import serving_processes
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "llama-lora"
+TRAIN_STEPS = 12  # enough for the date format on CPU; the adapters' quality is not what these tests measure
+PROMPT = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only.\nDate: July 4, 1976"
+TOLERANCE_SE = 4  # the stated routing tolerance: |share - weight| <= 4 binomial standard errors
+
+
+def step(*argv: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_cache):
+    """(adapter folder, evaluate's report on it): the one adapter trained for the module."""
+    root = tmp_path_factory.mktemp("trained")
+    common = [f"--base-model={DEMO_MODEL}", f"--model-cache-dir={model_cache}", f"--dataset-dir={ROOT / 'data/demo'}"]
+    step("steps.train", *common, f"--output-dir={root / 'train'}", "--launcher=local", f"--max-steps={TRAIN_STEPS}",
+         f"--outputs-dir={root / 'train-out'}")  # fmt: skip
+    adapter = Path((root / "train-out" / "adapter_dir").read_text())
+    step("steps.evaluate", *common, f"--adapter-dir={adapter}", f"--report-dir={root / 'reports'}",
+         "--max-examples=16", "--model-name=", f"--outputs-dir={root / 'eval-out'}")  # fmt: skip
+    return adapter, root / "reports" / "eval_report.json"
+
+
+def perturbed(adapter: Path, out: Path, scale: float, seed: int) -> Path:
+    """A copy of `adapter` with noise of `scale` added to every LoRA weight (fixed seed)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(adapter, out)
+    weights = out / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in tensors.items():
+        noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+        tensors[name] = (tensor.float() + scale * noise).to(tensor.dtype)
+    save_file(tensors, weights)
+    return out
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    """The local state folder every run of the module shares (its FSx volume holds the registry)."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def registry(state, trained, tmp_path_factory):
+    """v1 (champion, blue), v2 and v4 (tiny perturbations of v1), v3 (broken), each with evaluate's report."""
+    adapter, report = trained
+    db = state / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    root = tmp_path_factory.mktemp("adapters")
+    folders = [
+        adapter,
+        perturbed(adapter, root / "v2", 1e-7, seed=2),
+        perturbed(adapter, root / "v3", 0.5, seed=3),
+        perturbed(adapter, root / "v4", 1e-7, seed=4),
+    ]
+    for i, folder in enumerate(folders, start=1):
+        out = register.run(
+            register.Args.model_validate(
+                {
+                    "adapter_dir": folder,
+                    "base_model": DEMO_MODEL,
+                    "metrics": {"exact_match": 0.9},
+                    "dataset_digest": "sha256:" + "d" * 64,
+                    "workflow_name": f"llama-lora-v{i}",
+                    "tracking_uri": uri,
+                    "outputs_dir": root / f"out-{i}",
+                }
+            )
+        )
+        assert out.model_version == str(i)
+        assert tracking.log_files(uri, out.mlflow_run_id, [report], "eval")  # what evaluate logs to the run
+    tracking.promote(uri, MODEL, "1")  # an earlier rollout made v1 champion, in the blue slot
+    rollout.tag_version(uri, MODEL, "1", {rollout.SLOT_TAG: "blue"})
+    return uri
+
+
+class Run:
+    """A rollout workflow running in a thread, and where to look at it."""
+
+    def __init__(self, state: Path, model_cache: Path, version: str, *overrides: str) -> None:
+        cfg = load_config(None, [f"storage.model_cache={model_cache}", *overrides])
+        self.state = state
+        self.known = set((state / "runs").glob("*")) if (state / "runs").exists() else set()
+        self.result = None
+        workflow = manifest(rollout_workflow(cfg))
+
+        def execute() -> None:
+            self.result = run_workflow(workflow, state, cwd=ROOT, parameters={"model_version": version})
+
+        self.thread = threading.Thread(target=execute, daemon=True)
+        self.thread.start()
+
+    @property
+    def run_dir(self) -> Path:
+        deadline = time.monotonic() + 60
+        while not (found := set((self.state / "runs").glob("*")) - self.known):
+            assert time.monotonic() < deadline, "the run folder did not appear"
+            time.sleep(0.2)
+        (run_dir,) = found
+        return run_dir
+
+    def node(self, name: str) -> dict:
+        try:
+            return json.loads((self.run_dir / "status.json").read_text())["status"]["nodes"].get(name, {})
+        except (OSError, ValueError):
+            return {}
+
+    def wait_for(self, name: str, phase: str, timeout_s: float = 1800) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.node(name).get("phase") != phase:
+            assert self.thread.is_alive() or self.node(name).get("phase") == phase, f"{name} never reached {phase}"
+            assert time.monotonic() < deadline, f"{name} not {phase} after {timeout_s} s"
+            time.sleep(0.2)
+
+    def finish(self, timeout_s: float = 1800):
+        self.thread.join(timeout_s)
+        assert self.result is not None, "the run did not finish"
+        return self.result
+
+    def report(self, percent: int) -> dict:
+        reports = self.state / "volumes" / "fsx-claim" / "runs" / self.run_dir.name / "reports"
+        return json.loads((reports / f"canary-{percent}.json").read_text())
+
+
+def outputs(node: dict) -> dict:
+    return {p["name"]: p["value"] for p in node.get("outputs", {}).get("parameters", [])}
+
+
+def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache, registry, adopt_engine):
+    run = Run(state, model_cache, "2", "canary.traffic_requests=100")
+    result = run.finish()
+    assert result.phase == "Succeeded", result.message
+    for percent in (10, 50, 100):
+        report = run.report(percent)
+        served_by = report["live_traffic"]["served_by"]
+        assert set(served_by) <= {"llama-lora-blue", "llama-lora-green"}, served_by  # no failed request
+        n = sum(served_by.values())
+        share, weight = served_by.get("llama-lora-green", 0) / n, percent / 100
+        tolerance = TOLERANCE_SE * math.sqrt(weight * (1 - weight) / n)
+        assert abs(share - weight) <= tolerance, (percent, served_by)
+        assert report["metrics"]["error_rate"] == 0.0 and report["metrics"]["served_gap"] <= 0.125
+    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
+    assert tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version == "1"
+    tags = rollout.version_tags(registry, MODEL, "2")
+    assert tags[rollout.PHASE_TAG] == "Healthy" and tags[rollout.SLOT_TAG] == "green"
+    loaded = vllm.loaded_adapters(adopt_engine.url)
+    assert "llama-lora-green" in loaded and "llama-lora-blue" not in loaded  # the old champion drained, unloaded
+
+
+def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answers(
+    state, model_cache, registry, adopt_engine
+):
+    champion = litellm_proxy.slot_id(MODEL, rollout.version_tags(registry, MODEL, "2")[rollout.SLOT_TAG])
+    answers: list[vllm.Answer] = []
+    run = Run(state, model_cache, "3")
+
+    def ask_the_champion() -> None:
+        while run.thread.is_alive():
+            answers.append(vllm.chat(adopt_engine.url, champion, PROMPT, timeout_s=120))
+            time.sleep(0.5)
+
+    asker = threading.Thread(target=ask_the_champion, daemon=True)
+    run.wait_for("load-candidate", "Succeeded")
+    asker.start()
+    result = run.finish()
+    asker.join(300)
+    assert result.phase == "Failed"
+    analysis = run.node("analyze-10")
+    assert analysis["phase"] == "Failed" and "served_gap" in analysis["message"], analysis
+    assert {run.node(t)["phase"] for t in ("shift-50", "analyze-50", "promote")} == {"Omitted"}
+    assert outputs(run.node("onExit"))["phase"] == "Degraded"
+    # RO1: champion unchanged, answering during the analysis and after it.
+    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
+    assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
+    assert vllm.chat(adopt_engine.url, champion, PROMPT).ok
+    tags = rollout.version_tags(registry, MODEL, "3")
+    assert tags[rollout.PHASE_TAG] == "Degraded" and "served_gap" in tags[rollout.REASON_TAG]
+    assert list(vllm.loaded_adapters(adopt_engine.url)) == [champion]  # the candidate was unloaded
+
+
+def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_process(
+    state, model_cache, registry, adopt_engine
+):
+    """RO2. Last in the module: it kills the shared engine (conftest restarts it for any later user)."""
+    before = serving_processes()
+    run = Run(state, model_cache, "4", "canary.traffic_requests=400")
+    run.wait_for("analyze-10", "Running")
+    time.sleep(2)  # the analysis is sending its traffic
+    engine = adopt_engine.process
+    assert engine is not None
+    os.killpg(engine.pid, signal.SIGKILL)
+    result = run.finish()
+    assert result.phase == "Failed"
+    assert run.node("analyze-10")["phase"] == "Failed" and run.node("promote")["phase"] == "Omitted"
+    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
+    assert rollout.version_tags(registry, MODEL, "4")[rollout.PHASE_TAG] == "Degraded"
+    engine.wait(60)
+    time.sleep(2)  # the engine's orphaned workers notice their parent is gone
+    assert serving_processes() <= before and not serving_processes() & set(_group(engine.pid)), "processes left"
+
+
+def _group(pgid: int) -> list[int]:
+    """Pids still in process group `pgid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found

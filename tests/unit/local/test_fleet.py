@@ -1,0 +1,84 @@
+"""The local fleet's bookkeeping: addresses mapped only where a whole value is one, objects it refuses."""
+
+import threading
+
+import pytest
+
+from pipelines.core import serving
+from pipelines.core.config import load_config
+from pipelines.local import resources
+from pipelines.local.serving import FleetError, LocalFleet, _Process
+
+PROXY = "http://llama-lora-proxy.argo.svc.cluster.local:4000"
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
+    cfg = load_config()
+    for obj in serving.proxy_objects(cfg):
+        if obj["kind"] != "Deployment":
+            fleet.apply(obj, obj["kind"], threading.Event())
+    # What a started proxy looks like to the fleet (no process: these tests only map addresses).
+    labels = serving.proxy_deployment(cfg)["spec"]["template"]["metadata"]["labels"]
+    fleet._processes["llama-lora-proxy"] = _Process("llama-lora-proxy", "litellm", None, 41234, labels, tmp_path)
+    return fleet
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (PROXY, "http://127.0.0.1:41234"),
+        (f"{PROXY}/v1", "http://127.0.0.1:41234/v1"),
+        ("http://llama-lora-proxy:4000", "http://127.0.0.1:41234"),
+        ("http://llama-lora-proxy.argo.svc:4000", "http://127.0.0.1:41234"),
+        ("http://llama-lora-proxy.argo.svc.cluster.local:4001", None),  # another port: not this Service
+        ("http://llama-lora-proxy.example.com:4000", None),  # another domain
+        ("http://other.argo.svc.cluster.local:4000", None),  # no such Service
+        (f"see {PROXY} for details", None),  # free text is never rewritten
+        ("/fsx/runs/x", None),
+    ],
+)
+def test_only_a_whole_service_address_is_mapped(fleet, value, expected):
+    assert fleet.local_value(value) == (value if expected is None else expected)
+
+
+def test_argv_items_map_their_value_only(fleet):
+    argv = ["python", "-m", "steps.promote", f"--proxy-url={PROXY}", f"--note={PROXY} down", PROXY]
+    assert fleet.local_argv(argv) == [
+        *argv[:3],
+        "--proxy-url=http://127.0.0.1:41234",
+        argv[4],
+        "http://127.0.0.1:41234",
+    ]
+
+
+def test_objects_without_a_process_say_what_they_are_here(fleet):
+    cfg = load_config()
+    pdb = serving.disruption_budget(cfg, "x", "vllm", 1)
+    assert "nothing to protect" in fleet.apply(pdb, "pdb", threading.Event())
+    assert fleet.task_env() == {"EKSFLOW_ROUTES_FILE": str(fleet.routes_file)}
+
+
+def test_a_gpu_deployment_is_refused_here_with_the_way_out(fleet):
+    cfg = load_config(None, ["serving.instance_type=g5.xlarge"])
+    deployment = serving.vllm_deployment(cfg, "f", "/fsx/models/m")
+    with pytest.raises(FleetError, match=r"asks for 1 nvidia.com/gpu.*serving.instance_type=m6i.4xlarge") as caught:
+        fleet.apply(deployment, "vllm", threading.Event())
+    assert caught.value.retriable is False
+
+
+def test_a_second_engine_in_one_run_is_refused(fleet, tmp_path):
+    fleet._processes["engine-a"] = _Process("engine-a", "vllm", None, 1, {}, tmp_path)
+    deployment = serving.vllm_deployment(load_config(), "engine-b", "/fsx/models/m")
+    with pytest.raises(FleetError, match="two engines stall each other"):
+        fleet.apply(deployment, "vllm", threading.Event())
+
+
+def test_an_unknown_deployment_is_refused_before_the_run():
+    deployment = serving.proxy_deployment(load_config())
+    deployment["spec"]["template"]["spec"]["containers"][0]["command"] = ["nginx"]
+    import yaml
+
+    with pytest.raises(resources.ResourceError, match="only as a vLLM engine"):
+        resources.describe(yaml.safe_dump(deployment), "proxy")

@@ -1,0 +1,156 @@
+"""The canary analysis's pure parts: settings, probe rows, metrics, routing tolerance, the report table."""
+
+import math
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from steps import canary
+from steps.common import litellm_proxy
+from steps.common.rollout import RolloutState
+from steps.common.vllm import Answer
+from steps.evaluate import Threshold, gate
+
+
+def args(tmp_path: Path, **extra) -> canary.Args:
+    return canary.Args.model_validate(
+        {
+            "model_name": "llama-lora",
+            "tracking_uri": "sqlite:///x.db",
+            "vllm_url": "http://127.0.0.1:1",
+            "proxy_url": "http://127.0.0.1:2",
+            "serving_dir": tmp_path,
+            "state_file": tmp_path / "state.json",
+            "percent": 10,
+            "report_dir": tmp_path / "reports",
+            **extra,
+        }
+    )
+
+
+@pytest.mark.parametrize("weights", [(50, 10, 100), (10, 50), (0, 100), (10, 10, 100), (10, 150)])
+def test_weights_must_increase_to_100(weights):
+    with pytest.raises(ValidationError, match="weights must increase"):
+        canary.CanarySettings(weights=weights)
+
+
+def test_rules_name_known_metrics_only():
+    with pytest.raises(ValidationError, match="unknown canary metric 'latency'"):
+        canary.CanarySettings(thresholds=(Threshold(metric="latency", op="<=", value=1),))
+
+
+@pytest.mark.parametrize(
+    ("share", "weight", "n", "expected"),
+    [
+        (0.1, 0.1, 100, 0.0),
+        (0.22, 0.1, 100, 4.0),
+        (1.0, 1.0, 40, 0.0),
+        (0.975, 1.0, 40, math.inf),
+        (0.5, 0.5, 0, math.nan),
+    ],
+)
+def test_share_z_counts_binomial_standard_errors(share, weight, n, expected):
+    z = canary.share_z(share, weight, n)
+    assert (math.isnan(z) and math.isnan(expected)) or z == pytest.approx(expected)
+
+
+def test_probe_rows_are_the_first_rows_evaluate_scored():
+    rows = [{"prompt": f"p{i}", "reference": f"c{i}", "exact_match": float(i % 2)} for i in range(6)]
+    rows.insert(1, {"prompt": "old report", "exact_match": 1.0})  # no reference: not a probe
+    probes = canary.probe_set(rows, 3)
+    assert [(p.prompt, p.reference, p.evaluated) for p in probes] == [
+        ("p0", "c0", 0.0),
+        ("p1", "c1", 1.0),
+        ("p2", "c2", 0.0),
+    ]
+
+
+def test_a_report_without_per_row_scores_is_bad_input():
+    from steps.common.args import StepInputError
+
+    with pytest.raises(StepInputError, match="no per-row exact_match scores"):
+        canary.probe_set([{"prompt": "a", "reference": "b"}], 4)
+
+
+def live(served_by: list[str], latency: float = 0.5) -> list[Answer]:
+    return [Answer(200, "ok", latency, s) if s else Answer(0, "", 60.0, error="timeout") for s in served_by]
+
+
+def test_metrics_of_a_healthy_step_pass_the_default_rules(tmp_path):
+    a = args(tmp_path)
+    state = RolloutState(
+        champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=10
+    )
+    probes = [
+        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)
+        for i in range(4)
+    ]
+    traffic = live(["llama-lora-green"] * 4 + ["llama-lora-blue"] * 36)
+    metrics = canary.analyse(a, state, traffic, probes, {"candidate": 0, "champion": 0})
+    assert metrics["candidate_share"] == 0.1 and metrics["share_z"] == 0.0
+    assert metrics["served_gap"] == 0.0 and metrics["error_rate"] == 0.0 and metrics["score_vs_champion"] == 0.0
+    assert gate(metrics, [*a.thresholds, *a.champion_thresholds])[0]
+
+
+def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
+    a = args(tmp_path, percent=50)
+    state = RolloutState(
+        champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=50
+    )
+    probes = [
+        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=0.0, champion_score=1.0)
+        for i in range(4)
+    ]
+    traffic = live(["llama-lora-green", "llama-lora-blue"] * 20 + [""])  # one request timed out
+    metrics = canary.analyse(a, state, traffic, probes, {"candidate": 0, "champion": 0})
+    passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
+    assert not passed
+    assert "served_gap = 1.0000 fails served_gap <= 0.125" in reason
+    assert "error_rate = 0.0222 fails error_rate <= 0" in reason
+    assert "score_vs_champion = -1.0000 fails score_vs_champion >= -0.125" in reason
+
+
+def test_without_a_champion_there_are_no_champion_metrics(tmp_path):
+    state = RolloutState(candidate_version="1", candidate_slot="blue", percent=100)
+    probes = [canary.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0)]
+    metrics = canary.analyse(
+        args(tmp_path, percent=100), state, live(["llama-lora-blue"] * 3), probes, {"candidate": 0, "champion": 0}
+    )
+    assert "champion_score" not in metrics and metrics["share_z"] == 0.0
+
+
+def test_report_table_names_every_rule_and_the_split(tmp_path):
+    state = RolloutState(champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green")
+    rules = [Threshold(metric="error_rate", op="<=", value=0.0)]
+    table = canary.render_table(10, state, {"error_rate": 0.5, "p95_latency_s": 1.0}, rules, False, "x", {"a": 3})
+    assert "| error_rate <= 0 | 0.5000 | FAIL |" in table and "live traffic served by: a 3" in table
+    assert table.endswith("analysis: FAILED (x)")
+
+
+@pytest.mark.parametrize(
+    ("champion", "percent", "expected"),
+    [("blue", 10, {"m-blue": 90.0, "m-green": 10.0}), (None, 10, {"m-blue": 0.0, "m-green": 100.0})],
+)
+def test_weights_for_a_step(champion, percent, expected):
+    assert litellm_proxy.weights_for("m", champion, "green", percent) == expected
+
+
+def test_routes_file_is_replaced_whole_and_refuses_all_zero(tmp_path):
+    routes = litellm_proxy.RoutesFile(tmp_path / "routes.json", "m")
+    routes.set_weights({"m-blue": 90, "m-green": 10})
+    assert routes.read() == {"m": {"m-blue": 90.0, "m-green": 10.0}}
+    with pytest.raises(litellm_proxy.RoutingError, match="at least one slot"):
+        routes.set_weights({"m-blue": 0, "m-green": 0})
+    assert not list(tmp_path.glob(".*tmp"))  # no half-written file left behind
+
+
+def test_the_local_fleet_names_a_routes_file_else_the_management_api(monkeypatch, tmp_path):
+    monkeypatch.setenv(litellm_proxy.ROUTES_FILE_ENV, str(tmp_path / "r.json"))
+    assert isinstance(litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000"), litellm_proxy.RoutesFile)
+    monkeypatch.delenv(litellm_proxy.ROUTES_FILE_ENV)
+    assert isinstance(litellm_proxy.routes("http://p:4000", "sk-1", "m", "http://v:8000"), litellm_proxy.ProxyApi)
+    from steps.common.args import StepInputError
+
+    with pytest.raises(StepInputError, match="no LiteLLM master key"):
+        litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000")

@@ -1,0 +1,127 @@
+"""Bad input to the rollout exits 2 naming the field, before any server is asked (no fleet runs in these tests)."""
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from steps import load_candidate, register, serve
+from steps.common import tracking
+from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
+
+NOBODY = "http://127.0.0.1:{port}"  # a closed port: a step that asked a server would fail with exit 1, not 2
+
+
+@pytest.fixture(scope="module")
+def base_dir() -> Path:
+    return resolve_model(DEMO_MODEL, default_cache_dir())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def adapter(base: Path | None, out: Path, rank: int) -> Path:
+    """A PEFT LoRA on the demo model, or (base None) on a tiny random Llama with other shapes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if base is None:
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=256)  # fmt: skip
+        model = LlamaForCausalLM(config)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    get_peft_model(model, lora).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory, base_dir):
+    """Versions 1-3: a rank-32 adapter, an adapter for another base model, and one whose adapter files vanished."""
+    root = tmp_path_factory.mktemp("registry")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    made = [
+        adapter(base_dir, root / "rank32", 32),
+        adapter(None, root / "other-base", 8),
+        adapter(base_dir, root / "vanishing", 8),
+    ]
+    for i, folder in enumerate(made):
+        args = register.Args.model_validate(
+            {
+                "adapter_dir": folder,
+                "base_model": DEMO_MODEL,
+                "metrics": {"exact_match": 0.9},
+                "dataset_digest": "sha256:" + "d" * 64,
+                "workflow_name": f"wf-{i}",
+                "tracking_uri": uri,
+                "outputs_dir": root / f"out-{i}",
+            }
+        )
+        assert register.run(args).model_version == str(i + 1)
+    run_id = tracking.client(uri).get_model_version("llama-lora", "3").run_id
+    artifacts = Path(tracking.client(uri).get_run(run_id).info.artifact_uri.removeprefix("file://"))
+    shutil.rmtree(artifacts / "adapter")  # registered, then the adapter folder was lost
+    return uri
+
+
+def load(tmp_path: Path, uri: str, version: str, **extra: str) -> list[str]:
+    port = closed_port()
+    values = {
+        "model_name": "llama-lora",
+        "model_version": version,
+        "tracking_uri": uri,
+        "vllm_url": NOBODY.format(port=port),
+        "proxy_url": NOBODY.format(port=port),
+        "serving_dir": str(tmp_path / "adapters"),
+        "state_file": str(tmp_path / "state.json"),
+        "base_model": DEMO_MODEL,
+        "base_dir": str(resolve_model(DEMO_MODEL, default_cache_dir())),
+        "outputs_dir": str(tmp_path / "out"),
+        **extra,
+    }
+    return [f"--{k.replace('_', '-')}={v}" for k, v in values.items()]
+
+
+@pytest.mark.parametrize(
+    ("version", "extra", "expected"),
+    [
+        ("1", {}, "--model-version=1: adapter rank 32 exceeds the engine's max LoRA rank 16; raise serving.engine"),
+        ("2", {}, "--model-version=2: the adapter was trained on another base model: its model.layers.0.self_attn"),
+        ("3", {}, "--model-version=3: llama-lora version 3 has no 'adapter' artifact"),
+        ("9", {}, "--model-version=9: 'llama-lora' has no version 9"),
+        ("1", {"base_model": "/models/llama-3-8b"}, "--base-model: llama-lora version 1 was trained on"),
+    ],
+    ids=["rank-above-max", "other-base-model", "missing-adapter-folder", "unknown-version", "base-model-tag"],
+)
+def test_bad_candidate_exits_2_naming_the_field_before_any_server(tmp_path, registry, capsys, version, extra, expected):
+    assert load_candidate.main(load(tmp_path, registry, version, **extra)) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # no outputs: nothing was loaded
+
+
+def test_rank_within_a_larger_engine_limit_passes_the_checks(tmp_path, registry):
+    args = load_candidate.Args.from_argv(load(tmp_path, registry, "1", max_lora_rank="32"))
+    assert (load_candidate.check_candidate(args) / "adapter_config.json").is_file()
+
+
+def test_serve_refuses_a_bad_adapter_before_starting_vllm(tmp_path, registry, capsys):
+    argv = [
+        "--model-name=llama-lora",
+        f"--tracking-uri={registry}",
+        "--version=1",
+        f"--serve-dir={tmp_path / 'serve'}",
+        f"--model-cache-dir={default_cache_dir()}",
+        f"--port={closed_port()}",
+    ]
+    assert serve.main(argv) == 2
+    assert "adapter rank 32 exceeds the engine's max LoRA rank 16" in capsys.readouterr().err
+    assert not list((tmp_path / "serve").glob("vllm-*.log"))  # the engine never started
