@@ -95,11 +95,12 @@ class Rollout:
         )
         # The exit handler cannot read task outputs: the fleet's address comes from the state file.
         self.finish = self._keyed(step(finish_rollout, **fleet, workflow_status="{{workflow.status}}"))
-        self.fleet = [
-            self._apply("vllm", serving.vllm_deployment(cfg, FLEET_INPUT, MODEL_DIR_INPUT), ["fleet", "model_dir"]),
-            self._apply("vllm-service", serving.vllm_service(cfg, FLEET_INPUT), ["fleet"], ready=False),
-            self._apply("vllm-pdb", serving.disruption_budget(cfg, FLEET_INPUT, "vllm", cfg.serving.replicas),
-                        ["fleet"], ready=False),
+        self.fleet = [  # (template, its input parameters)
+            (self._apply("vllm", serving.vllm_deployment(cfg, FLEET_INPUT, MODEL_DIR_INPUT), ["fleet", "model_dir"]),
+             ["fleet", "model_dir"]),
+            (self._apply("vllm-service", serving.vllm_service(cfg, FLEET_INPUT), ["fleet"], ready=False), ["fleet"]),
+            (self._apply("vllm-pdb", serving.disruption_budget(cfg, FLEET_INPUT, "vllm", cfg.serving.replicas),
+                         ["fleet"], ready=False), ["fleet"]),
         ]  # fmt: skip
         config_map, proxy, proxy_service, proxy_pdb = serving.proxy_objects(cfg)
         self.proxy = [
@@ -133,8 +134,8 @@ class Rollout:
     def add(
         self,
         *,
-        model_version: str,
-        evaluated_champion: str = "",
+        model_version: str | Parameter,
+        evaluated_champion: str | Parameter = "",
         start_after: Task | None = None,
         start_when: str | None = None,
         candidate_after: Sequence[Task] = (),
@@ -149,8 +150,7 @@ class Rollout:
             start_after >> prepared  # type: ignore[operator]  # Hera types >> as Task | list
         fleet_args = {"fleet": prepared.get_parameter("fleet"), "model_dir": prepared.get_parameter("model_dir")}
         ready: list[Task] = []
-        for template in self.fleet:
-            names = [p.name for p in (template.inputs or []) if isinstance(p, Parameter)]
+        for template, names in self.fleet:
             task = template(arguments={n: fleet_args[n] for n in names})
             assert isinstance(task, Task)
             prepared.on_success(task)

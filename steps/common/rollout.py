@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -27,6 +27,9 @@ from steps.common import litellm_proxy, tracking
 from steps.common.args import StepArgs, StepFailedError, StepInputError
 from steps.common.litellm_proxy import Slot
 from steps.common.outputs import atomic_write_text
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 VLLM_KEY_FILE = "vllm-api-key"
 MASTER_KEY_FILE = "litellm-master-key"
@@ -113,6 +116,22 @@ def routes(args: FleetArgs) -> litellm_proxy.Routes:
     )
 
 
+def registered_version(tracking_uri: str, model_name: str, version: str) -> ModelVersion:
+    """A registered version; StepInputError naming --model-version when the registry has no such version."""
+    from mlflow.exceptions import MlflowException
+
+    with tracking.errors(tracking_uri, f"reading {model_name} version {version}"):
+        try:
+            return tracking.client(tracking_uri).get_model_version(model_name, version)
+        except MlflowException as err:
+            if err.error_code not in tracking.NOT_FOUND_CODES:
+                raise
+    raise StepInputError(
+        f"--model-version={version}: {model_name!r} has no version {version} at {tracking_uri}; pass register's "
+        "output (tasks.register.outputs.parameters.model_version)"
+    )
+
+
 def download_adapter(tracking_uri: str, model_name: str, version: str, serving_dir: Path) -> Path:
     """The version's adapter folder under `serving_dir/v<version>` (downloaded once: versions are immutable)."""
     import mlflow
@@ -121,46 +140,36 @@ def download_adapter(tracking_uri: str, model_name: str, version: str, serving_d
     target = serving_dir / f"v{version}"
     if (target / "adapter_config.json").is_file():
         return target
-    with tracking.errors(tracking_uri, f"reading {model_name} version {version}"):
+    registered = registered_version(tracking_uri, model_name, version)
+    serving_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=serving_dir))
+    try:
         try:
-            registered = tracking.client(tracking_uri).get_model_version(model_name, version)
-        except MlflowException as err:
-            if err.error_code not in tracking.NOT_FOUND_CODES:
-                raise
+            local = Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=str(registered.run_id), artifact_path=ADAPTER_ARTIFACT, dst_path=str(tmp)
+                )
+            )
+        except (MlflowException, OSError) as err:
             raise StepInputError(
-                f"--model-version={version}: {model_name!r} has no version {version} at {tracking_uri}; pass "
-                "register's output (tasks.register.outputs.parameters.model_version)"
+                f"--model-version={version}: {model_name} version {version} has no {ADAPTER_ARTIFACT!r} artifact "
+                f"in run {registered.run_id} ({type(err).__name__}); register it with steps.register"
             ) from err
-        serving_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=serving_dir))
-        try:
-            try:
-                local = Path(
-                    mlflow.artifacts.download_artifacts(
-                        run_id=str(registered.run_id), artifact_path=ADAPTER_ARTIFACT, dst_path=str(tmp)
-                    )
-                )
-            except (MlflowException, OSError) as err:
-                raise StepInputError(
-                    f"--model-version={version}: {model_name} version {version} has no {ADAPTER_ARTIFACT!r} artifact "
-                    f"in run {registered.run_id} ({type(err).__name__}); register it with steps.register"
-                ) from err
-            if not (local / "adapter_config.json").is_file():
-                raise StepInputError(
-                    f"--model-version={version}: the {ADAPTER_ARTIFACT!r} artifact of {model_name} version {version} "
-                    "holds no adapter_config.json (missing adapter folder); register the train step's adapter_dir"
-                )
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(local, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not (local / "adapter_config.json").is_file():
+            raise StepInputError(
+                f"--model-version={version}: the {ADAPTER_ARTIFACT!r} artifact of {model_name} version {version} "
+                "holds no adapter_config.json (missing adapter folder); register the train step's adapter_dir"
+            )
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(local, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
 def version_tags(tracking_uri: str, model_name: str, version: str) -> dict[str, str]:
-    """The tags of a registered version."""
-    with tracking.errors(tracking_uri, f"reading {model_name} version {version}"):
-        return dict(tracking.client(tracking_uri).get_model_version(model_name, version).tags or {})
+    """The tags of a registered version (StepInputError if there is no such version)."""
+    return dict(registered_version(tracking_uri, model_name, version).tags or {})
 
 
 def tag_version(tracking_uri: str, model_name: str, version: str, tags: dict[str, str]) -> None:

@@ -44,7 +44,13 @@ def test_a_misspelled_field_is_rejected(rendered, argo_validator):
     assert any("dependecies" in e for e in errors(argo_validator("Workflow"), broken))
 
 
-SAMPLE_OUTPUTS = {"model_version": "3", "mlflow_run_id": "0123abcd", "dataset_digest": "sha256:" + "0" * 64}
+SAMPLE_OUTPUTS = {
+    "model_version": "3",
+    "mlflow_run_id": "0123abcd",
+    "dataset_digest": "sha256:" + "0" * 64,
+    "vllm_url": "http://llama-lora-vllm-0123abcd.argo.svc.cluster.local:8000",
+    "evaluated_champion": "2",
+}
 
 
 def sample(name, annotation) -> str:
@@ -55,7 +61,19 @@ def sample(name, annotation) -> str:
     return {dict: '{"exact_match": 0.5}', int: "1", float: "0.5", bool: "true"}.get(origin, "/fsx/runs/x/y")
 
 
-@pytest.mark.parametrize("module", ["stage_data", "validate_data", "train", "evaluate", "register", "deploy"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "stage_data",
+        "validate_data",
+        "train",
+        "evaluate",
+        "register",
+        "prepare_fleet",
+        "serve_champion",
+        "load_candidate",
+    ],
+)
 def test_template_args_parse_with_the_steps_args_model(rendered, module):
     step = importlib.import_module(f"steps.{module}")
     name = module.replace("_", "-")
@@ -80,10 +98,10 @@ def test_template_args_parse_with_the_steps_args_model(rendered, module):
     assert all(o["valueFrom"]["path"] == f"/tmp/outputs/{o['name']}" for o in template["outputs"]["parameters"])
 
 
-def test_gate_controls_register_and_deploy(rendered):
+def test_gate_controls_register_and_the_rollout(rendered):
     tasks = {t["name"]: t for t in dag_tasks(rendered)}
     assert tasks["register"]["when"] == "{{tasks.evaluate.outputs.parameters.passed}} == true"
-    assert tasks["deploy"]["depends"] == "register.Succeeded"
+    assert tasks["load-candidate"]["depends"] == "register.Succeeded && serve-champion.Succeeded"
 
 
 def test_no_parameter_reaches_a_shell(rendered):
