@@ -57,36 +57,37 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 test: setup ## unit, contract and e2e tests (the e2e ones run the real model on CPU: ~10 min)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" $(ARGS)
 
-test-fast: setup ## unit and contract tests only (seconds)
+test-fast: $(STAMP) ## unit and contract tests only (seconds)
 	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow" $(ARGS)
 
-lint: setup ## ruff and mypy
+lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy pipelines steps
 
 TEMPLATE_CRON ?= 0 3 * * 1
 
-templates: setup ## regenerate workflow-templates/ (WorkflowTemplate + weekly CronWorkflow) from the pipeline files
+templates: $(STAMP) ## regenerate workflow-templates/ (WorkflowTemplate, weekly CronWorkflow, serving objects)
 	mkdir -p workflow-templates
 	$(BIN)/python pipelines/llama_lora.py render --kind WorkflowTemplate -o workflow-templates/llama-lora.yaml
 	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '$(TEMPLATE_CRON)' --timezone UTC \
 		-o workflow-templates/llama-lora-cron.yaml
 	$(BIN)/python -m pipelines.core.rollout -o workflow-templates/serving.yaml
 
-check-templates: setup ## fail if workflow-templates/ drifted from a fresh render (CI)
+check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh render (CI)
 	$(BIN)/python -m pytest -q tests/contract/test_rendered.py::test_committed_template_matches_a_fresh_render \
-		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render
+		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render \
+		tests/contract/test_serving.py::test_committed_serving_objects_match_a_fresh_render
 
 serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL) (after a successful `make run`)
 	$(BIN)/python -m steps.serve --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
 
-rollback: setup ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
+rollback: $(STAMP) ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
 	$(BIN)/python -m steps.rollback --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--outputs-dir=.eksflow/rollback $(ARGS)
 
-mlflow-ui: setup ## browse local runs, model versions and lineage tags at http://127.0.0.1:5000
+mlflow-ui: $(STAMP) ## browse local runs, model versions and lineage tags at http://127.0.0.1:5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///.eksflow/volumes/fsx-claim/mlflow/mlflow.db --host 127.0.0.1 --port 5000
 
 clean: ## delete local runs and volumes (.eksflow), keep the virtualenvs and the model cache

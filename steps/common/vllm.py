@@ -385,7 +385,7 @@ def vllm_python() -> str:
     if configured:
         return configured
     local = Path(".venv-vllm") / "bin" / "python"
-    return str(local.resolve()) if local.is_file() else sys.executable
+    return str(local.absolute()) if local.is_file() else sys.executable  # not resolve(): it would leave the venv
 
 
 @contextmanager

@@ -30,29 +30,26 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class SharedEngine:
-    """A vLLM engine for the session, started on first use and again after a test killed it."""
+    """A vLLM engine for the session: spawned early (it loads while a fixture trains), started again if killed."""
 
     def __init__(self, model_dir: Path, log_dir: Path) -> None:
         self.model_dir = model_dir
         self.log_dir = log_dir
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.log = log_dir / "vllm.log"
 
-    @property
-    def url(self) -> str:
-        """The engine's address, after making sure it runs and generates."""
-        if self.process is None or self.process.poll() is not None:
-            self._start()
-        return f"http://127.0.0.1:{self.port}"
-
-    def _start(self) -> None:
+    def spawn(self) -> None:
+        """Start the engine unless it runs; do not wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            return
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         settings = vllm.EngineSettings()
         args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
-        log = self.log_dir / f"vllm-{int(time.time())}.log"
-        with open(log, "ab") as out:
+        self.log = self.log_dir / f"vllm-{int(time.time())}.log"
+        with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args],
                 stdout=out,
@@ -60,7 +57,14 @@ class SharedEngine:
                 env={**os.environ, **vllm.engine_env(settings, cpu=True)},
                 start_new_session=True,
             )
-        vllm.wait_ready(f"http://127.0.0.1:{self.port}", BASE_NAME, timeout_s=900, process=self.process, log_path=log)
+
+    @property
+    def url(self) -> str:
+        """The engine's address, once it runs and generates."""
+        self.spawn()
+        base = f"http://127.0.0.1:{self.port}"
+        vllm.wait_ready(base, BASE_NAME, timeout_s=1800, process=self.process, log_path=self.log)
+        return base
 
     def stop(self) -> None:
         """Stop the engine and all its processes."""

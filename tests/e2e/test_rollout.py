@@ -48,8 +48,9 @@ def step(*argv: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, model_cache):
+def trained(tmp_path_factory, model_cache, shared_engine):
     """(adapter folder, evaluate's report on it): the one adapter trained for the module."""
+    shared_engine.spawn()  # the engine loads while the adapter trains, as in a pipeline run
     root = tmp_path_factory.mktemp("trained")
     common = [f"--base-model={DEMO_MODEL}", f"--model-cache-dir={model_cache}", f"--dataset-dir={ROOT / 'data/demo'}"]
     step("steps.train", *common, f"--output-dir={root / 'train'}", "--launcher=local", f"--max-steps={TRAIN_STEPS}",
