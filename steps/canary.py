@@ -5,7 +5,7 @@ r"""Canary analysis: does the served candidate behave at its current share of tr
 
 Two kinds of traffic, both real requests to the running fleet:
 - live traffic through the proxy: `traffic_requests` chat requests to the public model name, `concurrency` at a
-  time; which slot answered is read from each response's x-litellm-model-id header;
+  time, `traffic_max_tokens` each; which slot answered is read from each response's x-litellm-model-id header;
 - the probe set: the first `probe_rows` rows of the held-out split as `evaluate` scored them for this version
   (its report in the version's MLflow run holds each row's prompt, reference and score), sent straight to the
   candidate's adapter and, when one is served, to the champion's (greedy, the evaluation's token budget). The
@@ -71,6 +71,7 @@ class CanarySettings(Settings):
     )
     traffic_requests: int = Field(40, ge=1, description="live requests through the proxy per analysis")
     concurrency: int = Field(4, ge=1, le=64, description="live requests in flight at once")
+    traffic_max_tokens: int = Field(8, ge=1, description="answer length of a live request (routing, errors, latency)")
     probe_rows: int = Field(16, ge=1, description="held-out rows sent to candidate and champion")
     task_metric: Literal["exact_match", "contains"] = Field("exact_match", description="scored like evaluate")
     thresholds: tuple[Threshold, ...] = Field(
@@ -203,7 +204,7 @@ def send_live_traffic(args: Args, prompts: Sequence[str]) -> list[vllm.Answer]:
             args.model_name,
             prompts[i % len(prompts)],
             api_key=key,
-            max_tokens=args.max_new_tokens,
+            max_tokens=args.traffic_max_tokens,
             timeout_s=args.request_timeout_s,
         )
 

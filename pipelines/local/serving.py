@@ -86,6 +86,7 @@ class _Process:
     log: Path
     model: str = ""  # vLLM: the served base model name, asked by the readiness check
     api_key: str = ""  # vLLM: its VLLM_API_KEY
+    wanted: str = ""  # an adopted engine: the base model folder it must serve
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
@@ -159,7 +160,7 @@ class LocalFleet:
         log = self.run_dir / "logs" / f"fleet-{name}.log"
         model = next((a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")), "")
         if role == "vllm" and os.environ.get(ADOPT_ENV):
-            process = self._adopt(name, labels, args, log, where)
+            process = self._adopt(name, labels, args, log)
             self._processes[name] = process
             return process
         port = self.engine_port() if role == "vllm" else _free_port()
@@ -181,23 +182,15 @@ class LocalFleet:
         self._processes[name] = process
         return process
 
-    def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path, where: str) -> _Process:
-        """The engine at $EKSFLOW_VLLM_URL, if it serves the Deployment's base model folder."""
-        from steps.common import vllm
-
+    def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> _Process:
+        """The engine at $EKSFLOW_VLLM_URL (checked once it answers: `_wait_ready`)."""
         url = os.environ[ADOPT_ENV].rstrip("/")
         wanted = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), "")
-        key = os.environ.get(ADOPT_KEY_ENV, "")
-        base = vllm.base_model_card(url, api_key=key)
-        if base is None or Path(str(base.get("root", ""))).resolve() != Path(wanted).resolve():
-            raise FleetError(
-                f"{where}: {ADOPT_ENV}={url} serves {(base or {}).get('root')!r}, the Deployment wants {wanted!r}; "
-                f"unset {ADOPT_ENV} to start this run's own engine",
-                retriable=False,
-            )
         with self._lock:
             self._engine_port = int(url.rsplit(":", 1)[1])
-        return _Process(name, "vllm", None, self._engine_port, labels, log, str(base.get("id", "")), key)
+        return _Process(
+            name, "vllm", None, self._engine_port, labels, log, "", os.environ.get(ADOPT_KEY_ENV, ""), wanted
+        )
 
     def _wait_ready(self, process: _Process, abort: threading.Event, where: str) -> str:
         """Poll like the pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
@@ -211,7 +204,10 @@ class LocalFleet:
                 raise FleetError(
                     f"{process.name} exited with code {code} before it was ready; {vllm.log_tail(process.log)}"
                 )
-            if process.role == "vllm":
+            if process.role == "vllm" and not process.model:  # adopted: which model does it serve?
+                self._check_adopted(process, base, where)
+                ready = False
+            elif process.role == "vllm":
                 ready = vllm.chat(base, process.model, vllm.READY_PROMPT, api_key=process.api_key, max_tokens=2).ok
             else:
                 ready = litellm_proxy.live(base)
@@ -223,6 +219,24 @@ class LocalFleet:
                 )
             abort.wait(1.0)
         raise FleetError(f"{where}: stopped while {process.name} was starting")
+
+    @staticmethod
+    def _check_adopted(process: _Process, base: str, where: str) -> None:
+        """Once the adopted engine answers /v1/models: it must serve the Deployment's base model folder."""
+        from steps.common import vllm
+
+        try:
+            card = vllm.base_model_card(base, api_key=process.api_key)
+        except vllm.ServingError:
+            return  # still starting, like a pod that is not ready yet
+        served = str((card or {}).get("root", ""))
+        if Path(served).resolve() != Path(process.wanted).resolve():
+            raise FleetError(
+                f"{where}: {ADOPT_ENV}={base} serves {served!r}, the Deployment wants {process.wanted!r}; unset "
+                f"{ADOPT_ENV} to start this run's own engine",
+                retriable=False,
+            )
+        process.model = str((card or {}).get("id", ""))
 
     # -- what steps see ------------------------------------------------------------------------------------
 

@@ -59,10 +59,15 @@ class SharedEngine:
             )
 
     @property
+    def address(self) -> str:
+        """The engine's address, spawning it if needed, without waiting (a run's fleet waits for it)."""
+        self.spawn()
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
     def url(self) -> str:
         """The engine's address, once it runs and generates."""
-        self.spawn()
-        base = f"http://127.0.0.1:{self.port}"
+        base = self.address
         vllm.wait_ready(base, BASE_NAME, timeout_s=1800, process=self.process, log_path=self.log)
         return base
 
@@ -84,7 +89,7 @@ def shared_engine(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture
 def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -> SharedEngine:
-    """Make this test's runs use the shared engine instead of starting their own."""
-    monkeypatch.setenv("EKSFLOW_VLLM_URL", shared_engine.url)
+    """Make this test's runs use the shared engine instead of starting their own (it may still be loading)."""
+    monkeypatch.setenv("EKSFLOW_VLLM_URL", shared_engine.address)
     monkeypatch.delenv("EKSFLOW_VLLM_API_KEY", raising=False)
     return shared_engine
