@@ -182,8 +182,8 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
         tolerance = TOLERANCE_SE * math.sqrt(weight * (1 - weight) / n)
         assert abs(share - weight) <= tolerance, (percent, served_by)
         assert report["metrics"]["error_rate"] == 0.0 and report["metrics"]["served_gap"] <= 0.125
-    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
-    assert tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version == "1"
+    assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
+    assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
     tags = rollout.version_tags(registry, MODEL, "2")
     assert tags[rollout.PHASE_TAG] == "Healthy" and tags[rollout.SLOT_TAG] == "green"
     loaded = vllm.loaded_adapters(adopt_engine.url)
@@ -213,7 +213,7 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     assert {run.node(t)["phase"] for t in ("shift-50", "analyze-50", "promote")} == {"Omitted"}
     assert outputs(run.node("onExit"))["phase"] == "Degraded"
     # RO1: champion unchanged, answering during the analysis and after it.
-    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
+    assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
     assert vllm.chat(adopt_engine.url, champion, PROMPT).ok
     tags = rollout.version_tags(registry, MODEL, "3")
@@ -235,7 +235,7 @@ def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_proces
     result = run.finish()
     assert result.phase == "Failed"
     assert run.node("analyze-10")["phase"] == "Failed" and run.node("promote")["phase"] == "Omitted"
-    assert tracking.alias_version(registry, MODEL, tracking.CHAMPION).version == "2"
+    assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert rollout.version_tags(registry, MODEL, "4")[rollout.PHASE_TAG] == "Degraded"
     engine.wait(60)
     time.sleep(2)  # the engine's orphaned workers notice their parent is gone
