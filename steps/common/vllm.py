@@ -298,28 +298,23 @@ def unload_adapter(base_url: str, name: str, *, api_key: str = "") -> bool:
 
 def loaded_adapters(base_url: str, *, api_key: str = "") -> dict[str, str]:
     """Adapter name -> path of every adapter the engine serves (GET /v1/models lists them after the base)."""
-    import requests
-
-    try:
-        response = requests.get(f"{base_url}/v1/models", headers=_auth(api_key), timeout=30)
-        response.raise_for_status()
-        cards = response.json()["data"]
-    except (requests.RequestException, ValueError, KeyError) as err:
-        raise ServingError(f"GET {base_url}/v1/models failed: {err}") from err
-    return {str(card["id"]): str(card.get("root", "")) for card in cards if card.get("parent")}
+    return {str(card["id"]): str(card.get("root", "")) for card in _models(base_url, api_key) if card.get("parent")}
 
 
 def base_model_card(base_url: str, *, api_key: str = "") -> dict[str, Any] | None:
     """The engine's base model entry of GET /v1/models (id = served name, root = the folder), or None."""
+    return next((card for card in _models(base_url, api_key) if not card.get("parent")), None)
+
+
+def _models(base_url: str, api_key: str) -> list[dict[str, Any]]:
     import requests
 
     try:
         response = requests.get(f"{base_url}/v1/models", headers=_auth(api_key), timeout=30)
         response.raise_for_status()
-        cards = response.json()["data"]
-    except (requests.RequestException, ValueError, KeyError) as err:
+        return [dict(card) for card in response.json()["data"]]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as err:
         raise ServingError(f"GET {base_url}/v1/models failed: {err}") from err
-    return next((dict(card) for card in cards if not card.get("parent")), None)
 
 
 def busy_adapters(base_url: str) -> set[str]:
