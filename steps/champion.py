@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepArgs, run_step
 from steps.common import tracking
-from steps.common.args import StepArgs, run_step
 
 Retrain = Literal["always", "if-data-changed"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step
 from steps.common import serving, tracking
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
 
 SMOKE_MAX_TOKENS = 32
 

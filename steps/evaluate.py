@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step
 from steps.common import checkpoints, storage, tracking
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import EVAL_FILE, Example, load_examples
 

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError
 
+from eksflow.runtime.args import StepArgs, StepInputError, run_step
 from steps.common import tracking
-from steps.common.args import StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepArgs, StepInputError, run_step
 from steps.common import serving, tracking
-from steps.common.args import StepArgs, StepInputError, run_step
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 

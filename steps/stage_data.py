@@ -59,9 +59,9 @@ from typing import Any, BinaryIO, Protocol
 
 from pydantic import BaseModel, Field
 
-from steps.common.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
+from eksflow.runtime.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
+from eksflow.runtime.outputs import Progress, atomic_write_text
 from steps.common.data import EVAL_FILE, MANIFEST_FILE, TRAIN_FILE, normalize_record, split_of
-from steps.common.outputs import Progress, atomic_write_text
 from steps.common.storage import fsync, is_s3, local_path, s3_api_client, sha256_file, split_s3
 
 CHUNK_BYTES = 1 << 20  # 1 MiB per read: large enough for S3 throughput, small enough for 64 threads

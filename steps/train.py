@@ -48,11 +48,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
+from eksflow.runtime.outputs import Progress
 from steps.common import checkpoints, lease, strategies, tracking
-from steps.common.args import Settings, StepArgs, StepFailedError, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import TRAIN_FILE, load_examples
-from steps.common.outputs import Progress
 
 RUN_ID_FILE = "mlflow_run_id"
 STATE_FILE = "trainer_state.pt"

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from steps.common.args import Settings, StepArgs, StepInputError, run_step
+from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step
+from eksflow.runtime.outputs import atomic_write_text
 from steps.common.base_model import default_cache_dir, resolve_model
 from steps.common.data import FIELDS, SPLITS, read_lines, role_order_error
-from steps.common.outputs import atomic_write_text
 
 if TYPE_CHECKING:
     import pandas as pd

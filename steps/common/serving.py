@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.common.args import StepFailedError
+from eksflow.runtime.args import StepFailedError
 
 LOG_TAIL_LINES = 20
 MODEL_MARKER = "config.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 
 
 class UnsafeKeyError(StepInputError):

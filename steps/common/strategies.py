@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 
 Strategy = Literal["auto", "ddp", "fsdp", "deepspeed"]
 FROZEN_BYTES_PER_PARAM = 2  # bf16 weights

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steps.common.args import StepFailedError
+from eksflow.runtime.args import StepFailedError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

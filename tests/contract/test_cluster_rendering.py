@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.core.cli import apply_variant
-from pipelines.core.config import load_config
-from pipelines.core.launchers import RAYJOB_FAILURE, RAYJOB_SUCCESS
-from pipelines.core.templates import cron_workflow, manifest, workflow_template
+from eksflow.cli import apply_variant
+from eksflow.config import load_config
+from eksflow.launchers import RAYJOB_FAILURE, RAYJOB_SUCCESS
+from eksflow.templates import cron_workflow, manifest, workflow_template
 from pipelines.llama_lora import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,7 +225,7 @@ def test_prometheus_gauges_on_train_and_evaluate(variant):
 
 
 def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
-    from pipelines.local.executor import parse_manifest
+    from eksflow.local.executor import parse_manifest
 
     workflow = render([])
     (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.core.config import Images, load_config
-from pipelines.core.profiles import pod_security
-from pipelines.core.templates import RESTRICTED
+from eksflow.config import Images, load_config
+from eksflow.profiles import pod_security
+from eksflow.templates import RESTRICTED
 from tests.contract.test_cluster_rendering import VARIANTS, embedded, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipelines.core.config import load_config
+from eksflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = list(yaml.safe_load_all((ROOT / "workflow-templates" / "cluster-prerequisites.yaml").read_text()))

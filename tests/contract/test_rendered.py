@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.core.config import load_config
-from pipelines.core.templates import manifest, workflow_template
+from eksflow.config import load_config
+from eksflow.templates import manifest, workflow_template
 from pipelines.llama_lora import build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipelines.core.config import ConfigError, PipelineConfig, load_config
+from eksflow.config import ConfigError, PipelineConfig, load_config
 
 
 def test_defaults_are_valid():

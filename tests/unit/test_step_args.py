@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from steps.common.args import Settings, StepArgs, StepInputError, run_step, to_argv
+from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step, to_argv
 
 
 class Nested(Settings):

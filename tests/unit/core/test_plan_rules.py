@@ -5,11 +5,11 @@ import shlex
 
 import pytest
 
-from pipelines.core import plan
-from pipelines.core.cli import check_schedule
-from pipelines.core.config import ConfigError, load_config
-from pipelines.core.launchers import entrypoint, retry_attempts
-from pipelines.core.profiles import PROFILES
+from eksflow import plan
+from eksflow.cli import check_schedule
+from eksflow.config import ConfigError, load_config
+from eksflow.launchers import entrypoint, retry_attempts
+from eksflow.profiles import PROFILES
 
 
 def problems(*overrides):

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from pipelines.local import LocalExecutorError, RunResult, resume_workflow, run_workflow
-from pipelines.local.executor import PathMap
+from eksflow.local import LocalExecutorError, RunResult, resume_workflow, run_workflow
+from eksflow.local.executor import PathMap
 
 # Snippets for `python -c CODE arg...`; sys.argv[1:] are the container args.
 APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
@@ -608,7 +608,7 @@ import sys
 from pathlib import Path
 from hera.workflows import DAG, Container, Workflow
 from rich.console import Console
-from pipelines.core.cli import run
+from eksflow.cli import run
 
 state_dir, pid_file, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
 code = (

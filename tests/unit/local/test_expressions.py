@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.local.expressions import (
+from eksflow.local.expressions import (
     ExpressionError,
     dependencies_to_depends,
     depends_on_failure,

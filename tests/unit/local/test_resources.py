@@ -11,9 +11,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from pipelines.local import LocalExecutorError, RunResult, run_workflow
-from pipelines.local.executor import parse_manifest
-from pipelines.local.resources import nvidia_gpus
+from eksflow.local import LocalExecutorError, RunResult, run_workflow
+from eksflow.local.executor import parse_manifest
+from eksflow.local.resources import nvidia_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
 FSX_VOLUME = {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}
@@ -309,8 +309,8 @@ def test_unsupported_resource_templates_are_rejected_up_front(tmp_path: Path, mu
 
 
 def rendered(*overrides: str) -> dict[str, Any]:
-    from pipelines.core.config import load_config
-    from pipelines.core.templates import manifest
+    from eksflow.config import load_config
+    from eksflow.templates import manifest
     from pipelines.llama_lora import build
 
     return manifest(build(load_config(None, list(overrides))))
@@ -331,8 +331,8 @@ def test_rendered_cluster_variants_are_runnable_manifests(overrides: list[str], 
 
 
 def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_path: Path) -> None:
-    from pipelines.core.cli import EXIT_BAD_INPUT, run
-    from pipelines.core.config import load_config
+    from eksflow.cli import EXIT_BAD_INPUT, run
+    from eksflow.config import load_config
     from pipelines.llama_lora import build
 
     out = io.StringIO()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps import evaluate
 from steps.common import checkpoints, tracking
-from steps.common.args import StepInputError
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 DEMO_DATA = Path(__file__).resolve().parents[3] / "data" / "demo"

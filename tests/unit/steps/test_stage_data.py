@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.common.storage import s3_client
 from steps.stage_data import Args, ManifestEntry, main, manifest_digest, run
 

@@ -10,9 +10,9 @@ import time
 import boto3
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps import train
 from steps.common import checkpoints, lease
-from steps.common.args import StepInputError
 
 
 def test_second_writer_is_refused_while_the_first_lives(tmp_path):

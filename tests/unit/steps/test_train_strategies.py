@@ -4,8 +4,8 @@ import importlib.util
 
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps.common import neuron, strategies
-from steps.common.args import StepInputError
 
 GIB = 1024**3
 

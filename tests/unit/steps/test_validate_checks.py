@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.validate_data import Args, Report, ValidateSettings, run, validate
 
 

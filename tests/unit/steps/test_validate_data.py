@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.common.data import Example, load_examples
 from steps.validate_data import Args, Report, ValidateSettings, main, run, validate
 

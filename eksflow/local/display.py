@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from pipelines.local.executor import NodeStatus
+    from eksflow.local.executor import NodeStatus
 
 LOG_TAIL_LINES = 20
 _PHASE_STYLES = {

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from pipelines.core.profiles import PROFILES
+from eksflow.profiles import PROFILES
+from eksflow.runtime.args import Settings
 from steps.champion import Retrain
-from steps.common.args import Settings
 from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings

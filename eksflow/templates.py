@@ -15,8 +15,8 @@ from typing import Any
 from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Task, Workflow
 from hera.workflows import models as m
 
-from pipelines.core.config import PipelineConfig
-from steps.common.args import EXIT_BAD_INPUT, Settings, to_argv
+from eksflow.config import PipelineConfig
+from eksflow.runtime.args import EXIT_BAD_INPUT, Settings, to_argv
 
 OUTPUTS_DIR = "/tmp/outputs"  # steps write one file per output parameter here
 FSX_VOLUME = "fsx"

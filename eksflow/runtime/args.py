@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from steps.common.outputs import write_outputs
+from eksflow.runtime.outputs import write_outputs
 
 EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
 EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)

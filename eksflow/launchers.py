@@ -22,10 +22,10 @@ import yaml
 from hera.workflows import Container, Parameter, Resource, Resources, RetryStrategy, Task
 from hera.workflows import models as m
 
-from pipelines.core import profiles
-from pipelines.core.config import PipelineConfig
-from pipelines.core.profiles import Profile
-from pipelines.core.templates import (
+from eksflow import profiles
+from eksflow.config import PipelineConfig
+from eksflow.profiles import Profile
+from eksflow.templates import (
     FSX_VOLUME,
     RESTRICTED,
     SMALL,

@@ -51,9 +51,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from pipelines.local import resources
-from pipelines.local.display import TaskDisplay, format_duration
-from pipelines.local.expressions import (
+from eksflow.local import resources
+from eksflow.local.display import TaskDisplay, format_duration
+from eksflow.local.expressions import (
     COMPLETED_PHASES,
     ExpressionError,
     dependencies_to_depends,
@@ -63,7 +63,7 @@ from pipelines.local.expressions import (
     evaluate_retry_expression,
     evaluate_when,
 )
-from pipelines.local.fields import FieldReader
+from eksflow.local.fields import FieldReader
 
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL, like a pod's terminationGracePeriodSeconds (Argo's default is 30)
 NAMESPACE = "local"

@@ -18,15 +18,15 @@ import yaml
 from hera.workflows import Workflow
 from rich.console import Console
 
-from pipelines.core.config import ConfigError, PipelineConfig, load_config
-from pipelines.core.profiles import PROFILES, VARIANT_DEFAULTS
-from pipelines.core.templates import KINDS, cron_workflow, manifest, workflow_template
+from eksflow.config import ConfigError, PipelineConfig, load_config
+from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
+from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
 from steps.common.storage import is_s3, local_path
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 Build = Callable[[PipelineConfig], Workflow]
 
@@ -105,11 +105,11 @@ def main(build: Build, argv: Sequence[str] | None = None) -> None:
         if args.command == "schedule":
             raise SystemExit(render(build(cfg), args.output, "CronWorkflow", args.cron, args.timezone))
         if args.command in ("plan", "submit"):
-            from pipelines.core.plan import check, print_plan
+            from eksflow.plan import check, print_plan
 
             print_plan(check(cfg), Console())
             if args.command == "submit":
-                from pipelines.core.submit import SubmitError, submit
+                from eksflow.submit import SubmitError, submit
 
                 try:
                     raise SystemExit(submit(manifest(build(cfg)), args, console))
@@ -189,7 +189,7 @@ def check_local_inputs(cfg: PipelineConfig) -> None:
 
 def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Console) -> int:
     """Execute the manifest with the local executor and print what each task produced."""
-    from pipelines.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
 
     env = {"EKSFLOW_GIT_COMMIT": _git_commit()}
     try:

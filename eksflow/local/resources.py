@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.local.fields import FieldReader
+from eksflow.local.fields import FieldReader
 
 GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice")

@@ -14,9 +14,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.core.config import ConfigError, PipelineConfig
-from pipelines.core.launchers import retry_attempts, train_layout
-from pipelines.core.profiles import Profile, profile_for
+from eksflow.config import ConfigError, PipelineConfig
+from eksflow.launchers import retry_attempts, train_layout
+from eksflow.profiles import Profile, profile_for
 
 PRICES = Path(__file__).with_name("prices.yaml")
 GIB = 1024**3

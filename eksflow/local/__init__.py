@@ -1,6 +1,6 @@
 """The local executor: runs a compiled Argo Workflow manifest on this machine (see executor.py)."""
 
-from pipelines.local.executor import (
+from eksflow.local.executor import (
     LocalExecutorError,
     NodeStatus,
     RunInterrupted,
