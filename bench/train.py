@@ -28,7 +28,8 @@ from typing import TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from steps.common.data import TRAIN_FILE
-from steps.train import LoopConfig, TrainSettings, local_context, train_worker
+from steps.train import TrainSettings
+from steps.train.loop import LoopConfig, local_context, train_worker
 
 STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
 

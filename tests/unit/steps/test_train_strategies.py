@@ -117,13 +117,14 @@ def test_neuron_module_does_not_import_optimum():
 def test_train_loop_runs_ddp_and_fsdp_on_cpu_and_refuses_deepspeed():
     import torch
 
-    from steps.train import TrainSettings, _plan_strategy
+    from steps.train import TrainSettings
+    from steps.train.parallel import plan_strategy
 
     cpu = torch.device("cpu")
-    assert _plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU
-    assert _plan_strategy(TrainSettings(strategy="fsdp"), cpu, 2, 135_000_000, 1_800_000).strategy == "fsdp"
+    assert plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU
+    assert plan_strategy(TrainSettings(strategy="fsdp"), cpu, 2, 135_000_000, 1_800_000).strategy == "fsdp"
     with pytest.raises(StepInputError, match="use ddp, fsdp or auto"):
-        _plan_strategy(TrainSettings(strategy="deepspeed"), cpu, 2, 135_000_000, 1_800_000)
+        plan_strategy(TrainSettings(strategy="deepspeed"), cpu, 2, 135_000_000, 1_800_000)
     offload = plan(num_params=70_000_000_000, trainable_params=10_000_000_000, device_memory_bytes=40 * GIB)
     with pytest.raises(StepInputError, match=r"resolved to deepspeed .* Use strategy=fsdp"):
         strategies.require_loop_support(offload)
