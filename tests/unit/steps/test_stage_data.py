@@ -10,7 +10,9 @@ from pydantic import ValidationError
 
 from eksflow.runtime.args import StepInputError
 from steps.common.storage import s3_client
-from steps.stage_data import Args, ManifestEntry, main, manifest_digest, run
+from steps.stage_data import Args
+from steps.stage_data.manifest import ManifestEntry, manifest_digest
+from steps.stage_data.step import main, run
 
 TRAIN = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 EVAL = b'{"prompt": "Date: 2 June 2021", "completion": "2021-06-02"}\n'
