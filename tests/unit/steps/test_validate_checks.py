@@ -10,7 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow.runtime.args import StepInputError
-from steps.validate_data import Args, Report, ValidateSettings, run, validate
+from steps.validate_data import Args, ValidateSettings
+from steps.validate_data.step import run
+from steps.validate_data.suite import Report, validate
 
 
 def line(value: object) -> bytes:

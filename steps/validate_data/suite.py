@@ -1,117 +1,50 @@
-"""Check a staged dataset with great-expectations before any GPU time is spent on it.
-
-    python -m steps.validate_data --dataset-dir=/fsx/<workflow>/data --report-dir=/fsx/<workflow>/reports \
-        [--base-model=smollm2-135m-instruct --max-tokens=512]
-
-Each split (train.jsonl, eval.jsonl) must: have at least `min_rows` rows (mandatory: per-row expectations pass
-vacuously on an empty file); parse line by line as JSON objects (malformed JSON and non-UTF-8 bytes are counted
-and reported with their line numbers, never raised); have `prompt` and `completion` present, strings, not blank
-and at most `max_*_chars` long; repeat no earlier (prompt, completion) pair; have chat `messages`, where present,
-in role order (optional system, then user/assistant alternating, ending with assistant); and, when --base-model
-and --max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training
-encodes them (chat-templated prompt + completion + EOS). No eval prompt may occur in train.
-
-`mostly` applies to every per-row expectation (mostly=0.99 lets 1 bad row in 100 pass); `mostly_by_check`
-overrides it per check name, e.g. {"no_duplicate": 0.95} tolerates 5% duplicates. On failure the step prints each
-failed expectation with counts and up to three examples, writes the report, and exits 2 (bad data: never retried).
-great-expectations Data Docs (HTML) of both suites land in <report_dir>/data_docs/index.html.
-
-Outputs (one file each under --outputs-dir):
-    train_rows  non-blank lines of train.jsonl
-    eval_rows   non-blank lines of eval.jsonl
-    report      path of validation.json (written on failure too)
-"""
+"""The great-expectations suite: each split read into a frame (one row per line), the expectations, their results."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, field_validator
-
-from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step
-from eksflow.runtime.outputs import atomic_write_text
-from steps.common.base_model import default_cache_dir, resolve_model
+from eksflow.runtime.args import StepInputError
+from steps.common.base_model import resolve_model
 from steps.common.data import FIELDS, SPLITS, read_lines, role_order_error
 
 if TYPE_CHECKING:
     import pandas as pd
     from great_expectations.core import ExpectationSuite, ExpectationValidationResult
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+from steps.validate_data import ValidateSettings
 
-REPORT_FILE = "validation.json"
 LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
+
+
 PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
+
+
 DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
+
+
 ROLE_ERROR = "role_error"  # column: why a chat row's roles are out of order, None when in order or not chat
+
+
 TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, None for unusable rows
+
+
 EXPLAINED = (PARSE_ERROR, DUPLICATE, ROLE_ERROR)  # columns whose values are already sentences: shown unquoted
-DOCS_DIR = "data_docs"
+
+
 EXAMPLES = 3
+
+
 EXAMPLE_CHARS = 80
-CHECKS = (
-    "row_count",
-    "lines_parse",
-    *(f"{name}_{check}" for name in FIELDS for check in ("exists", "not_null", "is_str", "not_blank", "max_chars")),
-    "no_duplicate",
-    "role_order",
-    "max_tokens",
-    "prompt_not_in_train",
-)
+
 
 # (prompts, completions) -> token count of each pair
 TokenCounter = Callable[[Sequence[str], Sequence[str]], list[int]]
-
-
-class ValidateSettings(Settings):
-    """Data-quality thresholds (the `validate` section of the pipeline config)."""
-
-    min_rows: int = Field(1, ge=1, description="fewest rows each split may have")
-    max_prompt_chars: int = Field(4000, ge=1, description="longest prompt allowed, in characters")
-    max_completion_chars: int = Field(4000, ge=1, description="longest completion allowed, in characters")
-    mostly: float = Field(
-        1.0, ge=0.0, le=1.0, description="fraction of rows each per-row expectation must hold for (1.0: all)"
-    )
-    mostly_by_check: dict[str, float] = Field(
-        default_factory=dict, description='`mostly` for single checks, e.g. {"no_duplicate": 0.95}'
-    )
-
-    @field_validator("mostly_by_check")
-    @classmethod
-    def _known_checks(cls, value: dict[str, float]) -> dict[str, float]:
-        for name, mostly in value.items():
-            if name not in CHECKS:
-                raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECKS)}")
-            if not 0.0 <= mostly <= 1.0:
-                raise ValueError(f"mostly of {name!r} is {mostly}; use a fraction between 0 and 1")
-        return value
-
-    def mostly_of(self, check: str) -> float:
-        """The `mostly` tolerance of one check."""
-        return self.mostly_by_check.get(check, self.mostly)
-
-
-class Args(ValidateSettings, StepArgs):
-    """Settings plus the folders and model the workflow wires in."""
-
-    dataset_dir: Path = Field(description="staged dataset folder (stage_data's dataset_dir)")
-    report_dir: Path = Field(description=f"folder to write {REPORT_FILE} and {DOCS_DIR}/ in")
-    base_model: str = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
-    max_tokens: int = Field(0, ge=0, description="longest example in tokens (train's max_seq_len); 0 skips it")
-    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are cached")
-
-
-class Outputs(BaseModel):
-    """Argo output parameters of validate_data."""
-
-    train_rows: int
-    eval_rows: int
-    report: str
 
 
 @dataclass(frozen=True)
@@ -385,54 +318,6 @@ def token_counter(base_model: str, cache_dir: Path | None = None) -> TokenCounte
     return count
 
 
-def format_failures(report: Report, report_path: Path) -> str:
-    """A readable account of the failed expectations, for stderr."""
-    failures = report.failures
-    lines = [f"data validation failed for {report.dataset_dir}: {len(failures)} of {len(report.checks)} checks"]
-    for c in failures:
-        lines.append(f"  {c.split:<5} {c.check} ({c.expectation})")
-        if c.unexpected_count is not None:
-            share = c.unexpected_count / c.checked_count if c.checked_count else 0.0
-            allowed = 1 - (c.mostly if c.mostly is not None else report.settings["mostly"])
-            lines.append(
-                f"        {c.unexpected_count} unexpected of {c.checked_count} ({share:.2%}; allowed {allowed:.2%})"
-            )
-        if c.detail:
-            lines.append(f"        {c.detail}")
-        lines.extend(f"        {example}" for example in c.examples)
-    lines.append(f"full report: {report_path}")
-    return "\n".join(lines)
-
-
-def run(args: Args) -> Outputs:
-    """Validate `args.dataset_dir`; write the report; raise StepInputError when any expectation failed."""
-    settings = ValidateSettings(**{name: getattr(args, name) for name in ValidateSettings.model_fields})
-    if bool(args.base_model) != bool(args.max_tokens):
-        raise StepInputError(
-            f"--base-model={args.base_model!r} and --max-tokens={args.max_tokens} go together: set both to check "
-            "token lengths (the train step's base_model and max_seq_len), or neither to skip the check"
-        )
-    args.report_dir.mkdir(parents=True, exist_ok=True)
-    report = validate(
-        args.dataset_dir,
-        settings,
-        docs_dir=(args.report_dir / DOCS_DIR).absolute(),
-        count_tokens=token_counter(args.base_model, args.model_cache_dir) if args.base_model else None,
-        max_tokens=args.max_tokens,
-    )
-    report_path = (args.report_dir / REPORT_FILE).absolute()
-    atomic_write_text(report_path, report.to_json())
-    if not report.success:
-        print(format_failures(report, report_path), file=sys.stderr)
-        print(f"data docs: {args.report_dir.absolute() / DOCS_DIR / 'index.html'}", file=sys.stderr)
-        failed = ", ".join(sorted({f"{c.split}/{c.check}" for c in report.failures}))
-        raise StepInputError(f"dataset {str(args.dataset_dir)!r} failed validation ({failed}); fix the data and rerun")
-    print(
-        f"validated {report.rows} rows of {args.dataset_dir}: all {len(report.checks)} checks passed", file=sys.stderr
-    )
-    return Outputs(train_rows=report.rows["train"], eval_rows=report.rows["eval"], report=str(report_path))
-
-
 def _strings(data: pd.DataFrame, column: str) -> list[str]:
     if column not in data.columns:
         return []
@@ -492,12 +377,3 @@ def _show(value: Any, *, raw: bool) -> str:
     else:
         text = str(value) if raw else repr(value)
     return text if len(text) <= EXAMPLE_CHARS else text[: EXAMPLE_CHARS - 1] + "…"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m steps.validate_data`."""
-    return run_step(Args, run, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
