@@ -6,17 +6,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from steps.evaluate import (
-    Champion,
-    EvaluateSettings,
-    Threshold,
-    champion_gate,
-    combine,
-    eval_set_digest,
-    gate,
-    render_table,
-    task_score,
-)
+from steps.evaluate import EvaluateSettings
+from steps.evaluate.gate import Champion, Threshold, champion_gate, combine, gate, task_score
+from steps.evaluate.report import render_table
+from steps.evaluate.step import eval_set_digest
 
 
 def rules(*triples):
