@@ -1,40 +1,64 @@
-"""The command line every pipeline file shares: `python pipelines/<name>.py run|render|plan|submit|schedule`.
+"""The command line every pipeline file shares: `python pipelines/<name>.py run|render|plan|submit|schedule|config`.
 
-Config errors exit 2 with one line per problem before anything runs or is submitted; a failed workflow exits 1;
-a local run stopped by Ctrl-C exits 130 with the way to resume it.
+    if __name__ == "__main__":
+        main(build)          # build(cfg: MyConfig) -> Pipeline; the config type comes from its annotation
+
+Bad input (config, a pipeline that cannot be built, a file that cannot be written) exits 2 with one line per
+problem before anything runs or is submitted; a failed workflow exits 1; a local run stopped by a signal exits
+128 + the signal's number with the way to resume it.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
-import re
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any, NoReturn
 
 import yaml
-from hera.workflows import Workflow
 from rich.console import Console
+from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig, load_config
+from eksflow.pipeline import Pipeline, PipelineError
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
 from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
-from steps.common.storage import is_s3, local_path
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The API server refuses objects over ~1.5 MiB (etcd's request limit); leave room for the status Argo adds.
+MAX_MANIFEST_BYTES = 1024 * 1024
 
-Build = Callable[[PipelineConfig], Workflow]
+Build = Callable[[Any], Pipeline]
 
 
-def parser(prog: str) -> argparse.ArgumentParser:
-    """`run` and `render`, each with --config and repeatable --set."""
+def config_type(build: Build) -> type[PipelineConfig]:
+    """The config model a build function takes: the annotation of its first parameter."""
+    parameters = list(inspect.signature(build).parameters)
+    hints = typing.get_type_hints(build)
+    found = hints.get(parameters[0]) if parameters else None
+    if not (isinstance(found, type) and issubclass(found, PipelineConfig)):
+        raise TypeError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
+    return found
+
+
+def project_root(build: Build) -> Path:
+    """The folder holding the pipeline's top-level package: local tasks run there, with it on PYTHONPATH."""
+    source = inspect.getsourcefile(build)
+    folder = Path(source).resolve().parent if source else Path.cwd()
+    while (folder / "__init__.py").is_file():
+        folder = folder.parent
+    return folder
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """Every command with its options; --config, --set and --variant shared."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, help="YAML file overriding the defaults (sections as in core/config.py)")
+    common.add_argument("--config", type=Path, help="YAML file overriding the defaults (sections as `config` lists)")
     common.add_argument(
         "--set",
         dest="overrides",
@@ -49,9 +73,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
         help="accelerator kind; picks a default cluster.instance_type of that kind unless one is configured",
     )
     root = argparse.ArgumentParser(
-        prog=prog,
-        description=(sys.modules["__main__"].__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = root.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", parents=[common], help="run the whole workflow on this machine (no cluster)")
@@ -69,60 +91,67 @@ def parser(prog: str) -> argparse.ArgumentParser:
     render.add_argument("--timezone", help="with --kind CronWorkflow: IANA zone of the schedule (default UTC)")
     commands.add_parser("plan", parents=[common], help="preflight: pods, devices, memory, retries, cost; no submit")
     submit = commands.add_parser("submit", parents=[common], help="plan, then send the Workflow to an Argo Server")
-    submit.add_argument("--argo-server", default=os.environ.get("ARGO_SERVER", ""), help="host:port ($ARGO_SERVER)")
-    submit.add_argument("-n", "--namespace", default=os.environ.get("ARGO_NAMESPACE"), help="($ARGO_NAMESPACE)")
-    submit.add_argument(
-        "-k",
-        "--insecure-skip-verify",
-        action="store_true",
-        default=os.environ.get("ARGO_INSECURE_SKIP_VERIFY") == "true",
-        help="do not verify the server's certificate ($ARGO_INSECURE_SKIP_VERIFY=true)",
-    )
-    submit.add_argument(
-        "-e",
-        "--secure",
-        action=argparse.BooleanOptionalAction,
-        default=os.environ.get("ARGO_SECURE", "true") != "false",
-        help="use TLS (default; $ARGO_SECURE=false for plain http)",
-    )
-    submit.add_argument("--argo-base-href", default=os.environ.get("ARGO_BASE_HREF", ""), help="($ARGO_BASE_HREF)")
+    from eksflow.submit import add_connection_options
+
+    add_connection_options(submit)
     submit.add_argument("--watch", action="store_true", help="follow node phases until the workflow finishes")
     schedule = commands.add_parser("schedule", parents=[common], help="print a WorkflowTemplate and its CronWorkflow")
     schedule.add_argument("--cron", required=True, help="cron schedule, e.g. '0 3 * * 1'")
     schedule.add_argument("--timezone", help="IANA zone of the schedule, e.g. Europe/Paris (default UTC)")
     schedule.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    config = commands.add_parser(
+        "config", parents=[common], help="the effective config as YAML (a --config file); --keys or --schema"
+    )
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--keys", action="store_true", help="every key with its type, default and description")
+    shown.add_argument("--schema", action="store_true", help="the config's JSON schema, for editors")
     return root
 
 
-def main(build: Build, argv: Sequence[str] | None = None) -> None:
-    """Parse the command line, build the workflow from the config, and run or render it."""
-    args = parser(Path(sys.argv[0]).name).parse_args(argv)
+def main(build: Build, argv: Sequence[str] | None = None) -> NoReturn:
+    """Parse the command line, build the pipeline from its config, and run, render, plan or submit it."""
+    module = sys.modules.get(build.__module__)
+    description = ((module.__doc__ if module else "") or "").strip()
+    args = parser(Path(sys.argv[0]).name, description).parse_args(argv)
     console = Console(stderr=True)
     try:
-        cfg = apply_variant(load_config(args.config, args.overrides), args.variant)
-        if args.command == "render":
-            raise SystemExit(render(build(cfg), args.output, args.kind, args.cron, args.timezone))
-        if args.command == "schedule":
-            raise SystemExit(render(build(cfg), args.output, "CronWorkflow", args.cron, args.timezone))
-        if args.command in ("plan", "submit"):
-            from eksflow.plan import check, print_plan
-
-            print_plan(check(cfg), Console())
-            if args.command == "submit":
-                from eksflow.submit import SubmitError, submit
-
-                try:
-                    raise SystemExit(submit(manifest(build(cfg)), args, console))
-                except SubmitError as err:
-                    console.print(f"[red]submit failed:[/red] {err}", highlight=False, soft_wrap=True)
-                    raise SystemExit(EXIT_FAILED) from None
-            raise SystemExit(0)
-        check_local_inputs(cfg)
-        raise SystemExit(run(build(cfg), args.state_dir, args.resume, console))
+        raise SystemExit(dispatch(build, args, console))
     except ConfigError as err:
-        for line in str(err).splitlines():
-            console.print(f"[red]config error:[/red] {line}", highlight=False, soft_wrap=True)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        _problems(console, "config error", str(err))
+    except PipelineError as err:
+        _problems(console, "pipeline error", str(err))
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
+    """Run one command; ConfigError and PipelineError propagate (exit 2)."""
+    cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
+    if args.command == "config":
+        from eksflow.config_docs import print_config
+
+        return print_config(cfg, keys=args.keys, schema=args.schema)
+    pipeline = build(cfg)
+    if args.command == "render":
+        return render(pipeline, args.output, args.kind, args.cron, args.timezone)
+    if args.command == "schedule":
+        return render(pipeline, args.output, "CronWorkflow", args.cron, args.timezone)
+    if args.command in ("plan", "submit"):
+        from eksflow.plan import check, print_plan
+
+        print_plan(check(pipeline), Console())
+        if args.command == "plan":
+            return 0
+        from eksflow.submit import SubmitError, submit
+
+        rendered = checked_manifest(pipeline)
+        try:
+            return submit(rendered, args, console)
+        except SubmitError as err:
+            console.print(f"[red]submit failed:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+            return EXIT_FAILED
+    from eksflow.run import run_locally
+
+    return run_locally(pipeline, checked_manifest(pipeline), project_root(build), args, console)
 
 
 def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:
@@ -133,40 +162,56 @@ def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:
     return cfg.model_copy(update={"cluster": cluster})
 
 
+def checked_manifest(pipeline: Pipeline) -> dict[str, Any]:
+    """The manifest, refused (ConfigError) when the API server would refuse it for its size."""
+    rendered = manifest(pipeline)
+    size = len(yaml.safe_dump(rendered).encode())
+    if size > MAX_MANIFEST_BYTES:
+        raise ConfigError(
+            f"the workflow is {size:,} bytes, over the {MAX_MANIFEST_BYTES:,} the Kubernetes API server takes; "
+            "shorten long settings (prompts, paths) or put large content in files"
+        )
+    return rendered
+
+
 def render(
-    workflow: Workflow,
+    pipeline: Pipeline,
     output: Path | None,
     kind: str = "Workflow",
     cron: str | None = None,
     timezone: str | None = None,
 ) -> int:
     """Print (or write) the manifest as YAML: the Workflow, its WorkflowTemplate, or a CronWorkflow running it."""
-    rendered = manifest(workflow)
+    rendered = manifest(pipeline)
     if kind == "Workflow":
         documents = [rendered]
     elif kind == "WorkflowTemplate":
         documents = [workflow_template(rendered)]
     else:
         check_schedule(cron, timezone)
-        documents = [workflow_template(rendered), cron_workflow(rendered, cron or "", timezone)]
+        documents = [workflow_template(rendered), cron_workflow(rendered, cron or "", timezone, pipeline.scheduled)]
     text = yaml.safe_dump_all(documents, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         output.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"-o {output}: cannot write it ({err.strerror}); check that its folder exists") from None
     return 0
 
 
-CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$|^[A-Za-z]{3}(-[A-Za-z]{3})?$")
-
-
 def check_schedule(cron: str | None, timezone: str | None) -> None:
-    """Refuse a schedule Argo's cron parser would reject, before anything is written (S3)."""
+    """Refuse a schedule Argo would reject, before anything is written (S3)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from eksflow.cron import check_cron
+
     problems = []
     if not cron:
         problems.append("--cron: a CronWorkflow needs a schedule, e.g. --cron '0 3 * * 1'")
-    elif not cron.startswith("@") and (len(cron.split()) != 5 or not all(CRON_FIELD.match(f) for f in cron.split())):
-        problems.append(f"--cron {cron!r}: expected 5 fields (minute hour day month weekday), e.g. '0 3 * * 1'")
+    elif problem := check_cron(cron):
+        problems.append(f"--cron {cron!r}: {problem}")
     if timezone:
         try:
             ZoneInfo(timezone)
@@ -176,60 +221,6 @@ def check_schedule(cron: str | None, timezone: str | None) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def check_local_inputs(cfg: PipelineConfig) -> None:
-    """Refuse a local run whose inputs cannot exist here, before anything starts."""
-    if not is_s3(cfg.data.source):
-        source = local_path(cfg.data.source)
-        if not source.exists():
-            raise ConfigError(
-                f"data.source: {cfg.data.source!r} does not exist; point it at a dataset folder "
-                "(e.g. --set data.source=data/demo) or an s3:// prefix"
-            )
-
-
-def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Console) -> int:
-    """Execute the manifest with the local executor and print what each task produced."""
-    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
-
-    env = {"EKSFLOW_GIT_COMMIT": _git_commit()}
-    try:
-        if resume:
-            result = resume_workflow(state_dir / "runs" / resume, cwd=PROJECT_ROOT, env=env, console=console)
-        else:
-            result = run_workflow(manifest(workflow), state_dir, cwd=PROJECT_ROOT, env=env, console=console)
-    except RunInterrupted as stopped:
-        console.print(
-            f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return EXIT_INTERRUPTED
-    except LocalExecutorError as err:
-        console.print(f"[red]cannot run locally:[/red] {err}", highlight=False, soft_wrap=True)
-        return EXIT_BAD_INPUT
-    console.print()
-    for node in result.nodes.values():
-        console.print(
-            f"[bold]{node.name}[/bold] {node.phase}" + (f": {node.message}" if node.message else ""), highlight=False
-        )
-        for name, value in node.outputs.items():
-            shown = value if len(value) <= 160 else value[:157] + "..."
-            console.print(f"    {name} = {shown}", highlight=False, soft_wrap=True)
-    colour = "green" if result.phase == "Succeeded" else "red"
-    console.print(
-        f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
-    )
-    if result.phase != "Succeeded":
-        console.print(f"resume with: --resume {result.name}")
-    return 0 if result.phase == "Succeeded" else EXIT_FAILED
-
-
-def _git_commit() -> str:
-    head = PROJECT_ROOT / ".git" / "HEAD"
-    try:
-        ref = head.read_text(encoding="utf-8").strip()
-        if ref.startswith("ref: "):
-            return (PROJECT_ROOT / ".git" / ref[5:]).read_text(encoding="utf-8").strip()
-        return ref
-    except OSError:
-        return ""
+def _problems(console: Console, label: str, text: str) -> None:
+    for line in text.splitlines():
+        console.print(f"[red]{label}:[/red] {escape(line)}", highlight=False, soft_wrap=True)

@@ -1,29 +1,42 @@
-"""The pipeline's typed config: defaults live here, a YAML file and `--set key=value` only override.
+"""Configuration per pipeline: a base every pipeline shares, extended with the pipeline's own sections.
 
-Each step section is that step's own Settings model (steps/<name>.py), so the pipeline and the step validate the
-same fields with the same rules. Unknown keys are errors, and every error is reported at once.
+    class LlamaLoraConfig(PipelineConfig):
+        name: str = "llama-lora"
+        data: StageSettings = StageSettings()      # a step's own Settings model is the section
+        train: TrainSettings = TrainSettings()
+
+Defaults live in the models; a YAML file (`--config`) and `--set dotted.key=value` only override. A `--set` value
+is read as the target field's type: a text field takes the text as given (quotes, newlines and all), any other
+field parses it as YAML. Unknown keys are errors, every error is reported at once, one line each, naming the key
+and the fix. Text that Argo would evaluate (`{{`) and text longer than MAX_TEXT_BYTES are refused here, before
+anything is rendered: a value reaches its step byte-identical or not at all.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from eksflow.pipeline import kind_of
 from eksflow.profiles import PROFILES
 from eksflow.runtime.args import Settings
-from steps.champion import Retrain
-from steps.deploy import DeploySettings
-from steps.evaluate import EvaluateSettings
-from steps.stage_data import StageSettings
-from steps.train import TrainSettings
-from steps.validate_data import ValidateSettings
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
+# ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
+MAX_TEXT_BYTES = 64 * 1024
+
+C = TypeVar("C", bound="PipelineConfig")
+
+
+def name_field(default: str) -> Any:
+    """A pipeline config's `name` field with that pipeline's default name (a Kubernetes name prefix)."""
+    return Field(default, pattern=K8S_NAME, max_length=50, description="workflow name prefix")
 
 
 class ConfigError(Exception):
@@ -37,7 +50,7 @@ class Images(Settings):
     train: str = Field("ghcr.io/eksflow/train-gpu:0.1.0", description="training image (CUDA, NCCL, EFA)")
     train_neuron: str = Field("ghcr.io/eksflow/train-neuron:0.1.0", description="Trainium image (Neuron SDK)")
 
-    @field_validator("steps", "train", "train_neuron")
+    @field_validator("*")
     @classmethod
     def _pinned(cls, image: str) -> str:
         name = image.rsplit("/", 1)[-1]
@@ -50,7 +63,7 @@ class StorageSettings(Settings):
     """Shared storage: the FSx for Lustre claim every step mounts."""
 
     fsx_claim: str = Field("fsx-claim", pattern=K8S_NAME, description="PersistentVolumeClaim of the FSx volume")
-    fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$")
+    fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$", description="where every pod mounts it")
     model_cache: str = Field("/fsx/models", description="converted/copied base models, shared by runs")
 
 
@@ -58,15 +71,19 @@ class MlflowSettings(Settings):
     """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
 
     tracking_uri: str = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
-    experiment: str = Field("eksflow", min_length=1)
-    model_name: str = Field("llama-lora", pattern=r"^[\w.\-]+$", description="registered model name")
+    experiment: str = Field(
+        "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
+    )
+    model_name: str = Field(
+        "", pattern=r"^$|^[\w.\-]+$", description="registered model name; empty: the pipeline's name"
+    )
     ui_url: str = Field(
         "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
     )
 
 
 class ClusterSettings(Settings):
-    """Where the training job runs on EKS: the node type (its accelerator profile) and how it is gang-scheduled."""
+    """Where distributed steps run on EKS: the node type (its accelerator profile) and how jobs are gang-scheduled."""
 
     instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
     nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
@@ -89,50 +106,54 @@ class ClusterSettings(Settings):
 
 
 class PipelineConfig(Settings):
-    """Everything a pipeline run needs; validated at render/run time and again inside each step."""
+    """The base of every pipeline's config: where it runs and what it shares. Pipelines add their own sections."""
 
-    name: str = Field("llama-lora", pattern=K8S_NAME, max_length=50, description="workflow name prefix")
-    namespace: str = Field("argo", pattern=K8S_NAME)
-    service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME)
-    base_model: str = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
-    retrain: Retrain = Field(
-        "always",
-        description="always, or if-data-changed: skip training when the champion was trained on the same data "
-        "(the CronWorkflow always passes if-data-changed)",
-    )
+    name: str = name_field("eksflow")
+    namespace: str = Field("argo", pattern=K8S_NAME, description="Kubernetes namespace of the workflow")
+    service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME, description="pods' service account (IRSA)")
+    active_deadline_seconds: int = Field(24 * 3600, ge=60, description="the whole workflow's time limit")
     images: Images = Images()
     storage: StorageSettings = StorageSettings()
     mlflow: MlflowSettings = MlflowSettings()
-    data: StageSettings = StageSettings()
-    validation: ValidateSettings = ValidateSettings()
-    train: TrainSettings = TrainSettings()
-    evaluate: EvaluateSettings = EvaluateSettings()
-    deploy: DeploySettings = DeploySettings()
     cluster: ClusterSettings = ClusterSettings()
 
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of this pipeline's runs: configured, or the pipeline's name."""
+        return self.mlflow.experiment or self.name
 
-def load_config(path: Path | None = None, overrides: Iterable[str] = ()) -> PipelineConfig:
-    """Defaults, then the YAML file, then each `dotted.key=value` override (values parsed as YAML scalars)."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"--config {path}: file not found")
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {path}: expected a mapping of sections, got {type(loaded).__name__}")
-        raw = loaded
+    @property
+    def model_name(self) -> str:
+        """The registered model this pipeline's versions go to: configured, or the pipeline's name."""
+        return self.mlflow.model_name or self.name
+
+
+def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:
+    """Defaults, then the YAML file, then each `dotted.key=value` override, validated as one; ConfigError if bad."""
+    raw: dict[str, Any] = _read_yaml(path) if path is not None else {}
+    problems = []
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set train.max_steps=20")
-        _assign(raw, key.split("."), yaml.safe_load(value) if value else "")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"--set {item[:80]!r}: expected dotted.key=value, e.g. --set train.max_steps=20")
+            continue
+        try:
+            _assign(raw, key.split("."), _typed(config_type, key, value))
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
     try:
-        return PipelineConfig.model_validate(raw)
+        cfg = config_type.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError("\n".join(explain(err))) from err
+        raise ConfigError("\n".join(explain(err, config_type))) from err
+    text_problems = [f"{key}: {why}" for key, why in _text_problems(cfg)]
+    if text_problems:
+        raise ConfigError("\n".join(text_problems))
+    return cfg
 
 
-def explain(err: ValidationError) -> list[str]:
+def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
     """One line per problem: `train.learning_rate: Input should be greater than 0 (got -1); fix: ...`."""
     lines = []
     for e in err.errors():
@@ -141,17 +162,88 @@ def explain(err: ValidationError) -> list[str]:
             parent = ".".join(str(p) for p in e["loc"][:-1])
             lines.append(
                 f"{key}: unknown key; valid keys{' in ' + parent if parent else ''}: "
-                f"{', '.join(_valid_keys(e['loc'][:-1]))}"
+                f"{', '.join(_valid_keys(config_type, e['loc'][:-1]))}"
             )
         else:
-            lines.append(
-                f"{key}: {e['msg']} (got {e.get('input')!r}); fix it with --set {key}=<value> or in the --config file"
-            )
+            got = _shorten(repr(e.get("input")))
+            lines.append(f"{key}: {e['msg']} (got {got}); fix it with --set {key}=<value> or in the --config file")
     return lines
 
 
-def _valid_keys(loc: tuple[int | str, ...]) -> list[str]:
-    model: Any = PipelineConfig
+def config_hash(config: BaseModel) -> str:
+    """`sha256:<hex>` of the validated config: the lineage tag that says which settings produced a model."""
+    return "sha256:" + hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+
+
+def field_at(config_type: type[BaseModel], key: str) -> Any | None:
+    """The FieldInfo at a dotted key, or None when some part is not a field of a model section."""
+    model: Any = config_type
+    found = None
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        found = model.model_fields[part]
+        model = found.annotation
+    return found
+
+
+def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
+    """A `--set` value as the field at `key` takes it: text as given, anything else parsed as YAML."""
+    field = field_at(config_type, key)
+    if field is not None and kind_of(field.annotation) == "text":
+        return value
+    try:
+        return yaml.safe_load(value) if value else ""
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem", None) or "not valid YAML"
+        raise ConfigError(
+            f"--set {key}: {where} in {_shorten(repr(value))}; quote text, e.g. --set '{key}=\"...\"'"
+        ) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path}: is a folder; give a YAML file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"--config {path}: invalid YAML{at}: {getattr(err, 'problem', None) or err}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+def _text_problems(value: object, key: str = "") -> Iterator[tuple[str, str]]:
+    """Every text value Argo would evaluate or that is too long to travel as one argv item, by dotted key."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _text_problems(getattr(value, name), f"{key}.{name}" if key else name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _text_problems(item, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from _text_problems(str(k), f"{key} key")
+            yield from _text_problems(item, f"{key}.{k}")
+    elif isinstance(value, str):
+        if "{{" in value:
+            yield key, "holds '{{', which Argo would evaluate as an expression; remove it"
+        if len(value.encode()) > MAX_TEXT_BYTES:
+            yield key, f"{len(value.encode())} bytes of text; at most {MAX_TEXT_BYTES} (put large content in a file)"
+
+
+def _valid_keys(config_type: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    model: Any = config_type
     for part in loc:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         if field is None or not isinstance(field.annotation, type):
@@ -169,12 +261,5 @@ def _assign(tree: dict[str, Any], path: list[str], value: object) -> None:
     tree[path[-1]] = value
 
 
-def dump(config: Mapping[str, Any] | PipelineConfig) -> str:
-    """The config as YAML (for `config` listings and docs)."""
-    data = config.model_dump(mode="json") if isinstance(config, PipelineConfig) else dict(config)
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-def config_hash(config: PipelineConfig) -> str:
-    """`sha256:<hex>` of the validated config: the lineage tag that says which settings produced a model."""
-    return "sha256:" + hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"

@@ -1,12 +1,15 @@
 """`plan`: the preflight checks and estimates printed before anything is submitted.
 
-Each rule returns the problems it finds as `field: what is wrong; fix: ...` lines; `check` raises ConfigError with all
-of them at once (exit 2), otherwise returns the rows of the plan table.
+For every distributed task of the pipeline (eksflow.launchers.distributed) it checks the layout the accelerator
+profile implies (workers vs devices or vCPUs, EFA in one zone, the retry budget), asks the step itself
+(`preflight` in its contract module, see eksflow.runtime.preflight) about memory and anything else only the step
+knows, and prices the run. Every problem is a `field: what is wrong; fix: ...` line; `check` raises ConfigError
+with all of them at once (exit 2), otherwise returns the rows of the plan table.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,18 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from eksflow.config import ConfigError, PipelineConfig
-from eksflow.launchers import retry_attempts, train_layout
-from eksflow.profiles import Profile, profile_for
+from eksflow.launchers import Job, worker_layout
+from eksflow.pipeline import Pipeline, Ref
+from eksflow.runtime.preflight import Layout, Preflight
 
 PRICES = Path(__file__).with_name("prices.yaml")
-GIB = 1024**3
-# Rough LoRA memory model (DDP: every worker holds the whole base model; FSDP: 1/world of it): weights x 1.2 for
-# the CUDA/Neuron context, adapter optimizer state and buffers, plus activations of about 0.5 MiB per token per
-# billion parameters (bf16, ~34 x hidden x layers bytes per token), an eighth of that with gradient checkpointing.
-OVERHEAD = 1.2
-ACTIVATION_BYTES_PER_TOKEN_PER_B = 0.5 * 1024**2
-HEADROOM = 0.9  # refuse plans that need more than 90% of device memory: fragmentation and NCCL buffers need the rest
-MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([mb])\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -36,143 +32,75 @@ class Plan:
     rows: list[tuple[str, str]]
 
 
-def model_params_b(cfg: PipelineConfig) -> float | None:
-    """Base model size in billions: configured, or read from a name such as `smollm2-135m` or `llama-3-8b`."""
-    if cfg.cluster.model_params_b:
-        return cfg.cluster.model_params_b
-    found = MODEL_SIZE.search(cfg.base_model.rsplit("/", 1)[-1])
-    if found is None:
-        return None
-    size = float(found.group(1))
-    return size / 1000 if found.group(2).lower() == "m" else size
-
-
-def memory_per_worker_gib(cfg: PipelineConfig, profile: Profile, params_b: float, shards: int = 1) -> float:
-    """Estimated memory one training process needs on its device (or in RAM on CPU), weights split `shards` ways."""
-    bytes_per_param = 4 if profile.kind == "cpu" else 2  # fp32 on CPU, bf16 on GPU and Trainium
-    weights = params_b * 1e9 * bytes_per_param * OVERHEAD / shards
-    tokens = cfg.train.micro_batch_size * cfg.train.max_seq_len
-    activations = tokens * params_b * ACTIVATION_BYTES_PER_TOKEN_PER_B
-    if cfg.train.gradient_checkpointing:
-        activations /= 8
-    return (weights + activations) / GIB
-
-
-def available_gib(cfg: PipelineConfig, profile: Profile) -> float:
-    """Memory one training process may use: its device's (per Neuron core), or its share of the node's RAM on CPU."""
+def layout_of(job: Job, cfg: PipelineConfig) -> Layout:
+    """The Layout a job's step sees in its preflight."""
+    profile = job.profile
+    workers = worker_layout(job.settings)[0]
     if profile.kind == "cpu":
-        return profile.memory_gib / max(train_layout(cfg, profile).num_workers, 1)
-    return profile.device_memory_gib / profile.cores_per_device
+        per_worker = profile.memory_gib / max(workers, 1)
+    else:
+        per_worker = profile.device_memory_gib / profile.cores_per_device
+    return Layout(
+        kind=profile.kind,
+        instance_type=profile.instance_type,
+        nodes=cfg.cluster.nodes,
+        workers=workers,
+        memory_per_worker_gib=per_worker,
+        spot=cfg.cluster.spot,
+        model_params_b=cfg.cluster.model_params_b,
+    )
 
 
-def sharding(cfg: PipelineConfig, profile: Profile, params_b: float) -> tuple[str, int]:
-    """How the train step will hold the weights, and over how many workers they are split.
-
-    Mirrors steps.common.strategies: `auto` shards (FSDP) only on GPUs and only when a replica does not fit one
-    device; Trainium splits them by tensor parallelism.
-    """
-    if profile.kind == "trainium":
-        return "NeuronTrainer, tensor parallel", cfg.train.tensor_parallel_size
-    world = train_layout(cfg, profile).num_workers
-    if cfg.train.strategy == "fsdp":
-        return "fsdp", world
-    replica_fits = memory_per_worker_gib(cfg, profile, params_b) <= available_gib(cfg, profile) * HEADROOM
-    if cfg.train.strategy == "auto" and profile.kind == "gpu" and world > 1 and not replica_fits:
-        return "fsdp (auto: a replica does not fit one device)", world
-    return "ddp", 1
-
-
-def rule_memory(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Estimated memory per worker, with the weights as the strategy holds them, must fit the device (or RAM)."""
-    params_b = model_params_b(cfg)
-    if params_b is None:
-        return [
-            f"cluster.model_params_b: cannot tell the size of {cfg.base_model!r} from its name; "
-            "fix: --set cluster.model_params_b=<billions>"
-        ]
-    strategy, shards = sharding(cfg, profile, params_b)
-    need = memory_per_worker_gib(cfg, profile, params_b, shards)
-    available = available_gib(cfg, profile)
-    if need > available * HEADROOM:
-        return [
-            f"train.micro_batch_size: about {need:.1f} GiB per worker needed ({strategy}), {available:.0f} GiB "
-            f"available on {profile.instance_type}; fix: lower train.micro_batch_size or train.max_seq_len, set "
-            "train.gradient_checkpointing=true, add cluster.nodes, or pick a larger cluster.instance_type"
-        ]
-    return []
-
-
-def rule_strategy(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Only strategies the training loop runs: DeepSpeed is planned by `auto` in the step but refused there."""
-    if cfg.train.strategy == "deepspeed":
-        return [
-            "train.strategy: deepspeed is not run by the training loop (only its config is built and validated); "
-            "fix: --set train.strategy=fsdp (parameters sharded over the workers) or auto"
-        ]
-    return []
-
-
-def rule_world_size(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Workers must match the nodes' devices (GPU, Neuron) or fit the node's vCPUs (CPU)."""
+def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
+    """Workers must match the nodes' devices (GPU, Neuron) or fit the node's vCPUs (CPU); EFA stays in one zone."""
+    profile, settings, section = job.profile, job.settings, job.section
     problems = []
+    workers, threads = worker_layout(settings)
     if profile.kind == "cpu":
-        threads = cfg.train.num_workers * cfg.train.cpus_per_worker
-        if threads > profile.vcpus:
+        if workers * threads > profile.vcpus:
             problems.append(
-                f"train.num_workers: {cfg.train.num_workers} workers x {cfg.train.cpus_per_worker} CPUs exceed the "
-                f"{profile.vcpus} vCPUs of {profile.instance_type}; fix: lower train.num_workers or "
-                "train.cpus_per_worker"
+                f"{section}.num_workers: {workers} workers x {threads} CPUs exceed the {profile.vcpus} vCPUs of "
+                f"{profile.instance_type}; fix: lower {section}.num_workers or {section}.cpus_per_worker"
             )
         if cfg.cluster.nodes > 1:
-            problems.append("cluster.nodes: CPU training runs in one pod; fix: --set cluster.nodes=1")
-        return problems
-    world = cfg.cluster.nodes * profile.workers
-    if "num_workers" in cfg.train.model_fields_set and cfg.train.num_workers != world:
+            problems.append("cluster.nodes: a CPU job runs in one pod; fix: --set cluster.nodes=1")
+    else:
+        world = cfg.cluster.nodes * profile.workers
+        if "num_workers" in job.configured and job.configured["num_workers"] != world:
+            problems.append(
+                f"{section}.num_workers: {job.configured['num_workers']} does not match {cfg.cluster.nodes} node(s) x "
+                f"{profile.workers} devices of {profile.instance_type} = {world}; fix: --set "
+                f"{section}.num_workers={world} or leave it unset (the profile sets it)"
+            )
+        if "use_gpu" in job.configured and job.configured["use_gpu"] != (profile.kind == "gpu"):
+            problems.append(
+                f"{section}.use_gpu: {job.configured['use_gpu']} on {profile.kind} nodes; fix: leave it unset "
+                "(the profile sets it)"
+            )
+    if profile.efa and cfg.cluster.nodes > 1 and not cfg.cluster.zone:
         problems.append(
-            f"train.num_workers: {cfg.train.num_workers} does not match {cfg.cluster.nodes} node(s) x "
-            f"{profile.workers} devices of {profile.instance_type} = {world}; fix: --set train.num_workers={world} "
-            "or leave it unset (the profile sets it)"
+            f"cluster.zone: {cfg.cluster.nodes} {profile.instance_type} nodes talk over EFA, which does not cross "
+            "availability zones; fix: --set cluster.zone=<az>, e.g. us-west-2a"
         )
-    if "use_gpu" in cfg.train.model_fields_set and cfg.train.use_gpu != (profile.kind == "gpu"):
+    attempts = job.attempts(cfg)
+    if attempts > cfg.cluster.retry_budget:
         problems.append(
-            f"train.use_gpu: {cfg.train.use_gpu} on {profile.kind} nodes; fix: leave it unset (the profile sets it)"
+            f"cluster.retry_budget: Argo x RayJob x in-job retries allow {attempts} attempts of {job.task}, more "
+            f"than the budget of {cfg.cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
+            "cluster.retry_budget"
         )
     return problems
 
 
-def rule_efa_single_az(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Multi-node EFA training needs one availability zone."""
-    if profile.efa and cfg.cluster.nodes > 1 and not cfg.cluster.zone:
-        return [
-            f"cluster.zone: {cfg.cluster.nodes} {profile.instance_type} nodes talk over EFA, which does not cross "
-            "availability zones; fix: --set cluster.zone=<az>, e.g. us-west-2a"
-        ]
-    return []
-
-
-def rule_spot_checkpoints(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Spot training must checkpoint before its last step, or a reclaim loses everything."""
-    if cfg.cluster.spot and cfg.train.checkpoint_every >= cfg.train.max_steps:
-        return [
-            f"train.checkpoint_every: Spot nodes can be reclaimed, but no checkpoint is written before step "
-            f"{cfg.train.max_steps}; fix: --set train.checkpoint_every=<fewer steps> or cluster.spot=false"
-        ]
-    return []
-
-
-def rule_retry_budget(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Argo x RayJob x Ray Train attempts must stay within cluster.retry_budget."""
-    attempts = retry_attempts(cfg)
-    if attempts > cfg.cluster.retry_budget:
-        return [
-            f"cluster.retry_budget: Argo x RayJob x Ray Train allow {attempts} training attempts, more than the "
-            f"budget of {cfg.cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
-            "cluster.retry_budget"
-        ]
-    return []
-
-
-RULES = (rule_memory, rule_strategy, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
+def step_preflight(job: Job, pipeline: Pipeline, layout: Layout) -> Preflight:
+    """The step's own answer, from `preflight` in its contract module; none when it declares none."""
+    declared = getattr(job.step, "preflight", None)
+    if declared is None:
+        return Preflight()
+    args = {**job.settings.model_dump(), **{k: _resolved(v, pipeline) for k, v in job.values.items()}}
+    answer = declared(args, layout)
+    assert isinstance(answer, Preflight), f"{job.step.__name__}.preflight must return a Preflight"
+    return answer
 
 
 def prices() -> dict[str, object]:
@@ -181,36 +109,45 @@ def prices() -> dict[str, object]:
     return loaded
 
 
-def check(cfg: PipelineConfig) -> Plan:
-    """Run every rule; raise ConfigError listing all problems, or return the plan's rows."""
-    profile = profile_for(cfg.cluster.instance_type)
-    problems = [line for rule in RULES for line in rule(cfg, profile)]
+def check(pipeline: Pipeline) -> Plan:
+    """Run every check of every distributed task; raise ConfigError listing all problems, or return the rows."""
+    cfg = pipeline.cfg
+    table = prices()
+    usd: Mapping[str, float] = table["usd_per_hour"]  # type: ignore[assignment]
+    problems: list[str] = []
+    rows: list[tuple[str, str]] = [("workflow", f"{cfg.name} in namespace {cfg.namespace}")]
+    for job in pipeline.jobs:
+        layout = layout_of(job, cfg)
+        answer = step_preflight(job, pipeline, layout)
+        problems += layout_problems(job, cfg) + answer.problems
+        profile, nodes = job.profile, cfg.cluster.nodes
+        pods = {"cpu": "1 pod", "gpu": f"1 Ray head + {nodes} worker(s)", "trainium": f"{nodes} torchrun pod(s)"}
+        hourly = usd[profile.instance_type] * nodes
+        rows += [
+            (
+                f"{job.task}: instance",
+                f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cfg.cluster.spot else 'on-demand'})",
+            ),
+            (f"{job.task}: pods", pods[profile.kind]),
+            (
+                f"{job.task}: devices",
+                f"{profile.devices * nodes} ({profile.devices} per node), {profile.efa} EFA per node",
+            ),
+            (f"{job.task}: world size", f"{layout.workers} workers"),
+            *((f"{job.task}: {name}", value) for name, value in answer.rows),
+            (f"{job.task}: gang admission", f"{cfg.cluster.scheduler} queue {cfg.cluster.queue}"),
+            (f"{job.task}: attempts", f"{job.attempts(cfg)} at most (budget {cfg.cluster.retry_budget})"),
+            (
+                f"{job.task}: cost per hour",
+                f"${hourly:,.2f} (on-demand, {table['region']}, prices as of {table['as_of']})",
+            ),
+            (
+                f"{job.task}: cost per run",
+                f"${hourly * cfg.cluster.expected_hours:,.2f} for {cfg.cluster.expected_hours:g} h",
+            ),
+        ]
     if problems:
         raise ConfigError("\n".join(problems))
-    layout = train_layout(cfg, profile)
-    nodes = cfg.cluster.nodes
-    pods = {"cpu": "1 train pod", "gpu": f"1 Ray head + {nodes} worker(s)", "trainium": f"{nodes} torchrun pod(s)"}
-    table = prices()
-    usd: dict[str, float] = table["usd_per_hour"]  # type: ignore[assignment]
-    hourly = usd[profile.instance_type] * nodes
-    params_b = model_params_b(cfg) or 0.0
-    strategy, shards = sharding(cfg, profile, params_b)
-    need = memory_per_worker_gib(cfg, profile, params_b, shards)
-    rows = [
-        (
-            "instance",
-            f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cfg.cluster.spot else 'on-demand'})",
-        ),
-        ("pods", pods[profile.kind]),
-        ("devices", f"{profile.devices * nodes} ({profile.devices} per node), {profile.efa} EFA per node"),
-        ("world size", f"{layout.num_workers} workers"),
-        ("strategy", strategy),
-        ("memory per worker", f"~{need:.1f} GiB of {available_gib(cfg, profile):.0f} GiB"),
-        ("gang admission", f"{cfg.cluster.scheduler} queue {cfg.cluster.queue}"),
-        ("training attempts", f"{retry_attempts(cfg)} at most (budget {cfg.cluster.retry_budget})"),
-        ("cost per hour", f"${hourly:,.2f} (on-demand, {table['region']}, prices as of {table['as_of']})"),
-        ("cost per run", f"${hourly * cfg.cluster.expected_hours:,.2f} for {cfg.cluster.expected_hours:g} h"),
-    ]
     return Plan(rows)
 
 
@@ -220,3 +157,13 @@ def print_plan(plan: Plan, console: Console) -> None:
     for name, value in plan.rows:
         table.add_row(name, value)
     console.print(table)
+
+
+def _resolved(value: object, pipeline: Pipeline) -> object:
+    """A value as configured: a workflow parameter's default in place of its reference."""
+    if isinstance(value, Ref):
+        prefix = "{{workflow.parameters."
+        if value.argo.startswith(prefix) and value.argo.endswith("}}"):
+            return pipeline.parameter_values.get(value.argo[len(prefix) : -2], "")
+        return value.argo
+    return value

@@ -107,3 +107,24 @@ def _server_message(response: requests.Response) -> str:
     except ValueError:
         return response.text.strip().splitlines()[0][:200] if response.text.strip() else response.reason
     return str(body.get("message", body))[:200] if isinstance(body, dict) else str(body)[:200]
+
+
+def add_connection_options(command: argparse.ArgumentParser) -> None:
+    """The argo CLI's connection flags, each defaulting to its environment variable."""
+    command.add_argument("--argo-server", default=os.environ.get("ARGO_SERVER", ""), help="host:port ($ARGO_SERVER)")
+    command.add_argument("-n", "--namespace", default=os.environ.get("ARGO_NAMESPACE"), help="($ARGO_NAMESPACE)")
+    command.add_argument(
+        "-k",
+        "--insecure-skip-verify",
+        action="store_true",
+        default=os.environ.get("ARGO_INSECURE_SKIP_VERIFY") == "true",
+        help="do not verify the server's certificate ($ARGO_INSECURE_SKIP_VERIFY=true)",
+    )
+    command.add_argument(
+        "-e",
+        "--secure",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("ARGO_SECURE", "true") != "false",
+        help="use TLS (default; $ARGO_SECURE=false for plain http)",
+    )
+    command.add_argument("--argo-base-href", default=os.environ.get("ARGO_BASE_HREF", ""), help="($ARGO_BASE_HREF)")

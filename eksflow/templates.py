@@ -1,32 +1,44 @@
-"""One factory for every step template, so each step renders the same way (STYLE.md: no hand-built YAML).
+"""Step tasks and the Workflow around them: every step template renders the same way (no hand-built YAML).
 
-A step template is a Container running `python -m steps.<module>`. Its argv comes from the step's own Args model:
-config values become `--name=value` items, and the names listed as `wired` become input parameters that the DAG
-fills from upstream outputs. Output parameters are the fields of the step's Outputs model, read from files.
+`task(step, settings, **values)` adds a task running `python -m <step module>`. Its argv comes from the step's own
+Args model: literal values become `--name=value` items (checked against the field's type now, not at run time),
+references to other tasks' outputs become input parameters filled by the DAG. Output parameters are the fields of
+the step's Outputs model, read from files. The template also says which arguments hold container paths
+(annotation `eksflow.dev/path-args`), so the local executor maps exactly those to host folders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Task, Workflow
+from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Workflow
 from hera.workflows import models as m
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
-from eksflow.config import PipelineConfig
-from eksflow.runtime.args import EXIT_BAD_INPUT, Settings, to_argv
+from eksflow.pipeline import (
+    EXIT_HANDLER,
+    Kind,
+    Pipeline,
+    PipelineError,
+    Ref,
+    TaskRef,
+    When,
+    accepts,
+    kind_of,
+    literal_problem,
+    step_name,
+)
+from eksflow.runtime.args import EXIT_BAD_INPUT, Settings, StepArgs, flag, is_location, to_argv
+
+if TYPE_CHECKING:
+    from eksflow.config import PipelineConfig
 
 OUTPUTS_DIR = "/tmp/outputs"  # steps write one file per output parameter here
 FSX_VOLUME = "fsx"
-# Bad input (exit 2) fails fast; anything else (OOM, Spot preemption, a flaky server) is retried with backoff.
-STEP_RETRY = RetryStrategy(
-    limit="2",
-    retry_policy="Always",
-    expression=f"asInt(lastRetry.exitCode) != {EXIT_BAD_INPUT}",
-    backoff=m.Backoff(duration="10s", factor="2", max_duration="5m"),
-)
+PATH_ARGS_ANNOTATION = "eksflow.dev/path-args"  # the argv flags holding container paths: the only ones mapped locally
 # The Kubernetes "restricted" Pod Security Standard.
 RESTRICTED = m.SecurityContext(
     run_as_non_root=True,
@@ -38,90 +50,144 @@ RESTRICTED = m.SecurityContext(
 SMALL = Resources(cpu_request=1, cpu_limit=2, memory_request="2Gi", memory_limit="4Gi")
 
 
-class StepTemplate:
-    """A step's Container template; calling it inside a DAG adds a task (typed, unlike Hera's Step | Task | None)."""
+def retry(limit: int = 2, *, first_delay: str = "10s", max_delay: str = "5m") -> RetryStrategy:
+    """Retry everything but bad input (exit 2), with exponential backoff between `first_delay` and `max_delay`.
 
-    def __init__(self, container: Container) -> None:
-        self.container = container
-
-    def __call__(self, *, arguments: Mapping[str, Any] | None = None, when: str | None = None) -> Task:
-        """Add a task running this template to the enclosing DAG."""
-        task = self.container(arguments=dict(arguments or {}), when=when)
-        if not isinstance(task, Task):
-            raise TypeError(f"template {self.container.name!r} must be called inside `with DAG(...)`")
-        return task
-
-
-StepFactory = Callable[..., StepTemplate]
+    No `maxDuration`: Argo counts it from the first attempt's start, so a step that fails after running longer
+    than it (training preempted after an hour: the case retries exist for) would never be retried.
+    """
+    return RetryStrategy(
+        limit=str(limit),
+        retry_policy="Always",
+        expression=f"asInt(lastRetry.exitCode) != {EXIT_BAD_INPUT}",
+        backoff=m.Backoff(duration=first_delay, factor="2", cap=max_delay),
+    )
 
 
-def template_name(module: ModuleType) -> str:
-    """`steps.stage_data` -> `stage-data` (Argo names are kebab-case, derived, never typed by hand)."""
-    return module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+STEP_RETRY = retry()
+TASK_OPTIONS = frozenset(
+    {"name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "settings", "step"}
+)
 
 
-def step_factory(cfg: PipelineConfig) -> StepFactory:
-    """A `step(module, settings, wired=..., **values)` function bound to this config's images and storage."""
-
-    def step(
-        module: ModuleType,
-        settings: Settings | None = None,
-        *,
-        wired: Sequence[str] = (),
-        image: str | None = None,
-        resources: Resources = SMALL,
-        metrics: m.Metrics | None = None,
-        **values: object,
-    ) -> StepTemplate:
-        """Container template for `python -m steps.<module>` with its argv rendered from the step's Args."""
-        image = image or cfg.images.steps
-        return StepTemplate(
-            Container(
-                name=template_name(module),
-                image=image,
-                command=["python", "-m", module.__name__],
-                args=step_argv(module, settings, wired=wired, outputs_dir=OUTPUTS_DIR, **values),
-                inputs=[Parameter(name=name) for name in wired],
-                outputs=[
-                    Parameter(name=name, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
-                    for name in module.Outputs.model_fields
-                ],
-                env=[
-                    Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
-                    Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
-                ],
-                volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
-                resources=resources,
-                retry_strategy=STEP_RETRY,
-                security_context=RESTRICTED,
-                metrics=metrics,
-            )
-        )
-
-    return step
-
-
-def step_argv(
-    module: ModuleType,
+def task(
+    step: ModuleType,
     settings: Settings | None = None,
     *,
-    wired: Sequence[str] = (),
+    name: str | None = None,
+    after: TaskRef | Sequence[TaskRef] = (),
+    when: When | None = None,
+    container_image: str | None = None,
+    resources: Resources = SMALL,
+    retry_strategy: RetryStrategy = STEP_RETRY,
+    prometheus: m.Metrics | None = None,
+    **values: Any,
+) -> TaskRef:
+    """Add a task running `python -m <step>` to the pipeline being built; its outputs are attributes of the result.
+
+    `settings` (a config section) and `values` fill the step's Args; a value may be a literal or a Ref (another
+    task's output, a workflow parameter, `p.run_dir / ...`). The other keywords are the task's own options (a
+    step whose Args has a field of one of these names is refused: rename the field).
+    """
+    pipeline = Pipeline.current()
+    name = name or step_name(step)
+    args_type, outputs = contract(step)
+    argv, inputs = arguments(args_type, name, settings, values)
+    container = Container(
+        name=name,
+        image=container_image or pipeline.cfg.images.steps,
+        command=["python", "-m", step.__name__],
+        args=argv,
+        inputs=[Parameter(name=arg) for arg in inputs] or None,
+        outputs=[Parameter(name=output, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{output}")) for output in outputs],
+        env=[
+            Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
+            Env(name="EKSFLOW_IMAGE", value=container_image or pipeline.cfg.images.steps),  # lineage: the model's image
+        ],
+        volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=pipeline.cfg.storage.fsx_mount)],
+        resources=resources,
+        retry_strategy=retry_strategy,
+        security_context=RESTRICTED,
+        metrics=prometheus,
+        annotations=path_annotation(args_type),
+    )
+    return pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
+
+
+def contract(step: ModuleType) -> tuple[type[StepArgs], dict[str, Kind]]:
+    """The step module's Args model and its outputs with their kinds; PipelineError if it is not a step."""
+    args_type = getattr(step, "Args", None)
+    outputs_type = getattr(step, "Outputs", None)
+    if not (isinstance(args_type, type) and issubclass(args_type, StepArgs)):
+        raise PipelineError(f"{step.__name__} is not a step: it needs `class Args(StepArgs)` (eksflow.runtime)")
+    if not (isinstance(outputs_type, type) and issubclass(outputs_type, BaseModel)):
+        raise PipelineError(f"{step.__name__} is not a step: it needs `class Outputs(BaseModel)`")
+    return args_type, {n: kind_of(f.annotation) for n, f in outputs_type.model_fields.items()}
+
+
+def arguments(
+    args_type: type[StepArgs],
+    task_name: str,
+    settings: Settings | None,
+    values: Mapping[str, object],
+    *,
     outputs_dir: str = OUTPUTS_DIR,
-    **values: object,
-) -> list[str]:
-    """`--name=value` items for the step's Args: settings, then values, then wired inputs as `{{inputs...}}`."""
-    fields = module.Args.model_fields
-    rendered: dict[str, object] = {}
+) -> tuple[list[str], dict[str, Ref]]:
+    """The template's argv and its inputs: every value checked against the step's field, now.
+
+    A Ref valid anywhere (a workflow parameter, the run folder) goes straight into argv; a task output or a
+    fan-out item becomes an input parameter, `{{inputs.parameters.<field>}}` in argv.
+    """
+    fields = args_type.model_fields
+    given: dict[str, object] = {}
     if settings is not None:
-        rendered.update({name: getattr(settings, name) for name in type(settings).model_fields})
-    rendered.update(values)
-    rendered.update({name: f"{{{{inputs.parameters.{name}}}}}" for name in wired})
+        given.update({n: getattr(settings, n) for n in type(settings).model_fields})
+    given.update(values)
+    where = f"task {task_name!r} ({args_type.__module__})"
+    taken = sorted(TASK_OPTIONS & set(fields))
+    if taken:
+        raise PipelineError(f"{where}: its Args field(s) {', '.join(taken)} clash with task() options; rename them")
+    unknown = sorted(set(given) - set(fields) - {"outputs_dir"})
+    if unknown:
+        raise PipelineError(f"{where}: no argument {', '.join(unknown)}; its arguments: {', '.join(fields)}")
+    missing = sorted(n for n, f in fields.items() if f.is_required() and n not in given)
+    if missing:
+        raise PipelineError(f"{where}: missing required argument {', '.join(missing)}")
+    rendered: dict[str, object] = {}
+    inputs: dict[str, Ref] = {}
+    for field_name, value in given.items():
+        field = fields[field_name]
+        if isinstance(value, Ref):
+            target = kind_of(field.annotation)
+            if not accepts(target, value.kind):
+                raise PipelineError(f"{where}: argument {field_name} takes {target}, but {value.label} is {value.kind}")
+            if value.producer is None and value.dag is None:
+                rendered[field_name] = value.argo
+            else:
+                inputs[field_name] = value
+                rendered[field_name] = f"{{{{inputs.parameters.{field_name}}}}}"
+            continue
+        try:
+            _adapter(field).validate_python(value)
+        except ValidationError as err:
+            raise PipelineError(f"{where}: argument {field_name}={value!r}: {err.errors()[0]['msg']}") from None
+        if problem := literal_problem(value):
+            raise PipelineError(f"{where}: argument {field_name} {problem}")
+        rendered[field_name] = value
     rendered["outputs_dir"] = outputs_dir
-    unknown = sorted(set(rendered) - set(fields))
-    missing = sorted(n for n, f in fields.items() if f.is_required() and n not in rendered)
-    if unknown or missing:
-        raise TypeError(f"{module.__name__}: unknown args {unknown}, missing required args {missing}")
-    return to_argv(rendered)
+    return to_argv(rendered), inputs
+
+
+def _adapter(field: FieldInfo) -> TypeAdapter[Any]:
+    """Validates a value as the field would, constraints (ge, pattern, ...) included."""
+    annotation: Any = field.annotation
+    return TypeAdapter(Annotated[(annotation, *field.metadata)] if field.metadata else annotation)
+
+
+def path_annotation(args_type: type[StepArgs]) -> dict[str, str]:
+    """`eksflow.dev/path-args`: the flags whose values are container paths or URIs holding one."""
+    flags = [flag(n) for n, f in args_type.model_fields.items() if is_location(f)]
+    return {PATH_ARGS_ANNOTATION: ",".join(flags)} if flags else {}
 
 
 def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
@@ -140,19 +206,21 @@ def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
     )
 
 
-@contextmanager
-def pipeline_workflow(
-    cfg: PipelineConfig, *, title: str, description: str, parameters: Mapping[str, str]
-) -> Iterator[Workflow]:
-    """The Workflow every pipeline shares: FSx volume, service account, workflow parameters, cleanup policies."""
-    with Workflow(
+def workflow_shell(pipeline: Pipeline, templates: Sequence[Any]) -> Workflow:
+    """The Workflow every pipeline shares: FSx volume, service account, parameters, cleanup, exit handler."""
+    cfg = pipeline.cfg
+    return Workflow(
         generate_name=f"{cfg.name}-",
         namespace=cfg.namespace,
         entrypoint="main",
+        on_exit=EXIT_HANDLER if pipeline.exit is not None else None,
         service_account_name=cfg.service_account,
-        annotations={"workflows.argoproj.io/title": title, "workflows.argoproj.io/description": description},
+        annotations={
+            "workflows.argoproj.io/title": pipeline.title,
+            "workflows.argoproj.io/description": pipeline.description,
+        },
         labels={"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name},
-        arguments=[Parameter(name=name, value=value) for name, value in parameters.items()],
+        arguments=[Parameter(name=name, value=str(value)) for name, value in pipeline.parameter_values.items()] or None,
         volumes=[
             m.Volume(
                 name=FSX_VOLUME,
@@ -161,14 +229,14 @@ def pipeline_workflow(
         ],
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         ttl_strategy=m.TTLStrategy(seconds_after_success=7 * 24 * 3600, seconds_after_failure=14 * 24 * 3600),
-        active_deadline_seconds=24 * 3600,
-    ) as workflow:
-        yield workflow
+        active_deadline_seconds=cfg.active_deadline_seconds,
+        templates=list(templates),
+    )
 
 
-def manifest(workflow: Workflow) -> dict[str, Any]:
+def manifest(pipeline: Pipeline) -> dict[str, Any]:
     """The Workflow as the plain dict that `render` prints, `submit` sends and `run` executes."""
-    rendered: dict[str, Any] = workflow.to_dict()
+    rendered: dict[str, Any] = pipeline.workflow().to_dict()
     return rendered
 
 
@@ -188,13 +256,18 @@ def workflow_template(workflow: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def cron_workflow(workflow: Mapping[str, Any], cron: str, timezone: str | None = None) -> dict[str, Any]:
+def cron_workflow(
+    workflow: Mapping[str, Any], cron: str, timezone: str | None = None, parameters: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """A CronWorkflow running the pipeline's WorkflowTemplate: one run at a time, late runs skipped.
 
-    It passes `retrain=if-data-changed`: a scheduled run trains only when the data differs from the champion's.
+    `parameters` override workflow parameters for scheduled runs (the flagship passes retrain=if-data-changed).
     """
     template = workflow_template(workflow)
     name = template["metadata"]["name"]
+    workflow_spec: dict[str, Any] = {"workflowTemplateRef": {"name": name}}
+    if parameters:
+        workflow_spec["arguments"] = {"parameters": [{"name": k, "value": v} for k, v in parameters.items()]}
     spec: dict[str, Any] = {
         "schedules": [cron],
         "concurrencyPolicy": "Forbid",  # a long training run is never overlapped by the next one
@@ -202,11 +275,7 @@ def cron_workflow(workflow: Mapping[str, Any], cron: str, timezone: str | None =
         "successfulJobsHistoryLimit": 3,
         "failedJobsHistoryLimit": 3,
         "workflowMetadata": {"labels": dict(template["metadata"].get("labels", {}))},
-        "workflowSpec": {
-            "workflowTemplateRef": {"name": name},
-            # a scheduled run trains only on new data; `argo submit --from workflowtemplate/...` keeps the default
-            "arguments": {"parameters": [{"name": "retrain", "value": "if-data-changed"}]},
-        },
+        "workflowSpec": workflow_spec,
     }
     if timezone:
         spec["timezone"] = timezone

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step
+from eksflow.runtime.args import Location, Settings, StepArgs, StepInputError, run_step
 from steps.common import serving, tracking
 
 SMOKE_MAX_TOKENS = 32
@@ -51,7 +51,7 @@ class Args(DeploySettings, StepArgs):
 
     model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name")
     model_version: str = Field(pattern=r"^[1-9][0-9]*$", description="version to deploy (register's model_version)")
-    tracking_uri: str = Field(description="MLflow tracking and registry URI")
+    tracking_uri: Location = Field(description="MLflow tracking and registry URI")
     serve_dir: Path = Field(description="folder the registered model is downloaded into")
 
 

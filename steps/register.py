@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError
 
-from eksflow.runtime.args import StepArgs, StepInputError, run_step
+from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 from steps.common import tracking
 from steps.common.base_model import default_cache_dir, resolve_model
 
@@ -60,10 +60,10 @@ class Args(StepArgs):
         pattern=tracking.MODEL_NAME_PATTERN,
         description="registered model name in MLflow (letters, digits, '.', '_', '-')",
     )
-    tracking_uri: str = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
+    tracking_uri: Location = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
     experiment: str = Field("eksflow", description="MLflow experiment of the run when no train run is given")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
-    base_model: str = Field(
+    base_model: Location = Field(
         description="base model reference the adapter was trained on (see base_model.resolve_model)"
     )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")

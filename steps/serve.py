@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import StepArgs, StepInputError, run_step
+from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 from steps.common import serving, tracking
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
@@ -30,7 +30,7 @@ class Args(StepArgs):
     """Which version to serve, and where."""
 
     model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name")
-    tracking_uri: str = Field(
+    tracking_uri: Location = Field(
         "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (the run's mlflow.db)"
     )
     alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")

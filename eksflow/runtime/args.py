@@ -14,14 +14,34 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from eksflow.runtime.outputs import write_outputs
 
 EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
 EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
+
+
+class _LocationMarker:
+    """Marks a text field whose value names a file: a path, or a URI holding one (sqlite:////fsx/mlflow.db)."""
+
+    def __repr__(self) -> str:
+        return "Location"
+
+
+Location = Annotated[str, _LocationMarker()]  # mapped to a host folder by the local executor, like a Path
+
+
+def is_location(field: FieldInfo) -> bool:
+    """True for fields holding a path: Path (or Path | None) and `Location` text."""
+    if any(isinstance(meta, _LocationMarker) for meta in field.metadata):
+        return True
+    annotation = field.annotation
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    return annotation is Path or Path in members
 
 
 class StepInputError(Exception):

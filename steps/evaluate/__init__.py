@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from eksflow.runtime.args import Settings, StepArgs
+from eksflow.runtime.args import Location, Settings, StepArgs
 from steps.common import tracking
 from steps.common.base_model import default_cache_dir
 from steps.evaluate.gate import LOSS_METRICS, TaskMetric, Threshold, metric_names
@@ -73,10 +73,10 @@ class Args(EvaluateSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder holding eval.jsonl")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step")
-    base_model: str
+    base_model: Location
     model_cache_dir: Path = Field(default_factory=default_cache_dir)
     report_dir: Path = Field(description="where the JSON and markdown reports are written")
-    tracking_uri: str = Field("", description="MLflow URI for the run's metrics and the champion; empty: neither")
+    tracking_uri: Location = Field("", description="MLflow URI for the run's metrics and the champion; empty: neither")
     mlflow_run_id: str = ""
     mlflow_ui_url: str = Field("", description="MLflow UI address for the run link; empty: the http(s) tracking URI")
     model_name: str = Field(

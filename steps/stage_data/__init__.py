@@ -44,13 +44,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import Settings, StepArgs
+from eksflow.runtime.args import Location, Settings, StepArgs
 
 
 class StageSettings(Settings):
     """Where the dataset comes from and how it is copied (the `data` section of the pipeline config)."""
 
-    source: str = Field("data/demo", description="dataset: local path, file:///path, s3://bucket/prefix or object")
+    source: Location = Field("data/demo", description="dataset: local path, file:///path, s3://bucket/prefix or object")
     concurrency: int = Field(16, ge=1, le=64, description="files copied in parallel")
     part_concurrency: int = Field(8, ge=1, le=64, description="parts of one large S3 object downloaded in parallel")
     multipart_threshold_mb: int = Field(64, ge=5, description="S3 objects this large (MiB) are fetched in parts")
@@ -58,11 +58,28 @@ class StageSettings(Settings):
     eval_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="share of a single data file's rows (by prompt hash) that go to eval"
     )
-    fsx_linked_path: str = Field(
+    fsx_linked_path: Location = Field(
         "",
         description="FSx path where a data repository association exposes the s3:// source (e.g. /fsx/dra/dates): "
         "files are read there, checked against the S3 listing, never downloaded; empty: download from S3",
     )
+
+    def local_problems(self) -> list[str]:
+        """`field: problem` when the source cannot exist on this machine (asked by `run` before anything starts)."""
+        from eksflow.runtime.args import StepInputError
+        from steps.common.storage import is_s3, local_path
+
+        if is_s3(self.source):
+            return []
+        shown = self.source if len(self.source) <= 80 else f"{self.source[:60]}... ({len(self.source)} characters)"
+        try:
+            found = local_path(self.source).exists()
+        except (OSError, ValueError, StepInputError) as err:
+            reason = getattr(err, "strerror", None) or str(err)
+            return [f"source: {shown!r} cannot be a path here ({reason}); give a dataset folder or an s3:// prefix"]
+        if not found:
+            return [f"source: {shown!r} does not exist; give a dataset folder (e.g. data/demo) or an s3:// prefix"]
+        return []
 
 
 class Args(StageSettings, StepArgs):

@@ -30,12 +30,14 @@ Outputs (one file each under --outputs-dir):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import Settings, StepArgs
+from eksflow.runtime.args import Location, Settings, StepArgs
+from eksflow.runtime.preflight import Layout, Preflight
 from steps.common import strategies
 from steps.common.base_model import default_cache_dir
 
@@ -100,13 +102,13 @@ class Args(TrainSettings, StepArgs):
     """Train step arguments."""
 
     dataset_dir: Path = Field(description="staged dataset folder holding train.jsonl")
-    base_model: str = Field(description="demo name, model folder, or s3:// prefix (steps.common.base_model)")
+    base_model: Location = Field(description="demo name, model folder, or s3:// prefix (steps.common.base_model)")
     model_cache_dir: Path = Field(default_factory=default_cache_dir)
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
-    checkpoint_uri: str = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
+    checkpoint_uri: Location = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
     launcher: Literal["ray", "local"] = Field("ray", description="ray: Ray Train workers; local: this process")
-    tracking_uri: str = ""
+    tracking_uri: Location = ""
     experiment: str = "eksflow"
 
 
@@ -118,3 +120,10 @@ class Outputs(BaseModel):
     final_loss: float
     tokens_per_s: float
     mlflow_run_id: str
+
+
+def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
+    """`plan`'s checks of a training job (memory per worker, strategy, Spot checkpoints): steps.train.sizing."""
+    from steps.train import sizing
+
+    return sizing.preflight(args, layout)

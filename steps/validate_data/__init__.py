@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, field_validator
 
-from eksflow.runtime.args import Settings, StepArgs
+from eksflow.runtime.args import Location, Settings, StepArgs
 from steps.common.base_model import default_cache_dir
 from steps.common.data import FIELDS
 
@@ -87,7 +87,7 @@ class Args(ValidateSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder (stage_data's dataset_dir)")
     report_dir: Path = Field(description=f"folder to write {REPORT_FILE} and {DOCS_DIR}/ in")
-    base_model: str = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
+    base_model: Location = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
     max_tokens: int = Field(0, ge=0, description="longest example in tokens (train's max_seq_len); 0 skips it")
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are cached")
 

@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.config import load_config
-from eksflow.templates import manifest, workflow_template
-from pipelines.llama_lora import build
+from eksflow.templates import workflow_template
+from tests import flagship
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def rendered():
-    return manifest(build(load_config()))
+    return flagship.rendered()
 
 
 def dag_tasks(workflow):

@@ -7,21 +7,22 @@ import pytest
 
 from eksflow import plan
 from eksflow.cli import check_schedule
-from eksflow.config import ConfigError, load_config
-from eksflow.launchers import entrypoint, retry_attempts
+from eksflow.config import ConfigError
+from eksflow.launchers.jobs import entrypoint
 from eksflow.profiles import PROFILES
+from tests.flagship import config, pipeline
 
 
 def problems(*overrides):
     with pytest.raises(ConfigError) as err:
-        plan.check(load_config(None, overrides))
+        plan.check(pipeline(overrides))
     return str(err.value).splitlines()
 
 
 def test_defaults_and_every_profile_pass():
     for instance_type in PROFILES:
-        rows = dict(plan.check(load_config(None, [f"cluster.instance_type={instance_type}"])).rows)
-        assert rows["cost per hour"].startswith("$")
+        rows = dict(plan.check(pipeline([f"cluster.instance_type={instance_type}"])).rows)
+        assert rows["train: cost per hour"].startswith("$")
 
 
 def test_memory_that_cannot_fit_is_refused():
@@ -47,7 +48,7 @@ def test_cpu_workers_must_fit_the_node():
 def test_efa_across_nodes_needs_one_zone():
     (line,) = problems("cluster.instance_type=p5.48xlarge", "cluster.nodes=2")
     assert line.startswith("cluster.zone:")
-    plan.check(load_config(None, ["cluster.instance_type=p5.48xlarge", "cluster.nodes=2", "cluster.zone=us-west-2a"]))
+    plan.check(pipeline(["cluster.instance_type=p5.48xlarge", "cluster.nodes=2", "cluster.zone=us-west-2a"]))
 
 
 def test_spot_requires_checkpoints_before_the_end():
@@ -56,8 +57,9 @@ def test_spot_requires_checkpoints_before_the_end():
 
 
 def test_retry_layers_stay_within_the_budget():
-    cfg = load_config(None, ["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"])
-    assert retry_attempts(cfg) == 2 * 6 * 1
+    cfg = config(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"])
+    (job,) = pipeline(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"]).jobs
+    assert job.attempts(cfg) == 2 * 6 * 1
     (line,) = problems("cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=6")
     assert line.startswith("cluster.retry_budget:")
 
@@ -68,7 +70,7 @@ def test_every_problem_is_reported_at_once():
 
 def test_unknown_instance_type_is_a_config_error():
     with pytest.raises(ConfigError, match=r"cluster\.instance_type"):
-        load_config(None, ["cluster.instance_type=p9.huge"])
+        config(["cluster.instance_type=p9.huge"])
 
 
 def test_entrypoint_passes_parameters_through_the_environment():
@@ -105,10 +107,10 @@ def test_deepspeed_is_refused_because_no_loop_runs_it():
 def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
     big = ["base_model=llama-3-70b", "cluster.instance_type=p4d.24xlarge", "cluster.zone=us-west-2a"]
     big += ["train.gradient_checkpointing=true", "cluster.nodes=2"]
-    rows = dict(plan.check(load_config(None, big)).rows)
-    assert rows["strategy"].startswith("fsdp (auto")
+    rows = dict(plan.check(pipeline(big)).rows)
+    assert rows["train: strategy"].startswith("fsdp (auto")
     assert problems(*big, "train.strategy=ddp")[0].startswith("train.micro_batch_size:")  # a replica per GPU: no
 
 
 def test_small_models_keep_ddp():
-    assert dict(plan.check(load_config(None, ["cluster.instance_type=g5.12xlarge"])).rows)["strategy"] == "ddp"
+    assert dict(plan.check(pipeline(["cluster.instance_type=g5.12xlarge"])).rows)["train: strategy"] == "ddp"

@@ -608,7 +608,7 @@ import sys
 from pathlib import Path
 from hera.workflows import DAG, Container, Workflow
 from rich.console import Console
-from eksflow.cli import run
+from eksflow.run import execute
 
 state_dir, pid_file, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
 code = (
@@ -620,7 +620,7 @@ with Workflow(name="sleepy", entrypoint="main") as workflow:
     hang = Container(name="hang", image="python:3.11", command=["python", "-c", code], args=[pid_file])
     with DAG(name="main"):
         hang()
-sys.exit(run(workflow, Path(state_dir), resume, Console(stderr=True, width=200)))
+sys.exit(execute(workflow.to_dict(), Path(state_dir), resume, Console(stderr=True, width=200), root=Path.cwd()))
 """
 
 

@@ -309,11 +309,9 @@ def test_unsupported_resource_templates_are_rejected_up_front(tmp_path: Path, mu
 
 
 def rendered(*overrides: str) -> dict[str, Any]:
-    from eksflow.config import load_config
-    from eksflow.templates import manifest
-    from pipelines.llama_lora import build
+    from tests import flagship
 
-    return manifest(build(load_config(None, list(overrides))))
+    return flagship.rendered(overrides)
 
 
 @pytest.mark.parametrize(
@@ -331,13 +329,11 @@ def test_rendered_cluster_variants_are_runnable_manifests(overrides: list[str], 
 
 
 def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_path: Path) -> None:
-    from eksflow.cli import EXIT_BAD_INPUT, run
-    from eksflow.config import load_config
-    from pipelines.llama_lora import build
+    from eksflow.run import EXIT_BAD_INPUT, execute
 
     out = io.StringIO()
-    workflow = build(load_config(None, ["cluster.instance_type=trn1.32xlarge"]))
-    assert run(workflow, tmp_path / "state", None, Console(file=out, width=300)) == EXIT_BAD_INPUT
+    workflow = rendered("cluster.instance_type=trn1.32xlarge")
+    assert execute(workflow, tmp_path / "state", None, Console(file=out, width=300), root=ROOT) == EXIT_BAD_INPUT
     assert out.getvalue().startswith("cannot run locally: template 'train': a Volcano Job (tasks[0] 'worker': ")
     assert out.getvalue().endswith(
         "Neuron cores need Trainium; run the cpu profile here (`run --variant cpu`) or `submit` to a cluster\n"
