@@ -311,7 +311,7 @@ class Pipeline:
         body: Callable[[Item], Mapping[str, Ref]],
         items: Sequence[Any] | Ref,
         *,
-        name: str | None = None,
+        task_name: str | None = None,
         after: TaskRef | Sequence[TaskRef] = (),
         parallelism: int | None = None,
     ) -> TaskRef:
@@ -320,7 +320,7 @@ class Pipeline:
         `items` is a list (Argo withItems: scalars, or objects whose keys `item.<key>` reads) or a Ref to a JSON
         list output (withParam). `body(item)` adds tasks with `task(...)` and returns the outputs to collect.
         """
-        name = name or body.__name__.replace("_", "-")
+        name = task_name or body.__name__.replace("_", "-")
         where = f"fan-out {name!r}"
         outer = self._dag
         self._check_name(name, outer)
@@ -379,7 +379,7 @@ class Pipeline:
         if not K8S_NAME.fullmatch(name) or len(name) > 63:
             raise PipelineError(f"task name {name!r}: use lower-case letters, digits and '-' (at most 63)")
         if name in self.templates or name in (ENTRYPOINT, EXIT_HANDLER):
-            raise PipelineError(f"task name {name!r} is used twice; give the second one another name=")
+            raise PipelineError(f"task name {name!r} is used twice; give the second one another task_name=")
 
     def _in_scope(self, ref: Ref, dag: _Dag) -> str:
         """The expression standing for `ref` inside `dag`: itself, or an input of `dag` fed from outside it."""

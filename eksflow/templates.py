@@ -66,7 +66,7 @@ def retry(limit: int = 2, *, first_delay: str = "10s", max_delay: str = "5m") ->
 
 STEP_RETRY = retry()
 TASK_OPTIONS = frozenset(
-    {"name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "settings", "step"}
+    {"task_name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "settings", "step"}
 )
 
 
@@ -74,7 +74,7 @@ def task(
     step: ModuleType,
     settings: Settings | None = None,
     *,
-    name: str | None = None,
+    task_name: str | None = None,
     after: TaskRef | Sequence[TaskRef] = (),
     when: When | None = None,
     container_image: str | None = None,
@@ -90,7 +90,7 @@ def task(
     step whose Args has a field of one of these names is refused: rename the field).
     """
     pipeline = Pipeline.current()
-    name = name or step_name(step)
+    name = task_name or step_name(step)
     args_type, outputs = contract(step)
     argv, inputs = arguments(args_type, name, settings, values)
     container = Container(

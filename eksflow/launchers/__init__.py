@@ -85,7 +85,7 @@ def distributed(
     settings: Settings,
     *,
     neuron_step: ModuleType | None = None,
-    name: str | None = None,
+    task_name: str | None = None,
     after: TaskRef | Sequence[TaskRef] = (),
     when: When | None = None,
     **values: Any,
@@ -93,7 +93,7 @@ def distributed(
     """Add `step` as a distributed task for the configured instance type; returns the task holding its outputs."""
     pipeline = Pipeline.current()
     cfg = pipeline.cfg
-    name = name or step_name(step)
+    name = task_name or step_name(step)
     missing = [f for f in LAYOUT_FIELDS if f not in type(settings).model_fields]
     if missing:
         raise PipelineError(f"distributed({step.__name__}): its settings need the worker layout fields {missing}")
@@ -136,7 +136,7 @@ def distributed(
         added = task(
             step,
             placed,
-            name=name,
+            task_name=name,
             after=after,
             when=when,
             container_image=cfg.images.train,

@@ -13,11 +13,15 @@ from pydantic import BaseModel
 
 
 def output_text(value: object) -> str:
-    """An output parameter value as Argo shows it: booleans lower-case, containers as JSON."""
+    """An output parameter value as Argo shows it: booleans lower-case, containers as JSON, floats in full.
+
+    A float is written as Python's shortest round-trip form (`5e-05`, `0.979166`), which Argo's expression
+    language and Prometheus gauges parse: rounding here would turn a learning rate of 5e-5 into "0.0001".
+    """
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return repr(value)
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, sort_keys=True)
     return str(value)

@@ -1,0 +1,45 @@
+"""A user's own project (tests/fixtures/greeter: its own `pipelines` and `steps` packages) runs with eksflow as is."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ROOT / "tests" / "fixtures" / "greeter"
+
+
+def cli(*args: str, cwd: Path = PROJECT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env or dict(os.environ), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_user_pipeline_runs_its_own_steps_locally(tmp_path):
+    done = cli("-m", "pipelines.hello", "run", "--state-dir", str(tmp_path), "--set", "who=Grace")
+    assert done.returncode == 0, done.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    status = json.loads((run / "status.json").read_text())["status"]
+    assert status["phase"] == "Succeeded"
+    outputs = {
+        node["displayName"]: {p["name"]: p["value"] for p in node["outputs"]["parameters"]}
+        for node in status["nodes"].values()
+        if node.get("outputs")
+    }
+    assert outputs["combine"] == {"line": "Hello, Grace! / Bonjour, Grace!", "longest": "second"}
+    assert outputs["greet-en"]["length"] == "13"
+
+
+def test_the_pipeline_file_runs_from_anywhere_with_its_project_on_the_path(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    done = cli(str(PROJECT / "pipelines" / "hello.py"), "render", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "steps.greet" in done.stdout and "eksflow.dev/pipeline: hello" in done.stdout
+
+
+def test_a_bad_user_setting_is_one_line_and_exit_2(tmp_path):
+    done = cli("-m", "pipelines.hello", "run", "--state-dir", str(tmp_path), "--set", "greeting.punctuation=!!!!")
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("config error: greeting.punctuation: String should have at most 3")
+    assert not (tmp_path / "runs").exists()
