@@ -44,17 +44,17 @@ lint: setup ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy eksflow pipelines steps
 
-TEMPLATE_CRON ?= 0 3 * * 1
-
-templates: setup ## regenerate workflow-templates/ (WorkflowTemplate + weekly CronWorkflow) from the pipeline files
+templates: setup ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, CronWorkflows of the scheduled ones
 	mkdir -p workflow-templates
-	$(BIN)/python pipelines/llama_lora.py render --kind WorkflowTemplate -o workflow-templates/llama-lora.yaml
-	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '$(TEMPLATE_CRON)' --timezone UTC \
+	for p in pipelines/[a-z]*.py; do n=$$(basename $$p .py | tr _ -); \
+		$(BIN)/python $$p render --kind WorkflowTemplate -o workflow-templates/$$n.yaml || exit 1; done
+	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '0 3 * * 1' --timezone UTC \
 		-o workflow-templates/llama-lora-cron.yaml
+	$(BIN)/python pipelines/champion_check.py render --kind CronWorkflow --cron '0 6 * * *' --timezone UTC \
+		-o workflow-templates/champion-check-cron.yaml
 
 check-templates: setup ## fail if workflow-templates/ drifted from a fresh render (CI)
-	$(BIN)/python -m pytest -q tests/contract/test_rendered.py::test_committed_template_matches_a_fresh_render \
-		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render
+	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed
 
 serve: setup ## serve the champion model version on 127.0.0.1:8000 (after a successful `make run`)
 	$(BIN)/python -m steps.serve $(ARGS)

@@ -92,11 +92,23 @@ class Ref:
     producer: TaskRef | None = None  # the task whose success the value needs
     dag: _Dag | None = None  # where `argo` is valid; None: anywhere in the workflow
 
-    def __truediv__(self, part: str) -> Ref:
-        """A path below this one, e.g. `p.run_dir / "data"` (globals only: a path is text, not a wire)."""
-        if self.producer is not None or self.dag is not None:
-            raise PipelineError(f"{self.label} is a task output; pass it as is and join paths inside the step")
-        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}")
+    def __truediv__(self, part: str | Ref) -> Ref:
+        """A path below this one: `p.run_dir / "data"`, `p.run_dir / "candidates" / item.name`.
+
+        At most one side may be a scoped value (a task output, a fan-out item): the joined text then travels as
+        one input parameter, which Argo fills in the consumer's scope.
+        """
+        if isinstance(part, Ref):
+            if self.dag is not None and part.dag is not None and self.dag is not part.dag:
+                raise PipelineError(f"cannot join {self.label} and {part.label}: they come from different scopes")
+            return Ref(
+                f"{self.argo}/{part.argo}",
+                "text",
+                f"{self.label}/{part.label}",
+                producer=self.producer or part.producer,
+                dag=self.dag or part.dag,
+            )
+        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", producer=self.producer, dag=self.dag)
 
     def __invert__(self) -> Condition:
         """`when=~scored.passed`: run only when the bool output is false."""

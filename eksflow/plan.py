@@ -97,7 +97,8 @@ def step_preflight(job: Job, pipeline: Pipeline, layout: Layout) -> Preflight:
     declared = getattr(job.step, "preflight", None)
     if declared is None:
         return Preflight()
-    args = {**job.settings.model_dump(), **{k: _resolved(v, pipeline) for k, v in job.values.items()}}
+    known = {k: _resolved(v, pipeline) for k, v in job.values.items()}
+    args = {**job.settings.model_dump(), **{k: v for k, v in known.items() if v is not _UNKNOWN}}
     answer = declared(args, layout)
     assert isinstance(answer, Preflight), f"{job.step.__name__}.preflight must return a Preflight"
     return answer
@@ -159,11 +160,14 @@ def print_plan(plan: Plan, console: Console) -> None:
     console.print(table)
 
 
+_UNKNOWN = object()  # a value only the run knows (a task output, a fan-out item): the settings' own stands in
+
+
 def _resolved(value: object, pipeline: Pipeline) -> object:
-    """A value as configured: a workflow parameter's default in place of its reference."""
+    """A value as configured: a workflow parameter's default in place of its reference; _UNKNOWN for the rest."""
     if isinstance(value, Ref):
         prefix = "{{workflow.parameters."
-        if value.argo.startswith(prefix) and value.argo.endswith("}}"):
+        if value.argo.startswith(prefix) and value.argo.endswith("}}") and value.argo.count("{{") == 1:
             return pipeline.parameter_values.get(value.argo[len(prefix) : -2], "")
-        return value.argo
+        return value.argo if value.producer is None and value.dag is None else _UNKNOWN
     return value
