@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -53,7 +54,7 @@ class Args(StepArgs):
 
     @model_validator(mode="after")
     def _same_length(self) -> Args:
-        lists = {
+        lists: dict[str, list[Any]] = {
             "passed": self.passed,
             "metrics": self.metrics,
             "adapter_dirs": self.adapter_dirs,

@@ -12,7 +12,13 @@ PROJECT = ROOT / "tests" / "fixtures" / "greeter"
 
 def cli(*args: str, cwd: Path = PROJECT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env or dict(os.environ), capture_output=True, text=True, timeout=300
+        [sys.executable, *args],
+        check=False,
+        cwd=cwd,
+        env=env or dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
