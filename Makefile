@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-fast lint templates check-templates serve mlflow-ui clean
+.PHONY: help setup run test test-fast lint templates docs check-templates serve mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -52,6 +52,10 @@ templates: setup ## regenerate workflow-templates/: every pipeline's WorkflowTem
 		-o workflow-templates/llama-lora-cron.yaml
 	$(BIN)/python pipelines/champion_check.py render --kind CronWorkflow --cron '0 6 * * *' --timezone UTC \
 		-o workflow-templates/champion-check-cron.yaml
+
+docs: setup ## regenerate docs/configuration.md from the pipelines' config models
+	$(BIN)/python -m eksflow.config_docs pipelines.llama_lora pipelines.lora_sweep pipelines.champion_check \
+		> docs/configuration.md
 
 check-templates: setup ## fail if workflow-templates/ drifted from a fresh render (CI)
 	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed

@@ -36,20 +36,22 @@ def effective_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-def rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(key, type, default, description) of every leaf key, sections first-level order."""
+def rows(model: type[BaseModel], prefix: str = "", values: BaseModel | None = None) -> Iterator[tuple[str, ...]]:
+    """(key, type, default, description) of every leaf key; `values` is the section's default instance."""
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         section = _model(field.annotation)
-        if section is not None:
-            yield from rows(section, f"{key}.")
-            continue
-        if field.default is not PydanticUndefined:
+        if values is not None:
+            default: object = getattr(values, name)
+        elif field.default is not PydanticUndefined:
             default = field.default
         elif field.default_factory is not None:
             default = field.default_factory()  # type: ignore[call-arg]
         else:
             default = "(required)"
+        if section is not None:
+            yield from rows(section, f"{key}.", default if isinstance(default, BaseModel) else None)
+            continue
         yield key, type_name(field.annotation), _shown(default), field.description or ""
 
 
@@ -89,3 +91,28 @@ def _shown(value: object) -> str:
         value = [v.model_dump(mode="json") for v in value]
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 100 else text[:97] + "..."
+
+
+def reference(modules: list[str]) -> str:
+    """docs/configuration.md: the keys of each pipeline's config, generated from its models (`make docs`)."""
+    import importlib
+
+    from eksflow.cli import config_type
+
+    parts = [
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic models by `make docs`; tests/unit/test_docs.py fails when it is stale. Override",
+        "any key with `--set key=value` or a `--config` YAML file; `python pipelines/<name>.py config` prints the",
+        "effective config, `config --keys` this table, `config --schema` a JSON schema for editors.",
+    ]
+    for name in modules:
+        module = importlib.import_module(name)
+        model = config_type(module.build)
+        title = (module.__doc__ or name).strip().splitlines()[0]
+        parts += ["", f"## {name.rsplit('.', 1)[-1]}", "", title, "", keys_table(model)]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """Crash-safe checkpoints: a checkpoint is visible only once every file in it is written and verified.
 
-Commit protocol (what HF Trainer and torchtune lack, see RELIABILITY.md CK1-CK3):
+Commit protocol (what HF Trainer and torchtune lack, see docs/reliability.md CK1-CK3):
     1. write every file into `<root>/.tmp-step-<N>-<pid>/` and fsync it;
     2. write `manifest.json` (size + sha256 of each file) LAST, fsync it;
     3. rename the folder to `<root>/step-<N>` and fsync `<root>`.

@@ -85,7 +85,7 @@ def _eval_examples(args: Args) -> list[Example]:
 
 
 def _verify_adapter(adapter_dir: Path) -> None:
-    """Refuse an adapter that is missing, or whose checkpoint fails its manifest check (RELIABILITY.md EV1).
+    """Refuse an adapter that is missing, or whose checkpoint fails its manifest check (docs/reliability.md EV1).
 
     An adapter inside a committed checkpoint folder (`step-<N>`) must verify: a step folder without a manifest
     is a save that never finished. An adapter elsewhere (a hand-made one) has no manifest to check.

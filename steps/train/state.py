@@ -45,7 +45,7 @@ def save_checkpoint(
     """Write one checkpoint's files into `folder` (rank 0 only; checkpoints.commit makes it visible)."""
     import torch
 
-    if rank != 0:  # per-rank files would collide (RELIABILITY.md): rank 0 holds the gathered full state
+    if rank != 0:  # per-rank files would collide (docs/reliability.md): rank 0 holds the gathered full state
         raise RuntimeError(f"rank {rank} tried to write checkpoint {folder}; only rank 0 writes checkpoints")
     (folder / METRICS_FILE).write_text(json.dumps(metrics), encoding="utf-8")
     # PEFT picks the adapter's tensors out of the full state and names them as evaluate and register expect.

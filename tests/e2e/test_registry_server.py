@@ -1,6 +1,6 @@
 """The registry at scale against a real `mlflow server` (sqlite backend, local artifact root) on 127.0.0.1.
 
-RELIABILITY.md ML1 (repeated registration -> one version), concurrent registrations of distinct checkpoints ->
+docs/reliability.md ML1 (repeated registration -> one version), concurrent registrations of distinct checkpoints ->
 distinct versions, ML2 (server killed during registration -> bounded clear failure, rerun without duplicate) and
 ML3 (aliases only; champion moves only through promote, the former champion keeps `previous`).
 

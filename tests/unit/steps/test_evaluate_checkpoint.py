@@ -1,5 +1,5 @@
 """Evaluating from a checkpoint: the manifest is verified first, degraded weights never pass, and the metrics
-of one checkpoint are reproducible (RELIABILITY.md EV1, EV2)."""
+of one checkpoint are reproducible (docs/reliability.md EV1, EV2)."""
 
 import json
 from pathlib import Path

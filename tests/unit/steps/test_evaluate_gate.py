@@ -1,4 +1,4 @@
-"""The evaluation gate: thresholds as data, fail closed on missing or NaN metrics (RELIABILITY.md EV1)."""
+"""The evaluation gate: thresholds as data, fail closed on missing or NaN metrics (docs/reliability.md EV1)."""
 
 import hashlib
 import math

@@ -1,4 +1,4 @@
-"""One writer per run (RELIABILITY.md CK7), run identity, rank-0-only writes and the durable s3 copy."""
+"""One writer per run (docs/reliability.md CK7), run identity, rank-0-only writes and the durable s3 copy."""
 
 import json
 import os
