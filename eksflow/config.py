@@ -164,6 +164,8 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
                 f"{key}: unknown key; valid keys{' in ' + parent if parent else ''}: "
                 f"{', '.join(_valid_keys(config_type, e['loc'][:-1]))}"
             )
+        elif isinstance(e.get("input"), dict) and e["type"] == "value_error":  # a rule across a section's fields
+            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {key}.<field>=<value>")
         else:
             got = _shorten(repr(e.get("input")))
             lines.append(f"{key}: {e['msg']} (got {got}); fix it with --set {key}=<value> or in the --config file")
@@ -238,6 +240,8 @@ def _text_problems(value: object, key: str = "") -> Iterator[tuple[str, str]]:
     elif isinstance(value, str):
         if "{{" in value:
             yield key, "holds '{{', which Argo would evaluate as an expression; remove it"
+        if "\x00" in value:
+            yield key, "holds a NUL character, which no command-line argument can carry; remove it"
         if len(value.encode()) > MAX_TEXT_BYTES:
             yield key, f"{len(value.encode())} bytes of text; at most {MAX_TEXT_BYTES} (put large content in a file)"
 

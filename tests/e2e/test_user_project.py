@@ -49,3 +49,32 @@ def test_a_bad_user_setting_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().startswith("config error: greeting.punctuation: String should have at most 3")
     assert not (tmp_path / "runs").exists()
+
+
+HOSTILE = {
+    "quotes": "'''\"\"\"",
+    "command": "$(touch /tmp/eksflow-pwn-run) `touch /tmp/eksflow-pwn-run`; rm -rf / && echo",
+    "newline": "first line\nsecond line",
+    "unicode": "naïve café ✓ 日本語",
+    "flag": "--outputs-dir=/etc",
+    "path-text": "Copy /fsx/data to /fsx/other",
+}
+
+
+def test_hostile_values_reach_steps_intact(tmp_path):
+    """S1 through the local executor: each value arrives byte-identical; no command in it ever runs."""
+    for case, value in HOSTILE.items():
+        state = tmp_path / case
+        done = cli("-m", "pipelines.hello", "run", "--state-dir", str(state), "--set", f"who={value}")
+        assert done.returncode == 0, f"{case}: {done.stderr}"
+        (run,) = (state / "runs").iterdir()
+        nodes = json.loads((run / "status.json").read_text())["status"]["nodes"]
+        line = next(
+            p["value"]
+            for n in nodes.values()
+            if n["displayName"] == "combine"
+            for p in n["outputs"]["parameters"]
+            if p["name"] == "line"
+        )
+        assert line == f"Hello, {value}! / Bonjour, {value}!", case
+    assert not Path("/tmp/eksflow-pwn-run").exists()
