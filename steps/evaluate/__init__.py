@@ -30,29 +30,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from eksflow.runtime.args import Location, Settings, StepArgs
 from steps.common import tracking
 from steps.common.base_model import default_cache_dir
-from steps.evaluate.gate import LOSS_METRICS, TaskMetric, Threshold, metric_names
+from steps.evaluate.gate import LOSS_METRICS, Threshold, metric_names
+from steps.evaluate.metrics import check_name
 
 
 class EvaluateSettings(Settings):
     """Evaluation and gate settings (config section `evaluate`)."""
 
-    task_metrics: tuple[TaskMetric, ...] = Field(("exact_match", "contains"), min_length=1)
+    task_metrics: tuple[str, ...] = Field(
+        ("exact_match", "contains", "rouge_l"),
+        min_length=1,
+        description="how answers are scored: exact_match, contains, json_match, rouge_l, or 'module:function'",
+    )
     thresholds: tuple[Threshold, ...] = Field(
         (Threshold(metric="exact_match", value=0.6), Threshold(metric="exact_match_gain", value=0.2)),
         description="every rule must hold for the gate to pass",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
     batch_size: int = Field(16, ge=1)
-    max_new_tokens: int = Field(16, ge=1, description="greedy answer length cap")
+    max_new_tokens: int = Field(
+        0, ge=0, description="greedy answer length cap; 0: the longest reference in tokens plus a margin"
+    )
     champion_metric: str = Field("exact_match", description="tuned metric compared with the champion's score")
     champion_margin: float = Field(
         0.0, ge=0.0, description="how much the challenger must beat the champion by (0: no regression allowed)"
     )
+
+    @field_validator("task_metrics")
+    @classmethod
+    def _known_task_metrics(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_name(name) for name in names)
 
     @model_validator(mode="after")
     def _thresholds_name_known_metrics(self) -> EvaluateSettings:

@@ -11,9 +11,6 @@ from pydantic import BaseModel
 
 from eksflow.runtime.args import Settings
 
-TaskMetric = Literal["exact_match", "contains"]
-
-
 COMPARISONS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
     ">": operator.gt,
@@ -62,15 +59,6 @@ def metric_names(task_metrics: Sequence[str]) -> list[str]:
     """Every metric a threshold may name."""
     names = [*LOSS_METRICS, *task_metrics]
     return [*names, *(f"base_{n}" for n in names), *(f"{n}_gain" for n in task_metrics)]
-
-
-def task_score(metric: str, answer: str, reference: str) -> float:
-    """1.0 if the answer is right under `metric`, else 0.0 (whitespace-trimmed, case-sensitive)."""
-    if metric == "exact_match":
-        return float(answer.strip() == reference.strip())
-    if metric == "contains":
-        return float(reference.strip() in answer)
-    raise ValueError(f"unknown task metric {metric!r}")
 
 
 def gate(metrics: Mapping[str, float], thresholds: Sequence[Threshold]) -> tuple[bool, str]:

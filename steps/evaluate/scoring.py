@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
+from eksflow.runtime.args import StepInputError
 from steps.common.base_model import resolve_model
 from steps.common.data import Example
 from steps.evaluate import Args
-from steps.evaluate.gate import task_score
+from steps.evaluate import metrics as task_metrics
 
 
 class Scores(BaseModel):
@@ -20,6 +22,7 @@ class Scores(BaseModel):
 
     metrics: dict[str, float]
     answers: list[str]
+    cut: int = 0  # answers that hit the new-token cap before their end
 
 
 def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
@@ -30,6 +33,7 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
 
     from steps.common.modeling import load_tokenizer
 
+    metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
@@ -37,23 +41,49 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = model.to(device).eval()
-    base = _score(model, tokenizer, examples, args)
+    limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
+    print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
+    base = _score(model, tokenizer, examples, args, limit)
     tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).eval()
-    return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args)}
+    return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit)}
 
 
-def _score(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args) -> Scores:
+def metric_functions(args: Args) -> dict[str, task_metrics.Metric]:
+    """The configured task metrics as functions; a user's that cannot be imported is bad input (exit 2)."""
+    try:
+        return {name: task_metrics.resolve(name) for name in args.task_metrics}
+    except ValueError as err:
+        raise StepInputError(f"evaluate.task_metrics: {err}") from err
+
+
+def answer_budget(tokenizer: Any, references: Sequence[str]) -> int:
+    """New tokens to generate: the longest reference (with its EOS) plus a quarter, at least 8 more.
+
+    Enough for every reference answer, so a correct model is never cut off; bounded, so a model that rambles
+    costs little.
+    """
+    longest = max(len(tokenizer(r + tokenizer.eos_token, add_special_tokens=False)["input_ids"]) for r in references)
+    return longest + max(8, longest // 4)
+
+
+def _score(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, limit: int) -> Scores:
     from steps.common.modeling import generate
 
     loss = _completion_loss(model, tokenizer, examples, args)
-    answers = generate(
-        model, tokenizer, [e.prompt for e in examples], batch_size=args.batch_size, max_new_tokens=args.max_new_tokens
+    answers, cut = generate(
+        model, tokenizer, [e.prompt for e in examples], batch_size=args.batch_size, max_new_tokens=limit
     )
+    if cut:
+        print(
+            f"warning: {cut} of {len(answers)} answers reached the {limit}-token cap before ending; raise "
+            "evaluate.max_new_tokens (0 sizes it from the references) if they were cut short",
+            file=sys.stderr,
+        )
     metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
-    for metric in args.task_metrics:
-        scores = [task_score(metric, a, e.completion) for a, e in zip(answers, examples, strict=True)]
-        metrics[metric] = sum(scores) / len(scores)
-    return Scores(metrics=metrics, answers=answers)
+    references = [e.completion for e in examples]
+    for name, metric in metric_functions(args).items():
+        metrics[name] = task_metrics.score(metric, answers, references)
+    return Scores(metrics=metrics, answers=answers, cut=cut)
 
 
 def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args) -> float:
