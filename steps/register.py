@@ -91,6 +91,7 @@ class GateReport(BaseModel):
     reason: str
     thresholds: list[dict[str, object]]
     eval_set_digest: str = ""
+    task_metrics: list[str] = []
 
 
 class Outputs(BaseModel):
@@ -216,6 +217,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         values["gate.reason"] = gate_report.reason[: tracking.MAX_TAG_CHARS]
         described = [f"{t.get('metric')} {t.get('op')} {t.get('value')}" for t in gate_report.thresholds]
         values["gate.thresholds"] = json.dumps(described)[: tracking.MAX_TAG_CHARS]
+        values["eval.task_metrics"] = ",".join(gate_report.task_metrics)
     return {tag: value for tag, value in values.items() if value}
 
 

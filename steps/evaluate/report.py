@@ -50,6 +50,7 @@ def write_report(
         "champion": {**check.model_dump(), "rule_metric": args.champion_metric, "margin": args.champion_margin},
         "eval_set_digest": digest,
         "examples": len(examples),
+        "task_metrics": list(args.task_metrics),
         "adapter_dir": str(args.adapter_dir),
         "samples": samples,
     }
@@ -122,6 +123,7 @@ def log_to_run(
             "gate.champion_rule": f"{args.champion_metric} margin {args.champion_margin:g}",
             "gate.champion_version": check.version,
             "gate.champion_applied": str(check.applied).lower(),
+            "eval.task_metrics": ",".join(args.task_metrics),
         },
     )
     tracking.log_files(uri, run_id, [report, report.with_name(TABLE_FILE)], REPORT_ARTIFACT)
