@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
-from urllib3.exceptions import InsecureRequestWarning
+from urllib3.exceptions import InsecureRequestWarning, ProtocolError, ReadTimeoutError
 
 CONNECT_TIMEOUT_S = 10.0  # a reachable server accepts in milliseconds; 10 s covers a cold port-forward
 READ_TIMEOUT_S = 60.0  # the server's own calls to the Kubernetes API answer in seconds; a minute means it is stuck
@@ -137,13 +137,25 @@ class ArgoServer:
                     yield event["result"]
 
     def _lines(self, response: requests.Response) -> Iterator[bytes]:
+        """The lines of a streamed body as they arrive (iter_lines would wait for 512 bytes: a log line is less)."""
+        read1 = getattr(response.raw, "read1", None)  # urllib3 >= 2: whatever has arrived, at most amt bytes
         try:
-            yield from response.iter_lines()
-        except requests.exceptions.ConnectionError as err:
-            # requests reports a read timeout inside a streamed body as a ConnectionError around urllib3's
-            if "timed out" not in str(err).lower():
+            if read1 is None:
+                yield from response.iter_lines(chunk_size=1)
+                return
+            pending = b""
+            while chunk := read1(1 << 16, decode_content=True):
+                *lines, pending = (pending + chunk).split(b"\n")
+                yield from lines
+            if pending:
+                yield pending
+        except (requests.exceptions.ConnectionError, ReadTimeoutError) as err:
+            # requests wraps urllib3's read timeout in a ConnectionError; read1 raises urllib3's own
+            if not isinstance(err, ReadTimeoutError) and "timed out" not in str(err).lower():
                 raise
             raise StreamIdleError(f"the stream from {self.url} sent nothing for {self.read_timeout_s:g} s") from None
+        except ProtocolError:
+            raise ArgoServerError(f"the stream from {self.url} broke off; check the Argo Server's logs") from None
 
     @contextmanager
     def _response(

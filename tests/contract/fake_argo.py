@@ -64,6 +64,8 @@ def start(fake_factory: Callable[[str], FakeArgo] = FakeArgo, tls_context=None):
     state: dict[str, FakeArgo] = {}
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # chunked streams and keep-alive, like the Argo Server
+
         def _serve(self):
             fake = state["fake"]
             length = int(self.headers.get("Content-Length") or 0)
@@ -75,18 +77,18 @@ def start(fake_factory: Callable[[str], FakeArgo] = FakeArgo, tls_context=None):
             if reply.hang:
                 fake.released.wait(timeout=60)
                 return
-            if reply.chunks:
+            if reply.chunks:  # chunked, one HTTP chunk per item, as Go's net/http streams with a flush per event
                 self.send_response(reply.status)
                 self.send_header("Content-Type", reply.content_type)
-                self.send_header("Connection", "close")
+                self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for chunk in reply.chunks:
                     if chunk is STALL:
                         fake.released.wait(timeout=60)
                         return
-                    self.wfile.write(chunk)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     self.wfile.flush()
-                self.close_connection = True
+                self.wfile.write(b"0\r\n\r\n")
                 return
             data = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
             self.send_response(reply.status)

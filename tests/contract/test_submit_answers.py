@@ -111,7 +111,7 @@ def test_a_server_that_never_answers_times_out(fake):
 
 
 def test_an_answer_cut_off_midway_is_one_line(fake):
-    fake.route(*CREATE, Reply(chunks=[b'{"metadata": {"na']))  # the connection closes inside the JSON
+    fake.route(*CREATE, Reply(chunks=[b'{"metadata": {"na']))  # the answer ends inside the JSON
     assert "not the API's JSON" in submit_error(fake.address)
 
 
