@@ -41,13 +41,15 @@ from steps.evaluate.gate import LOSS_METRICS, TaskMetric, Threshold, metric_name
 class EvaluateSettings(Settings):
     """Evaluation and gate settings (config section `evaluate`)."""
 
-    task_metrics: tuple[TaskMetric, ...] = Field(("exact_match", "contains"), min_length=1)
+    task_metrics: tuple[TaskMetric, ...] = Field(
+        ("exact_match", "contains"), min_length=1, description="task metrics scored on the eval set"
+    )
     thresholds: tuple[Threshold, ...] = Field(
         (Threshold(metric="exact_match", value=0.6), Threshold(metric="exact_match_gain", value=0.2)),
         description="every rule must hold for the gate to pass",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, description="eval prompts generated per batch")
     max_new_tokens: int = Field(16, ge=1, description="greedy answer length cap")
     champion_metric: str = Field("exact_match", description="tuned metric compared with the champion's score")
     champion_margin: float = Field(
@@ -73,11 +75,11 @@ class Args(EvaluateSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder holding eval.jsonl")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step")
-    base_model: str
-    model_cache_dir: Path = Field(default_factory=default_cache_dir)
+    base_model: str = Field(description="base model reference the adapter was trained on")
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
     report_dir: Path = Field(description="where the JSON and markdown reports are written")
     tracking_uri: str = Field("", description="MLflow URI for the run's metrics and the champion; empty: neither")
-    mlflow_run_id: str = ""
+    mlflow_run_id: str = Field("", description="the train step's MLflow run, to log the metrics to; empty: none")
     mlflow_ui_url: str = Field("", description="MLflow UI address for the run link; empty: the http(s) tracking URI")
     model_name: str = Field(
         "llama-lora",
