@@ -57,9 +57,7 @@ class ArgoServer:
     read_timeout_s: float = READ_TIMEOUT_S
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, namespace: str | None = None, **overrides: Any
-    ) -> ArgoServer:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, namespace: str | None = None) -> ArgoServer:
         """The server the argo CLI would talk to with these environment variables (os.environ by default)."""
         env = os.environ if environ is None else environ
         return cls(
@@ -73,7 +71,6 @@ class ArgoServer:
             verify=env.get("ARGO_INSECURE_SKIP_VERIFY") != "true",
             connect_timeout_s=_seconds(env, "EKSFLOW_ARGO_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S),
             read_timeout_s=_seconds(env, "EKSFLOW_ARGO_READ_TIMEOUT", READ_TIMEOUT_S),
-            **overrides,
         )
 
     @classmethod
