@@ -210,8 +210,8 @@ def check_schedule(cron: str | None, timezone: str | None) -> None:
     problems = []
     if not cron:
         problems.append("--cron: a CronWorkflow needs a schedule, e.g. --cron '0 3 * * 1'")
-    elif problem := check_cron(cron):
-        problems.append(f"--cron {cron!r}: {problem}")
+    elif problem := check_cron(cron, timezone or ""):
+        problems.append(f"--{problem}")  # the problem names the schedule: "cron '...': ..."
     if timezone:
         try:
             ZoneInfo(timezone)

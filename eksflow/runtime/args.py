@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from eksflow.runtime.outputs import write_outputs
@@ -61,7 +61,9 @@ class Settings(BaseModel):
 class StepArgs(Settings):
     """Everything a step needs: its settings plus the values the workflow wires in."""
 
-    outputs_dir: Path = Path("/tmp/outputs")
+    outputs_dir: Path = Field(
+        Path("/tmp/outputs"), description="folder for the output files, one per output parameter (Argo reads them)"
+    )
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> typing.Self:
@@ -108,7 +110,7 @@ def to_argv(values: Mapping[str, object]) -> list[str]:
 def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: Sequence[str] | None = None) -> int:
     """The thin `main()` of every step: parse, run the pure core, write its outputs. Bad input exits 2."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
+    if any(item in ("-h", "--help") for item in argv):  # a value is always --name=value, never these
         print(describe(args_type))
         return 0
     try:
@@ -129,12 +131,57 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
 
 
 def describe(args_type: type[StepArgs]) -> str:
-    """`--help` text: the module docstring's first line and one line per flag."""
-    lines = [(sys.modules[args_type.__module__].__doc__ or "").strip(), "", "arguments (each as --name=value):"]
+    """`--help` text: the module docstring, then each flag with its type, default and description."""
+    module = sys.modules.get(args_type.__module__)
+    lines = [
+        (getattr(module, "__doc__", None) or args_type.__doc__ or "").strip(),
+        "",
+        "arguments (each as one --name=value item; lists, objects and numbers as JSON):",
+    ]
     for name, field in args_type.model_fields.items():
-        default = "required" if field.is_required() else f"default {encode(field.default)!r}"
-        lines.append(f"  {flag(name):<28} {field.description or ''} ({default})")
+        lines.append(f"  {flag(name)}={type_name(field.annotation)}  ({_default(field)})")
+        if field.description:
+            lines.append(f"      {field.description}")
     return "\n".join(lines)
+
+
+def type_name(annotation: object) -> str:
+    """A field's type as a user writes it: `int`, `path`, `one of ddp|fsdp`, `list of text`, `JSON object`."""
+    origin = typing.get_origin(annotation)
+    members = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(members[0])
+    if origin is Literal:
+        return "one of " + "|".join(str(m) for m in members)
+    if origin in (typing.Union, types.UnionType):
+        named = [type_name(m) for m in members if m is not type(None)]
+        optional = " (or null)" if type(None) in members else ""
+        return " or ".join(named) + optional
+    if origin in (list, tuple, set, frozenset, Sequence):
+        inner = [m for m in members if m is not Ellipsis]
+        return f"list of {type_name(inner[0])}" if inner else "list"
+    if origin in (dict, Mapping):
+        return f"JSON object of {type_name(members[1])}" if len(members) == 2 else "JSON object"
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return f"JSON object ({annotation.__name__})"
+        if issubclass(annotation, enum.Enum):
+            return "one of " + "|".join(str(m.value) for m in annotation)
+        names = {str: "text", Path: "path", bool: "true|false"}
+        return names.get(annotation, annotation.__name__)
+    return str(annotation).replace("typing.", "")
+
+
+def _default(field: FieldInfo) -> str:
+    """`required`, or the default as it would travel in argv (a default_factory is called, as validation would)."""
+    if field.is_required():
+        return "required"
+    try:
+        value = field.get_default(call_default_factory=True, validated_data={})
+    except Exception:  # a factory that needs other fields or the environment: say so rather than fail --help
+        return "default computed at run time"
+    text = encode(value)
+    return f"default {text!r}" if len(text) <= 200 else f"default {text[:197]!r}..."
 
 
 def _error_lines(err: ValidationError) -> list[str]:

@@ -52,7 +52,7 @@ class EvaluateSettings(Settings):
         description="every rule must hold for the gate to pass",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, description="eval prompts generated per batch")
     max_new_tokens: int = Field(
         0, ge=0, description="greedy answer length cap; 0: the longest reference in tokens plus a margin"
     )
@@ -85,11 +85,11 @@ class Args(EvaluateSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder holding eval.jsonl")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step")
-    base_model: Location
-    model_cache_dir: Path = Field(default_factory=default_cache_dir)
+    base_model: Location = Field(description="base model reference the adapter was trained on")
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
     report_dir: Path = Field(description="where the JSON and markdown reports are written")
     tracking_uri: Location = Field("", description="MLflow URI for the run's metrics and the champion; empty: neither")
-    mlflow_run_id: str = ""
+    mlflow_run_id: str = Field("", description="the train step's MLflow run, to log the metrics to; empty: none")
     mlflow_ui_url: str = Field("", description="MLflow UI address for the run link; empty: the http(s) tracking URI")
     model_name: str = Field(
         "llama-lora",

@@ -16,6 +16,7 @@ from pathlib import Path
 from eksflow.runtime.args import run_step
 from eksflow.runtime.outputs import atomic_write_text
 from steps.common.data import MANIFEST_FILE
+from steps.common.s3errors import s3_errors
 from steps.common.storage import fsync
 from steps.stage_data import Args, Outputs, StageSettings
 from steps.stage_data.derive import derive
@@ -125,7 +126,8 @@ def run(args: Args) -> Outputs:
     """Stage `args.source` into `args.dest_dir`."""
     dest = args.dest_dir.absolute()
     started = time.monotonic()
-    staged = stage(args, dest)
+    with s3_errors("staging", args.source):  # an S3 failure in listing or copying: one line, not three tracebacks
+        staged = stage(args, dest)
     num_bytes = sum(e.size for e in staged.files)
     changed = staged.digest != args.previous_digest
     read = (

@@ -76,11 +76,11 @@ class TrainSettings(Settings):
     learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="peak learning rate")
     warmup_steps: int = Field(3, ge=0, description="linear warm-up steps before the cosine decay")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final LR as a fraction of the peak")
-    weight_decay: float = Field(0.0, ge=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay on the LoRA weights")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="clip the gradient norm to this before each step")
     max_seq_len: int = Field(256, ge=16, description="tokens per example; longer examples are truncated")
     gradient_checkpointing: bool = Field(False, description="trade compute for activation memory")
-    lora: LoraSettings = LoraSettings()
+    lora: LoraSettings = Field(LoraSettings(), description="LoRA rank, alpha, dropout and target modules")
     # Measured on 2 cores: 2 DDP workers x 1 thread run at 0.96-0.975x a bare loop, 1 worker x 2 threads at 0.81x.
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
@@ -95,7 +95,7 @@ class TrainSettings(Settings):
     checkpoint_every_minutes: float = Field(0.0, ge=0.0, description="also commit after this many minutes; 0: off")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the LoRA init, data order and dropout")
 
 
 class Args(TrainSettings, StepArgs):
@@ -103,13 +103,13 @@ class Args(TrainSettings, StepArgs):
 
     dataset_dir: Path = Field(description="staged dataset folder holding train.jsonl")
     base_model: Location = Field(description="demo name, model folder, or s3:// prefix (steps.common.base_model)")
-    model_cache_dir: Path = Field(default_factory=default_cache_dir)
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
     checkpoint_uri: Location = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
     launcher: Literal["ray", "local"] = Field("ray", description="ray: Ray Train workers; local: this process")
-    tracking_uri: Location = ""
-    experiment: str = "eksflow"
+    tracking_uri: Location = Field("", description="MLflow tracking URI for params and losses; empty: no tracking")
+    experiment: str = Field("eksflow", description="MLflow experiment of the training run")
 
 
 class Outputs(BaseModel):

@@ -84,7 +84,7 @@ def test_entrypoint_passes_parameters_through_the_environment():
     ("cron", "timezone", "expected"),
     [
         ("0 3 * *", None, "--cron '0 3 * *': expected 5 fields"),
-        ("0 3 * * funday", None, "expected 5 fields"),
+        ("0 3 * * funday", None, "day of week 'funday'"),
         (None, None, "needs a schedule"),
         ("0 3 * * 1", "Mars/Olympus", "not an IANA time zone"),
     ],
