@@ -194,7 +194,9 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
     env = {"EKSFLOW_GIT_COMMIT": _git_commit()}
     try:
         if resume:
-            result = resume_workflow(state_dir / "runs" / resume, cwd=PROJECT_ROOT, env=env, console=console)
+            result = resume_workflow(
+                state_dir / "runs" / resume, cwd=PROJECT_ROOT, env=env, console=console, manifest=manifest(workflow)
+            )
         else:
             result = run_workflow(manifest(workflow), state_dir, cwd=PROJECT_ROOT, env=env, console=console)
     except RunInterrupted as stopped:
@@ -203,7 +205,7 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
             highlight=False,
             soft_wrap=True,
         )
-        return EXIT_INTERRUPTED
+        return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
     except LocalExecutorError as err:
         console.print(f"[red]cannot run locally:[/red] {err}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
@@ -219,8 +221,10 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
     console.print(
         f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
     )
-    if result.phase != "Succeeded":
+    if result.resumable:
         console.print(f"resume with: --resume {result.name}")
+    elif result.bad_input:
+        console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
 
 

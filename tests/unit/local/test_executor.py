@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from eksflow.local import LocalExecutorError, RunResult, resume_workflow, run_workflow
-from eksflow.local.executor import PathMap
 
 # Snippets for `python -c CODE arg...`; sys.argv[1:] are the container args.
 APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
@@ -450,41 +449,6 @@ def test_volumes_map_to_host_folders(tmp_path: Path) -> None:
     assert (tmp_path / "copy").read_text() == "data"  # mapped again for the downstream task
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("/fsx", "/host/fsx"),
-        ("/fsx/a/b", "/host/fsx/a/b"),
-        ("--dir=/fsx/a", "--dir=/host/fsx/a"),
-        ("sqlite:////fsx/db", "sqlite:////host/fsx/db"),
-        ("file:///fsx/data.jsonl", "file:///host/fsx/data.jsonl"),
-        ("/data/fsx/x", "/data/fsx/x"),
-        ("/fsx-old/x", "/fsx-old/x"),
-        ("/fsx.bak", "/fsx.bak"),
-        ("/tmp/outputs/score", "/host/out/score"),
-        ("/tmp/outputs/sub/x", "/host/sub/x"),
-        ("a=/fsx,b=/fsx/c", "a=/host/fsx,b=/host/fsx/c"),
-    ],
-    ids=[
-        "bare",
-        "nested",
-        "flag",
-        "sqlite-url",
-        "file-url",
-        "inner",
-        "sibling",
-        "dotted",
-        "outputs",
-        "longest",
-        "twice",
-    ],
-)
-def test_path_map(text: str, expected: str) -> None:
-    paths = PathMap([("/fsx", "/host/fsx"), ("/tmp/outputs", "/host/out"), ("/tmp/outputs/sub", "/host/sub")])
-    assert paths.to_host(text) == expected
-    assert paths.to_container(expected) == text
-
-
 INJECTION = {
     "triple-quote": "x''' + __import__('os').system('touch CANARY') + '''",
     "command-substitution": "$(touch CANARY)",
@@ -577,16 +541,17 @@ def test_unsupported_templates_are_rejected_up_front(
 @pytest.mark.parametrize(
     ("tasks", "message"),
     [
-        ([task("a", "t", withItems=[1, 2])], r"withItems is not supported"),
+        ([task("a", "t", withSequence={"count": "2"})], r"withSequence is not supported locally; list the items"),
+        ([task("a", "t", withItems=[1], withParam="[2]")], r"sets both withItems and withParam"),
         ([task("a", "t", "ghost")], r"depends on 'ghost'"),
         ([task("a", "t", "b"), task("b", "t", "a")], r"cycle"),
-        ([task("a", "missing")], r"'missing' is not a container or resource template"),
+        ([task("a", "missing")], r"'missing' names no template in spec.templates"),
         (
             [task("a", "t"), task("b", "t", arguments={"parameters": [{"name": "x", "value": "{{tasks.a.status}}"}]})],
             r"does not depend on 'a'",
         ),
     ],
-    ids=["withItems", "unknown-dependency", "cycle", "missing-template", "undeclared-dependency"],
+    ids=["withSequence", "two-loops", "unknown-dependency", "cycle", "missing-template", "undeclared-dependency"],
 )
 def test_invalid_dags_are_rejected(tmp_path: Path, tasks: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(LocalExecutorError, match=message):

@@ -1,0 +1,205 @@
+"""A run's folder, and who owns it: the executor that runs it, alive or gone.
+
+    state_dir/runs/<name>/
+        manifest.yaml      the manifest as given, before substitution (what resume and retry re-read)
+        status.json        Argo-like workflow status (status.py), rewritten atomically after every change
+        owner.json         the executor running it: PID and start time, its watchdog, its live task processes
+        owner.lock         held (flock) by that executor for as long as it runs: a second executor is refused
+        logs/<node>.log    combined stdout+stderr of every attempt of a node
+        tasks/<node>/      outputs/ (output parameter files), progress ($ARGO_PROGRESS_FILE), bin/ (shims)
+        volumes/<name>     emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
+
+A run whose status says Running but whose executor is gone (killed, machine rebooted) is recorded as Failed
+"executor stopped" by the first reader that notices (`settle`), and task processes it left behind are found by
+their recorded PIDs and start times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from eksflow.local.errors import LocalExecutorError
+from eksflow.local.status import file_name, load_document, now
+from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, start_time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, the owner's PID alone tells
+    fcntl = None  # type: ignore[assignment]
+
+_LOCK_RETRY_S = 0.5  # a reader checking the lock holds it for microseconds; an executor retries that long
+
+
+@dataclass
+class Owner:
+    """The executor of a run, as owner.json records it."""
+
+    pid: int
+    start: str  # /proc start time of the executor: with the PID, it names one process
+    started_at: str
+    watchdog: int | None = None
+    processes: dict[int, tuple[str, str]] = field(default_factory=dict)  # task PID -> (node key, start time)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the executor process still runs."""
+        return alive(self.pid, self.start)
+
+    def orphans(self) -> dict[int, str]:
+        """Task processes (PID -> node key) still running although their executor is gone."""
+        return {pid: key for pid, (key, started) in self.processes.items() if alive(pid, started)}
+
+
+class RunFolder:
+    """The files of one run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = path.name
+        self.manifest = path / "manifest.yaml"
+        self.status = path / "status.json"
+        self.owner = path / "owner.json"
+        self.lock_path = path / "owner.lock"
+        self.logs = path / "logs"
+        self.tasks = path / "tasks"
+        self.volumes = path / "volumes"
+        self._lock: IO[str] | None = None
+
+    def make(self) -> None:
+        """Create the folder and its subfolders."""
+        for sub in (self.logs, self.tasks, self.volumes):
+            sub.mkdir(parents=True, exist_ok=True)
+
+    def log(self, key: str) -> Path:
+        """The log file of node `key`."""
+        return self.logs / f"{file_name(key)}.log"
+
+    def task_dir(self, key: str) -> Path:
+        """The scratch folder of node `key` (outputs, progress, shims)."""
+        return self.tasks / file_name(key)
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Keep the manifest as given."""
+        self.manifest.write_text(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+    def read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The saved manifest and status.json; LocalExecutorError if the folder is not a run's."""
+        try:
+            manifest = yaml.safe_load(self.manifest.read_text(encoding="utf-8"))
+            status = load_document(self.status)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise LocalExecutorError(
+                f"{self.path} is not a readable run folder (manifest.yaml, status.json): {exc}"
+            ) from None
+        if not isinstance(manifest, dict):
+            raise LocalExecutorError(f"{self.manifest} does not hold a Workflow manifest")
+        return manifest, status
+
+    def write_status(self, document: dict[str, Any]) -> None:
+        """Replace status.json atomically: a reader never sees half of it."""
+        atomic_write(self.status, json.dumps(document, indent=2, ensure_ascii=False))
+
+    # -- ownership -------------------------------------------------------------------------------------------
+
+    def claim(self, watchdog: int | None) -> Owner:
+        """Become the run's executor: refused (one line) while another executor holds it."""
+        if fcntl is not None:
+            handle = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+            deadline = time.monotonic() + _LOCK_RETRY_S
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        handle.close()
+                        raise LocalExecutorError(self.busy_message()) from None
+                    time.sleep(0.05)
+            self._lock = handle
+        else:
+            owner = self.read_owner()
+            if owner is not None and owner.alive and owner.pid != os.getpid():
+                raise LocalExecutorError(self.busy_message())
+        owner = Owner(os.getpid(), start_time(os.getpid()) or "", now(), watchdog)
+        self.write_owner(owner)
+        return owner
+
+    def busy_message(self) -> str:
+        """One line: another executor holds this run."""
+        owner = self.read_owner()
+        who = f" (executor PID {owner.pid})" if owner is not None else ""
+        return (
+            f"run {self.name!r} is still being run by another executor{who}; wait for it, or stop it "
+            "(Ctrl-C, or kill that PID) and resume again"
+        )
+
+    def release(self) -> None:
+        """Stop being the run's executor."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def held(self) -> bool:
+        """Whether an executor (this process or another) currently holds the run."""
+        if self._lock is not None:
+            return True
+        if fcntl is None:
+            owner = self.read_owner()
+            return owner is not None and owner.alive
+        try:
+            with open(self.lock_path, encoding="utf-8") as handle:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except FileNotFoundError:
+            owner = self.read_owner()  # a run folder from before owner.lock existed
+            return owner is not None and owner.alive
+        except BlockingIOError:
+            return True
+        return False
+
+    def write_owner(self, owner: Owner) -> None:
+        """Record the owner and its live task processes."""
+        document = {
+            "pid": owner.pid,
+            "startTime": owner.start,
+            "startedAt": owner.started_at,
+            "watchdogPid": owner.watchdog,
+            "processes": {str(pid): {"node": key, "startTime": s} for pid, (key, s) in owner.processes.items()},
+        }
+        atomic_write(self.owner, json.dumps(document, indent=2))
+
+    def read_owner(self) -> Owner | None:
+        """The recorded owner, or None for a folder without one."""
+        try:
+            raw = load_document(self.owner)
+        except (OSError, ValueError):
+            return None
+        processes = {int(pid): (p["node"], p.get("startTime", "")) for pid, p in raw.get("processes", {}).items()}
+        return Owner(
+            int(raw["pid"]), raw.get("startTime", ""), raw.get("startedAt", ""), raw.get("watchdogPid"), processes
+        )
+
+    def settle(self) -> dict[int, str]:
+        """If the run claims to be Running but its executor is gone, record it as Failed "executor stopped".
+
+        Returns the task processes (PID -> node key) the dead executor left running, for the caller to stop or
+        report; empty when the run is owned by a live executor or ended cleanly.
+        """
+        if self.held():
+            return {}
+        mark_stopped(str(self.path), STOPPED_MESSAGE)
+        owner = self.read_owner()
+        return {} if owner is None else owner.orphans()
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
