@@ -114,6 +114,7 @@ class Scheduler:
             if inner.done:
                 del run.inner[key]
                 self._finish_dag_node(key, inner)
+                self.save_memo(run.active[key])
         for key in [k for k in run.active if self.book[k].phase.fulfilled]:
             unit = run.active.pop(key)
             self._note_failure(run, unit.task, key)
