@@ -27,7 +27,7 @@ import yaml
 
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.status import file_name, load_document, now
-from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, start_time
+from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, session_members, start_time
 
 try:
     import fcntl
@@ -53,8 +53,16 @@ class Owner:
         return alive(self.pid, self.start)
 
     def orphans(self) -> dict[int, str]:
-        """Task processes (PID -> node key) still running although their executor is gone."""
-        return {pid: key for pid, (key, started) in self.processes.items() if alive(pid, started)}
+        """Task sessions (leader PID -> node key) with processes still running although their executor is gone.
+
+        A leader that ended may have left children in its session (a Ray worker, a server); Linux does not reuse
+        a PID while it still numbers a session, so live members of session PID are that task's.
+        """
+        return {
+            pid: key
+            for pid, (key, started) in self.processes.items()
+            if alive(pid, started) or session_members(pid)
+        }
 
 
 class RunFolder:
