@@ -59,9 +59,7 @@ class Owner:
         a PID while it still numbers a session, so live members of session PID are that task's.
         """
         return {
-            pid: key
-            for pid, (key, started) in self.processes.items()
-            if alive(pid, started) or session_members(pid)
+            pid: key for pid, (key, started) in self.processes.items() if alive(pid, started) or session_members(pid)
         }
 
 

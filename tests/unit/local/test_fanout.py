@@ -1,4 +1,4 @@
-"""Fan-out (withItems, withParam), aggregation of iteration outputs, nested DAGs and their outputs, as Argo runs them."""
+"""Fan-out (withItems, withParam), aggregation of iteration outputs, nested DAGs and their outputs, as in Argo."""
 
 import io
 import json

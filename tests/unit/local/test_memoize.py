@@ -1,4 +1,4 @@
-"""Argo's template memoization, locally: hit, miss, maxAge, switched off, and the field checked against Argo's schema."""
+"""Argo's template memoization, locally: hit, miss, maxAge, switched off, and the field checked against its schema."""
 
 import json
 from datetime import datetime, timedelta, timezone
