@@ -106,7 +106,7 @@ class _Run:
         self.book = NodeBook(kept, on_change=self._changed)
         self.owner = folder.claim(None)
         self.watchdog: subprocess.Popen[bytes] | None = None
-        self.tracker = ProcessTracker(self._note_process)
+        self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
         self.scheduler = Scheduler(
             workflow,
             self.book,
@@ -139,11 +139,19 @@ class _Run:
         )
         self.folder.write_status(document)
 
-    def _note_process(self, note: str) -> None:
-        """A task process started or ended: tell the watchdog, and keep owner.json's list current."""
+    def _tell_watchdog(self, note: str) -> None:
+        """A task process started or ended: the watchdog follows the live ones."""
         if self.watchdog is not None and self.watchdog.stdin is not None:
             with contextlib.suppress(OSError):
                 os.write(self.watchdog.stdin.fileno(), note.encode())
+
+    def _process_started(self, note: str) -> None:
+        """Record a new task process in owner.json too (while it starts up, off the scheduler's path).
+
+        Ended processes are not written out at once: a stale entry is harmless (readers check that a recorded PID
+        still runs, with its start time), and the next start or the run's end rewrites the list.
+        """
+        self._tell_watchdog(note)
         self.owner.processes = dict(self.tracker.live)
         self.folder.write_owner(self.owner)
 
@@ -344,6 +352,8 @@ class _Run:
             finally:
                 for thread in list(self.threads.values()):
                     thread.join(KILL_GRACE_S + 5)
+                self.owner.processes = dict(self.tracker.live)
+                self.folder.write_owner(self.owner)
                 self._end_watchdog()
                 self.folder.release()
             if self.signalled is not None:

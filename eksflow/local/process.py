@@ -10,8 +10,6 @@ at the next poll.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import functools
 import os
@@ -50,6 +48,9 @@ def _death_signal_preexec() -> Callable[[], None] | None:
     """Where there is no setpriv: a preexec function making the same prctl call (Linux only)."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # only here: most machines have setpriv, and ctypes costs every run's start-up
+    import ctypes.util
+
     try:
         prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
@@ -88,8 +89,9 @@ class Ended:
 class ProcessTracker:
     """The run's live task processes, told to the watchdog (and kept for owner.json) as they start and end."""
 
-    def __init__(self, notify: Callable[[str], None] | None = None) -> None:
-        self._notify = notify
+    def __init__(self, notify: Callable[[str], None] | None = None, ended: Callable[[str], None] | None = None) -> None:
+        self._notify = notify  # a process started: "+PID START\n"
+        self._ended = ended  # a process was reaped: "-PID\n"
         self._lock = threading.Lock()
         self.live: dict[int, tuple[str, str]] = {}  # pid -> (node key, start time)
 
@@ -105,8 +107,8 @@ class ProcessTracker:
         """Forget a reaped task process."""
         with self._lock:
             self.live.pop(pid, None)
-            if self._notify is not None:
-                self._notify(f"-{pid}\n")
+            if self._ended is not None:
+                self._ended(f"-{pid}\n")
 
 
 def run(

@@ -34,6 +34,9 @@ try:
 except ImportError:  # not POSIX: no lock, the owner's PID alone tells
     fcntl = None  # type: ignore[assignment]
 
+# libyaml's safe dumper and loader where PyYAML has them: the flagship's manifest is large, and pure Python is slow.
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _LOCK_RETRY_S = 0.5  # a reader checking the lock holds it for microseconds; an executor retries that long
 
 
@@ -93,12 +96,13 @@ class RunFolder:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the manifest as given."""
-        self.manifest.write_text(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        text = yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        self.manifest.write_text(text, encoding="utf-8")
 
     def read(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The saved manifest and status.json; LocalExecutorError if the folder is not a run's."""
         try:
-            manifest = yaml.safe_load(self.manifest.read_text(encoding="utf-8"))
+            manifest = yaml.load(self.manifest.read_text(encoding="utf-8"), Loader=_Loader)  # safe: no Python objects
             status = load_document(self.status)
         except (OSError, ValueError, yaml.YAMLError) as exc:
             raise LocalExecutorError(
