@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import secrets
 import signal
-import string
 import subprocess
 import sys
 import threading
@@ -37,6 +34,7 @@ from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay, format_duration, log_tail
 from eksflow.local.errors import LocalExecutorError, RunInterrupted
 from eksflow.local.handlers import TaskContext, handler_for
+from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
 from eksflow.local.model import DagTemplate, Mount, Workflow
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
@@ -46,9 +44,8 @@ from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.status import NAMESPACE, NodeStatus, Phase, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
 
-__all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest"]
+__all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_workflow"]
 
-from eksflow.local.manifest import parse_manifest
 
 INTERRUPTED = "interrupted"
 _TICK_S = 0.5  # how often the scheduler looks around when nothing told it to (progress files, deadlines)
@@ -349,6 +346,16 @@ class _Run:
                 with self.book.lock:
                     self.finished_at = now()
                     self.write_status()
+            except BaseException as exc:
+                # A bug in the executor (or a KeyboardInterrupt outside the signal handler): stop every task and
+                # say so in status.json, rather than leave processes running and a run that claims Running.
+                self.stop(f"local executor error: {exc!r}")
+                for thread in list(self.threads.values()):
+                    thread.join(KILL_GRACE_S + 5)
+                with self.book.lock:
+                    self.phase, self.message, self.finished_at = Phase.ERROR, self.abort_reason, now()
+                    self.write_status()
+                raise
             finally:
                 for thread in list(self.threads.values()):
                     thread.join(KILL_GRACE_S + 5)
@@ -396,20 +403,6 @@ class _Run:
                 self.message = "; ".join(m for m in (self.message, f"onExit {node.name!r} failed: {node.message}") if m)
 
 
-def dag_inputs(dag: DagTemplate, parameters: Mapping[str, str]) -> dict[str, str]:
-    """The entrypoint DAG's inputs: the workflow parameters of the same name (as Argo does), else the defaults."""
-    values: dict[str, str] = {}
-    for param in dag.inputs:
-        value = parameters.get(param.name, param.default)
-        if value is None:
-            raise LocalExecutorError(
-                f"input parameter {param.name!r} of template {dag.name!r} has no value; add a workflow parameter "
-                "of that name or a default"
-            )
-        values[param.name] = value
-    return values
-
-
 def execute_run(
     workflow: Workflow,
     folder: RunFolder,
@@ -441,45 +434,6 @@ def execute_run(
     except BaseException:
         run.folder.release()
         raise
-
-
-def plain_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """A private deep copy of the manifest, and proof it is plain data."""
-    try:
-        copied = json.loads(json.dumps(dict(manifest)))
-    except (TypeError, ValueError) as exc:
-        raise LocalExecutorError(f"the manifest must be plain data (Workflow.to_dict()): {exc}") from None
-    assert isinstance(copied, dict)
-    return copied
-
-
-def effective_parameters(workflow: Workflow, overrides: Mapping[str, str] | None) -> dict[str, str]:
-    """The workflow parameters with `overrides` applied; every one must be known and end with a value."""
-    values = dict(workflow.parameters)
-    for name, value in (overrides or {}).items():
-        if name not in values:
-            known = ", ".join(values) or "none"
-            raise LocalExecutorError(f"unknown workflow parameter {name!r}; known: {known}")
-        values[name] = value
-    missing = [name for name, value in values.items() if value is None]
-    if missing:
-        raise LocalExecutorError(f"workflow parameter(s) {', '.join(missing)} have no value; pass them in parameters=")
-    effective = {name: str(value) for name, value in values.items()}
-    for dag in (workflow.dag(workflow.entrypoint), workflow.on_exit):
-        if dag is not None:
-            dag_inputs(dag, effective)  # fail before anything runs
-    return effective
-
-
-def new_run_name(workflow: Workflow, runs: Path) -> str:
-    """metadata.name, or generateName plus five random characters (as the API server does) not used yet."""
-    if workflow.name:
-        return workflow.name
-    alphabet = string.ascii_lowercase + string.digits
-    while True:
-        name = f"{workflow.generate_name}{''.join(secrets.choice(alphabet) for _ in range(5))}"
-        if not (runs / name).exists():
-            return name
 
 
 def run_workflow(

@@ -8,7 +8,11 @@ else raises LocalExecutorError naming the field and what to do instead, before a
 
 from __future__ import annotations
 
+import json
+import secrets
+import string
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from eksflow.local.errors import LocalExecutorError
@@ -264,3 +268,56 @@ def _refuse_recursion(templates: Mapping[str, Template]) -> None:
 
     for name in templates:
         visit(name)
+
+
+def plain_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A private deep copy of the manifest, and proof it is plain data."""
+    try:
+        copied = json.loads(json.dumps(dict(manifest)))
+    except (TypeError, ValueError) as exc:
+        raise LocalExecutorError(f"the manifest must be plain data (Workflow.to_dict()): {exc}") from None
+    assert isinstance(copied, dict)
+    return copied
+
+
+def dag_inputs(dag: DagTemplate, parameters: Mapping[str, str]) -> dict[str, str]:
+    """The entrypoint DAG's inputs: the workflow parameters of the same name (as Argo does), else the defaults."""
+    values: dict[str, str] = {}
+    for param in dag.inputs:
+        value = parameters.get(param.name, param.default)
+        if value is None:
+            raise LocalExecutorError(
+                f"input parameter {param.name!r} of template {dag.name!r} has no value; add a workflow parameter "
+                "of that name or a default"
+            )
+        values[param.name] = value
+    return values
+
+
+def effective_parameters(workflow: Workflow, overrides: Mapping[str, str] | None) -> dict[str, str]:
+    """The workflow parameters with `overrides` applied; every one must be known and end with a value."""
+    values = dict(workflow.parameters)
+    for name, value in (overrides or {}).items():
+        if name not in values:
+            known = ", ".join(values) or "none"
+            raise LocalExecutorError(f"unknown workflow parameter {name!r}; known: {known}")
+        values[name] = value
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        raise LocalExecutorError(f"workflow parameter(s) {', '.join(missing)} have no value; pass them in parameters=")
+    effective = {name: str(value) for name, value in values.items()}
+    for dag in (workflow.dag(workflow.entrypoint), workflow.on_exit):
+        if dag is not None:
+            dag_inputs(dag, effective)  # fail before anything runs
+    return effective
+
+
+def new_run_name(workflow: Workflow, runs: Path) -> str:
+    """metadata.name, or generateName plus five random characters (as the API server does) not used yet."""
+    if workflow.name:
+        return workflow.name
+    alphabet = string.ascii_lowercase + string.digits
+    while True:
+        name = f"{workflow.generate_name}{''.join(secrets.choice(alphabet) for _ in range(5))}"
+        if not (runs / name).exists():
+            return name

@@ -23,14 +23,8 @@ from rich.console import Console
 
 from eksflow.local import process
 from eksflow.local.errors import LocalExecutorError
-from eksflow.local.executor import (
-    RunSettings,
-    effective_parameters,
-    execute_run,
-    parse_manifest,
-    plain_manifest,
-    run_workflow,
-)
+from eksflow.local.executor import RunSettings, execute_run, run_workflow
+from eksflow.local.manifest import effective_parameters, parse_manifest, plain_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.paths import PathMap
 from eksflow.local.rundir import RunFolder

@@ -144,3 +144,32 @@ def test_a_second_executor_on_a_running_run_is_refused_in_one_line(tmp_path: Pat
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     assert all(ended(pid) for pid in pids)
+
+
+def test_a_finished_run_leaves_no_watchdog_and_an_executor_error_stops_its_tasks(tmp_path, monkeypatch) -> None:
+    from eksflow.local.scheduler import Scheduler
+    from tests.unit.local.manifests import container, run, task, workflow
+
+    done = run(workflow([task("ok", "ok")], [container("ok", "pass")]), tmp_path)
+    owner = json.loads((done.run_dir / "owner.json").read_text())
+    assert owner["pid"] == os.getpid() and owner["processes"] == {}
+    wait_for(lambda: ended(owner["watchdogPid"]))
+
+    pid_file = tmp_path / "pid"
+    slow = container("slow", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
+    slow["container"]["args"] = [str(pid_file)]
+    advance = Scheduler.advance
+
+    def broken(self, dag_run):  # a bug in the scheduler, once the task runs
+        advance(self, dag_run)
+        if pid_file.exists() and pid_file.read_text():
+            raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(Scheduler, "advance", broken)
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        run(workflow([task("slow", "slow")], [slow]), tmp_path)
+    assert ended(int(pid_file.read_text()))
+    (run_dir,) = [p for p in (tmp_path / "state" / "runs").iterdir() if p.name != done.name]
+    document = json.loads((run_dir / "status.json").read_text())["status"]
+    assert (document["phase"], document["message"]) == ("Error", "local executor error: RuntimeError('scheduler bug')")
+    assert document["nodes"]["slow"]["phase"] == "Failed"
