@@ -6,8 +6,9 @@ scheduler, so what a reader of status.json sees is never behind what the executo
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,24 @@ class NodeBook:
         self.changed = threading.Condition(self.lock)
         self._on_change = on_change  # writes status.json, updates the display (called under the lock)
         self.version = 0  # counts changes: the scheduler passes again at once after a pass that changed something
+        self._quiet = 0  # inside `quietly`: changes are told once, at the end
+
+    @contextlib.contextmanager
+    def quietly(self) -> Iterator[None]:
+        """Make many changes (a DAG's Pending nodes) and tell them once, at the end."""
+        with self.changed:
+            self._quiet += 1
+            try:
+                yield
+            finally:
+                self._quiet -= 1
+                self.version += 1
+                self._tell(None)
+                self.changed.notify_all()
+
+    def _tell(self, node: NodeStatus | None) -> None:
+        if not self._quiet:
+            self._on_change(node)
 
     def __getitem__(self, key: str) -> NodeStatus:
         return self.nodes[key]
@@ -48,7 +67,7 @@ class NodeBook:
             if parent is not None and key not in self.nodes[parent].children:
                 self.nodes[parent].children.append(key)
             self.version += 1
-            self._on_change(self.nodes[key])
+            self._tell(self.nodes[key])
         return True
 
     def _adopt(self, key: str) -> None:
@@ -86,7 +105,7 @@ class NodeBook:
             self.version += 1
             if parent is not None and key not in self.nodes[parent].children:
                 self.nodes[parent].children.append(key)
-            self._on_change(node)
+            self._tell(node)
             self.changed.notify_all()
             return node
 
@@ -104,13 +123,13 @@ class NodeBook:
                 node.started_at = node.started_at or now()
                 node.finished_at = now()
             self.version += 1
-            self._on_change(node)
+            self._tell(node)
             self.changed.notify_all()
 
     def touch(self) -> None:
         """Something not about one node's phase changed (progress): write it out."""
         with self.changed:
-            self._on_change(None)
+            self._tell(None)
 
     def running_pods(self) -> int:
         """Pods running now, everywhere in the run (what spec.parallelism limits)."""

@@ -39,7 +39,7 @@ from eksflow.local.memo import MemoCache
 from eksflow.local.model import DagTemplate, Mount, Workflow
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
 from eksflow.local.retry import Attempt, next_delay
-from eksflow.local.rundir import RunFolder
+from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.status import NAMESPACE, NodeStatus, Phase, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
@@ -102,6 +102,7 @@ class _Run:
         self.display = TaskDisplay(settings.console, lambda: list(self.book.nodes.values()))
         self.book = NodeBook(kept, on_change=self._changed)
         self.owner = folder.claim(None)
+        self.writer = LatestWriter(compact_json)  # status.json and owner.json, off the tasks' path
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
         self.scheduler = Scheduler(
@@ -134,7 +135,7 @@ class _Run:
             nodes=self.book.nodes.values(),
             overrides=self.overrides,
         )
-        self.folder.write_status(document)
+        self.writer.submit(self.folder.status, document)
 
     def _tell_watchdog(self, note: str) -> None:
         """A task process started or ended: the watchdog follows the live ones."""
@@ -150,7 +151,7 @@ class _Run:
         """
         self._tell_watchdog(note)
         self.owner.processes = dict(self.tracker.live)
-        self.folder.write_owner(self.owner)
+        self.writer.submit(self.folder.owner, owner_document(self.owner))
 
     def _poll_progress(self) -> None:
         changed = False
@@ -214,13 +215,12 @@ class _Run:
         self.folder.write_owner(self.owner)
 
     def _end_watchdog(self) -> None:
+        """Tell the watchdog the run ended well; it exits on its own (no waiting for its interpreter to start)."""
         if self.watchdog is None or self.watchdog.stdin is None:
             return
         with contextlib.suppress(OSError):
             self.watchdog.stdin.write(b"exit\n")
             self.watchdog.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.watchdog.wait(5)
 
     # -- pods ------------------------------------------------------------------------------------------------
 
@@ -360,7 +360,8 @@ class _Run:
                 for thread in list(self.threads.values()):
                     thread.join(KILL_GRACE_S + 5)
                 self.owner.processes = dict(self.tracker.live)
-                self.folder.write_owner(self.owner)
+                self.writer.submit(self.folder.owner, owner_document(self.owner))
+                self.writer.close()  # status.json is final on disk before the run is released
                 self._end_watchdog()
                 self.folder.release()
             if self.signalled is not None:

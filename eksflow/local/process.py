@@ -152,8 +152,10 @@ def run(
                 stop_tree(proc, KILL_GRACE_S)
                 break
     finally:
-        # Like a pod ending, the step's leftover children (daemons it did not stop) go with it.
-        signal_session(proc.pid, signal.SIGKILL)
+        # Like a pod ending, the step's leftover children (daemons it did not stop) go with it. Its process group
+        # holds them unless they moved out; the full sweep of its session (a scan of /proc) is for stops only.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         tracker.ended(proc.pid)
     code = proc.returncode

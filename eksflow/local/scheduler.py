@@ -93,16 +93,16 @@ class Scheduler:
     def begin(self, template: DagTemplate, prefix: str, node: str | None, scope: Scope) -> DagRun:
         """A DagRun of `template`, its tasks' nodes created Pending (or kept from the resumed run)."""
         run = DagRun(template, prefix, node, scope)
-        for name, task in template.tasks.items():
-            key = prefix + name
-            if self.book.keep(key, node):
-                continue
-            target = self.wf.templates[task.template]
-            node_type = (
-                NodeType.TASK_GROUP if task.loop else NodeType.DAG if isinstance(target, DagTemplate) else NodeType.POD
-            )
-            self.book.add(key, task.template, node_type=node_type, display_name=name, parent=node)
-            run.waiting.append(name)
+        with self.book.quietly():
+            for name, task in template.tasks.items():
+                key = prefix + name
+                if self.book.keep(key, node):
+                    continue
+                target = self.wf.templates[task.template]
+                is_dag = isinstance(target, DagTemplate)
+                node_type = NodeType.TASK_GROUP if task.loop else NodeType.DAG if is_dag else NodeType.POD
+                self.book.add(key, task.template, node_type=node_type, display_name=name, parent=node)
+                run.waiting.append(name)
         return run
 
     # -- one pass ------------------------------------------------------------------------------------------
