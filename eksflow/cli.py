@@ -189,7 +189,7 @@ def check_local_inputs(cfg: PipelineConfig) -> None:
 
 def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Console) -> int:
     """Execute the manifest with the local executor and print what each task produced."""
-    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+    from eksflow.local import LocalExecutorError, Phase, RunInterrupted, resume_workflow, run_workflow
 
     env = {"EKSFLOW_GIT_COMMIT": _git_commit()}
     try:
@@ -217,7 +217,7 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
         for name, value in node.outputs.items():
             shown = value if len(value) <= 160 else value[:157] + "..."
             console.print(f"    {name} = {shown}", highlight=False, soft_wrap=True)
-    colour = "green" if result.phase == "Succeeded" else "red"
+    colour = "green" if result.phase is Phase.SUCCEEDED else "red"
     console.print(
         f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
     )
@@ -225,7 +225,7 @@ def run(workflow: Workflow, state_dir: Path, resume: str | None, console: Consol
         console.print(f"resume with: --resume {result.name}")
     elif result.bad_input:
         console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
-    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+    return 0 if result.phase is Phase.SUCCEEDED else EXIT_FAILED
 
 
 def _git_commit() -> str:

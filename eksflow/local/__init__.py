@@ -14,6 +14,7 @@ verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.
 
 from eksflow.local.errors import LocalExecutorError, RunInterrupted
 from eksflow.local.executor import run_workflow
+from eksflow.local.phase import Phase
 from eksflow.local.runs import (
     InputChanges,
     RunSummary,
@@ -28,7 +29,7 @@ from eksflow.local.runs import (
     retry_run,
     task_log,
 )
-from eksflow.local.status import NodeStatus, NodeType, Phase, RunResult
+from eksflow.local.status import NodeStatus, NodeType, RunResult
 
 __all__ = [
     "InputChanges",

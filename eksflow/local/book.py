@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from eksflow.local.status import NodeStatus, NodeType, Phase, now, short
+from eksflow.local.phase import Phase
+from eksflow.local.status import NodeStatus, NodeType, now, short
 
 
 class NodeBook:

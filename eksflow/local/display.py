@@ -13,7 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from eksflow.local.status import NodeStatus, NodeType, Phase, parse_time
+from eksflow.local.phase import Phase
+from eksflow.local.status import NodeStatus, NodeType, parse_time
 
 LOG_TAIL_LINES = 20
 _PHASE_STYLES = {

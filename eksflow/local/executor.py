@@ -37,11 +37,12 @@ from eksflow.local.handlers import TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
 from eksflow.local.model import DagTemplate, Mount, Workflow
+from eksflow.local.phase import Phase
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
 from eksflow.local.retry import Attempt, next_delay
 from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
-from eksflow.local.status import NAMESPACE, NodeStatus, Phase, RunResult, now, run_document, short
+from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
 
 __all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_workflow"]

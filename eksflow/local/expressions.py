@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from eksflow.local.status import Phase
+from eksflow.local.phase import Phase
 
 Value = bool | float | str
 

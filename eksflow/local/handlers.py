@@ -26,8 +26,8 @@ from typing import Protocol
 from eksflow.local import resources
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
+from eksflow.local.phase import Phase
 from eksflow.local.retry import Attempt
-from eksflow.local.status import Phase
 from eksflow.local.substitution import Scope, UnresolvedError
 
 _PYTHON = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from eksflow.local.expressions import ExpressionError, evaluate_retry_expression
 from eksflow.local.model import Retry
-from eksflow.local.status import Phase
+from eksflow.local.phase import Phase
 from eksflow.local.substitution import Scope, UnresolvedError
 
 _RETRIED = {

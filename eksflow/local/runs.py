@@ -27,8 +27,9 @@ from eksflow.local.executor import RunSettings, execute_run, run_workflow
 from eksflow.local.manifest import effective_parameters, parse_manifest, plain_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.paths import PathMap
+from eksflow.local.phase import Phase
 from eksflow.local.rundir import RunFolder
-from eksflow.local.status import NodeStatus, Phase, RunResult, now, parse_time, read_nodes, read_parameters
+from eksflow.local.status import NodeStatus, RunResult, now, parse_time, read_nodes, read_parameters
 
 PIPELINE_LABEL = "eksflow.dev/pipeline"
 RESUBMITTED_FROM = "workflows.argoproj.io/resubmitted-from-workflow"  # the label `argo resubmit` sets

@@ -28,7 +28,8 @@ from eksflow.local.book import NodeBook
 from eksflow.local.expressions import ExpressionError, TaskOutcome, evaluate_depends, evaluate_when
 from eksflow.local.memo import MemoCache
 from eksflow.local.model import DagTask, DagTemplate, Template, Workflow
-from eksflow.local.status import NodeType, Phase
+from eksflow.local.phase import Phase
+from eksflow.local.status import NodeType
 from eksflow.local.substitution import (
     Scope,
     UnresolvedError,

@@ -20,42 +20,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from eksflow.local.phase import Phase
+
 NAMESPACE = "local"
 EXIT_BAD_INPUT = 2  # a step's "bad input or config" exit code: the same inputs fail the same way, never retried
 _MESSAGE_CHARS = 300
-
-
-class Phase(str, Enum):
-    """A node's or a workflow's phase, spelled as Argo spells it (status.json keeps these strings)."""
-
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    ERROR = "Error"
-    SKIPPED = "Skipped"
-    OMITTED = "Omitted"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def fulfilled(self) -> bool:
-        """Done, whatever the outcome (Argo's Fulfilled): nothing more will happen to the node."""
-        return self in FULFILLED
-
-    @property
-    def completed(self) -> bool:
-        """Ran to an outcome (Argo's Completed): Skipped and Omitted nodes did not run, so they are not."""
-        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.ERROR)
-
-    @property
-    def failed_or_error(self) -> bool:
-        """Failed or Error."""
-        return self in (Phase.FAILED, Phase.ERROR)
-
-
-FULFILLED = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.ERROR, Phase.SKIPPED, Phase.OMITTED})
 
 
 class NodeType(str, Enum):

@@ -13,7 +13,7 @@ status.json is rewritten: a Running run becomes Failed "executor stopped", as do
 
 The kernel already sends each task's direct process SIGTERM when the executor thread that started it dies
 (PR_SET_PDEATHSIG, set in process.py); the watchdog reaches the rest of the tree. It imports only the standard
-library (it runs without site-packages), and process.py and rundir.py reuse its helpers.
+library and phase.py (it runs without site-packages), and process.py and rundir.py reuse its helpers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,12 @@ import os
 import signal
 import sys
 import time
+
+try:
+    from eksflow.local.phase import Phase
+except ImportError:  # run as a script without site-packages: phase.py (the enum alone) sits beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from phase import Phase  # type: ignore[import-not-found,no-redef]
 
 STOPPED_MESSAGE = "executor stopped"
 _POLL_S = 0.1
@@ -113,15 +119,15 @@ def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
     except (OSError, ValueError):
         return False
     status = document.get("status", {})
-    if status.get("phase") not in ("Running", "Pending"):
+    if status.get("phase") not in (Phase.RUNNING, Phase.PENDING):
         return False
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    status.update(phase="Failed", message=message, finishedAt=stamp)
+    status.update(phase=str(Phase.FAILED), message=message, finishedAt=stamp)
     for node in status.get("nodes", {}).values():
-        if node.get("phase") == "Running":
-            node.update(phase="Failed", message=message, finishedAt=stamp)
-        elif node.get("phase") == "Pending":
-            node.update(phase="Omitted", message=f"not run: {message}")
+        if node.get("phase") == Phase.RUNNING:
+            node.update(phase=str(Phase.FAILED), message=message, finishedAt=stamp)
+        elif node.get("phase") == Phase.PENDING:
+            node.update(phase=str(Phase.OMITTED), message=f"not run: {message}")
     tmp = os.path.join(run_dir, ".status.json.watchdog")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(document, f, indent=2, ensure_ascii=False)

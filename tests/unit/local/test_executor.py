@@ -584,3 +584,12 @@ def test_ctrl_c_stops_the_run_with_one_line_and_it_resumes(tmp_path: Path) -> No
     assert resumed.returncode == 0, stderr
     status = json.loads((tmp_path / "state" / "runs" / "sleepy" / "status.json").read_text())
     assert status["status"]["phase"] == "Succeeded"
+
+
+def test_a_program_that_is_not_there_is_an_error_not_a_failure(tmp_path: Path) -> None:
+    template = {"name": "t", "container": {"image": "x", "command": ["no-such-program-here", "--flag"]}}
+    template["retryStrategy"] = {"limit": 1, "retryPolicy": "OnError"}
+    result = run(workflow([task("t", "t")], [template]), tmp_path)
+    node = result.nodes["t"]
+    assert (node.phase, node.exit_code, node.retries) == ("Error", None, 1)  # OnError retries what could not start
+    assert node.message.startswith("cannot start 'no-such-program-here': [Errno 2] No such file or directory")

@@ -10,7 +10,7 @@ from eksflow.local.expressions import (
     evaluate_retry_expression,
     evaluate_when,
 )
-from eksflow.local.status import Phase
+from eksflow.local.phase import Phase
 
 WHEN_CASES = [
     ("true == true", True),

@@ -173,3 +173,38 @@ def test_a_finished_run_leaves_no_watchdog_and_an_executor_error_stops_its_tasks
     document = json.loads((run_dir / "status.json").read_text())["status"]
     assert (document["phase"], document["message"]) == ("Error", "local executor error: RuntimeError('scheduler bug')")
     assert document["nodes"]["slow"]["phase"] == "Failed"
+
+
+GET_DEATH_SIGNAL = """
+import ctypes, ctypes.util
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+value = ctypes.c_int(0)
+libc.prctl(2, ctypes.byref(value), 0, 0, 0)  # PR_GET_PDEATHSIG
+print("pdeathsig", value.value)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("launcher", ["setpriv", "preexec"])
+def test_every_task_process_gets_a_parent_death_signal(tmp_path: Path, monkeypatch, launcher: str) -> None:
+    from eksflow.local import process
+
+    if launcher == "setpriv":
+        if process._setpriv() is None:
+            pytest.skip("no setpriv with --pdeathsig here")
+    else:
+        monkeypatch.setattr(process, "_launcher", lambda: ([], process._death_signal_preexec()))
+    log_path = tmp_path / "log"
+    with open(log_path, "ab") as log:
+        ended_as = process.run(
+            [sys.executable, "-c", GET_DEATH_SIGNAL],
+            key="t",
+            cwd=tmp_path,
+            env=dict(os.environ),
+            log=log,
+            tracker=process.ProcessTracker(),
+            stop_reason=lambda: "",
+            deadline_s=None,
+        )
+    assert ended_as.exit_code == 0
+    assert log_path.read_text().split() == ["pdeathsig", str(int(signal.SIGTERM))]

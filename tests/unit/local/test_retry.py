@@ -5,8 +5,8 @@ import time
 import pytest
 
 from eksflow.local.model import Retry
+from eksflow.local.phase import Phase
 from eksflow.local.retry import Attempt, next_delay
-from eksflow.local.status import Phase
 from eksflow.local.substitution import Scope
 
 SCOPE = Scope({"name": "wf"}, {"limit": "2"})
