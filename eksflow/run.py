@@ -22,7 +22,6 @@ from eksflow.pipeline import Pipeline
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def local_problems(cfg: PipelineConfig) -> list[str]:
@@ -42,13 +41,13 @@ def run_locally(
 
 def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, console: Console, *, root: Path) -> int:
     """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
-    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+    from eksflow.local import LocalExecutorError, Phase, RunInterrupted, resume_workflow, run_workflow
 
     python_path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = {"EKSFLOW_GIT_COMMIT": git_commit(root), "PYTHONPATH": python_path}
     try:
         if resume:
-            result = resume_workflow(state_dir / "runs" / resume, cwd=root, env=env, console=console)
+            result = resume_workflow(state_dir / "runs" / resume, cwd=root, env=env, console=console, manifest=rendered)
         else:
             result = run_workflow(rendered, state_dir, cwd=root, env=env, console=console)
     except RunInterrupted as stopped:
@@ -57,7 +56,7 @@ def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, conso
             highlight=False,
             soft_wrap=True,
         )
-        return EXIT_INTERRUPTED
+        return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
     except LocalExecutorError as err:
         console.print(f"[red]cannot run locally:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
@@ -70,13 +69,15 @@ def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, conso
         for name, value in node.outputs.items():
             shown = value if len(value) <= 160 else value[:157] + "..."
             console.print(f"    {name} = {escape(shown)}", highlight=False, soft_wrap=True)
-    colour = "green" if result.phase == "Succeeded" else "red"
+    colour = "green" if result.phase is Phase.SUCCEEDED else "red"
     console.print(
         f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
     )
-    if result.phase != "Succeeded":
+    if result.resumable:
         console.print(f"resume with: --resume {result.name}")
-    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+    elif result.bad_input:
+        console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
+    return 0 if result.phase is Phase.SUCCEEDED else EXIT_FAILED
 
 
 def git_commit(root: Path) -> str:

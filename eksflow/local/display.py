@@ -2,35 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from eksflow.local.executor import NodeStatus
+from eksflow.local.phase import Phase
+from eksflow.local.status import NodeStatus, NodeType, parse_time
 
 LOG_TAIL_LINES = 20
 _PHASE_STYLES = {
-    "Pending": "dim",
-    "Running": "bold blue",
-    "Succeeded": "green",
-    "Failed": "bold red",
-    "Error": "bold red",
-    "Skipped": "yellow",
-    "Omitted": "dim yellow",
+    Phase.PENDING: "dim",
+    Phase.RUNNING: "bold blue",
+    Phase.SUCCEEDED: "green",
+    Phase.FAILED: "bold red",
+    Phase.ERROR: "bold red",
+    Phase.SKIPPED: "yellow",
+    Phase.OMITTED: "dim yellow",
 }
 _SHOWN_MESSAGE_CHARS = 160
-
-
-def _parse_time(stamp: str | None) -> datetime | None:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
+CACHED = "cached"  # how a memoized node (outputs from the cache, nothing ran) is marked
 
 
 def format_duration(seconds: float) -> str:
@@ -45,10 +42,10 @@ def format_duration(seconds: float) -> str:
 
 def node_duration(node: NodeStatus) -> str:
     """How long the node has run (until now while it runs); empty if it never started."""
-    start = _parse_time(node.started_at)
+    start = parse_time(node.started_at)
     if start is None:
         return ""
-    end = _parse_time(node.finished_at) or datetime.now(timezone.utc)
+    end = parse_time(node.finished_at) or datetime.now(timezone.utc)
     return format_duration(max((end - start).total_seconds(), 0.0))
 
 
@@ -67,6 +64,38 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
         f.seek(max(f.tell() - 65536, 0))
         text = f.read().decode("utf-8", errors="replace")
     return text.splitlines()[-lines:]
+
+
+def in_tree_order(nodes: Sequence[NodeStatus]) -> list[tuple[int, NodeStatus]]:
+    """(depth, node): each node followed by its children (fan-out iterations, a nested DAG's tasks)."""
+    by_key = {node.name: node for node in nodes}
+    ordered: list[tuple[int, NodeStatus]] = []
+
+    def visit(node: NodeStatus, depth: int) -> None:
+        ordered.append((depth, node))
+        for child in node.children:
+            if child in by_key:
+                visit(by_key[child], depth + 1)
+
+    for node in nodes:
+        if node.parent is None or node.parent not in by_key:
+            visit(node, 0)
+    return ordered
+
+
+def progress_text(node: NodeStatus, nodes: dict[str, NodeStatus]) -> str:
+    """The progress column: a step's own N/M, or how many iterations of a fan-out are done."""
+    if node.type is NodeType.TASK_GROUP and node.children:
+        done = sum(nodes[c].phase.fulfilled for c in node.children if c in nodes)
+        return f"{done}/{len(node.children)} done"
+    return node.progress or ""
+
+
+def message_text(node: NodeStatus) -> str:
+    """The message column: the node's message, or `cached` for a memoized node."""
+    if node.cached:
+        return f"{CACHED}: {node.message}" if node.message else CACHED
+    return node.message
 
 
 class TaskDisplay:
@@ -97,14 +126,16 @@ class TaskDisplay:
         table = Table(box=None, pad_edge=False, header_style="bold")
         for column in ("task", "phase", "progress", "duration", "retries", "message"):
             table.add_column(column, no_wrap=column != "message")
-        for node in self._nodes():
+        nodes = list(self._nodes())
+        by_key = {node.name: node for node in nodes}
+        for depth, node in in_tree_order(nodes):
             table.add_row(
-                node.name,
-                Text(node.phase, style=_PHASE_STYLES.get(node.phase, "")),
-                node.progress or "",
+                "  " * depth + node.display_name,
+                Text(str(node.phase), style=_PHASE_STYLES.get(node.phase, "")),
+                progress_text(node, by_key),
                 node_duration(node),
                 str(node.retries) if node.retries else "",
-                Text(_short(node.message)),
+                Text(_short(message_text(node))),
             )
         return table
 
@@ -114,16 +145,22 @@ class TaskDisplay:
             line = f"  {node.name:<18} {node.phase}"
             if node.finished_at and node.started_at:
                 line += f"  ({node_duration(node)})"
-            if node.message:
-                line += f"  {_short(node.message)}"
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        if node.phase in ("Failed", "Error") and node.log is not None:
+            message = message_text(node)
+            if message:
+                line += f"  {_short(message)}"
+            self._print(line)
+        if node.phase.failed_or_error and node.log is not None:
             tail = log_tail(node.log)
             if tail:
-                self.console.print(f"--- last {len(tail)} lines of {node.log} ---", markup=False, highlight=False)
+                self._print(f"--- last {len(tail)} lines of {node.log} ---")
                 for text in tail:
-                    self.console.print(Text(text, style="dim"), soft_wrap=True)
+                    self._print(Text(text, style="dim"))
 
     def note(self, text: str) -> None:
         """Print a line that is not about one task (workflow start and end)."""
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self._print(text)
+
+    def _print(self, line: str | Text) -> None:
+        # After SIGHUP the terminal may be gone; the run must still stop cleanly and record its status.
+        with contextlib.suppress(OSError):
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -16,23 +16,42 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from eksflow.local.phase import Phase
+
 Value = bool | float | str
 
-COMPLETED_PHASES = frozenset({"Succeeded", "Failed", "Error", "Skipped", "Omitted"})
-# Results a `depends` term may ask for, and the node phases that satisfy each. Locally a task never fans out
-# (no withItems/withParam), so AnySucceeded/AllFailed reduce to the single node's result; nothing is daemoned.
-DEPENDS_RESULTS: Mapping[str, frozenset[str]] = {
-    "Succeeded": frozenset({"Succeeded"}),
-    "Failed": frozenset({"Failed"}),
-    "Errored": frozenset({"Error"}),
-    "Skipped": frozenset({"Skipped"}),
-    "Omitted": frozenset({"Omitted"}),
+# Results a `depends` term may ask for, and the node phases that satisfy each. AnySucceeded and AllFailed are about
+# a fanned-out task's iterations (false for a task that did not fan out, as in Argo); nothing is daemoned locally.
+DEPENDS_RESULTS: Mapping[str, frozenset[Phase]] = {
+    "Succeeded": frozenset({Phase.SUCCEEDED}),
+    "Failed": frozenset({Phase.FAILED}),
+    "Errored": frozenset({Phase.ERROR}),
+    "Skipped": frozenset({Phase.SKIPPED}),
+    "Omitted": frozenset({Phase.OMITTED}),
     "Daemoned": frozenset(),
-    "AnySucceeded": frozenset({"Succeeded"}),
-    "AllFailed": frozenset({"Failed"}),
+    "AnySucceeded": frozenset(),
+    "AllFailed": frozenset(),
 }
-FAILURE_RESULTS = frozenset({"Failed", "Errored", "AllFailed"})
-_BARE_DEPENDS = frozenset({"Succeeded", "Skipped"})
+# Results that expect a failure: a task named with one of them does not stop its DAG when it fails.
+FAILURE_RESULTS = frozenset({"Failed", "Errored", "AllFailed", "AnySucceeded"})
+_BARE_DEPENDS = frozenset({Phase.SUCCEEDED, Phase.SKIPPED})
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What a depends term can ask of a completed task: its phase, and for a fan-out, its iterations' phases."""
+
+    phase: Phase
+    iterations: tuple[Phase, ...] | None = None  # None: the task did not fan out
+
+    def satisfies(self, result: str | None) -> bool:
+        """Whether this outcome meets `task.<result>` (a bare `task` when result is None)."""
+        if result == "AnySucceeded":
+            return self.iterations is not None and Phase.SUCCEEDED in self.iterations
+        if result == "AllFailed":
+            return bool(self.iterations) and all(p is Phase.FAILED for p in self.iterations or ())
+        return self.phase in (_BARE_DEPENDS if result is None else DEPENDS_RESULTS[result])
+
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -283,19 +302,18 @@ def depends_references(expression: str) -> list[tuple[str, str | None]]:
 
 
 def depends_on_failure(expression: str) -> set[str]:
-    """Tasks whose failure this depends expression explicitly handles (`t.Failed`, `t.Errored`, `t.AllFailed`)."""
+    """Tasks whose failure this depends expression expects (`Failed`, `Errored`, `AllFailed`, `AnySucceeded`)."""
     return {task for task, result in depends_references(expression) if result in FAILURE_RESULTS}
 
 
-def evaluate_depends(expression: str, phases: Mapping[str, str]) -> bool:
-    """Evaluate an enhanced depends expression once every task it names has completed (`phases`: task -> phase)."""
+def evaluate_depends(expression: str, outcomes: Mapping[str, TaskOutcome]) -> bool:
+    """Evaluate an enhanced depends expression once every task it names has completed."""
 
     def word(text: str) -> Value:
         task, result = _split_depends_term(text, expression)
-        if task not in phases:
+        if task not in outcomes:
             raise ExpressionError(f"depends {expression!r} names task {task!r}, which has not completed")
-        accepted = _BARE_DEPENDS if result is None else DEPENDS_RESULTS[result]
-        return phases[task] in accepted
+        return outcomes[task].satisfies(result)
 
     return _result_bool(_Parser(expression, word=word).parse(), expression, "depends")
 

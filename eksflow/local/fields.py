@@ -7,6 +7,7 @@ fails only its task. So each binds a FieldReader to its own error class and to i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -67,3 +68,31 @@ class FieldReader:
             return float(str(value))
         except ValueError:
             raise self.error(f"{where} must be a number, got {value!r}") from None
+
+
+_GO_DURATION = re.compile(r"([-+]?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+")
+_GO_UNIT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration_s(text: str) -> float | None:
+    """Seconds in a Go duration (`time.ParseDuration`: "90s", "1h30m", "500ms", "0"); None if it is not one."""
+    text = text.strip()
+    if text == "0":
+        return 0.0
+    match = _GO_DURATION.fullmatch(text)
+    if match is None:
+        return None
+    seconds = sum(float(amount) * _UNIT_S[unit] for amount, unit in _GO_UNIT.findall(text))
+    return -seconds if match.group(1) == "-" else seconds
+
+
+def duration_s(value: Any, where: str, error: type[Exception]) -> float:
+    """An Argo backoff duration: int seconds, "30", or a Go duration such as "5s", "1m30s", "500ms", "2h"."""
+    text = str(value).strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    seconds = go_duration_s(text)
+    if seconds is None or seconds < 0:
+        raise error(f"{where} must be a duration such as 30, '5s', '1m30s' or '2h', got {value!r}")
+    return seconds

@@ -8,6 +8,8 @@
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
 
+Each kind has a describer that turns its object into a LocalJob (what runs here); `register_kind` adds one, so a
+new kind (an MPIJob under local mpirun, a Deployment served for the run's lifetime) is one function and one line.
 `describe` reads a manifest whose `{{...}}` references are already substituted (Argo substitutes the manifest text
 before parsing it); the executor also calls it up front with placeholders, so a malformed manifest, an
 unsupported kind or a Job's refusal (`LocalJob.refusal`; a kind is never templated) fails before anything runs.
@@ -20,8 +22,8 @@ from __future__ import annotations
 import glob
 import shutil
 import subprocess
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -95,6 +97,23 @@ class LocalJob:
     devices: tuple[DeviceRequest, ...] = ()
     note: str = ""  # why nothing runs (PodGroup): the Succeeded node's message
     refusal: str = ""  # why it cannot run anywhere but a cluster: the Failed node's message
+    annotations: tuple[tuple[str, str], ...] = ()  # the object's metadata.annotations (eksflow.dev/path-args, ...)
+
+
+Describer = Callable[[Mapping[str, Any], str], LocalJob]
+_KINDS: list[tuple[str, str, Describer]] = []  # (kind, apiVersion or group prefix ending in "/", describer)
+
+
+def register_kind(kind: str, api_version: str, describer: Describer) -> None:
+    """Run objects of `kind` with `describer`; `api_version` is exact, or a group ("group/") for any version."""
+    _KINDS.append((kind, api_version, describer))
+
+
+def _describer(kind: str, api_version: str) -> Describer | None:
+    for known, version, describer in _KINDS:
+        if kind == known and (api_version == version or (version.endswith("/") and api_version.startswith(version))):
+            return describer
+    return None
 
 
 def describe(text: str, where: str) -> LocalJob:
@@ -109,20 +128,22 @@ def describe(text: str, where: str) -> LocalJob:
     manifest = _fields.mapping(manifest, where)
     api_version = _fields.text(manifest.get("apiVersion"), f"{where}.apiVersion")
     kind = _fields.text(manifest.get("kind"), f"{where}.kind")
-    if kind == "RayJob" and api_version == RAYJOB_API:
-        return _ray_job(manifest, where)
-    if kind == "PodGroup" and api_version.startswith(PODGROUP_GROUP):
-        return LocalJob(
-            kind,
-            "",
-            note="PodGroup: gang admission by the Volcano scheduler on a cluster; nothing to create here",
+    describer = _describer(kind, api_version)
+    if describer is None:
+        raise ResourceError(
+            f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
+            f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "
+            "to a cluster"
         )
-    if kind == "Job" and api_version.startswith(VOLCANO_JOB_GROUP):
-        return _volcano_job(manifest, where)
-    raise ResourceError(
-        f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
-        f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "
-        "to a cluster"
+    job = describer(manifest, where)
+    metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")
+    notes = _fields.mapping(metadata.get("annotations"), f"{where}.metadata.annotations")
+    return replace(job, annotations=tuple((str(k), str(v)) for k, v in notes.items()))
+
+
+def _podgroup(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    return LocalJob(
+        "PodGroup", "", note="PodGroup: gang admission by the Volcano scheduler on a cluster; nothing to create here"
     )
 
 
@@ -272,3 +293,8 @@ def _mounts(pod: Mapping[str, Any], pod_at: str, container: Mapping[str, Any], a
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
+register_kind("RayJob", RAYJOB_API, _ray_job)
+register_kind("PodGroup", PODGROUP_GROUP, _podgroup)
+register_kind("Job", VOLCANO_JOB_GROUP, _volcano_job)

@@ -225,10 +225,13 @@ def test_prometheus_gauges_on_train_and_evaluate(variant):
 
 
 def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
-    from eksflow.local.executor import parse_manifest
+    from eksflow.local.manifest import parse_manifest
+    from eksflow.local.model import ContainerTemplate
 
     workflow = render([])
     (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
     assert train["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     assert train["nodeSelector"]["node.kubernetes.io/instance-type"] == "m6i.4xlarge"
-    assert parse_manifest(workflow).containers["train"].command == ("python", "-m", "steps.train")
+    train_template = parse_manifest(workflow).templates["train"]
+    assert isinstance(train_template, ContainerTemplate)
+    assert train_template.command == ("python", "-m", "steps.train")

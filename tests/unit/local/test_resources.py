@@ -12,7 +12,8 @@ import yaml
 from rich.console import Console
 
 from eksflow.local import LocalExecutorError, RunResult, run_workflow
-from eksflow.local.executor import parse_manifest
+from eksflow.local.manifest import parse_manifest
+from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.resources import nvidia_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -324,8 +325,8 @@ def rendered(*overrides: str) -> dict[str, Any]:
 )
 def test_rendered_cluster_variants_are_runnable_manifests(overrides: list[str], resource_templates: list[str]) -> None:
     parsed = parse_manifest(rendered(*overrides))
-    assert sorted(parsed.resources) == resource_templates
-    assert "train-outputs" in parsed.containers
+    assert sorted(n for n, t in parsed.templates.items() if isinstance(t, ResourceTemplate)) == resource_templates
+    assert isinstance(parsed.templates["train-outputs"], ContainerTemplate)
 
 
 def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_path: Path) -> None:
