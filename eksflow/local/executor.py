@@ -64,6 +64,7 @@ from eksflow.local.expressions import (
     evaluate_when,
 )
 from eksflow.local.fields import FieldReader
+from eksflow.runtime.rundir import RUN_DIR_ENV
 
 KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL, like a pod's terminationGracePeriodSeconds (Argo's default is 30)
 NAMESPACE = "local"
@@ -350,7 +351,8 @@ def _parse_container(template: Mapping[str, Any], where: str, spec_volumes: dict
             raise LocalExecutorError(f"{m_at}.mountPath must be absolute, got {mount_path!r}")
         mounts.append(_Mount(mount_path, scope, folder, _fields.optional_text(mount, "subPath", m_at) or ""))
     outputs_spec = _fields.mapping(template.get("outputs"), f"{where}.outputs")
-    _fields.check_keys(outputs_spec, f"{where}.outputs", {"parameters"})
+    # An output artifact is a file the task leaves in its outputs folder; Argo uploads it, locally it stays there.
+    _fields.check_keys(outputs_spec, f"{where}.outputs", {"parameters"}, frozenset({"artifacts"}))
     outputs = []
     for i, param in enumerate(_fields.mappings(outputs_spec.get("parameters"), f"{where}.outputs.parameters")):
         p_at = f"{where}.outputs.parameters[{i}]"
@@ -1057,6 +1059,7 @@ class _Run:
             **env,
             "ARGO_PROGRESS_FILE": str(task_dir / "progress"),
             "PYTHONUNBUFFERED": "1",
+            RUN_DIR_ENV: str(self.run_dir),  # manifest.yaml and status.json: what a report task reads
         }
         started = time.monotonic()
         with open(log_path, "ab") as log:
