@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from steps.report.collect import (
+    collect,
+    evaluation_tasks,
+    registration_tasks,
+    rollout_tasks,
+    training_tasks,
+    validation_tasks,
+)
+from steps.report.html import Page, render
+from steps.report.runs import EndedRun, TrainingRun
+from steps.report.step import _evaluation, _validation
+from steps.report.workflow import host_paths, read_local
 from tests.flagship import config, rendered
 
 NAME = "llama-lora-t3st1"
@@ -254,3 +268,49 @@ def make_run(
     }
     (run_dir / "status.json").write_text(json.dumps(status, indent=1), encoding="utf-8")
     return run_dir
+
+
+NOW = datetime(2026, 5, 1, 10, 20, tzinfo=timezone.utc)
+
+
+def curves(run_id: str = "r1") -> TrainingRun:
+    """A training run's loss and learning-rate history, as MLflow would return it."""
+    steps = range(0, 25, 5)
+    return TrainingRun(
+        run_id=run_id,
+        name="llama-lora-t3st1",
+        status="RUNNING",
+        url="",
+        params={"learning_rate": "0.001", "max_steps": "24"},
+        history={
+            "loss": tuple((float(s), 2.5 - s / 12) for s in steps),
+            "learning_rate": tuple((float(s), 1e-3 * (1 - s / 30)) for s in steps),
+        },
+    )
+
+
+def page_of(
+    tmp_path: Path,
+    scenario: str,
+    *,
+    hostile: bool = False,
+    runs: Sequence[TrainingRun] = (),
+    ended: Sequence[EndedRun] = (),
+) -> str:
+    """The page of a `make_run` folder, rendered with the given training curves and ended runs (no MLflow)."""
+    run_dir = make_run(tmp_path, scenario, hostile=hostile, run_id="r1")
+    workflow = read_local(run_dir)
+    facts = collect(workflow, "Succeeded" if scenario in ("succeeded", "skipped") else "Failed")
+    to_host = host_paths(workflow, run_dir)
+    page = Page(
+        facts=facts,
+        now=NOW,
+        training_tasks=training_tasks(facts),
+        training_runs=list(runs),
+        evaluations=[_evaluation(t, to_host) for t in evaluation_tasks(facts)],
+        validations=[_validation(t, facts.name, to_host, run_dir) for t in validation_tasks(facts)],
+        registrations=registration_tasks(facts),
+        rollouts=rollout_tasks(facts),
+        ended_runs=list(ended),
+    )
+    return render(page)

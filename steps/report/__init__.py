@@ -38,7 +38,6 @@ from eksflow.runtime.args import Location, StepArgs
 REPORT_FILE = "report.html"
 # Output artifacts: name -> file under the outputs folder. The Argo UI shows an unarchived HTML artifact.
 ARTIFACTS = {"report": REPORT_FILE}
-WORKFLOW_PHASES = ("", "Running", "Succeeded", "Failed", "Error")
 
 
 class Args(StepArgs):

@@ -116,7 +116,7 @@ def collect(workflow: Mapping[str, Any], workflow_status: str = "") -> RunFacts:
                     started_at=parse_time(node.get("startedAt")),
                     finished_at=parse_time(node.get("finishedAt")),
                     outputs=_outputs(node),
-                    items=sum(1 for n in nodes.values() if str(n.get("displayName", "")).startswith(f"{task_name}(")),
+                    items=_items(nodes, task_name),
                 )
             )
     annotations = metadata.get("annotations") or {}
@@ -159,6 +159,12 @@ def _node_index(nodes: Mapping[str, Mapping[str, Any]], workflow_name: str) -> d
         else:
             index[(MAIN, key)] = node
     return index
+
+
+def _items(nodes: Mapping[str, Mapping[str, Any]], task: str) -> int:
+    """How many fan-out items ran under `task`: nodes named `task(0:a)` (a retry's pods are `task(0)`)."""
+    item = re.compile(re.escape(task) + r"\(\d+:")
+    return sum(1 for n in nodes.values() if item.match(str(n.get("displayName", ""))))
 
 
 def _needs(task: Mapping[str, Any], names: set[str]) -> tuple[str, ...]:

@@ -49,9 +49,9 @@ def read_training_runs(tracking_uri: str, ui_url: str, run_ids: Sequence[str]) -
 
     runs: list[TrainingRun] = []
     problems: list[str] = []
+    client = tracking.client(tracking_uri)
     for run_id in run_ids:
         try:
-            client = tracking.client(tracking_uri)
             run = client.get_run(run_id)
             history = {
                 key: tuple((float(m.step), float(m.value)) for m in client.get_metric_history(run_id, key))

@@ -24,8 +24,8 @@ PHASE_COLOURS = {
     "Pending": ("#b0b0b0", "#fbfbfb"),
 }
 SERIES_COLOURS = ("#1565c0", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#558b2f")
-BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 176, 52, 56, 18, 16
-NAME_CHARS = 24
+BOX_W, BOX_H, GAP_X, GAP_Y, PAD = 150, 50, 40, 16, 16
+NAME_CHARS = 20
 
 
 def esc(text: object) -> str:

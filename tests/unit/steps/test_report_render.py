@@ -1,52 +1,15 @@
 """The report's renderers: sections for what ran and what did not, hostile text escaped, plots drawn."""
 
 import re
-from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from steps.report import svg
-from steps.report.collect import collect, evaluation_tasks, training_tasks, validation_tasks
+from steps.report.collect import collect, training_tasks
 from steps.report.html import Evaluation, Page, Validation, render, safe_href
-from steps.report.runs import EndedRun, TrainingRun
-from steps.report.step import _evaluation, _validation
-from steps.report.workflow import host_paths, read_local
-from tests.report_runs import HOSTILE, make_run
-
-NOW = datetime(2026, 5, 1, 10, 20, tzinfo=timezone.utc)
-
-
-def curves(run_id: str = "r1") -> TrainingRun:
-    steps = range(0, 25, 5)
-    return TrainingRun(
-        run_id=run_id,
-        name="llama-lora-t3st1",
-        status="RUNNING",
-        url="",
-        params={"learning_rate": "0.001", "max_steps": "24"},
-        history={
-            "loss": tuple((float(s), 2.5 - s / 12) for s in steps),
-            "learning_rate": tuple((float(s), 1e-3 * (1 - s / 30)) for s in steps),
-        },
-    )
-
-
-def page_of(tmp_path: Path, scenario: str, *, hostile: bool = False, runs=(), ended=()) -> str:
-    run_dir = make_run(tmp_path, scenario, hostile=hostile, run_id="r1")
-    workflow = read_local(run_dir)
-    facts = collect(workflow, "Succeeded" if scenario in ("succeeded", "skipped") else "Failed")
-    to_host = host_paths(workflow, run_dir)
-    page = Page(
-        facts=facts,
-        now=NOW,
-        training_tasks=training_tasks(facts),
-        training_runs=list(runs),
-        evaluations=[_evaluation(t, to_host) for t in evaluation_tasks(facts)],
-        validations=[_validation(t, facts.name, to_host, run_dir) for t in validation_tasks(facts)],
-        ended_runs=list(ended),
-    )
-    return render(page)
+from steps.report.runs import EndedRun
+from steps.report.workflow import read_local
+from tests.report_runs import HOSTILE, NOW, curves, make_run, page_of
 
 
 def test_a_succeeded_run_shows_dag_curves_metrics_samples_validation_and_version(tmp_path):
@@ -60,6 +23,8 @@ def test_a_succeeded_run_shows_dag_curves_metrics_samples_validation_and_version
     assert "href='../../volumes/fsx-claim/runs/llama-lora-t3st1/reports/data_docs/index.html'" in text
     assert "2 of 2 checks passed" in text
     assert "r1</code> llama-lora-t3st1 \u2192 <b>FINISHED" in text
+    assert "registered <b><a href='http://mlflow.example.com/#/models/llama-lora/versions/3'>version 3</a>" in text
+    assert "<h3>deploy" in text and "http://127.0.0.1:8000/v1/chat/completions" in text
     assert "<script" not in text and "http-equiv='Content-Security-Policy'" in text
 
 
@@ -136,7 +101,7 @@ def test_the_dag_is_laid_out_by_dependency_depth():
     assert svg.depths(boxes) == {"a": 0, "b": 1, "c": 2, "d": 0}
     drawn = svg.dag([("main", boxes)])
     corners = [(float(x), float(y)) for x, y in re.findall(r"<rect x='(\d+)' y='(\d+)'", drawn)]
-    assert [x for x, _ in corners] == [16, 248, 480, 16]  # columns a | b | c, d beside a
+    assert [x for x, _ in corners] == [16, 206, 396, 16]  # columns a | b | c, d beside a
     assert corners[3][1] > corners[0][1]  # d: a second row in a's column
     assert drawn.count("class='edge'") == 3
 
