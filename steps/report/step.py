@@ -87,27 +87,32 @@ def run(args: Args) -> Outputs:
 def _mlflow(
     args: Args, facts: RunFacts, all_ids: Sequence[str], notes: list[str]
 ) -> tuple[list[TrainingRun], list[EndedRun], tracking.TrackingError | None]:
-    """Training curves and the runs ended; problems become notes, a failure to end runs is also returned."""
+    """End the workflow's open runs, then read the curves (the page shows each run's status after that).
+
+    Problems reading become notes; a failure to end runs is also returned, to fail the task after the page.
+    """
     try:
         tagged = workflow_run_ids(args.tracking_uri, facts.name)
     except tracking.TrackingError as err:
         notes.append(str(err))
         tagged = []
+    open_ids = list(dict.fromkeys([*all_ids, *tagged]))
+    ended: list[EndedRun] = []
+    failure: tracking.TrackingError | None = None
+    if facts.phase not in FINAL_PHASES:
+        if open_ids:
+            notes.append(f"the workflow is {facts.phase}: its MLflow runs were left as they are")
+    else:
+        try:
+            ended = end_runs(args.tracking_uri, open_ids, succeeded=facts.phase == "Succeeded")
+        except tracking.TrackingError as err:
+            notes.append(f"MLflow runs {', '.join(open_ids)} could not be ended: {err}")
+            failure = err
     # A failed train task wrote no output, but its run (found by tag) holds the curve up to the failure.
     plotted = list(dict.fromkeys([*training_run_ids(facts), *tagged]))
     runs, problems = read_training_runs(args.tracking_uri, args.mlflow_ui_url, plotted)
     notes += problems
-    open_ids = list(dict.fromkeys([*all_ids, *tagged]))
-    if facts.phase not in FINAL_PHASES:
-        if open_ids:
-            notes.append(f"the workflow is {facts.phase}: its MLflow runs were left as they are")
-        return runs, [], None
-    try:
-        ended = end_runs(args.tracking_uri, open_ids, succeeded=facts.phase == "Succeeded")
-    except tracking.TrackingError as err:
-        notes.append(f"MLflow runs {', '.join(open_ids)} could not be ended: {err}")
-        return runs, [], err
-    return runs, ended, None
+    return runs, ended, failure
 
 
 def _read_json(path: str, to_host: Callable[[str], str]) -> tuple[dict[str, Any] | None, str]:

@@ -56,6 +56,7 @@ def test_a_succeeded_run_gets_its_page_logged_and_every_open_run_finished(tmp_pa
     text = page.read_text()
     assert text.count("<polyline class='series'") == 2 and "gate PASSED" in text
     assert f"{trained}</code> {name} \u2192 <b>FINISHED" in text
+    assert f"{name} (FINISHED)" in text  # the training section reads the run after ending it
     assert (tmp_path / "outputs" / "report.html").read_bytes() == page.read_bytes()  # the Argo artifact
     assert not (tmp_path / "fsx-run").exists()  # a local run's page lives in the run folder only
     logged = [a.path for a in tracking.client(uri).list_artifacts(trained, "report")]
