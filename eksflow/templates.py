@@ -3,8 +3,9 @@
 `task(step, settings, **values)` adds a task running `python -m <step module>`. Its argv comes from the step's own
 Args model: literal values become `--name=value` items (checked against the field's type now, not at run time),
 references to other tasks' outputs become input parameters filled by the DAG. Output parameters are the fields of
-the step's Outputs model, read from files. The template also says which arguments hold container paths
-(annotation `eksflow.dev/path-args`), so the local executor maps exactly those to host folders.
+the step's Outputs model, read from files; output artifacts are the files its contract's `ARTIFACTS` names. The
+template also says which arguments hold container paths (annotation `eksflow.dev/path-args`), so the local
+executor maps exactly those to host folders.
 """
 
 from __future__ import annotations
