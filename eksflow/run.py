@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
 from eksflow.pipeline import Pipeline
+from eksflow.runtime.rundir import report_path
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -73,6 +74,9 @@ def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, conso
     console.print(
         f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
     )
+    report = report_path(result.run_dir)
+    if report is not None:
+        console.print(f"report: {report}", highlight=False, soft_wrap=True)
     if result.resumable:
         console.print(f"resume with: --resume {result.name}")
     elif result.bad_input:

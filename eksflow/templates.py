@@ -3,8 +3,9 @@
 `task(step, settings, **values)` adds a task running `python -m <step module>`. Its argv comes from the step's own
 Args model: literal values become `--name=value` items (checked against the field's type now, not at run time),
 references to other tasks' outputs become input parameters filled by the DAG. Output parameters are the fields of
-the step's Outputs model, read from files. The template also says which arguments hold container paths
-(annotation `eksflow.dev/path-args`), so the local executor maps exactly those to host folders.
+the step's Outputs model, read from files; output artifacts are the files its contract's `ARTIFACTS` names. The
+template also says which arguments hold container paths (annotation `eksflow.dev/path-args`), so the local
+executor maps exactly those to host folders.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
-from hera.workflows import Container, Env, Parameter, Resources, RetryStrategy, Workflow
+from hera.workflows import Artifact, Container, Env, NoneArchiveStrategy, Parameter, Resources, RetryStrategy, Workflow
 from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -99,7 +100,10 @@ def task(
         command=["python", "-m", step.__name__],
         args=argv,
         inputs=[Parameter(name=arg) for arg in inputs] or None,
-        outputs=[Parameter(name=output, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{output}")) for output in outputs],
+        outputs=[
+            *(Parameter(name=output, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{output}")) for output in outputs),
+            *output_artifacts(step),
+        ],
         env=[
             Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
             Env(name="EKSFLOW_IMAGE", value=container_image or pipeline.cfg.images.steps),  # lineage: the model's image
@@ -112,6 +116,19 @@ def task(
         annotations=path_annotation(args_type),
     )
     return pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
+
+
+def output_artifacts(step: ModuleType) -> list[Artifact]:
+    """The step's output artifacts: `ARTIFACTS = {name: file}` in its contract module, files in its outputs folder.
+
+    Uploaded unarchived, so the Argo UI can show them (HTML, images); optional, so a step that failed before
+    writing one fails for its own reason.
+    """
+    declared: dict[str, str] = getattr(step, "ARTIFACTS", None) or {}
+    return [
+        Artifact(name=name, path=f"{OUTPUTS_DIR}/{file}", archive=NoneArchiveStrategy(), optional=True)
+        for name, file in declared.items()
+    ]
 
 
 def contract(step: ModuleType) -> tuple[type[StepArgs], dict[str, Kind]]:

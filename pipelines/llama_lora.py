@@ -1,5 +1,7 @@
 """Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> deploy (both gated on the eval).
 
+The exit handler writes the run's report (steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
+
 Training runs unless `retrain` is if-data-changed (what the CronWorkflow passes) and the staged data has the digest
 the champion was trained on; a skipped train skips everything after it.
 
@@ -19,7 +21,7 @@ from pydantic import Field
 
 from eksflow import Pipeline, PipelineConfig, Resources, config_hash, distributed, gauges, main, name_field, task
 from eksflow.config import MlflowSettings
-from steps import champion, deploy, evaluate, register, stage_data, train, train_neuron, validate_data
+from steps import champion, deploy, evaluate, register, report, stage_data, train, train_neuron, validate_data
 from steps.champion import Retrain
 from steps.deploy import DeploySettings
 from steps.evaluate import EvaluateSettings
@@ -135,6 +137,15 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             resources=BIG,
             **mlflow,
         )
+        with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
+            task(
+                report,
+                workflow_name=p.workflow_name,
+                workflow_status=p.workflow_status,
+                report_dir=p.run_dir,
+                mlflow_ui_url=cfg.mlflow.ui_url,
+                **mlflow,
+            )
     return p
 
 

@@ -74,7 +74,12 @@ def run(args: Args) -> Outputs:
     }
     run_id = ""
     if args.tracking_uri and int(os.environ.get("RANK", "0")) == 0:
-        run_id = tracking.start_run(args.tracking_uri, args.experiment, args.run_name, {"eksflow.step": "train"})
+        run_id = tracking.start_run(
+            args.tracking_uri,
+            args.experiment,
+            args.run_name,
+            {"eksflow.step": "train", tracking.WORKFLOW_TAG: args.run_name},
+        )
         tracking.log_metrics(args.tracking_uri, run_id, metrics, step=args.max_steps)
     return Outputs(
         adapter_dir=str(adapter_dir),

@@ -44,6 +44,7 @@ from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_do
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
+from eksflow.runtime.rundir import RUN_DIR_ENV
 
 __all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_workflow"]
 
@@ -292,6 +293,7 @@ class _Run:
             **env,
             "ARGO_PROGRESS_FILE": str(self.folder.task_dir(key) / "progress"),
             "PYTHONUNBUFFERED": "1",
+            RUN_DIR_ENV: str(self.folder.path),  # manifest.yaml and status.json: what a report task reads
         }
         with open(log_path, "ab") as log:
             log.write(f"===== {key}: attempt {attempt + 1}, {now()} =====\n".encode())

@@ -67,7 +67,8 @@ def parse_inputs(template: Mapping[str, Any], where: str) -> tuple[Input, ...]:
 def parse_outputs(template: Mapping[str, Any], where: str, source: str) -> tuple[Output, ...]:
     """outputs.parameters read from `source`: "path" (a file the process writes) or "parameter" (a DAG's task)."""
     outputs_spec = fields.mapping(template.get("outputs"), f"{where}.outputs")
-    fields.check_keys(outputs_spec, f"{where}.outputs", {"parameters"})
+    # An output artifact is a file the task leaves in its outputs folder; Argo uploads it, locally it stays there.
+    fields.check_keys(outputs_spec, f"{where}.outputs", {"parameters"}, frozenset({"artifacts"}))
     outputs = []
     for i, param in enumerate(fields.mappings(outputs_spec.get("parameters"), f"{where}.outputs.parameters")):
         at = f"{where}.outputs.parameters[{i}]"

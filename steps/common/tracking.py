@@ -54,6 +54,8 @@ CHAMPION = "champion"
 PREVIOUS = "previous"
 
 DATASET_DIGEST_TAG = "dataset_digest"  # lineage tag on a model version: the digest of the data it was trained on
+# On every run a workflow starts: the workflow name, so its exit handler can find and end runs no output names.
+WORKFLOW_TAG = "eksflow.workflow"
 
 
 class TrackingError(StepFailedError):

@@ -117,7 +117,12 @@ def _mlflow_run(args: Args) -> str:
     if not args.tracking_uri:
         return ""
     try:
-        run_id = tracking.start_run(args.tracking_uri, args.experiment, args.run_name, {"eksflow.step": "train"})
+        run_id = tracking.start_run(
+            args.tracking_uri,
+            args.experiment,
+            args.run_name,
+            {"eksflow.step": "train", tracking.WORKFLOW_TAG: args.run_name},
+        )
     except Exception as err:
         print(f"warning: MLflow unreachable, training without tracking: {err}")
         return ""

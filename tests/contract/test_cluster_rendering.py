@@ -135,7 +135,7 @@ def test_trainium_runs_torchrun_on_every_neuron_core():
 
 def test_train_outputs_reach_evaluate_on_the_cluster_variants():
     workflow = render(VARIANTS["gpu-kueue"])
-    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if t["name"] == workflow["spec"]["entrypoint"]]
     tasks = {t["name"]: t for t in dag}
     assert tasks["train"]["depends"] == "stage-data.Succeeded && validate-data.Succeeded"
     assert tasks["train"]["when"] == "{{tasks.stage-data.outputs.parameters.changed}} == true"

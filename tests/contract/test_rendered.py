@@ -19,7 +19,7 @@ def rendered():
 
 
 def dag_tasks(workflow):
-    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if t["name"] == workflow["spec"]["entrypoint"]]
     return dag
 
 

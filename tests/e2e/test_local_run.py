@@ -58,6 +58,13 @@ def registered_versions(state_dir: Path) -> list:
     return client.search_model_versions("name = 'llama-lora'")
 
 
+def training_run(state_dir: Path, run_id: str):
+    from mlflow import MlflowClient
+
+    db = state_dir / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
+    return MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id)
+
+
 def start_run(*args: str, state_dir: Path, model_cache: Path) -> subprocess.Popen[str]:
     command = [sys.executable, str(PIPELINE), "run", *args, "--state-dir", str(state_dir)]
     command += ["--set", f"storage.model_cache={model_cache}"]
@@ -100,6 +107,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
         "evaluate": "Succeeded",
         "register": "Succeeded",
         "deploy": "Succeeded",
+        "onExit.report": "Succeeded",
     }
     train_log = (run_dir / "logs" / "train.log").read_text()
     assert "resumed from step-" in train_log  # the retry continued from the checkpoint committed at Ctrl-C
@@ -115,6 +123,12 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     # What the user sees at the end: base and tuned scores, the decision, the version, the answer.
     for shown in ("base_exact_match", "passed = true", f"model_version = {version}", "answer = "):
         assert shown in result.stderr
+
+    # The run's page, printed as a host path; the train run it plots was ended by the exit handler.
+    page = run_dir / "report.html"
+    assert f"report: {page}" in result.stderr
+    assert page.read_text().count("<polyline class='series'") >= 2  # loss and learning rate
+    assert training_run(tmp_path, outputs(status["train"])["mlflow_run_id"]).info.status == "FINISHED"
 
     # The manifest that ran is the one `render` prints, and lineage reached the registry.
     rendered = pipeline("render", state_dir=tmp_path, model_cache=model_cache)
