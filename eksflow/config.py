@@ -112,6 +112,12 @@ class PipelineConfig(Settings):
     namespace: str = Field("argo", pattern=K8S_NAME, description="Kubernetes namespace of the workflow")
     service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME, description="pods' service account (IRSA)")
     active_deadline_seconds: int = Field(24 * 3600, ge=60, description="the whole workflow's time limit")
+    memoize: bool = Field(
+        True, description="reuse a task's outputs when its step, settings and input data equal an earlier success"
+    )
+    memoize_max_age: str = Field(
+        "720h", pattern=r"^\d+(s|m|h)$", description="how long a memoized result may be reused (Go duration)"
+    )
     images: Images = Images()
     storage: StorageSettings = StorageSettings()
     mlflow: MlflowSettings = MlflowSettings()

@@ -137,6 +137,7 @@ class TaskRef:
         self._outputs = dict(outputs)
         self._dag = dag
         self._step = step
+        self._fingerprint = ""  # what makes its result (eksflow.templates): a memoized consumer's key includes it
 
     def __getattr__(self, output: str) -> Ref:
         if output.startswith("_"):

@@ -10,7 +10,10 @@ executor maps exactly those to host folders.
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -67,7 +70,7 @@ def retry(limit: int = 2, *, first_delay: str = "10s", max_delay: str = "5m") ->
 
 STEP_RETRY = retry()
 TASK_OPTIONS = frozenset(
-    {"task_name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "settings", "step"}
+    {"task_name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "memoize", "step"}
 )
 
 
@@ -82,6 +85,7 @@ def task(
     resources: Resources = SMALL,
     retry_strategy: RetryStrategy = STEP_RETRY,
     prometheus: m.Metrics | None = None,
+    memoize: Sequence[Ref | TaskRef] = (),
     **values: Any,
 ) -> TaskRef:
     """Add a task running `python -m <step>` to the pipeline being built; its outputs are attributes of the result.
@@ -89,14 +93,23 @@ def task(
     `settings` (a config section) and `values` fill the step's Args; a value may be a literal or a Ref (another
     task's output, a workflow parameter, `p.run_dir / ...`). The other keywords are the task's own options (a
     step whose Args has a field of one of these names is refused: rename the field).
+
+    `memoize` lists what, besides this task's own step code, settings and image, decides its result: content keys
+    (task outputs that name data by digest, letters, digits and '-' only) and upstream tasks (their step code and
+    settings). With `memoize=[staged.data_key]` a later run on the same data reuses this task's outputs (Argo's
+    memoize; the config's `memoize: false` turns it off).
     """
     pipeline = Pipeline.current()
     name = task_name or step_name(step)
     args_type, outputs = contract(step)
     argv, inputs = arguments(args_type, name, settings, values)
+    image = container_image or pipeline.cfg.images.steps
+    fingerprint = template_fingerprint(step, image, argv, memoize, pipeline.parameter_values)
+    memo, memo_inputs = memoization(pipeline.cfg, name, fingerprint, memoize)
+    inputs = {**inputs, **memo_inputs}
     container = Container(
         name=name,
-        image=container_image or pipeline.cfg.images.steps,
+        image=image,
         command=["python", "-m", step.__name__],
         args=argv,
         inputs=[Parameter(name=arg) for arg in inputs] or None,
@@ -106,7 +119,7 @@ def task(
         ],
         env=[
             Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
-            Env(name="EKSFLOW_IMAGE", value=container_image or pipeline.cfg.images.steps),  # lineage: the model's image
+            Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
         ],
         volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=pipeline.cfg.storage.fsx_mount)],
         resources=resources,
@@ -114,8 +127,56 @@ def task(
         security_context=RESTRICTED,
         metrics=prometheus,
         annotations=path_annotation(args_type),
+        memoize=memo,
     )
-    return pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
+    added = pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
+    added._fingerprint = fingerprint
+    return added
+
+
+def template_fingerprint(
+    step: ModuleType, image: str, argv: Sequence[str], memoize: Sequence[Ref | TaskRef], parameters: Mapping[str, str]
+) -> str:
+    """A short hash of what makes this task's result, known when the pipeline is built.
+
+    The code of the step's project package (in the cluster also its image), the image and argv as templates
+    (settings; per-run values stay `{{...}}` placeholders, the same text in every run), the configured values of
+    the workflow parameters it reads, and the fingerprints of the upstream tasks `memoize` names. A parameter
+    overridden at submit time (`argo submit -p`) is not part of the key: turn memoize off for such runs.
+    """
+    digest = hashlib.sha256()
+    used = {
+        name: value
+        for name, value in sorted(parameters.items())
+        if f"{{{{workflow.parameters.{name}}}}}" in "".join(argv)
+    }
+    for part in (step.__name__, image, *argv, *(f"{k}={v}" for k, v in used.items()), *package_sources(step)):
+        digest.update(part.encode() + b"\0")
+    for upstream in memoize:
+        if isinstance(upstream, TaskRef):
+            digest.update(upstream._fingerprint.encode())
+    return digest.hexdigest()[:16]
+
+
+def package_sources(step: ModuleType) -> list[str]:
+    """The text of every module of the step's top-level package (`steps`: the step and what it shares)."""
+    top = sys.modules.get(step.__name__.split(".")[0])
+    folder = Path(getattr(top, "__file__", "") or "").parent if top is not None else None
+    if folder is None or not (folder / "__init__.py").is_file():
+        return []
+    return [f.read_text(encoding="utf-8") for f in sorted(folder.rglob("*.py"))]
+
+
+def memoization(
+    cfg: PipelineConfig, name: str, fingerprint: str, memoize: Sequence[Ref | TaskRef]
+) -> tuple[m.Memoize | None, dict[str, Ref]]:
+    """Argo's memoize for a task (None when off or nothing is listed) and the input parameters its key reads."""
+    if not memoize or not cfg.memoize:
+        return None, {}
+    inputs = {f"memo_key_{i}": ref for i, ref in enumerate(r for r in memoize if isinstance(r, Ref))}
+    key = "-".join([name, fingerprint, *(f"{{{{inputs.parameters.{param}}}}}" for param in inputs)])
+    cache = m.Cache(config_map=m.LocalObjectReference(name=f"eksflow-memo-{cfg.name}"))
+    return m.Memoize(key=key, max_age=cfg.memoize_max_age, cache=cache), inputs
 
 
 def output_artifacts(step: ModuleType) -> list[Artifact]:

@@ -76,6 +76,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
+            memoize=[staged.data_key],
             **model,
         )
         # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks)
@@ -89,6 +90,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             experiment=cfg.experiment,
             after=checked,
             when=staged.changed,
+            memoize=[staged.data_key],  # the same data, settings and code train the same adapter: reuse it
             **model,
             **mlflow,
         )
@@ -105,6 +107,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             prometheus=gauges(
                 cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")
             ),
+            memoize=[staged.data_key, trained],  # an adapter reused from an earlier run was scored there
             **model,
             **mlflow,
         )

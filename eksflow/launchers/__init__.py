@@ -26,10 +26,21 @@ from hera.workflows import models as m
 from eksflow import profiles
 from eksflow.config import PipelineConfig
 from eksflow.launchers import jobs
-from eksflow.pipeline import Pipeline, PipelineError, TaskRef, When, step_name
+from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, When, step_name
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Settings
-from eksflow.templates import FSX_VOLUME, RESTRICTED, SMALL, STEP_RETRY, arguments, contract, gauges, task
+from eksflow.templates import (
+    FSX_VOLUME,
+    RESTRICTED,
+    SMALL,
+    STEP_RETRY,
+    arguments,
+    contract,
+    gauges,
+    memoization,
+    task,
+    template_fingerprint,
+)
 
 LAYOUT_FIELDS = ("num_workers", "cpus_per_worker", "use_gpu")
 # Argo sees only the job's final status, not the step's exit code, so it cannot skip bad input (exit 2) here:
@@ -88,9 +99,14 @@ def distributed(
     task_name: str | None = None,
     after: TaskRef | Sequence[TaskRef] = (),
     when: When | None = None,
+    memoize: Sequence[Ref | TaskRef] = (),
     **values: Any,
 ) -> TaskRef:
-    """Add `step` as a distributed task for the configured instance type; returns the task holding its outputs."""
+    """Add `step` as a distributed task for the configured instance type; returns the task holding its outputs.
+
+    `memoize` as for task(): on a job profile both the job and the task publishing its outputs are memoized under
+    one key, so a hit skips the job and still gives the outputs.
+    """
     pipeline = Pipeline.current()
     cfg = pipeline.cfg
     name = task_name or step_name(step)
@@ -142,6 +158,7 @@ def distributed(
             container_image=cfg.images.train,
             resources=Resources(cpu_request=workers, memory_request=f"{6 * workers}Gi"),
             prometheus=metrics,
+            memoize=memoize,
             **values,
         )
         container = pipeline.templates[name]
@@ -152,6 +169,8 @@ def distributed(
         return added
     args_type, outputs = contract(step)
     argv, inputs = arguments(args_type, name, placed, values, outputs_dir=jobs.outputs_dir(cfg, name))
+    fingerprint = template_fingerprint(step, cfg.images.train, argv, memoize, pipeline.parameter_values)
+    memo, memo_inputs = memoization(cfg, name, fingerprint, memoize)
     duration = gauges(
         cfg, **{f"{name.replace('-', '_')}_job_seconds": ("wall time of the job, queueing included", "{{duration}}")}
     )
@@ -174,19 +193,24 @@ def distributed(
     else:
         manifest = jobs.volcano_job(cfg, name, str(neuron_step.__name__ if neuron_step else ""), argv)
         success, failure = jobs.VOLCANO_SUCCESS, jobs.VOLCANO_FAILURE
+    job_template = _resource(name, manifest, success, failure, JOB_RETRY, duration, inputs=[*inputs, *memo_inputs])
+    job_template.memoize = memo
     job = pipeline.add(
         name,
-        _resource(name, manifest, success, failure, JOB_RETRY, duration, inputs=list(inputs)),
+        job_template,
         step=step.__name__,
         outputs={},
-        inputs=inputs,
+        inputs={**inputs, **memo_inputs},
         after=previous,
         when=condition,
     )
     collect = f"{name}-outputs"
-    return pipeline.add(
-        collect, _collector(cfg, name, list(outputs), metrics), step=step.__name__, outputs=outputs, after=job
-    )
+    collector = _collector(cfg, name, list(outputs), metrics)
+    collector.memoize = memo
+    collector.inputs = [Parameter(name=param) for param in memo_inputs] or None
+    published = pipeline.add(collect, collector, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job)
+    published._fingerprint = fingerprint
+    return published
 
 
 def _resource(

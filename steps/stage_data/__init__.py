@@ -32,6 +32,7 @@ refused: nothing is ever written outside dest_dir's parent.
 Outputs (one file each under --outputs-dir):
     dataset_dir     the published folder (dest_dir)
     dataset_digest  "sha256:<hex>" over the sorted (path, sha256) pairs of every file: equal digests mean equal data
+    data_key        the digest's hex alone: a memoization key part (Argo allows only letters, digits and '-')
     changed         "true" unless --previous-digest equals the new digest (a cron retrains only when data changed)
     num_files       source files staged (manifest.json and the derived splits not counted)
     num_bytes       bytes of those files
@@ -94,6 +95,7 @@ class Outputs(BaseModel):
 
     dataset_dir: str
     dataset_digest: str
+    data_key: str
     changed: bool
     num_files: int
     num_bytes: int

@@ -144,6 +144,7 @@ def run(args: Args) -> Outputs:
     return Outputs(
         dataset_dir=str(dest),
         dataset_digest=staged.digest,
+        data_key=staged.digest.removeprefix("sha256:"),
         changed=changed,
         num_files=len(staged.files),
         num_bytes=num_bytes,
