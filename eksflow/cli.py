@@ -84,6 +84,9 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="runs, logs and local volumes live here (default .eksflow)",
     )
     run.add_argument("--resume", metavar="RUN", help="resume a failed run by name; succeeded tasks are kept")
+    run.add_argument(
+        "--no-memoize", action="store_true", help="run every task, even those an earlier run's outputs would serve"
+    )
     render = commands.add_parser("render", parents=[common], help="print the Argo Workflow YAML")
     render.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     render.add_argument("--kind", choices=KINDS, default="Workflow", help="Workflow (default) or WorkflowTemplate")
@@ -105,6 +108,9 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     shown = config.add_mutually_exclusive_group()
     shown.add_argument("--keys", action="store_true", help="every key with its type, default and description")
     shown.add_argument("--schema", action="store_true", help="the config's JSON schema, for editors")
+    from eksflow.verbs import add_verbs
+
+    add_verbs(commands, Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")))
     return root
 
 
@@ -125,6 +131,11 @@ def main(build: Build, argv: Sequence[str] | None = None) -> NoReturn:
 
 def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
     """Run one command; ConfigError and PipelineError propagate (exit 2)."""
+    from eksflow.verbs import VERBS, run_verb
+
+    if args.command in VERBS:
+        pipeline_name = str(config_type(build).model_fields["name"].default)
+        return run_verb(args, pipeline_name, project_root(build), console)
     cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
     if args.command == "config":
         from eksflow.config_docs import print_config

@@ -11,7 +11,7 @@ import argparse
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -19,6 +19,9 @@ from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
 from eksflow.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from eksflow.local import RunResult
 from eksflow.runtime.rundir import report_path
 
 EXIT_FAILED = 1
@@ -37,20 +40,33 @@ def run_locally(
     problems = local_problems(pipeline.cfg)
     if problems:
         raise ConfigError("\n".join(problems))
-    return execute(rendered, args.state_dir, args.resume, console, root=root)
+    return execute(rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize)
 
 
-def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, console: Console, *, root: Path) -> int:
-    """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
-    from eksflow.local import LocalExecutorError, Phase, RunInterrupted, resume_workflow, run_workflow
-
+def execute_env(root: Path) -> dict[str, str]:
+    """What every local task gets: the project on its PYTHONPATH, and the checkout's commit for lineage."""
     python_path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"EKSFLOW_GIT_COMMIT": git_commit(root), "PYTHONPATH": python_path}
+    return {"EKSFLOW_GIT_COMMIT": git_commit(root), "PYTHONPATH": python_path}
+
+
+def execute(
+    rendered: dict[str, Any],
+    state_dir: Path,
+    resume: str | None,
+    console: Console,
+    *,
+    root: Path,
+    memoize: bool = True,
+) -> int:
+    """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
+    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+
+    settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console, "memoize": memoize}
     try:
         if resume:
-            result = resume_workflow(state_dir / "runs" / resume, cwd=root, env=env, console=console, manifest=rendered)
+            result = resume_workflow(state_dir / "runs" / resume, manifest=rendered, **settings)
         else:
-            result = run_workflow(rendered, state_dir, cwd=root, env=env, console=console)
+            result = run_workflow(rendered, state_dir, **settings)
     except RunInterrupted as stopped:
         console.print(
             f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
@@ -61,13 +77,23 @@ def execute(rendered: dict[str, Any], state_dir: Path, resume: str | None, conso
     except LocalExecutorError as err:
         console.print(f"[red]cannot run locally:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
+    return print_result(result, console)
+
+
+def print_result(result: RunResult, console: Console) -> int:
+    """Every task's phase and outputs (container paths shown as this machine's folders), the report, what next."""
+    from eksflow.local import Phase, load_run
+
+    view = load_run(result.run_dir.parent.parent, result.name)
     console.print()
-    for node in result.nodes.values():
+    for key, node in view.nodes.items():
+        cached = " (memoized: outputs of an earlier run)" if node.memoization and node.memoization.hit else ""
         console.print(
-            f"[bold]{escape(node.name)}[/bold] {node.phase}" + (f": {escape(node.message)}" if node.message else ""),
+            f"[bold]{escape(node.display_name)}[/bold] {node.phase}{cached}"
+            + (f": {escape(node.message)}" if node.message else ""),
             highlight=False,
         )
-        for name, value in node.outputs.items():
+        for name, value in view.host_outputs(key).items():
             shown = value if len(value) <= 160 else value[:157] + "..."
             console.print(f"    {name} = {escape(shown)}", highlight=False, soft_wrap=True)
     colour = "green" if result.phase is Phase.SUCCEEDED else "red"

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,54 @@ def test_hostile_values_reach_steps_intact(tmp_path):
         )
         assert line == f"Hello, {value}! / Bonjour, {value}!", case
     assert not Path("/tmp/eksflow-pwn-run").exists()
+
+
+def verb(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    return cli("-m", "pipelines.hello", *args, "--state-dir", str(state))
+
+
+def test_the_argo_verbs_on_finished_failed_and_running_runs(tmp_path):
+    state = tmp_path / "state"
+    assert verb("run", state=state).returncode == 0
+    failed = verb("run", "--set", "second_language=xx", state=state)
+    assert failed.returncode == 1
+    assert "greet-fr failed on bad input (exit 2): fix it, then start a new run" in failed.stderr
+    listed = verb("list", state=state)
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert sorted(row[1] for row in rows) == ["Failed", "Succeeded"]
+    good = next(row[0] for row in rows if row[1] == "Succeeded")
+    bad = next(row[0] for row in rows if row[1] == "Failed")
+
+    got = verb("get", good, state=state)
+    assert got.returncode == 0 and "line = Hello, Ada! / Bonjour, Ada!" in got.stdout
+    got = verb("get", bad, state=state)
+    assert got.returncode == 1 and "greet-fr  Failed" in got.stdout and "--language='xx'" in got.stdout
+    logs = verb("logs", bad, "greet-fr", state=state)
+    assert logs.returncode == 0 and "error: --language='xx': use one of en, fr, de" in logs.stdout
+
+    retried = verb("retry", bad, "-p", "who=Ida", state=state)  # the bad input stays: it fails the same way
+    assert retried.returncode == 1
+    resubmitted = verb("resubmit", good, "-p", "who=Ida", state=state)
+    assert resubmitted.returncode == 0 and "line = Hello, Ida! / Bonjour, Ida!" in resubmitted.stderr
+    assert verb("get", "no-such-run", state=state).returncode == 2
+
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.hello", "run", "--state-dir", str(state), "--set", "greeting.pause_s=8"],
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        running = []
+        while not running and time.monotonic() < deadline:
+            running = [line for line in verb("list", state=state).stdout.splitlines() if " Running " in line]
+            time.sleep(0.5)
+        assert running, "the slow run never showed up as Running"
+        name = running[0].split()[0]
+        followed = verb("logs", name, "greet-en", "--follow", state=state)  # returns when the task ends
+        assert followed.returncode == 0 and "[greet] 1/1" in followed.stdout
+    finally:
+        slow.communicate(timeout=120)
+    assert slow.returncode == 0
