@@ -362,27 +362,61 @@ class Pipeline:
                 Parameter(name=output, value_from=m.ValueFrom(parameter=ref.argo)) for output, ref in collected.items()
             ]
             or None,
-            parallelism=parallelism,
         )
         # The body's values from outside come in as inputs: items from {{item...}}, the rest from this scope.
-        arguments = [
-            Parameter(name=param, value=ref.argo if ref.dag is inner.items else self._in_scope(ref, outer))
-            for param, ref in inner.inputs.values()
+        outside = [(param, ref) for param, ref in inner.inputs.values() if ref.dag is not inner.items]
+        item_arguments = [
+            Parameter(name=p, value=ref.argo) for p, ref in inner.inputs.values() if ref.dag is inner.items
         ]
-        needs = [ref.producer for _, ref in inner.inputs.values() if ref.producer is not None]
+        arguments = [Parameter(name=param, value=self._in_scope(ref, outer)) for param, ref in outside]
+        needs = [ref.producer for _, ref in outside if ref.producer is not None]
         needs += [after] if isinstance(after, TaskRef) else list(after)
         if isinstance(items, Ref) and items.producer is not None:
             needs.append(items.producer)
-        outer.tasks.append(
-            Task(
+        with_items = None if isinstance(items, Ref) else list(items)
+        with_param = self._in_scope(items, outer) if isinstance(items, Ref) else None
+        if parallelism is None:
+            looped = Task(
                 name=name,
                 template=name,
-                arguments=arguments or None,
+                arguments=[*arguments, *item_arguments] or None,
                 depends=self._depends(needs, outer),
-                with_items=None if isinstance(items, Ref) else list(items),
-                with_param=self._in_scope(items, outer) if isinstance(items, Ref) else None,
+                with_items=with_items,
+                with_param=with_param,
             )
-        )
+        else:
+            # Argo limits concurrent iterations through the template holding the looped task: wrap it in one.
+            wrapper = f"{name}-all"
+            self._check_name(wrapper, outer)
+            forwarded = [Parameter(name=p, value=f"{{{{inputs.parameters.{p}}}}}") for p, _ in outside]
+            param_inside = None
+            if with_param is not None:  # the list comes in as an input of the wrapper
+                arguments.append(Parameter(name="fan_out_items", value=with_param))
+                param_inside = "{{inputs.parameters.fan_out_items}}"
+            self.templates[wrapper] = DAG(
+                name=wrapper,
+                parallelism=parallelism,
+                inputs=[Parameter(name=a.name) for a in arguments] or None,
+                tasks=[
+                    Task(
+                        name=name,
+                        template=name,
+                        arguments=[*forwarded, *item_arguments] or None,
+                        with_items=with_items,
+                        with_param=param_inside,
+                    )
+                ],
+                outputs=[
+                    Parameter(
+                        name=output,
+                        value_from=m.ValueFrom(parameter=f"{{{{tasks.{name}.outputs.parameters.{output}}}}}"),
+                    )
+                    for output in collected
+                ]
+                or None,
+            )
+            looped = Task(name=name, template=wrapper, arguments=arguments or None, depends=self._depends(needs, outer))
+        outer.tasks.append(looped)
         outer.names.add(name)
         return TaskRef(name, dict.fromkeys(collected, "json"), outer, where)
 

@@ -49,7 +49,10 @@ def test_committed_templates_match_a_fresh_render(name):
 def test_the_sweep_fans_out_one_candidate_per_grid_point():
     workflow = manifest(built("lora_sweep", ["sweep.ranks=[4,8]", "sweep.learning_rates=[0.001,0.002]"]))
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
-    (fan,) = [t for t in templates["main"]["dag"]["tasks"] if t["name"] == "candidate"]
+    (outer,) = [t for t in templates["main"]["dag"]["tasks"] if t["name"] == "candidate"]
+    assert outer["template"] == "candidate-all"  # a wrapper DAG holds the loop: its parallelism limits iterations
+    assert templates["candidate-all"]["parallelism"] == 1
+    (fan,) = templates["candidate-all"]["dag"]["tasks"]
     assert [item["name"] for item in fan["withItems"]] == ["r4-lr0.001", "r4-lr0.002", "r8-lr0.001", "r8-lr0.002"]
     inner = {t["name"]: t for t in templates["candidate"]["dag"]["tasks"]}
     assert sorted(inner) == ["evaluate", "train"]
