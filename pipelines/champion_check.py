@@ -45,9 +45,8 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
         champion = task(fetch_champion, model_name=cfg.model_name, dest_dir=p.run_dir / "champion", **mlflow)
         model: dict[str, Any] = {"base_model": champion.base_model, "model_cache_dir": cfg.storage.model_cache}
         staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
-        checked = task(
-            validate_data, cfg.validation, dataset_dir=staged.dataset_dir, report_dir=p.run_dir / "reports", **model
-        )
+        # the rows' format and quality; token lengths are a training concern (no sequence length to check here)
+        checked = task(validate_data, cfg.validation, dataset_dir=staged.dataset_dir, report_dir=p.run_dir / "reports")
         scored = task(
             evaluate,
             cfg.evaluate,
