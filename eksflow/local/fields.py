@@ -1,8 +1,9 @@
 """Reading the fields of a parsed YAML manifest, with errors that name the field and the fix.
 
-The Workflow (executor.py) and the objects its resource templates create (resources.py) are read the same way
-but fail differently: a bad Workflow is refused before the run starts, a bad resource manifest met at run time
-fails only its task. So each binds a FieldReader to its own error class and to its hints for unsupported keys.
+The Workflow (manifest.py, parse_templates.py) and the objects its resource templates create (resources.py) are
+read the same way but fail differently: a bad Workflow is refused before the run starts, a bad resource manifest
+met at run time fails only its task. So each binds a FieldReader to its own error class and to its hints for
+unsupported keys.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shlex
 import shutil
 import sys
@@ -30,7 +31,7 @@ from eksflow.local.phase import Phase
 from eksflow.local.retry import Attempt
 from eksflow.local.substitution import Scope, UnresolvedError
 
-_PYTHON = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
 
 
 @dataclass
@@ -80,7 +81,7 @@ class ContainerHandler:
             env = map_env(((n, ctx.scope.substitute(v)) for n, v in template.env), paths, template.paths)
         except UnresolvedError as exc:
             return _refused(str(exc))
-        if os.path.basename(argv[0]) in _PYTHON:
+        if _PYTHON.fullmatch(os.path.basename(argv[0])):
             argv[0] = sys.executable  # the project's environment, not whatever `python` is on PATH
         shutil.rmtree(ctx.task_dir / "outputs", ignore_errors=True)  # a fresh pod: no stale outputs
         (ctx.task_dir / "outputs").mkdir(parents=True, exist_ok=True)
