@@ -135,8 +135,8 @@ class MicroBatches:
         return {**{k: v.to(device) for k, v in tensors.items()}, "use_cache": False}, real
 
 
-def prepare_cache(args: Args, model_dir: Path) -> Path:
-    """Build (or verify) the token cache of the train split before any worker starts; return its folder.
+def prepare_cache(args: Args, model_dir: Path) -> tuple[Path, int]:
+    """Build (or verify) the token cache of the train split before any worker starts: (its folder, the pad id).
 
     Raises StepInputError (exit 2, not retried) when the split holds no usable example.
     """
@@ -144,7 +144,8 @@ def prepare_cache(args: Args, model_dir: Path) -> Path:
 
     train_file = args.dataset_dir / TRAIN_FILE
     cache_dir = args.token_cache_dir or token_cache.default_cache_dir(args.model_cache_dir)
-    cache, built = token_cache.ensure(train_file, load_tokenizer(model_dir), cache_dir)
+    tokenizer = load_tokenizer(model_dir)
+    cache, built = token_cache.ensure(train_file, tokenizer, cache_dir)
     print(
         f"token cache: {'built' if built else 'reused'} {cache.folder} ({cache.rows} examples, "
         f"{cache.meta['tokens']} tokens)",
@@ -153,4 +154,23 @@ def prepare_cache(args: Args, model_dir: Path) -> Path:
     )
     if cache.rows == 0:
         raise StepInputError(f"{str(train_file)!r} holds no usable examples; expected JSON lines of prompt/completion")
-    return cache_dir
+    return cache.folder, int(tokenizer.pad_token_id)
+
+
+def open_cache(folder: str, train_file: Path, model_dir: Path) -> tuple[token_cache.TokenCache, int | None]:
+    """A worker's cache: the folder the driver verified, checked again as it is mapped; (cache, pad id if known).
+
+    Without a folder (a caller that built none), or when the folder fails verification after all (damaged since
+    the driver checked it), the worker loads the tokenizer and builds or repairs it itself under the cache's lock.
+    """
+    if folder:
+        try:
+            return token_cache.TokenCache.open(Path(folder)), None
+        except token_cache.CorruptCacheError as err:
+            print(f"token cache: {err}; rebuilding it", file=sys.stderr, flush=True)
+    from steps.common.modeling import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    cache_dir = Path(folder).parent if folder else train_file.parent / token_cache.SUBDIR
+    cache, _ = token_cache.ensure(train_file, tokenizer, cache_dir)
+    return cache, int(tokenizer.pad_token_id)

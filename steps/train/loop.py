@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from eksflow.runtime.outputs import Progress
-from steps.common import checkpoints, strategies, token_cache, tracking
+from steps.common import checkpoints, strategies, tracking
 from steps.train import TrainSettings
-from steps.train.data import MicroBatches
+from steps.train.data import MicroBatches, open_cache
 from steps.train.parallel import agree, collective_device, gradient_sync, plan_strategy, process_group, shard
 from steps.train.state import full_state, load_adapter, restore_state, save_checkpoint
 
@@ -40,7 +40,8 @@ class LoopConfig(BaseModel):
     mlflow_run_id: str
     progress_file: str
     checkpoint_uri: str = ""
-    token_cache_dir: str = ""  # steps.common.token_cache; "": a `tokenized` folder beside the train file
+    token_cache: str = ""  # the verified cache folder (steps.common.token_cache); "": the worker builds one
+    pad_token_id: int = 0  # the tokenizer's, so that workers need no tokenizer
 
 
 @dataclass(frozen=True)
@@ -167,16 +168,11 @@ def _train(
     """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
     import torch
 
-    from steps.common.modeling import load_tokenizer
-
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     root = Path(loop.checkpoint_root)
-    tokenizer = load_tokenizer(Path(loop.model_dir))
-    train_file = Path(loop.train_file)
-    cache_dir = Path(loop.token_cache_dir) if loop.token_cache_dir else train_file.parent / token_cache.SUBDIR
-    cache, _ = token_cache.ensure(train_file, tokenizer, cache_dir)  # built by the driver: verified, mapped
-    batches = MicroBatches(cache, settings, tokenizer.pad_token_id)
+    cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir))
+    batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
     progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None

@@ -37,7 +37,7 @@ def run(args: Args) -> Outputs:
             strategies.Plan("deepspeed", args.zero_stage, args.cpu_offload, "strategy=deepspeed from config")
         )
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
-    token_cache_dir = prepare_cache(args, model_dir)  # before Ray: workers find it built, bad data exits 2 here
+    cache_folder, pad_token_id = prepare_cache(args, model_dir)  # before Ray starts; bad data exits 2 here
     args.output_dir.mkdir(parents=True, exist_ok=True)
     root = (args.output_dir / "checkpoints").resolve()
     try:
@@ -48,12 +48,14 @@ def run(args: Args) -> Outputs:
     except lease.LeaseHeldError as err:
         raise StepFailedError(str(err)) from err
     try:
-        return _run_holding_lease(args, model_dir, root, held, token_cache_dir)
+        return _run_holding_lease(args, model_dir, root, held, cache_folder, pad_token_id)
     finally:
         held.release()
 
 
-def _run_holding_lease(args: Args, model_dir: Path, root: Path, held: lease.Lease, token_cache_dir: Path) -> Outputs:
+def _run_holding_lease(
+    args: Args, model_dir: Path, root: Path, held: lease.Lease, cache_folder: Path, pad_token_id: int
+) -> Outputs:
     train_file = args.dataset_dir / TRAIN_FILE
     if args.checkpoint_uri and checkpoints.latest(root) is None:
         restored = checkpoints.restore_latest(args.checkpoint_uri, root)
@@ -71,7 +73,8 @@ def _run_holding_lease(args: Args, model_dir: Path, root: Path, held: lease.Leas
         mlflow_run_id=run_id,
         progress_file=os.environ.get("ARGO_PROGRESS_FILE", ""),
         checkpoint_uri=args.checkpoint_uri,
-        token_cache_dir=str(token_cache_dir.resolve()),
+        token_cache=str(cache_folder.resolve()),
+        pad_token_id=pad_token_id,
     )
     sigterm_received.clear()
     previous = _on_sigterm(root)
