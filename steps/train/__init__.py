@@ -9,6 +9,11 @@ newest verified checkpoint, and the data order is a pure function of (seed, step
 Checkpoints hold full (unsharded) state keyed by parameter name, whatever the strategy (`strategy`: DDP replicas,
 or FSDP2 shards per decoder layer; see steps.common.strategies), so a run may resume under the other strategy.
 
+Data: the driver tokenizes train.jsonl once, before any worker starts, into a memory-mapped Arrow cache keyed by
+the data and the tokenizer (steps.common.token_cache, under --token-cache-dir): workers, retries and later runs on
+the same data map it instead of tokenizing (validate_data, counting tokens with the same tokenizer, usually built
+it already), and a micro-batch costs O(micro_batch_size) at any dataset size (steps.train.data).
+
 `--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP gets a 1-rank process
 group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores). A lease
 (steps.common.lease) keeps a second trainer off the same checkpoints, and the checkpoint root records the run_name:
