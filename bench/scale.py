@@ -4,8 +4,9 @@
     .venv/bin/python bench/scale.py --sizes 10000,100000 --skip-eval --skip-s3 --skip-packing   # a quicker run
 
 Per size (scripts/make_scale_data.py writes the rows once and keeps them), each step as its own process, timed
-wall-clock with its peak RSS (os.wait4):
-    stage           python -m steps.stage_data from a local folder (hashes, fsyncs, derives nothing: two splits)
+wall-clock with its peak RSS (GNU time's %M):
+    stage           python -m steps.stage_data from a local folder (copies, hashes and fsyncs every byte, parses
+                    every line to derive the splits)
     validate cold   python -m steps.validate_data with the real SmolLM2 tokenizer counting tokens (max 256): the
                     token cache is built here (the tokenization of both splits)
     validate warm   the same again: the token cache is verified and reused
@@ -14,8 +15,8 @@ wall-clock with its peak RSS (os.wait4):
     sampling        in this process: median time of one micro-batch's indices (steps.train.data.batch_indices)
                     and of a whole micro-batch (indices, gather from the mapped cache, tensors), over 2,000
                     micro-batches; and the sampler this replaced (a list of n indices shuffled per example)
-    evaluate        python -m steps.evaluate on seeded samples of 16 and 48 eval rows: the difference gives the
-                    seconds per 1k rows scored, start-up excluded
+    evaluate        python -m steps.evaluate on a seeded sample of 48 eval rows: seconds per 1k rows scored,
+                    from its `[evaluate] 0/...` progress line (models loaded) to the end
 Once: staging 10,000 objects from a local moto_server (and the unchanged re-stage), a single data.jsonl of
 `--big-rows` rows split by hash (peak RSS flat), and training tokens/s with and without sequence packing on demo
 rows and on rows of varied length (--spread). Prints a markdown table; growth = log10 of the cost ratio between
@@ -44,23 +45,32 @@ MODEL = "smollm2-135m-instruct"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def run(command: list[str], marker: str | None = None, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run `command`; its wall seconds, seconds until a line containing `marker`, and peak RSS in MB."""
+def run(command: list[str], marker: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `command`; its wall seconds, the seconds until a line holding `marker`, and its peak RSS in MB.
+
+    The peak RSS is GNU time's (%M) of the command alone: a child forked from this process would carry this
+    process's own high-water mark through exec (Linux keeps the larger of the two), and this process holds torch.
+    """
     started = time.perf_counter()
     proc = subprocess.Popen(
-        command, cwd=REPO, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ["/usr/bin/time", "-f", "MAXRSS_KB %M", *command],
+        cwd=REPO,
+        env=env or ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout is not None
-    reached, tail = math.nan, []
+    lines: list[tuple[float, str]] = []
     for line in proc.stdout:
-        tail = [*tail[-30:], line]
-        if marker and math.isnan(reached) and marker in line:
-            reached = time.perf_counter() - started
-    _, status, usage = os.wait4(proc.pid, 0)
+        lines.append((time.perf_counter() - started, line))
+    code = proc.wait()
     seconds = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command[:4])} failed:\n{''.join(tail)}")
-    return {"s": seconds, "to_marker": reached, "rss_mb": usage.ru_maxrss / 1024}
+    if code != 0:
+        raise SystemExit(f"{' '.join(command[:4])} failed:\n{''.join(text for _, text in lines[-30:])}")
+    rss = next(int(text.split()[1]) for _, text in reversed(lines) if text.startswith("MAXRSS_KB"))
+    reached = next((at for at, text in lines if marker and marker in text), math.nan)
+    return {"s": seconds, "to_marker": reached, "rss_mb": rss / 1024}
 
 
 def make_data(root: Path, rows: int, *extra: str) -> Path:
@@ -123,24 +133,25 @@ def sampling(cache_folder: Path, n: int) -> dict[str, float]:
     }
 
 
-def evaluate_per_1k(data: Path, adapter: str, work: Path) -> float:
-    """Seconds per 1,000 eval rows scored (base and tuned): the slope between samples of 16 and 48 rows."""
-    times = {}
-    for size in (16, 48):
-        command = [
-            PY,
-            "-m",
-            "steps.evaluate",
-            f"--dataset-dir={data}",
-            f"--adapter-dir={adapter}",
-            f"--base-model={MODEL}",
-            f"--report-dir={work / f'eval-{size}'}",
-            f"--outputs-dir={work / f'eval-out-{size}'}",
-            f"--sample-size={size}",
-            "--model-name=",
-        ]
-        times[size] = run(command)["s"]
-    return (times[48] - times[16]) / 32 * 1000
+def evaluate_per_1k(data: Path, adapter: str, work: Path, rows: int = 48) -> float:
+    """Seconds per 1,000 eval rows scored (loss and answers, base and tuned), start-up left out.
+
+    Timed from the step's `[evaluate] 0/...` line (written once the models are loaded) to its end.
+    """
+    command = [
+        PY,
+        "-m",
+        "steps.evaluate",
+        f"--dataset-dir={data}",
+        f"--adapter-dir={adapter}",
+        f"--base-model={MODEL}",
+        f"--report-dir={work / 'eval'}",
+        f"--outputs-dir={work / 'eval-out'}",
+        f"--sample-size={rows}",
+        "--model-name=",
+    ]
+    result = run(command, marker="[evaluate] 0/")
+    return (result["s"] - result["to_marker"]) / rows * 1000
 
 
 def per_size(rows: int, root: Path, work: Path, skip_eval: bool) -> dict[str, Any]:
