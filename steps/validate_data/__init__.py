@@ -16,6 +16,12 @@ overrides it per check name, e.g. {"no_duplicate": 0.95} tolerates 5% duplicates
 failed expectation with counts and up to three examples, writes the report, and exits 2 (bad data: never retried).
 great-expectations Data Docs (HTML) of both suites land in <report_dir>/data_docs/index.html.
 
+At scale: a split is read twice, never held whole (steps.validate_data.scan): a pass for what needs every row
+(duplicates and train/eval overlap, by 16-byte digests; token counts), then great-expectations validates chunks of
+`chunk_rows` rows whose results add up by GE's own rules (steps.validate_data.merge): same counts, `mostly`
+decisions and examples as one validation of the whole file, memory of one chunk. Tokens are counted from the
+token cache (steps.common.token_cache) that the train step then reuses: the data is tokenized once for both.
+
 Outputs (one file each under --outputs-dir):
     train_rows  non-blank lines of train.jsonl
     eval_rows   non-blank lines of eval.jsonl
