@@ -12,13 +12,18 @@ equals this run's (sha256 of eval.jsonl), the tuned `champion_metric` must also 
 is better, so the challenger needs champion - margin or less). When the champion was scored on another eval set,
 or has no recorded score for the metric, the scores are not comparable: the report says so and the thresholds
 alone decide. A registry that cannot be reached fails the step (exit 1, retryable) rather than skip the check.
-With --max-examples the digest gets suffix `@first-<N>`, so a subset score is never compared with a full-set one.
+With --max-examples the digest gets suffix `@first-<N>`, so a subset score is never compared with a full-set one;
+with --sample-size (a seeded sample, steps.evaluate.sampling) the suffix `@sample-<N>-seed-<S>`, and the report
+and the `intervals` output give each task metric's Wilson confidence interval at --confidence.
 
 Outputs (one file each under --outputs-dir):
     passed          "true" / "false": register and deploy run only on "true"
     reason          one line: why the gate passed or which thresholds failed
     metrics         all metrics as a JSON object
-    eval_set_digest "sha256:<hex of eval.jsonl>", with "@first-<N>" when --max-examples=N limits the scoring
+    eval_set_digest "sha256:<hex of eval.jsonl>", with "@first-<N>" when --max-examples=N limits the scoring,
+                    "@sample-<N>-seed-<S>" when a sample of N examples is scored
+    intervals       confidence intervals of the task metrics as JSON {"exact_match": [low, high], ...} when a
+                    sample was scored; {} when every example was
     champion_version  the champion compared against; empty when none was comparable
     exact_match     tuned exact match on the held-out split, in [0, 1]
     base_exact_match  the base model's exact match on the same split
@@ -52,6 +57,12 @@ class EvaluateSettings(Settings):
         description="every rule must hold for the gate to pass",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
+    # ~1,000 examples put a 95% Wilson interval of an exact match near 0.5 at +-0.03, enough to gate on
+    sample_size: int = Field(
+        0, ge=0, description="score N held-out examples drawn by sample_seed, with confidence intervals; 0 = all"
+    )
+    sample_seed: int = Field(0, ge=0, description="which sample sample_size draws (the same seed, the same sample)")
+    confidence: float = Field(0.95, gt=0.0, lt=1.0, description="level of the intervals reported for a sample")
     batch_size: int = Field(16, ge=1, description="eval prompts generated per batch")
     max_new_tokens: int = Field(
         0, ge=0, description="greedy answer length cap; 0: the longest reference in tokens plus a margin"
@@ -65,6 +76,15 @@ class EvaluateSettings(Settings):
     @classmethod
     def _known_task_metrics(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_name(name) for name in names)
+
+    @model_validator(mode="after")
+    def _one_way_to_subset(self) -> EvaluateSettings:
+        if self.max_examples and self.sample_size:
+            raise ValueError(
+                f"max_examples={self.max_examples} and sample_size={self.sample_size} both limit the examples "
+                "scored; set one of them to 0 (sample_size draws a seeded sample and reports its intervals)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _thresholds_name_known_metrics(self) -> EvaluateSettings:
@@ -108,5 +128,6 @@ class Outputs(BaseModel):
     base_exact_match: float
     report: str
     eval_set_digest: str
+    intervals: dict[str, list[float]]
     champion_version: str
     mlflow_run_url: str

@@ -34,8 +34,14 @@ def write_report(
     reason: str,
     digest: str,
     check: ChampionCheck,
+    intervals: Mapping[str, Sequence[float]] | None = None,
+    total: int = 0,
 ) -> Path:
-    """Write eval_report.json and eval_report.md, and print the table."""
+    """Write eval_report.json and eval_report.md, and print the table.
+
+    `intervals` (a sampled set: the Wilson intervals of the task metrics) and `total` (the usable examples the
+    set holds) go into both reports.
+    """
     args.report_dir.mkdir(parents=True, exist_ok=True)
     samples = [
         {"prompt": e.prompt, "reference": e.completion, "base": b, "tuned": t}
@@ -51,12 +57,20 @@ def write_report(
         "eval_set_digest": digest,
         "examples": len(examples),
         "task_metrics": list(args.task_metrics),
+        "eval_set_examples": total or len(examples),
+        "confidence": {"level": args.confidence, "intervals": dict(intervals)} if intervals else None,
         "adapter_dir": str(args.adapter_dir),
         "samples": samples,
     }
     path = args.report_dir / REPORT_FILE
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     table = render_table(metrics, args.task_metrics, args.thresholds, passed, reason, len(examples), check)
+    if intervals:
+        shown = ", ".join(f"{name} [{low:.4f}, {high:.4f}]" for name, (low, high) in intervals.items())
+        table += (
+            f"\n\nsampled {len(examples)} of {total} held-out examples (seed {args.sample_seed}); "
+            f"{args.confidence:.0%} Wilson intervals: {shown}"
+        )
     (args.report_dir / TABLE_FILE).write_text(table + "\n", encoding="utf-8")
     print(table)
     return path

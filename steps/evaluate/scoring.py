@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from eksflow.runtime.args import StepInputError
+from eksflow.runtime.outputs import Progress
 from steps.common.base_model import resolve_model
 from steps.common.data import Example
 from steps.evaluate import Args
@@ -43,9 +44,11 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     model = model.to(device).eval()
     limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
     print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
-    base = _score(model, tokenizer, examples, args, limit)
-    tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).eval()
-    return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit)}
+    # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
+    with Progress(4 * len(examples), "evaluate") as progress:
+        base = _score(model, tokenizer, examples, args, limit, progress)
+        tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).eval()
+        return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit, progress)}
 
 
 def metric_functions(args: Args) -> dict[str, task_metrics.Metric]:
@@ -66,13 +69,21 @@ def answer_budget(tokenizer: Any, references: Sequence[str]) -> int:
     return longest + max(8, longest // 4)
 
 
-def _score(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, limit: int) -> Scores:
+def _score(
+    model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, limit: int, progress: Progress
+) -> Scores:
     from steps.common.modeling import generate
 
-    loss = _completion_loss(model, tokenizer, examples, args)
-    answers, cut = generate(
-        model, tokenizer, [e.prompt for e in examples], batch_size=args.batch_size, max_new_tokens=limit
-    )
+    loss = _completion_loss(model, tokenizer, examples, args, progress)
+    answers: list[str] = []
+    cut = 0
+    prompts = [e.prompt for e in examples]
+    for start in range(0, len(prompts), args.batch_size):
+        part = prompts[start : start + args.batch_size]
+        part_answers, part_cut = generate(model, tokenizer, part, batch_size=args.batch_size, max_new_tokens=limit)
+        answers += part_answers
+        cut += part_cut
+        progress.advance(len(part))
     if cut:
         print(
             f"warning: {cut} of {len(answers)} answers reached the {limit}-token cap before ending; raise "
@@ -86,16 +97,20 @@ def _score(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, 
     return Scores(metrics=metrics, answers=answers, cut=cut)
 
 
-def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args) -> float:
+def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, progress: Progress) -> float:
     """Mean cross-entropy per completion token (prompt tokens are not scored)."""
     import torch
 
-    from steps.common.modeling import IGNORE_INDEX, collate, encode_example
+    from steps.common.encoding import encode_batch
+    from steps.common.modeling import IGNORE_INDEX, collate
 
     total, count = 0.0, 0
-    encoded = [encode_example(tokenizer, e.prompt, e.completion, 4096) for e in examples]
-    for start in range(0, len(encoded), args.batch_size):
-        batch = {k: v.to(model.device) for k, v in collate(encoded[start : start + args.batch_size], 0).items()}
+    for start in range(0, len(examples), args.batch_size):
+        part = examples[start : start + args.batch_size]
+        ids, prompt_lens = encode_batch(tokenizer, [e.prompt for e in part], [e.completion for e in part])
+        # as encode_example(..., 4096) makes them: cut to 4096 tokens, prompt tokens not scored
+        encoded = [(row[:4096], ([IGNORE_INDEX] * n + row[n:])[:4096]) for row, n in zip(ids, prompt_lens, strict=True)]
+        batch = {k: v.to(model.device) for k, v in collate(encoded, 0).items()}
         with torch.no_grad():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         labels = batch["labels"][:, 1:]
@@ -104,4 +119,5 @@ def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], ar
         )
         total += float(losses)
         count += int((labels != IGNORE_INDEX).sum())
+        progress.advance(len(part))
     return total / max(count, 1)

@@ -12,6 +12,7 @@ from steps.common.data import EVAL_FILE, Example, load_examples
 from steps.evaluate import Args, Outputs
 from steps.evaluate.gate import Champion, champion_gate, combine, gate
 from steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
+from steps.evaluate.sampling import intervals, load_sample, sample_suffix
 from steps.evaluate.scoring import score_models
 
 METRIC_TAG_PREFIX = "metric."  # register records each metric as tag metric.<name> on the version
@@ -44,8 +45,9 @@ def eval_set_digest(path: Path, max_examples: int) -> str:
 def run(args: Args) -> Outputs:
     """Verify the checkpoint, score base and tuned models, gate, write the reports and log to MLflow."""
     _verify_adapter(args.adapter_dir)
-    examples = _eval_examples(args)
+    examples, total = _eval_examples(args)
     digest = eval_set_digest(args.dataset_dir / EVAL_FILE, args.max_examples)
+    digest += sample_suffix(args.sample_size, args.sample_seed, total)
     # Looked up before the minutes of scoring, so an unreachable registry fails the step before spending them.
     champion = find_champion(args.tracking_uri, args.model_name) if args.tracking_uri and args.model_name else None
     scores = score_models(args, examples)
@@ -56,7 +58,11 @@ def run(args: Args) -> Outputs:
         passed, reason = False, check.reason
     else:
         reason = f"{reason}; {check.reason}"
-    report = write_report(args, examples, scores, metrics, passed, reason, digest, check)
+    answers = {name: s.answers for name, s in scores.items()}
+    sampled = {}  # a confidence interval only for a random sample (--max-examples takes the first N: not one)
+    if args.sample_size and len(examples) < total:
+        sampled = intervals(args.task_metrics, answers, examples, args.confidence)
+    report = write_report(args, examples, scores, metrics, passed, reason, digest, check, sampled, total)
     if args.tracking_uri and args.mlflow_run_id:
         log_to_run(args, metrics, passed, reason, digest, check, report)
     return Outputs(
@@ -67,21 +73,26 @@ def run(args: Args) -> Outputs:
         base_exact_match=metrics.get("base_exact_match", math.nan),
         report=str(report),
         eval_set_digest=digest,
+        intervals=sampled,
         champion_version=check.version if check.applied else "",
         mlflow_run_url=tracking.run_url(args.tracking_uri, args.mlflow_ui_url, args.mlflow_run_id),
     )
 
 
-def _eval_examples(args: Args) -> list[Example]:
+def _eval_examples(args: Args) -> tuple[list[Example], int]:
+    """The examples to score and how many usable ones eval.jsonl holds."""
     path = args.dataset_dir / EVAL_FILE
     if not path.is_file():
         raise StepInputError(f"{path} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
+    if args.sample_size:
+        return load_sample(path, args.sample_size, args.sample_seed)
     examples = load_examples(path)
+    total = len(examples)
     if args.max_examples:
         examples = examples[: args.max_examples]
     if not examples:
         raise StepInputError(f"{path} has no examples: nothing to evaluate")
-    return examples
+    return examples, total
 
 
 def _verify_adapter(adapter_dir: Path) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any
+from typing import Any, TypeVar
 
 from eksflow.runtime.outputs import Progress
 from steps.common.data import EVAL_FILE, TRAIN_FILE
@@ -83,11 +83,31 @@ def copy_all(
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="stage")
     try:
         with Progress(len(todo), "stage_data") as progress:
-            for future in as_completed([pool.submit(source.copy, f, into) for f in todo]):
-                entry = future.result()
+            for entry in completed(pool, lambda f: source.copy(f, into), todo, window=2 * concurrency):
                 entries.append(entry)
                 progress.advance(note=entry.path)
     finally:
         # waits for the copies in flight, so the caller may delete `into` afterwards
         pool.shutdown(wait=True, cancel_futures=True)
     return sorted(entries, key=lambda e: e.path), len(todo)
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def completed(pool: ThreadPoolExecutor, task: Callable[[T], R], items: Iterable[T], *, window: int) -> Iterator[R]:
+    """`task(item)` for every item on `pool`, results as they finish, with at most `window` submitted and unread.
+
+    Submitting as slots free up (rather than every file at once) keeps memory and the cancel-on-error backlog to
+    `window` futures whatever the number of files; twice the pool size keeps every thread busy.
+    """
+    pending: set[Future[R]] = set()
+    for item in items:
+        pending.add(pool.submit(task, item))
+        if len(pending) >= window:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            yield from (future.result() for future in done)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        yield from (future.result() for future in done)

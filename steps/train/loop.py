@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import sys
 import threading
 import time
@@ -22,8 +21,8 @@ from pydantic import BaseModel
 
 from eksflow.runtime.outputs import Progress
 from steps.common import checkpoints, strategies, tracking
-from steps.common.data import load_examples
 from steps.train import TrainSettings
+from steps.train.data import MicroBatches, open_cache
 from steps.train.parallel import agree, collective_device, gradient_sync, plan_strategy, process_group, shard
 from steps.train.state import full_state, load_adapter, restore_state, save_checkpoint
 
@@ -41,6 +40,8 @@ class LoopConfig(BaseModel):
     mlflow_run_id: str
     progress_file: str
     checkpoint_uri: str = ""
+    token_cache: str = ""  # the verified cache folder (steps.common.token_cache); "": the worker builds one
+    pad_token_id: int = 0  # the tokenizer's, so that workers need no tokenizer
 
 
 @dataclass(frozen=True)
@@ -83,21 +84,6 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
     progress = min((step - settings.warmup_steps) / span, 1.0)
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine
-
-
-def batch_indices(step: int, micro: int, rank: int, settings: TrainSettings, world: int, n: int) -> list[int]:
-    """Example indices for one micro-batch: a pure function of (seed, step), so a resume continues exactly.
-
-    Each epoch is a fresh seeded permutation; global position p maps to permutation(p // n)[p % n].
-    """
-    global_batch = settings.micro_batch_size * world * settings.grad_accum_steps
-    first = step * global_batch + (micro * world + rank) * settings.micro_batch_size
-    indices = []
-    for position in range(first, first + settings.micro_batch_size):
-        order = list(range(n))
-        random.Random(settings.seed * 100_003 + position // n).shuffle(order)
-        indices.append(order[position % n])
-    return indices
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -182,16 +168,11 @@ def _train(
     """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
     import torch
 
-    from steps.common.modeling import collate, encode_example, load_tokenizer
-
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     root = Path(loop.checkpoint_root)
-    tokenizer = load_tokenizer(Path(loop.model_dir))
-    examples = [
-        encode_example(tokenizer, e.prompt, e.completion, settings.max_seq_len)
-        for e in load_examples(Path(loop.train_file))
-    ]
+    cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir))
+    batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
     progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
@@ -210,10 +191,8 @@ def _train(
             model.train()
             step_loss = 0.0
             for micro in range(settings.grad_accum_steps):
-                ids = batch_indices(step, micro, rank, settings, world, len(examples))
-                pad = tokenizer.pad_token_id
-                batch = {k: v.to(device) for k, v in collate([examples[i] for i in ids], pad).items()}
-                tokens += int(batch["attention_mask"].sum())
+                batch, real_tokens = batches.get(step, micro, rank, world, device)
+                tokens += real_tokens
                 with gradient_sync(model, micro == settings.grad_accum_steps - 1), autocast:
                     loss = model(**batch).loss / settings.grad_accum_steps
                     loss.backward()

@@ -14,8 +14,9 @@ from typing import Any
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 from steps.common import checkpoints, lease, strategies, tracking
 from steps.common.base_model import resolve_model
-from steps.common.data import TRAIN_FILE, load_examples
+from steps.common.data import TRAIN_FILE
 from steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Outputs, TrainSettings
+from steps.train.data import prepare_cache
 from steps.train.loop import STOP_FILE, LoopConfig, local_context, sigterm_received, train_loop, train_worker
 from steps.train.state import METRICS_FILE
 
@@ -31,13 +32,12 @@ def run(args: Args) -> Outputs:
     train_file = args.dataset_dir / TRAIN_FILE
     if not train_file.is_file():
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
-    if not load_examples(train_file):
-        raise StepInputError(f"{train_file} has no examples")
     if args.strategy == "deepspeed":  # refused before Ray starts: bad input exits 2, never a retried job failure
         strategies.require_loop_support(
             strategies.Plan("deepspeed", args.zero_stage, args.cpu_offload, "strategy=deepspeed from config")
         )
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
+    cache_folder, pad_token_id = prepare_cache(args, model_dir)  # before Ray starts; bad data exits 2 here
     args.output_dir.mkdir(parents=True, exist_ok=True)
     root = (args.output_dir / "checkpoints").resolve()
     try:
@@ -48,12 +48,14 @@ def run(args: Args) -> Outputs:
     except lease.LeaseHeldError as err:
         raise StepFailedError(str(err)) from err
     try:
-        return _run_holding_lease(args, model_dir, root, held)
+        return _run_holding_lease(args, model_dir, root, held, cache_folder, pad_token_id)
     finally:
         held.release()
 
 
-def _run_holding_lease(args: Args, model_dir: Path, root: Path, held: lease.Lease) -> Outputs:
+def _run_holding_lease(
+    args: Args, model_dir: Path, root: Path, held: lease.Lease, cache_folder: Path, pad_token_id: int
+) -> Outputs:
     train_file = args.dataset_dir / TRAIN_FILE
     if args.checkpoint_uri and checkpoints.latest(root) is None:
         restored = checkpoints.restore_latest(args.checkpoint_uri, root)
@@ -71,6 +73,8 @@ def _run_holding_lease(args: Args, model_dir: Path, root: Path, held: lease.Leas
         mlflow_run_id=run_id,
         progress_file=os.environ.get("ARGO_PROGRESS_FILE", ""),
         checkpoint_uri=args.checkpoint_uri,
+        token_cache=str(cache_folder.resolve()),
+        pad_token_id=pad_token_id,
     )
     sigterm_received.clear()
     previous = _on_sigterm(root)

@@ -16,6 +16,12 @@ overrides it per check name, e.g. {"no_duplicate": 0.95} tolerates 5% duplicates
 failed expectation with counts and up to three examples, writes the report, and exits 2 (bad data: never retried).
 great-expectations Data Docs (HTML) of both suites land in <report_dir>/data_docs/index.html.
 
+At scale: a split is read twice, never held whole (steps.validate_data.scan): a pass for what needs every row
+(duplicates and train/eval overlap, by 16-byte digests; token counts), then great-expectations validates chunks of
+`chunk_rows` rows whose results add up by GE's own rules (steps.validate_data.merge): same counts, `mostly`
+decisions and examples as one validation of the whole file, memory of one chunk. Tokens are counted from the
+token cache (steps.common.token_cache) that the train step then reuses: the data is tokenized once for both.
+
 Outputs (one file each under --outputs-dir):
     train_rows  non-blank lines of train.jsonl
     eval_rows   non-blank lines of eval.jsonl
@@ -66,6 +72,11 @@ class ValidateSettings(Settings):
     mostly_by_check: dict[str, float] = Field(
         default_factory=dict, description='`mostly` for single checks, e.g. {"no_duplicate": 0.95}'
     )
+    # ~1 KB per row in a frame of Python objects: 200,000 rows keep a chunk near 200 MB, and the fixed cost of one
+    # great-expectations run (~1 s) under 10% of the chunk's time
+    chunk_rows: int = Field(
+        200_000, ge=1, description="rows per great-expectations batch: memory grows with it, per-batch overhead shrinks"
+    )
 
     @field_validator("mostly_by_check")
     @classmethod
@@ -90,6 +101,9 @@ class Args(ValidateSettings, StepArgs):
     base_model: Location = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
     max_tokens: int = Field(0, ge=0, description="longest example in tokens (train's max_seq_len); 0 skips it")
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are cached")
+    token_cache_dir: Path | None = Field(
+        None, description="tokenized copies of the splits, shared with train; default <model_cache_dir>/tokenized"
+    )
 
 
 class Outputs(BaseModel):

@@ -11,8 +11,9 @@ from eksflow.runtime.outputs import atomic_write_text
 
 if TYPE_CHECKING:
     pass
+from steps.common.token_cache import default_cache_dir as default_token_cache
 from steps.validate_data import DOCS_DIR, REPORT_FILE, Args, Outputs, ValidateSettings
-from steps.validate_data.suite import Report, token_counter, validate
+from steps.validate_data.suite import Report, cached_token_lengths, validate
 
 
 def format_failures(report: Report, report_path: Path) -> str:
@@ -47,7 +48,11 @@ def run(args: Args) -> Outputs:
         args.dataset_dir,
         settings,
         docs_dir=(args.report_dir / DOCS_DIR).absolute(),
-        count_tokens=token_counter(args.base_model, args.model_cache_dir) if args.base_model else None,
+        token_lengths=cached_token_lengths(
+            args.base_model, args.model_cache_dir, args.token_cache_dir or default_token_cache(args.model_cache_dir)
+        )
+        if args.base_model
+        else None,
         max_tokens=args.max_tokens,
     )
     report_path = (args.report_dir / REPORT_FILE).absolute()

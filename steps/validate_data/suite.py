@@ -1,41 +1,47 @@
-"""The great-expectations suite: each split read into a frame (one row per line), the expectations, their results."""
+"""The great-expectations suite: the expectations, run on each split chunk by chunk, and their combined results.
+
+Each split is read twice (steps.validate_data.scan): once for what needs the whole file (duplicates, train/eval
+overlap, token counts, which fields occur), once as frames of at most `chunk_rows` rows that great-expectations
+validates in turn; steps.validate_data.merge adds the per-chunk results up by GE's rules, so the counts, `mostly`
+decisions and examples (the first in line order) are those of one validation of the whole split, while memory
+stays that of one chunk. The row count is checked once, on a frame of the line numbers alone. Data Docs show the
+combined result of each split.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from eksflow.runtime.args import StepInputError
 from steps.common.base_model import resolve_model
-from steps.common.data import FIELDS, SPLITS, read_lines, role_order_error
+from steps.common.data import FIELDS, SPLITS
+from steps.validate_data import ValidateSettings
+from steps.validate_data.merge import merge
+from steps.validate_data.scan import (
+    DUPLICATE,
+    EXPLAINED,
+    LINE,
+    OVERLAP,
+    PARSE_ERROR,
+    ROLE_ERROR,
+    TOKENS,
+    Scan,
+    TokenCounter,
+    TokenLengths,
+    find_overlap,
+    frames,
+    scan,
+)
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from great_expectations.core import ExpectationSuite, ExpectationValidationResult
+    from great_expectations.core import ExpectationSuite, ExpectationSuiteValidationResult, ExpectationValidationResult
+    from great_expectations.data_context.data_context.abstract_data_context import AbstractDataContext
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
-from steps.validate_data import ValidateSettings
-
-LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
-
-
-PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
-
-
-DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
-
-
-ROLE_ERROR = "role_error"  # column: why a chat row's roles are out of order, None when in order or not chat
-
-
-TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, None for unusable rows
-
-
-EXPLAINED = (PARSE_ERROR, DUPLICATE, ROLE_ERROR)  # columns whose values are already sentences: shown unquoted
-
 
 EXAMPLES = 3
 
@@ -43,8 +49,11 @@ EXAMPLES = 3
 EXAMPLE_CHARS = 80
 
 
-# (prompts, completions) -> token count of each pair
-TokenCounter = Callable[[Sequence[str], Sequence[str]], list[int]]
+RESULT_FORMAT = {
+    "result_format": "SUMMARY",
+    "unexpected_index_column_names": [LINE],
+    "partial_unexpected_count": EXAMPLES,
+}
 
 
 @dataclass(frozen=True)
@@ -87,63 +96,20 @@ class Report:
         return json.dumps({"success": self.success, **asdict(self)}, indent=1) + "\n"
 
 
-def read_split(
-    path: Path, count_tokens: TokenCounter | None = None, max_chars: dict[str, int] | None = None
-) -> pd.DataFrame:
-    """One row per non-blank line: line number, parse error, the fields present and their `<field>_type` names.
-
-    Derived columns: duplicate_of (always), role_error (when any row has `messages`) and tokens (with a counter).
-    Duplicates are looked for among rows that pass the field checks (within `max_chars` per field), so a bad row
-    repeated is counted once, by its own check.
-    """
-    import pandas as pd
-
-    lines = list(read_lines(path))
-    records = [line.record or {} for line in lines]
-    frame = pd.DataFrame(
-        {
-            LINE: pd.Series([line.number for line in lines], dtype="int64"),
-            PARSE_ERROR: pd.Series([line.error for line in lines], dtype=object),
-        }
-    )
-    for name in FIELDS:
-        if any(name in r for r in records):  # a field absent from every record stays absent: column_exists fails
-            # object dtype keeps each value as JSON gave it, so the type check sees every row
-            frame[name] = pd.Series([r.get(name) for r in records], dtype=object)
-        frame[f"{name}_type"] = pd.Series([type(r.get(name)).__name__ for r in records], dtype=object)
-    usable = [i for i, r in enumerate(records) if all(isinstance(r.get(f), str) and r[f].strip() for f in FIELDS)]
-    limits = max_chars or {}
-    first: dict[tuple[str, str], int] = {}
-    duplicates: list[str | None] = [None] * len(records)
-    for i in usable:
-        if any(len(records[i][f]) > limits.get(f, len(records[i][f])) for f in FIELDS):
-            continue
-        pair = (records[i]["prompt"], records[i]["completion"])
-        if pair in first:
-            duplicates[i] = f"repeats line {first[pair]}"
-        else:
-            first[pair] = lines[i].number
-    frame[DUPLICATE] = pd.Series(duplicates, dtype=object)
-    if any("messages" in r for r in records):
-        errors = [role_order_error(r["messages"]) if "messages" in r else None for r in records]
-        frame[ROLE_ERROR] = pd.Series(errors, dtype=object)
-    if count_tokens is not None:
-        tokens: list[float] = [math.nan] * len(records)
-        counts = count_tokens([records[i]["prompt"] for i in usable], [records[i]["completion"] for i in usable])
-        for i, count in zip(usable, counts, strict=True):
-            tokens[i] = float(count)
-        frame[TOKENS] = pd.Series(tokens, dtype="float64")  # NaN for unusable rows: GE leaves them out
-    return frame
-
-
 def build_suite(
     split: str,
-    data: pd.DataFrame,
+    columns: frozenset[str],
     settings: ValidateSettings,
-    train_prompts: list[str] | None,
+    *,
+    compare_with_train: bool = False,
     max_tokens: int = 0,
+    part: str = "all",
 ) -> ExpectationSuite:
-    """The expectations for one split; `train_prompts` adds the no-overlap expectation (for eval)."""
+    """The expectations for one split whose frames have `columns`, in report order.
+
+    `compare_with_train` adds the no-overlap expectation (eval); `part` selects "table" (the row count, run once
+    on the whole split), "rows" (the rest, run on each chunk) or "all" (both: the suite Data Docs show).
+    """
     import great_expectations as gx
 
     # great_expectations re-exports its expectations without __all__, which mypy --strict calls implicit
@@ -154,25 +120,25 @@ def build_suite(
         ExpectColumnValuesToBeNull,
         ExpectColumnValuesToBeOfType,
         ExpectColumnValuesToMatchRegex,
-        ExpectColumnValuesToNotBeInSet,
         ExpectColumnValuesToNotBeNull,
         ExpectTableRowCountToBeBetween,
     )
     from great_expectations.expectations.row_conditions import Column
 
     mostly = settings.mostly_of
-    suite = gx.ExpectationSuite(name=f"{split}_data")
+    suite = gx.ExpectationSuite(name=f"{split}_data" if part == "all" else f"{split}_{part}")
 
     def add(check: str, expectation: Any) -> None:
-        expectation.meta = {"check": check}
-        suite.add_expectation(expectation)
+        if part == "all" or (part == "table") == (check == "row_count"):
+            expectation.meta = {"check": check}
+            suite.add_expectation(expectation)
 
     add("row_count", ExpectTableRowCountToBeBetween(min_value=settings.min_rows, max_value=None))
     add("lines_parse", ExpectColumnValuesToBeNull(column=PARSE_ERROR, mostly=mostly("lines_parse")))
     limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
     for name in FIELDS:
         add(f"{name}_exists", ExpectColumnToExist(column=name))
-        if name not in data.columns:
+        if name not in columns:
             continue  # the other expectations on it could only raise "column does not exist"
         # Unparsed lines are counted by lines_parse and non-strings by the type check; the row conditions keep
         # each bad row counted once, and keep lists and objects out of the string expectations.
@@ -200,27 +166,37 @@ def build_suite(
         "no_duplicate",
         ExpectColumnValuesToBeNull(column=DUPLICATE, mostly=mostly("no_duplicate"), row_condition=usable),
     )
-    if ROLE_ERROR in data.columns:
+    if ROLE_ERROR in columns:
         add(
             "role_order",
             ExpectColumnValuesToBeNull(column=ROLE_ERROR, mostly=mostly("role_order"), row_condition=usable),
         )
-    if TOKENS in data.columns and max_tokens:
+    if TOKENS in columns and max_tokens:
         add(
             "max_tokens",
             ExpectColumnValuesToBeBetween(column=TOKENS, max_value=max_tokens, mostly=mostly("max_tokens")),
         )
-    if train_prompts and "prompt" in data.columns:
+    if compare_with_train and "prompt" in columns:
+        # A column of the matching train line, not the train prompts as a value set: a million-string value set
+        # is copied into every access of the expectation's configuration and rendered into the Data Docs.
         add(
             "prompt_not_in_train",
-            ExpectColumnValuesToNotBeInSet(
-                column="prompt",
-                value_set=train_prompts,
+            ExpectColumnValuesToBeNull(
+                column=OVERLAP,
                 mostly=mostly("prompt_not_in_train"),
                 row_condition=Column("prompt_type") == "str",
             ),
         )
     return suite
+
+
+def columns_of(found: Scan) -> frozenset[str]:
+    """The columns every frame of a split has (steps.validate_data.scan.frames)."""
+    names = {LINE, PARSE_ERROR, DUPLICATE, *found.fields, *(f"{name}_type" for name in FIELDS)}
+    names |= {ROLE_ERROR} if found.chat else set()
+    names |= {TOKENS} if found.tokens is not None else set()
+    names |= {OVERLAP} if found.overlap is not None else set()
+    return frozenset(names)
 
 
 def validate(
@@ -229,29 +205,31 @@ def validate(
     *,
     docs_dir: Path | None = None,
     count_tokens: TokenCounter | None = None,
+    token_lengths: TokenLengths | None = None,
     max_tokens: int = 0,
 ) -> Report:
-    """Run the suites of both splits in one ephemeral great-expectations context.
+    """Run the suites of both splits, chunk by chunk, in one ephemeral great-expectations context.
 
-    With `docs_dir`, the suites run as a checkpoint that renders Data Docs (index.html) there; with `count_tokens`
-    and `max_tokens`, rows longer than max_tokens tokens fail the max_tokens check.
+    With `docs_dir`, Data Docs (index.html) of the combined results are written there. With `max_tokens` and a
+    way to count tokens (`count_tokens` on prompt/completion pairs, or `token_lengths` of a split file, e.g. from
+    the token cache), rows longer than max_tokens tokens fail the max_tokens check.
     """
     import great_expectations as gx
-    from great_expectations.checkpoint.actions import UpdateDataDocsAction
+    import pandas as pd
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    frames = {}
+    scans: dict[str, Scan] = {}
+    limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
     for split, name in SPLITS.items():
         path = dataset_dir / name
         if not path.is_file():
             raise StepInputError(f"{str(path)!r} does not exist; is --dataset-dir the folder stage_data published?")
-        limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
-        frames[split] = read_split(path, count_tokens if max_tokens else None, limits)
-
-    train_prompts = _strings(frames["train"], "prompt")
-    eval_prompts = _strings(frames["eval"], "prompt")
-    train_set = set(train_prompts)
-    overlap = sum(1 for p in eval_prompts if p in train_set)
+        counting = bool(max_tokens)
+        scans[split] = scan(path, limits, count_tokens if counting else None, token_lengths if counting else None)
+    compare = len(scans["train"].prompt_keys) > 0  # as before: no overlap check when train has no string prompt
+    overlap = find_overlap(scans["eval"], scans["train"])
+    if not compare:
+        scans["eval"].overlap = None
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
@@ -264,64 +242,101 @@ def validate(
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )
-    batches = context.data_sources.add_pandas("staged").add_dataframe_asset("split")
-    whole = batches.add_batch_definition_whole_dataframe("whole")
-    result_format = {
-        "result_format": "SUMMARY",
-        "unexpected_index_column_names": [LINE],
-        "partial_unexpected_count": EXAMPLES,
-    }
+    whole = (
+        context.data_sources.add_pandas("staged")
+        .add_dataframe_asset("split")
+        .add_batch_definition_whole_dataframe("whole")
+    )
     checks: list[CheckResult] = []
-    for split, data in frames.items():
-        suite = build_suite(split, data, settings, sorted(train_set) if split == "eval" else None, max_tokens)
-        order = [e.meta["check"] for e in suite.expectations if e.meta]
-        if docs_dir is None:
-            outcome = whole.get_batch(batch_parameters={"dataframe": data}).validate(suite, result_format=result_format)
-        else:
-            definition = context.validation_definitions.add(
-                gx.ValidationDefinition(name=split, data=whole, suite=context.suites.add(suite))
+    for split, found in scans.items():
+        options: dict[str, Any] = {
+            "compare_with_train": split == "eval" and compare,
+            "max_tokens": max_tokens,
+        }
+        columns = columns_of(found)
+        table = whole.get_batch(batch_parameters={"dataframe": pd.DataFrame({LINE: found.lines})}).validate(
+            build_suite(split, columns, settings, part="table", **options), result_format=RESULT_FORMAT
+        )
+        rows_suite = build_suite(split, columns, settings, part="rows", **options)
+        parts: dict[str, list[ExpectationValidationResult]] = {}
+        for frame in frames(found, settings.chunk_rows):
+            outcome = whole.get_batch(batch_parameters={"dataframe": frame}).validate(
+                rows_suite, result_format=RESULT_FORMAT
             )
-            checkpoint = context.checkpoints.add(
-                gx.Checkpoint(
-                    name=f"{split}_checkpoint",
-                    validation_definitions=[definition],
-                    actions=[UpdateDataDocsAction(name="data_docs")],
-                    result_format=result_format,
-                )
-            )
-            (outcome,) = checkpoint.run(batch_parameters={"dataframe": data}).run_results.values()
-        results = sorted(outcome.results, key=lambda r: order.index(_config(r).meta["check"]))
+            for result in outcome.results:
+                parts.setdefault(str(_config(result).meta["check"]), []).append(result)
+            del frame, outcome  # one chunk in memory at a time
+        suite = build_suite(split, columns, settings, part="all", **options)
+        order = [str(e.meta["check"]) for e in suite.expectations if e.meta]
+        merged = {str(_config(r).meta["check"]): r for r in table.results}
+        merged.update({check: merge(results, EXAMPLES) for check, results in parts.items()})
+        results = [merged[check] for check in order]
         checks.extend(_check_result(split, r, settings) for r in results)
+        if docs_dir is not None:
+            _write_docs(context, suite, results, split)
     return Report(
         dataset_dir=str(dataset_dir),
         settings=settings.model_dump(),
-        rows={split: len(data) for split, data in frames.items()},
+        rows={split: found.rows for split, found in scans.items()},
         overlap=overlap,
         checks=checks,
     )
 
 
-def token_counter(base_model: str, cache_dir: Path | None = None) -> TokenCounter:
-    """Count tokens with `base_model`'s tokenizer exactly as train encodes an example (before truncation)."""
-    from steps.common.modeling import load_tokenizer, prompt_text
+def _write_docs(
+    context: AbstractDataContext, suite: ExpectationSuite, results: list[ExpectationValidationResult], split: str
+) -> None:
+    """Store the combined result of one split and render its Data Docs pages (what a checkpoint action does)."""
+    import datetime
 
-    tokenizer = load_tokenizer(resolve_model(base_model, cache_dir))
+    from great_expectations.core import ExpectationSuiteValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
 
-    def count(prompts: Sequence[str], completions: Sequence[str]) -> list[int]:
-        if not prompts:
-            return []
-        prompt_ids = tokenizer([prompt_text(tokenizer, p) for p in prompts], add_special_tokens=False)["input_ids"]
-        eos = tokenizer.eos_token or ""
-        answer_ids = tokenizer([c + eos for c in completions], add_special_tokens=False)["input_ids"]
-        return [len(p) + len(a) for p, a in zip(prompt_ids, answer_ids, strict=True)]
+    suite = context.suites.add(suite)
+    passed = sum(1 for r in results if r.success)
+    combined: ExpectationSuiteValidationResult = ExpectationSuiteValidationResult(
+        success=passed == len(results),
+        results=results,
+        suite_name=suite.name,
+        statistics={
+            "evaluated_expectations": len(results),
+            "successful_expectations": passed,
+            "unsuccessful_expectations": len(results) - passed,
+            "success_percent": 100.0 * passed / len(results) if results else None,
+        },
+        meta={"active_batch_definition": {"data_asset_name": split}},
+    )
+    run_id = RunIdentifier(run_name=split, run_time=datetime.datetime.now(datetime.timezone.utc))
+    combined.meta["run_id"] = run_id
+    combined.meta["validation_time"] = run_id.run_time
+    suite_id = ExpectationSuiteIdentifier(name=suite.name)
+    result_id = ValidationResultIdentifier(expectation_suite_identifier=suite_id, run_id=run_id, batch_identifier=split)
+    context.validation_results_store.set(result_id, combined)
+    # both pages, as GE's UpdateDataDocsAction asks (its annotation allows one kind per list)
+    context.build_data_docs(site_names=["run"], resource_identifiers=cast(Any, [result_id, suite_id]))
 
-    return count
 
+def cached_token_lengths(base_model: str, model_cache_dir: Path | None, token_cache_dir: Path) -> TokenLengths:
+    """Token counts of a split's usable rows from its token cache (steps.common.token_cache), built if missing.
 
-def _strings(data: pd.DataFrame, column: str) -> list[str]:
-    if column not in data.columns:
-        return []
-    return [v for v in data[column] if isinstance(v, str)]
+    Counted as training encodes an example (before truncation), and the cache built here is the one the train
+    step then finds: the data is tokenized once for both steps.
+    """
+    from steps.common import token_cache
+    from steps.common.modeling import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model(base_model, model_cache_dir))
+
+    def lengths(path: Path) -> tuple[Any, Any]:
+        cache, built = token_cache.ensure(path, tokenizer, token_cache_dir)
+        print(f"token cache: {'built' if built else 'reused'} {cache.folder} for {path}", file=sys.stderr)
+        return cache.lines(), cache.lengths()
+
+    return lengths
 
 
 def _check_result(split: str, result: ExpectationValidationResult, settings: ValidateSettings) -> CheckResult:

@@ -103,6 +103,7 @@ def test_main_writes_outputs(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "changed",
         "copied_files",
+        "data_key",
         "dataset_digest",
         "dataset_dir",
         "num_bytes",
