@@ -17,15 +17,10 @@ from rich.table import Table
 from eksflow.config import ConfigError, PipelineConfig
 from eksflow.launchers import retry_attempts, train_layout
 from eksflow.profiles import Profile, profile_for
+from steps.common import strategies
 
 PRICES = Path(__file__).with_name("prices.yaml")
 GIB = 1024**3
-# Rough LoRA memory model (DDP: every worker holds the whole base model; FSDP: 1/world of it): weights x 1.2 for
-# the CUDA/Neuron context, adapter optimizer state and buffers, plus activations of about 0.5 MiB per token per
-# billion parameters (bf16, ~34 x hidden x layers bytes per token), an eighth of that with gradient checkpointing.
-OVERHEAD = 1.2
-ACTIVATION_BYTES_PER_TOKEN_PER_B = 0.5 * 1024**2
-HEADROOM = 0.9  # refuse plans that need more than 90% of device memory: fragmentation and NCCL buffers need the rest
 MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([mb])\b", re.IGNORECASE)
 
 
@@ -47,17 +42,6 @@ def model_params_b(cfg: PipelineConfig) -> float | None:
     return size / 1000 if found.group(2).lower() == "m" else size
 
 
-def memory_per_worker_gib(cfg: PipelineConfig, profile: Profile, params_b: float, shards: int = 1) -> float:
-    """Estimated memory one training process needs on its device (or in RAM on CPU), weights split `shards` ways."""
-    bytes_per_param = 4 if profile.kind == "cpu" else 2  # fp32 on CPU, bf16 on GPU and Trainium
-    weights = params_b * 1e9 * bytes_per_param * OVERHEAD / shards
-    tokens = cfg.train.micro_batch_size * cfg.train.max_seq_len
-    activations = tokens * params_b * ACTIVATION_BYTES_PER_TOKEN_PER_B
-    if cfg.train.gradient_checkpointing:
-        activations /= 8
-    return (weights + activations) / GIB
-
-
 def available_gib(cfg: PipelineConfig, profile: Profile) -> float:
     """Memory one training process may use: its device's (per Neuron core), or its share of the node's RAM on CPU."""
     if profile.kind == "cpu":
@@ -65,21 +49,35 @@ def available_gib(cfg: PipelineConfig, profile: Profile) -> float:
     return profile.device_memory_gib / profile.cores_per_device
 
 
-def sharding(cfg: PipelineConfig, profile: Profile, params_b: float) -> tuple[str, int]:
-    """How the train step will hold the weights, and over how many workers they are split.
+def memory_plan(cfg: PipelineConfig, profile: Profile, params_b: float) -> tuple[str, strategies.Plan]:
+    """How the train step will hold the model and the memory per worker that takes, as (label, strategy plan).
 
-    Mirrors steps.common.strategies: `auto` shards (FSDP) only on GPUs and only when a replica does not fit one
-    device; Trainium splits them by tensor parallelism.
+    The step's own resolution (TrainSettings.resolve_strategy, the one memory model in steps.common.strategies),
+    fed with estimates: parameters from the model's name, the adapter's size from its shape. Trainium splits the
+    weights by tensor parallelism, which the same memory model prices.
     """
+    settings = train_layout(cfg, profile)
+    num_params = int(params_b * 1e9)
+    trainable = strategies.estimate_lora_params(num_params, settings.lora.rank, len(settings.lora.target_modules))
+    budget = int(available_gib(cfg, profile) * GIB)
     if profile.kind == "trainium":
-        return "NeuronTrainer, tensor parallel", cfg.train.tensor_parallel_size
-    world = train_layout(cfg, profile).num_workers
-    if cfg.train.strategy == "fsdp":
-        return "fsdp", world
-    replica_fits = memory_per_worker_gib(cfg, profile, params_b) <= available_gib(cfg, profile) * HEADROOM
-    if cfg.train.strategy == "auto" and profile.kind == "gpu" and world > 1 and not replica_fits:
-        return "fsdp (auto: a replica does not fit one device)", world
-    return "ddp", 1
+        work = settings.workload(num_params, trainable, weight_bytes=2)
+        need = strategies.memory_bytes(work, "tensor_parallel", settings.tensor_parallel_size)
+        fits = need <= budget * strategies.HEADROOM
+        return "NeuronTrainer, tensor parallel", strategies.Plan("ddp", 0, False, "Trainium", need, fits)
+    plan = settings.resolve_strategy(
+        num_params=num_params,
+        trainable_params=trainable,
+        on_gpu=profile.kind == "gpu",
+        device_memory_bytes=budget,
+        world=settings.num_workers,
+    )
+    label: str = plan.strategy
+    if plan.strategy == "deepspeed":
+        label = f"deepspeed ZeRO-{plan.zero_stage}" + (" with CPU offload" if plan.cpu_offload else "")
+    if cfg.train.strategy == "auto" and plan.strategy != "ddp":
+        label += " (auto: a replica does not fit one device)"
+    return label, plan
 
 
 def rule_memory(cfg: PipelineConfig, profile: Profile) -> list[str]:
@@ -90,24 +88,13 @@ def rule_memory(cfg: PipelineConfig, profile: Profile) -> list[str]:
             f"cluster.model_params_b: cannot tell the size of {cfg.base_model!r} from its name; "
             "fix: --set cluster.model_params_b=<billions>"
         ]
-    strategy, shards = sharding(cfg, profile, params_b)
-    need = memory_per_worker_gib(cfg, profile, params_b, shards)
-    available = available_gib(cfg, profile)
-    if need > available * HEADROOM:
+    label, plan = memory_plan(cfg, profile, params_b)
+    if not plan.fits:
         return [
-            f"train.micro_batch_size: about {need:.1f} GiB per worker needed ({strategy}), {available:.0f} GiB "
-            f"available on {profile.instance_type}; fix: lower train.micro_batch_size or train.max_seq_len, set "
-            "train.gradient_checkpointing=true, add cluster.nodes, or pick a larger cluster.instance_type"
-        ]
-    return []
-
-
-def rule_strategy(cfg: PipelineConfig, profile: Profile) -> list[str]:
-    """Only strategies the training loop runs: DeepSpeed is planned by `auto` in the step but refused there."""
-    if cfg.train.strategy == "deepspeed":
-        return [
-            "train.strategy: deepspeed is not run by the training loop (only its config is built and validated); "
-            "fix: --set train.strategy=fsdp (parameters sharded over the workers) or auto"
+            f"train.micro_batch_size: about {plan.memory_bytes / GIB:.1f} GiB per worker needed ({label}), "
+            f"{available_gib(cfg, profile):.0f} GiB available on {profile.instance_type}; fix: lower "
+            "train.micro_batch_size or train.max_seq_len, set train.gradient_checkpointing=true, add cluster.nodes, "
+            "or pick a larger cluster.instance_type"
         ]
     return []
 
@@ -172,7 +159,7 @@ def rule_retry_budget(cfg: PipelineConfig, profile: Profile) -> list[str]:
     return []
 
 
-RULES = (rule_memory, rule_strategy, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
+RULES = (rule_memory, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
 
 
 def prices() -> dict[str, object]:
@@ -193,9 +180,8 @@ def check(cfg: PipelineConfig) -> Plan:
     table = prices()
     usd: dict[str, float] = table["usd_per_hour"]  # type: ignore[assignment]
     hourly = usd[profile.instance_type] * nodes
-    params_b = model_params_b(cfg) or 0.0
-    strategy, shards = sharding(cfg, profile, params_b)
-    need = memory_per_worker_gib(cfg, profile, params_b, shards)
+    strategy, memory = memory_plan(cfg, profile, model_params_b(cfg) or 0.0)
+    need = memory.memory_bytes / GIB
     rows = [
         (
             "instance",

@@ -84,9 +84,11 @@ class TrainSettings(Settings):
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
     use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 compute")
     strategy: strategies.Strategy = Field(
-        "auto", description="auto (by memory, see steps.common.strategies), ddp or fsdp; deepspeed is refused"
+        "auto", description="auto (by memory, see steps.common.strategies), ddp, fsdp or deepspeed (ZeRO)"
     )
-    zero_stage: int = Field(2, ge=2, le=3, description="DeepSpeed ZeRO stage when strategy resolves to deepspeed")
+    zero_stage: int = Field(
+        2, ge=1, le=3, description="DeepSpeed ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded"
+    )
     cpu_offload: bool = Field(False, description="DeepSpeed: keep optimizer state (and ZeRO-3 params) on CPU")
     tensor_parallel_size: int = Field(1, ge=1, description="Trainium only (steps.common.neuron)")
     checkpoint_every: int = Field(8, ge=1, description="commit a checkpoint every N optimizer steps")
@@ -94,6 +96,34 @@ class TrainSettings(Settings):
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
     seed: int = 0
+
+    def workload(self, num_params: int, trainable_params: int, weight_bytes: int) -> strategies.Workload:
+        """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""
+        return strategies.Workload(
+            num_params=num_params,
+            trainable_params=trainable_params,
+            tokens=self.micro_batch_size * self.max_seq_len,
+            gradient_checkpointing=self.gradient_checkpointing,
+            weight_bytes=weight_bytes,
+        )
+
+    def resolve_strategy(
+        self, *, num_params: int, trainable_params: int, on_gpu: bool, device_memory_bytes: int, world: int
+    ) -> strategies.Plan:
+        """The strategy and memory per worker for a model of this size: the one memory model (steps.common.strategies).
+
+        The train step calls it with the loaded model's counted parameters, `plan` with its estimates, so both
+        resolve `auto` alike and report the same memory.
+        """
+        return strategies.choose(
+            self.strategy,
+            use_gpu=on_gpu,
+            work=self.workload(num_params, trainable_params, weight_bytes=2 if on_gpu else 4),  # bf16 GPU, fp32 CPU
+            device_memory_bytes=device_memory_bytes,
+            world=world,
+            zero_stage=self.zero_stage,
+            cpu_offload=self.cpu_offload,
+        )
 
 
 class Args(TrainSettings, StepArgs):
@@ -105,7 +135,9 @@ class Args(TrainSettings, StepArgs):
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
     checkpoint_uri: str = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
-    launcher: Literal["ray", "local"] = Field("ray", description="ray: Ray Train workers; local: this process")
+    launcher: Literal["ray", "local", "mpi"] = Field(
+        "ray", description="ray: Ray Train workers; local: this process; mpi: one rank of `mpirun` (steps.train.mpi)"
+    )
     tracking_uri: str = ""
     experiment: str = "eksflow"
 
