@@ -61,8 +61,8 @@ def train_metrics(cfg: PipelineConfig) -> m.Metrics:
 
 
 def retry_attempts(cfg: PipelineConfig) -> int:
-    """Most training attempts the retry layers allow together: (Argo) x (RayJob or Volcano Job) x (Ray Train)."""
-    if profiles.profile_for(cfg.cluster.instance_type).kind == "cpu":
+    """Most training attempts the retry layers allow together: (Argo) x (RayJob, MPIJob or Volcano Job) x Ray Train."""
+    if profiles.profile_for(cfg.cluster.instance_type).kind == "cpu" and cfg.cluster.launcher != "mpijob":
         return int(str(STEP_RETRY.limit)) + 1
     argo = int(str(TRAIN_JOB_RETRY.limit)) + 1
     return argo * (cfg.cluster.rayjob_backoff_limit + 1) * (MAX_FAILURES + 1)
@@ -298,6 +298,14 @@ def train_launcher(cfg: PipelineConfig, step: StepFactory, **values: object) -> 
     """The launcher for `cfg.cluster.instance_type`; `values` are the train step's non-settings args."""
     profile = profiles.profile_for(cfg.cluster.instance_type)
     settings = train_layout(cfg, profile)
+    duration = gauges(cfg, train_job_seconds=("wall time of the training job, queueing included", "{{duration}}"))
+    if cfg.cluster.launcher == "mpijob":  # Trainium: refused with the way out (mpijob.layout)
+        from eksflow import mpijob  # it builds on this module's pod wiring
+
+        argv = step_argv(train, settings, wired=(), outputs_dir=outputs_dir(cfg), launcher="mpi", **values)
+        job = _resource("train", mpijob.manifest(cfg, argv), mpijob.SUCCESS, mpijob.failure(cfg), TRAIN_JOB_RETRY)
+        job.metrics = duration
+        return TrainLauncher([job], _collector(cfg))
     if profile.kind == "cpu":  # one pod: one CPU per worker thread
         workers = settings.num_workers
         resources = Resources(cpu_request=workers * settings.cpus_per_worker, memory_request=f"{6 * workers}Gi")
@@ -316,7 +324,6 @@ def train_launcher(cfg: PipelineConfig, step: StepFactory, **values: object) -> 
         return TrainLauncher([template], None)
     argv = step_argv(train, settings, wired=(), outputs_dir=outputs_dir(cfg), **values)
     templates: list[StepTemplate | Resource] = []
-    duration = gauges(cfg, train_job_seconds=("wall time of the training job, queueing included", "{{duration}}"))
     if profile.kind == "gpu":
         if cfg.cluster.scheduler == "volcano":
             templates.append(_resource("train-podgroup", podgroup(cfg, cfg.cluster.nodes + 1)))

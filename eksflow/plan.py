@@ -159,7 +159,17 @@ def rule_retry_budget(cfg: PipelineConfig, profile: Profile) -> list[str]:
     return []
 
 
-RULES = (rule_memory, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
+def rule_launcher(cfg: PipelineConfig, profile: Profile) -> list[str]:
+    """An MPIJob launches GPU and CPU training; Trainium always runs torchrun in a Volcano Job."""
+    if cfg.cluster.launcher == "mpijob" and profile.kind == "trainium":
+        return [
+            "cluster.launcher: mpijob runs on GPU or CPU nodes; Trainium trains with torchrun in a Volcano Job; "
+            "fix: --set cluster.launcher=rayjob"
+        ]
+    return []
+
+
+RULES = (rule_memory, rule_launcher, rule_world_size, rule_efa_single_az, rule_spot_checkpoints, rule_retry_budget)
 
 
 def prices() -> dict[str, object]:
@@ -177,6 +187,10 @@ def check(cfg: PipelineConfig) -> Plan:
     layout = train_layout(cfg, profile)
     nodes = cfg.cluster.nodes
     pods = {"cpu": "1 train pod", "gpu": f"1 Ray head + {nodes} worker(s)", "trainium": f"{nodes} torchrun pod(s)"}
+    if cfg.cluster.launcher == "mpijob":
+        from eksflow import mpijob
+
+        pods["cpu"] = pods["gpu"] = mpijob.describe(cfg)
     table = prices()
     usd: dict[str, float] = table["usd_per_hour"]  # type: ignore[assignment]
     hourly = usd[profile.instance_type] * nodes

@@ -647,6 +647,21 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     proc.wait()
 
 
+def _kill_session(sid: int) -> None:
+    """SIGKILL what is left of the session `sid` in other process groups.
+
+    mpirun gives each rank a process group of its own, so the ranks would outlive an mpirun killed by SIGKILL.
+    """
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            session = int(stat.read_text(encoding="utf-8").rpartition(")")[2].split()[3])  # after state ppid pgrp
+        except (OSError, ValueError, IndexError):
+            continue
+        if session == sid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+
+
 def _shell_unsafe(command: str, pairs: list[tuple[str, str]]) -> str:
     """A host folder that mapping would splice into the shell text `command` but is no plain shell word ("" if none)."""
     for mount_path, host in pairs:
@@ -1015,7 +1030,7 @@ class _Run:
             for m in job.mounts
         )
         pairs = self._mount_pairs(mounts)
-        unsafe = _shell_unsafe(job.entrypoint, pairs)
+        unsafe = "" if job.argv else _shell_unsafe(job.entrypoint, pairs)
         if unsafe:
             return _Attempt(
                 "Error",
@@ -1026,20 +1041,22 @@ class _Run:
                 retriable=False,
             )
         paths = PathMap(pairs)
-        command = paths.to_host(job.entrypoint)
         env = {name: paths.to_host(value) for name, value in job.env}
         env["PATH"] = os.pathsep.join(
             [
                 str(_python_shims(task_dir / "bin")),
-                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun) before the system's
+                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun, mpirun) first
                 env.get("PATH") or self.env.get("PATH") or os.environ.get("PATH", ""),
             ]
         )
+        if job.prepare:
+            env.update(job.prepare(task_dir))
+        argv = [paths.to_host(item) for item in job.argv] or ["bash", "-c", paths.to_host(job.entrypoint)]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
         return self._attempt(
             key,
             attempt,
-            ["bash", "-c", command],
+            argv,
             env=env,
             task_dir=task_dir,
             deadline_s=min(deadlines) if deadlines else None,
@@ -1091,6 +1108,7 @@ class _Run:
             # Like a pod ending, the step's leftover children (daemons it did not stop) go with it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            _kill_session(proc.pid)
         code = proc.returncode
         exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a container reports it
         duration = time.monotonic() - started

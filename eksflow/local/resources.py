@@ -5,6 +5,9 @@
   without RAY_ADDRESS starts a local Ray), so nothing else is started. A job whose pods request NVIDIA GPUs or
   Neuron devices this machine lacks is refused before anything starts, with the way out.
 - PodGroup (scheduling.volcano.sh): gang admission by the Volcano scheduler; locally there is nothing to create.
+- MPIJob (kubeflow.org/v2beta1): the launcher's command (Open MPI's mpirun) as a local process, with every worker
+  pod being this host: a local hostfile with all their slots, the workers' and launcher's env, MASTER_ADDR
+  127.0.0.1. See mpijob.py.
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
 
@@ -20,8 +23,9 @@ from __future__ import annotations
 import glob
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +35,7 @@ from eksflow.local.fields import FieldReader
 GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice")
 RAYJOB_API = "ray.io/v1"
+MPIJOB_API = "kubeflow.org/v2beta1"
 PODGROUP_GROUP = "scheduling.volcano.sh/"
 VOLCANO_JOB_GROUP = "batch.volcano.sh/"
 LOCAL_WAY_OUT = "run the cpu profile here (`run --variant cpu`) or `submit` to a cluster"
@@ -85,16 +90,19 @@ class DeviceRequest:
 
 @dataclass(frozen=True)
 class LocalJob:
-    """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
+    """What one resource manifest does here: a command to run, or a phase decided without a process."""
 
-    kind: str  # RayJob | PodGroup | Job
-    entrypoint: str  # a shell command line; "" when nothing runs here
+    kind: str  # RayJob | MPIJob | PodGroup | Job
+    entrypoint: str  # a shell command line; "" when nothing runs here or `argv` does
     env: tuple[tuple[str, str], ...] = ()
     mounts: tuple[PodMount, ...] = ()
     deadline_s: float | None = None
     devices: tuple[DeviceRequest, ...] = ()
     note: str = ""  # why nothing runs (PodGroup): the Succeeded node's message
     refusal: str = ""  # why it cannot run anywhere but a cluster: the Failed node's message
+    argv: tuple[str, ...] = ()  # a command run without a shell (an MPIJob launcher's), in place of `entrypoint`
+    # Run-time environment the cluster's controller would provide (an MPIJob's hostfile), given the task's folder.
+    prepare: Callable[[Path], dict[str, str]] | None = None
 
 
 def describe(text: str, where: str) -> LocalJob:
@@ -119,10 +127,14 @@ def describe(text: str, where: str) -> LocalJob:
         )
     if kind == "Job" and api_version.startswith(VOLCANO_JOB_GROUP):
         return _volcano_job(manifest, where)
+    if kind == "MPIJob" and api_version == MPIJOB_API:
+        from eksflow.local import mpijob  # it reads pods with this module's helpers
+
+        return mpijob.describe(manifest, where)
     raise ResourceError(
         f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
-        f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "
-        "to a cluster"
+        f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray), a {MPIJOB_API} MPIJob (its launcher's mpirun) "
+        "and a Volcano PodGroup; submit this workflow to a cluster"
     )
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
+VENDORED = Path(__file__).resolve().parent / "schemas"  # copies in the repository (schemas/README.md); used first
 
 
 def _strict_definitions(path: Path, what: str) -> dict:
@@ -77,6 +78,7 @@ CRDS = {
     ("ray.io", "RayJob"): "kuberay/ray.io_rayjobs.yaml",
     ("batch.volcano.sh", "Job"): "volcano/batch.volcano.sh_jobs.yaml",
     ("scheduling.volcano.sh", "PodGroup"): "volcano/scheduling.volcano.sh_podgroups.yaml",
+    ("kubeflow.org", "MPIJob"): "mpi-operator/kubeflow.org_mpijobs.yaml",
 }
 
 
@@ -91,7 +93,9 @@ def crd_validator():
         group, version = manifest["apiVersion"].split("/")
         key = (group, manifest["kind"], version)
         if key not in cache:
-            cache[key] = Draft202012Validator(_crd_schema(SCHEMAS / CRDS[(group, manifest["kind"])], version))
+            relative = CRDS[(group, manifest["kind"])]
+            path = VENDORED / relative if (VENDORED / relative).is_file() else SCHEMAS / relative
+            cache[key] = Draft202012Validator(_crd_schema(path, version))
         return cache[key]
 
     return validator

@@ -161,3 +161,10 @@ def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
 
 def test_small_models_keep_ddp():
     assert dict(plan.check(load_config(None, ["cluster.instance_type=g5.12xlarge"])).rows)["strategy"] == "ddp"
+
+
+def test_the_mpijob_launcher_is_planned_for_gpu_and_refused_for_trainium():
+    rows = dict(plan.check(load_config(None, ["cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"])).rows)
+    assert rows["pods"] == "1 MPI launcher + 1 worker pod(s) x 8 slot(s): mpirun -np 8"
+    (line,) = problems("cluster.instance_type=trn1.32xlarge", "cluster.launcher=mpijob")
+    assert line.startswith("cluster.launcher:") and "--set cluster.launcher=rayjob" in line
