@@ -8,7 +8,9 @@ parallelism, volumes); anything else raises LocalExecutorError naming the field.
   interpreter), with its env;
 - a resource template creating a RayJob: the job's entrypoint under `bash -c`, with the head container's env and
   mounts, where the train step starts a local Ray itself; the RayJob's activeDeadlineSeconds applies too. A job
-  asking for GPUs or Neuron devices this machine lacks fails before it starts, saying so. A Volcano PodGroup
+  asking for GPUs or Neuron devices this machine lacks fails before it starts, saying so. An MPIJob: its launcher's
+  mpirun (no shell) with every worker pod being this host (mpijob.py); when the process ends, whatever is left of
+  its session goes too (mpirun's ranks sit in process groups of their own). A Volcano PodGroup
   (cluster admission) succeeds without a process; a workflow with a Volcano Job (torchrun across pods) is refused
   up front, before any task runs. See resources.py.
 
@@ -18,7 +20,7 @@ Each run keeps its state in `state_dir/runs/<workflow name>/`:
     status.json          Argo-like workflow status, rewritten atomically after every phase change
     logs/<task>.log      combined stdout+stderr of every attempt
     tasks/<task>/        outputs/ (the task's output parameter files), progress ($ARGO_PROGRESS_FILE),
-                         bin/ (`python` for a RayJob's shell entrypoint: this interpreter)
+                         bin/ (`python` for a RayJob's shell entrypoint: this interpreter), an MPIJob's hostfile
     volumes/<name>       emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
 
 Container paths are mapped to these folders in command, args, env values and RayJob entrypoints, and mapped back

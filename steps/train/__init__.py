@@ -1,4 +1,4 @@
-"""Fine-tune a LoRA adapter on the staged dataset with Ray Train (TorchTrainer: DDP or FSDP; gloo on CPU, NCCL on GPU).
+"""Fine-tune a LoRA adapter on the staged dataset with Ray Train or mpirun (DDP, FSDP or DeepSpeed ZeRO).
 
     python -m steps.train --dataset-dir=/fsx/run/data --base-model=smollm2-135m-instruct --output-dir=/fsx/run/train
 
@@ -7,10 +7,13 @@ RAY_ADDRESS. Every `checkpoint_every` steps rank 0 commits a checkpoint under <o
 optimizer, scheduler, RNG, step; see steps.common.checkpoints); a rerun with the same output dir resumes from the
 newest verified checkpoint, and the data order is a pure function of (seed, step), so it continues exactly.
 Checkpoints hold full (unsharded) state keyed by parameter name, whatever the strategy (`strategy`: DDP replicas,
-or FSDP2 shards per decoder layer; see steps.common.strategies), so a run may resume under the other strategy.
+FSDP2 shards per decoder layer, or ZeRO partitions, gathered; see steps.common.strategies and steps.train.zero), so
+a run may resume under another strategy.
 
-`--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP gets a 1-rank process
-group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores). A lease
+`--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP and ZeRO get a 1-rank
+process group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores).
+`--launcher=mpi` is one rank of `mpirun -np N` (an MPIJob's launcher): rank 0 drives, every rank trains
+(steps.train.mpi). A lease
 (steps.common.lease) keeps a second trainer off the same checkpoints, and the checkpoint root records the run_name:
 a retry resumes, another run is refused. With `--checkpoint-uri=s3://...` each committed checkpoint also gets a
 durable copy in the background (marker last), restored when the local root is empty.
