@@ -10,8 +10,8 @@ forward, backward, gradient reduction, clipping, AdamW, LR schedule. A step's ti
 ends of consecutive optimizer steps on rank 0 (the ranks move in lock-step through their collectives); the
 first --warmup steps are dropped, the one checkpoint after the last step is not timed. Memory per worker, the
 larger of the two ranks: peak RSS (ru_maxrss at exit: it includes loading the whole model, which every variant
-does before wrapping or sharding it) and training RSS (the most resident memory at the end of a timed step: what
-each strategy keeps while it trains). Prints per-round figures, then medians and ratios to DDP.
+does before wrapping or sharding it) and training RSS (the most resident memory sampled every 20 ms during the
+timed steps: what each strategy holds while it trains). Prints per-round figures, then medians and ratios to DDP.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ VARIANTS = {  # name -> (strategy, zero_stage)
     "zero3": ("deepspeed", 3),
 }
 WORLD = 2
+RSS_PERIOD_S = 0.02
 
 
 def main() -> int:
@@ -116,17 +118,20 @@ def rank(args: argparse.Namespace) -> int:
     from steps.train.parallel import TorchUpdate
     from steps.train.zero import ZeroUpdate
 
-    marks: list[tuple[float, int]] = []  # (time, resident bytes) at the end of each optimizer step
-    page = os.sysconf("SC_PAGE_SIZE")
+    marks: list[float] = []  # the end of each optimizer step
     for update in (TorchUpdate, ZeroUpdate):  # whatever the strategy
         original = update.step
 
         def step(self: object, original: object = original) -> None:
             original(self)  # type: ignore[operator]
-            resident = int(Path("/proc/self/statm").read_text().split()[1]) * page
-            marks.append((time.perf_counter(), resident))
+            marks.append(time.perf_counter())
 
         update.step = step  # type: ignore[method-assign]
+
+    samples: list[tuple[float, int]] = []  # (time, resident bytes) every RSS_PERIOD_S, from a thread
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_rss, args=(samples, stop), daemon=True)
+    sampler.start()
 
     ranks = mpi.ranks_from_env()
     if ranks is None:
@@ -159,15 +164,24 @@ def rank(args: argparse.Namespace) -> int:
     )
     with mpi.session(ranks) as joined:
         train_worker(loop, joined.context(loop))
+    stop.set()
+    sampler.join()
     timed = marks[args.warmup - 1 :]  # from the end of the last warm-up step
     result = {
         "rank": ranks.rank,
-        "intervals": [b[0] - a[0] for a, b in itertools.pairwise(timed)],
+        "intervals": [b - a for a, b in itertools.pairwise(timed)],
         "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,  # KiB on Linux
-        "train_rss_bytes": max(resident for _, resident in timed[1:]),
+        "train_rss_bytes": max(resident for at, resident in samples if timed[0] <= at <= timed[-1]),
     }
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def sample_rss(samples: list[tuple[float, int]], stop: threading.Event) -> None:
+    """Resident memory of this process every RSS_PERIOD_S until `stop` (the steps' peaks, not just their ends)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    while not stop.wait(RSS_PERIOD_S):
+        samples.append((time.perf_counter(), int(Path("/proc/self/statm").read_text().split()[1]) * page))
 
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:

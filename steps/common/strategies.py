@@ -168,15 +168,33 @@ def _gib(n: float) -> str:
 
 
 def deepspeed_config(
-    plan: Plan, *, micro_batch_size: int, grad_accum_steps: int, max_grad_norm: float, bf16: bool
+    plan: Plan,
+    *,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    max_grad_norm: float,
+    bf16: bool,
+    layer_params: int = 0,
 ) -> dict[str, Any]:
     """The DeepSpeed config for `plan`; train_batch_size is left to DeepSpeed (micro x accum x world).
 
     The optimizer is the loop's own torch AdamW (no `optimizer` section): its math is DDP's and FSDP's, so a ZeRO
     run matches them step for step and resumes their checkpoints. With offload that means torch's AdamW on the host
     instead of DeepSpeedCPUAdam, a compiled op (`zero_force_ds_cpu_optimizer: false` allows it).
+
+    ZeRO-3 with `layer_params` (the largest decoder layer's parameter count) keeps about two layers gathered and
+    prefetches one: DeepSpeed's defaults (1e9 live parameters and reuse distance) keep every gathered parameter
+    of a model under a billion parameters until its backward, so the whole model sits gathered and ZeRO-3 holds
+    more than a replica (measured on SmolLM2-135M, 2 CPU workers, micro-batch 2 x 128 tokens, the most resident
+    memory per worker during steps: DDP 1.80 GiB, ZeRO-3 1.99 GiB with the defaults, 1.59 GiB with these).
     """
     zero: dict[str, Any] = {"stage": plan.zero_stage, "overlap_comm": bf16, "contiguous_gradients": True}
+    if plan.zero_stage == 3 and layer_params:
+        zero.update(
+            stage3_max_live_parameters=2 * layer_params,
+            stage3_max_reuse_distance=2 * layer_params,
+            stage3_prefetch_bucket_size=layer_params,
+        )
     if plan.cpu_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": bf16}  # pinned host memory speeds GPU copies
         if plan.zero_stage == 3:

@@ -16,6 +16,7 @@ DeepSpeed is imported here only, inside functions: the pipeline imports steps.tr
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
@@ -141,6 +142,31 @@ class ZeroUpdate:
         return torch.tensor(counts.pop(), dtype=torch.float32)
 
 
+def _return_freed_buffers() -> None:
+    """Make glibc give freed large buffers back to the OS at once (ZeRO-3 on CPU; glibc only, else nothing).
+
+    ZeRO-3 gathers each layer's parameters into fresh host buffers and frees them after use. glibc's mmap threshold
+    rises to the size of the first large buffer freed (up to 32 MiB), after which such buffers come from the heap
+    and stay resident when freed: the worker holds as much as a gathered model. A fixed 128 KiB threshold keeps
+    them mmap-ed (measured on SmolLM2-135M, 2 workers: 1.51 GiB resident per worker after two steps, 0.99 with it).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold = -3  # mallopt's M_MMAP_THRESHOLD (malloc.h); setting it also stops the dynamic adjustment
+    libc.mallopt(m_mmap_threshold, 128 * 1024)
+
+
+def _largest_layer(model: Any) -> int:
+    """Parameters of the model's largest decoder layer (ZeRO-3 keeps about two gathered); 0 if it names none."""
+    try:
+        units = strategies.fsdp_units(model)
+    except StepInputError:
+        return 0  # DeepSpeed's defaults: every gathered parameter stays until its backward
+    return int(max(sum(p.numel() for p in unit.parameters()) for unit in units))
+
+
 def _trainable(engine: Any) -> list[tuple[str, Any]]:
     """The adapter's parameters by the names DDP's and FSDP's state dicts use (the PEFT model's)."""
     return [(name, p) for name, p in engine.module.named_parameters() if p.requires_grad]
@@ -165,12 +191,15 @@ def engine_update(
         deepspeed.ops.__compatible_ops__[op] = False
     deepspeed.utils.logger.setLevel(logging.WARNING)  # its INFO lines repeat the whole config on every rank
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", auto_mpi_discovery=False, verbose=False)
+    if plan.zero_stage == 3 and not on_gpu:
+        _return_freed_buffers()
     config = strategies.deepspeed_config(
         plan,
         micro_batch_size=settings.micro_batch_size,
         grad_accum_steps=settings.grad_accum_steps,
         max_grad_norm=settings.max_grad_norm,
         bf16=on_gpu,
+        layer_params=_largest_layer(model),
     )
     engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     return ZeroUpdate(engine, zero_optimizer, scheduler)
