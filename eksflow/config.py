@@ -87,11 +87,18 @@ class ClusterSettings(Settings):
 
     instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
     nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
+    launcher: Literal["rayjob", "mpijob"] = Field(
+        "rayjob",
+        description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod) or mpijob "
+        "(MPI Operator MPIJob, mpirun over worker pods); Trainium always runs torchrun in a Volcano Job",
+    )
     scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
     queue: str = Field("eksflow", pattern=K8S_NAME, description="Kueue LocalQueue or Volcano Queue name")
     spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
     zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
-    rayjob_backoff_limit: int = Field(1, ge=0, le=10, description="RayJob resubmissions after a failed attempt")
+    rayjob_backoff_limit: int = Field(
+        1, ge=0, le=10, description="the training job's own retries: RayJob resubmissions, MPIJob launcher restarts"
+    )
     retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
     ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
     expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")

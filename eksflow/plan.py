@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eksflow.config import ConfigError, PipelineConfig
-from eksflow.launchers import Job, worker_layout
+from eksflow.launchers import Job, mpijob, worker_layout
 from eksflow.pipeline import Pipeline, Ref
 from eksflow.runtime.preflight import Layout, Preflight
 
@@ -56,6 +56,8 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     profile, settings, section = job.profile, job.settings, job.section
     problems = []
     workers, threads = worker_layout(settings)
+    if cfg.cluster.launcher == "mpijob" and profile.kind == "trainium":
+        problems.append(mpijob.TRAINIUM_REFUSAL)
     if profile.kind == "cpu":
         if workers * threads > profile.vcpus:
             problems.append(
@@ -85,8 +87,8 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     attempts = job.attempts(cfg)
     if attempts > cfg.cluster.retry_budget:
         problems.append(
-            f"cluster.retry_budget: Argo x RayJob x in-job retries allow {attempts} attempts of {job.task}, more "
-            f"than the budget of {cfg.cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
+            f"cluster.retry_budget: Argo x {job.launcher} x in-job retries allow {attempts} attempts of {job.task}, "
+            f"more than the budget of {cfg.cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
             "cluster.retry_budget"
         )
     return problems
@@ -122,14 +124,19 @@ def check(pipeline: Pipeline) -> Plan:
         answer = step_preflight(job, pipeline, layout)
         problems += layout_problems(job, cfg) + answer.problems
         profile, nodes = job.profile, cfg.cluster.nodes
-        pods = {"cpu": "1 pod", "gpu": f"1 Ray head + {nodes} worker(s)", "trainium": f"{nodes} torchrun pod(s)"}
+        pods = {
+            "container": "1 pod",
+            "rayjob": f"1 Ray head + {nodes} worker(s)",
+            "volcano": f"{nodes} torchrun pod(s)",
+            "mpijob": mpijob.describe(cfg, profile, layout.workers),
+        }
         hourly = usd[profile.instance_type] * nodes
         rows += [
             (
                 f"{job.task}: instance",
                 f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cfg.cluster.spot else 'on-demand'})",
             ),
-            (f"{job.task}: pods", pods[profile.kind]),
+            (f"{job.task}: pods", pods[job.launcher]),
             (
                 f"{job.task}: devices",
                 f"{profile.devices * nodes} ({profile.devices} per node), {profile.efa} EFA per node",

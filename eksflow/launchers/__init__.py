@@ -4,6 +4,8 @@
 - gpu: an Argo `resource` template creating a KubeRay RayJob (ray.io/v1) that runs `python -m <step> ...` on a head
   pod plus one worker pod per node, gang-admitted by Kueue (or Volcano, with a PodGroup task first).
 - trainium: a resource template creating a Volcano Job running torchrun of `neuron_step` on every node.
+- `cluster.launcher: mpijob` (GPU or CPU): an MPIJob (kubeflow.org/v2beta1) whose launcher runs
+  `mpirun ... python -m <step> --launcher=mpi` over sshd worker pods (eksflow.launchers.mpijob).
 
 The step's settings must carry the worker layout (`num_workers`, `cpus_per_worker`, `use_gpu`): the profile sets
 `num_workers` to one per device on every node. A resource template has no container whose files Argo could read,
@@ -25,7 +27,7 @@ from hera.workflows import models as m
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig
-from eksflow.launchers import jobs
+from eksflow.launchers import jobs, mpijob
 from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, When, step_name
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Settings
@@ -54,6 +56,7 @@ class Job:
     """A distributed task as `plan` sees it: its step, its settings with the profile's layout, where it runs."""
 
     task: str
+    launcher: str  # container | rayjob | mpijob | volcano
     step: ModuleType
     settings: Settings  # with the profile's layout
     values: Mapping[str, object]  # the task's other arguments (literals and Refs)
@@ -63,11 +66,12 @@ class Job:
     configured: Mapping[str, object]  # the layout fields the user set explicitly (checked against the profile)
 
     def attempts(self, cfg: PipelineConfig) -> int:
-        """Most attempts the retry layers allow together: (Argo) x (RayJob or Volcano Job) x (in-job retries)."""
-        if self.profile.kind == "cpu":
+        """Most attempts the retry layers allow together: (Argo) x (the job's own retries) x (in-job retries)."""
+        if self.launcher == "container":
             return int(str(STEP_RETRY.limit)) + 1
         argo = int(str(JOB_RETRY.limit)) + 1
-        return argo * (cfg.cluster.rayjob_backoff_limit + 1) * (self.inner_retries + 1)
+        inner = 0 if self.launcher == "mpijob" else self.inner_retries  # mpirun has no in-job retry
+        return argo * (cfg.cluster.rayjob_backoff_limit + 1) * (inner + 1)
 
 
 def layout(settings: Settings, profile: Profile, nodes: int) -> Settings:
@@ -117,9 +121,20 @@ def distributed(
     if profile.kind == "trainium" and neuron_step is None:
         raise PipelineError(f"distributed({step.__name__}): no neuron_step= for Trainium ({profile.instance_type})")
     placed = layout(settings, profile, cfg.cluster.nodes)
+    launcher = {"cpu": "container", "gpu": "rayjob", "trainium": "volcano"}[profile.kind]
+    if cfg.cluster.launcher == "mpijob" and profile.kind != "trainium":  # Trainium + mpijob: refused by `plan`
+        launcher = "mpijob"
+        args_type = contract(step)[0]
+        if "launcher" not in args_type.model_fields:
+            raise PipelineError(
+                f"distributed({step.__name__}): cluster.launcher=mpijob runs it as `--launcher=mpi` ranks of mpirun, "
+                "but its Args have no `launcher` field"
+            )
+        values = {**values, "launcher": "mpi"}
     pipeline.jobs.append(
         Job(
             task=name,
+            launcher=launcher,
             step=step,
             settings=placed,
             values=values,
@@ -146,7 +161,7 @@ def distributed(
         if {"final_loss", "tokens_per_s"} <= set(contract(step)[1])
         else None
     )
-    if profile.kind == "cpu":
+    if launcher == "container":
         workers, threads = worker_layout(placed)
         workers *= threads
         added = task(
@@ -176,7 +191,11 @@ def distributed(
     )
     previous: TaskRef | Sequence[TaskRef] = after
     condition = when
-    if profile.kind == "gpu":
+    if launcher == "mpijob":
+        workers = worker_layout(placed)[0]
+        manifest = mpijob.manifest(cfg, name, step.__name__, workers, argv)
+        success, failure = mpijob.SUCCESS, mpijob.failure(cfg)
+    elif launcher == "rayjob":
         manifest = jobs.rayjob(cfg, name, step.__name__, argv)
         success, failure = jobs.RAYJOB_SUCCESS, jobs.RAYJOB_FAILURE
         if cfg.cluster.scheduler == "volcano":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eksflow.local import resources
+from eksflow.local import mpijob, resources
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -137,7 +137,7 @@ class ResourceHandler:
         paths = PathMap((m.mount_path, ctx.host_folder(m)) for m in mounts)
         # The template's annotations say which values are paths; a RayJob may carry them itself.
         rules = template.paths if template.paths != PathRules(None, None) else path_rules(dict(job.annotations))
-        command, unsafe = map_shell_words(job.entrypoint, paths, rules)
+        command, unsafe = ("", "") if job.argv else map_shell_words(job.entrypoint, paths, rules)
         if unsafe:
             return _refused(
                 f"{where}: the entrypoint would get the folder {unsafe!r}, which a shell command line cannot carry "
@@ -147,12 +147,15 @@ class ResourceHandler:
         env["PATH"] = os.pathsep.join(
             [
                 str(python_shims(ctx.task_dir / "bin")),
-                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun) before the system's
+                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun, mpirun) first
                 env.get("PATH") or ctx.env.get("PATH", ""),
             ]
         )
+        if job.prepare is not None:
+            env.update(job.prepare(ctx.task_dir))
+        argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
-        return ctx.execute(["bash", "-c", command], env, min(deadlines) if deadlines else None)
+        return ctx.execute(argv, env, min(deadlines) if deadlines else None)
 
 
 def python_shims(folder: Path) -> Path:
@@ -169,6 +172,9 @@ HANDLERS: dict[type[Template], TaskHandler] = {
     ContainerTemplate: ContainerHandler(),
     ResourceTemplate: ResourceHandler(),
 }
+
+
+resources.register_kind("MPIJob", mpijob.MPIJOB_API, mpijob.describe)
 
 
 def handler_for(template: Template) -> TaskHandler:

@@ -5,6 +5,9 @@
   without RAY_ADDRESS starts a local Ray), so nothing else is started. A job whose pods request NVIDIA GPUs or
   Neuron devices this machine lacks is refused before anything starts, with the way out.
 - PodGroup (scheduling.volcano.sh): gang admission by the Volcano scheduler; locally there is nothing to create.
+- MPIJob (kubeflow.org/v2beta1): the launcher's command (Open MPI's mpirun) as a local process, with every worker
+  pod being this host: a local hostfile with all their slots, the workers' and launcher's env, MASTER_ADDR
+  127.0.0.1. See mpijob.py.
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
 
@@ -24,6 +27,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -89,8 +93,8 @@ class DeviceRequest:
 class LocalJob:
     """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
 
-    kind: str  # RayJob | PodGroup | Job
-    entrypoint: str  # a shell command line; "" when nothing runs here
+    kind: str  # RayJob | MPIJob | PodGroup | Job
+    entrypoint: str  # a shell command line; "" when nothing runs here or `argv` does
     env: tuple[tuple[str, str], ...] = ()
     mounts: tuple[PodMount, ...] = ()
     deadline_s: float | None = None
@@ -98,6 +102,9 @@ class LocalJob:
     note: str = ""  # why nothing runs (PodGroup): the Succeeded node's message
     refusal: str = ""  # why it cannot run anywhere but a cluster: the Failed node's message
     annotations: tuple[tuple[str, str], ...] = ()  # the object's metadata.annotations (eksflow.dev/path-args, ...)
+    argv: tuple[str, ...] = ()  # a command run without a shell (an MPIJob launcher's), in place of `entrypoint`
+    # Run-time environment the cluster's controller would provide (an MPIJob's hostfile), given the task's folder.
+    prepare: Callable[[Path], dict[str, str]] | None = None
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]

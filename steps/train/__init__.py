@@ -1,4 +1,4 @@
-"""Fine-tune a LoRA adapter on the staged dataset with Ray Train (TorchTrainer: DDP or FSDP; gloo on CPU, NCCL on GPU).
+"""Fine-tune a LoRA adapter on the staged dataset with Ray Train or mpirun (DDP, FSDP or DeepSpeed ZeRO).
 
     python -m steps.train --dataset-dir=/fsx/run/data --base-model=smollm2-135m-instruct --output-dir=/fsx/run/train
 
@@ -7,15 +7,18 @@ RAY_ADDRESS. Every `checkpoint_every` steps rank 0 commits a checkpoint under <o
 optimizer, scheduler, RNG, step; see steps.common.checkpoints); a rerun with the same output dir resumes from the
 newest verified checkpoint, and the data order is a pure function of (seed, step), so it continues exactly.
 Checkpoints hold full (unsharded) state keyed by parameter name, whatever the strategy (`strategy`: DDP replicas,
-or FSDP2 shards per decoder layer; see steps.common.strategies), so a run may resume under the other strategy.
+FSDP2 shards per decoder layer, or ZeRO partitions, gathered; see steps.common.strategies and steps.train.zero), so
+a run may resume under another strategy.
 
 Data: the driver tokenizes train.jsonl once, before any worker starts, into a memory-mapped Arrow cache keyed by
 the data and the tokenizer (steps.common.token_cache, under --token-cache-dir): workers, retries and later runs on
 the same data map it instead of tokenizing (validate_data, counting tokens with the same tokenizer, usually built
 it already), and a micro-batch costs O(micro_batch_size) at any dataset size (steps.train.data).
 
-`--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP gets a 1-rank process
-group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores). A lease
+`--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP and ZeRO get a 1-rank
+process group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores).
+`--launcher=mpi` is one rank of `mpirun -np N` (an MPIJob's launcher): rank 0 drives, every rank trains
+(steps.train.mpi). A lease
 (steps.common.lease) keeps a second trainer off the same checkpoints, and the checkpoint root records the run_name:
 a retry resumes, another run is refused. With `--checkpoint-uri=s3://...` each committed checkpoint also gets a
 durable copy in the background (marker last), restored when the local root is empty.
@@ -96,9 +99,11 @@ class TrainSettings(Settings):
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
     use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 compute")
     strategy: strategies.Strategy = Field(
-        "auto", description="auto (by memory, see steps.common.strategies), ddp or fsdp; deepspeed is refused"
+        "auto", description="auto (by memory, see steps.common.strategies), ddp, fsdp or deepspeed (ZeRO)"
     )
-    zero_stage: int = Field(2, ge=2, le=3, description="DeepSpeed ZeRO stage when strategy resolves to deepspeed")
+    zero_stage: int = Field(
+        2, ge=1, le=3, description="DeepSpeed ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded"
+    )
     cpu_offload: bool = Field(False, description="DeepSpeed: keep optimizer state (and ZeRO-3 params) on CPU")
     tensor_parallel_size: int = Field(1, ge=1, description="Trainium only (steps.common.neuron)")
     checkpoint_every: int = Field(8, ge=1, description="commit a checkpoint every N optimizer steps")
@@ -106,6 +111,34 @@ class TrainSettings(Settings):
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
     seed: int = Field(0, description="seed of the LoRA init, data order and dropout")
+
+    def workload(self, num_params: int, trainable_params: int, weight_bytes: int) -> strategies.Workload:
+        """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""
+        return strategies.Workload(
+            num_params=num_params,
+            trainable_params=trainable_params,
+            tokens=self.micro_batch_size * self.max_seq_len,
+            gradient_checkpointing=self.gradient_checkpointing,
+            weight_bytes=weight_bytes,
+        )
+
+    def resolve_strategy(
+        self, *, num_params: int, trainable_params: int, on_gpu: bool, device_memory_bytes: int, world: int
+    ) -> strategies.Plan:
+        """The strategy and memory per worker for a model of this size: the one memory model (steps.common.strategies).
+
+        The train step calls it with the loaded model's counted parameters, `plan` with its estimates, so both
+        resolve `auto` alike and report the same memory.
+        """
+        return strategies.choose(
+            self.strategy,
+            use_gpu=on_gpu,
+            work=self.workload(num_params, trainable_params, weight_bytes=2 if on_gpu else 4),  # bf16 GPU, fp32 CPU
+            device_memory_bytes=device_memory_bytes,
+            world=world,
+            zero_stage=self.zero_stage,
+            cpu_offload=self.cpu_offload,
+        )
 
 
 class Args(TrainSettings, StepArgs):
@@ -120,7 +153,9 @@ class Args(TrainSettings, StepArgs):
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
     checkpoint_uri: Location = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
-    launcher: Literal["ray", "local"] = Field("ray", description="ray: Ray Train workers; local: this process")
+    launcher: Literal["ray", "local", "mpi"] = Field(
+        "ray", description="ray: Ray Train workers; local: this process; mpi: one rank of `mpirun` (steps.train.mpi)"
+    )
     tracking_uri: Location = Field("", description="MLflow tracking URI for params and losses; empty: no tracking")
     experiment: str = Field("eksflow", description="MLflow experiment of the training run")
 

@@ -23,8 +23,8 @@ from eksflow.runtime.outputs import Progress
 from steps.common import checkpoints, strategies, tracking
 from steps.train import TrainSettings
 from steps.train.data import MicroBatches, open_cache
-from steps.train.parallel import agree, collective_device, gradient_sync, plan_strategy, process_group, shard
-from steps.train.state import full_state, load_adapter, restore_state, save_checkpoint
+from steps.train.parallel import TorchUpdate, Update, agree, collective_device, plan_strategy, process_group, shard
+from steps.train.state import load_adapter, save_checkpoint
 
 STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
 
@@ -106,7 +106,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
 
 def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
-    """Load, replicate (DDP) or shard (FSDP), (resume,) train, checkpoint. Rank 0 alone writes checkpoints and logs.
+    """Load, replicate (DDP) or shard (FSDP, ZeRO), (resume,) train, checkpoint. Rank 0 alone writes checkpoints.
 
     Stops early, after committing a checkpoint, when a stop is requested (SIGTERM in this process, or STOP_FILE
     written by the driver); every rank agrees on the stopping step through an all-reduce.
@@ -139,30 +139,32 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     # The adapter goes into the unsharded model (PEFT's own loader); the optimizer state, keyed by parameter name,
     # is loaded once the optimizer exists over the final (possibly sharded) parameters.
     state = load_adapter(start.path, model) if start else {}
-    fsdp = plan.strategy == "fsdp"
-    with process_group(device, world) if fsdp else nullcontext():
-        model = shard(model, device, world) if fsdp else ctx.prepare_model(model)
+    with process_group(device, world) if plan.strategy != "ddp" else nullcontext():
+        if plan.strategy != "deepspeed":  # DeepSpeed's engine places and partitions the model itself
+            model = shard(model, device, world) if plan.strategy == "fsdp" else ctx.prepare_model(model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
+        update: Update = TorchUpdate(model, optimizer, scheduler, params, settings.max_grad_norm)
+        if plan.strategy == "deepspeed":
+            from steps.train.zero import engine_update
+
+            update = engine_update(model, optimizer, scheduler, plan, settings, device)
         if start:
-            restore_state(state, model, optimizer, scheduler, rank)
+            update.restore(state, rank)
             print(
                 f"rank {rank}: resumed from {start.path.name} (step {start.step}), saved under "
                 f"{state['strategy']}, training under {plan.strategy}",
                 flush=True,
             )
-        _train(loop, ctx, plan, model, optimizer, scheduler, params, start.step if start else 0)
+        _train(loop, ctx, plan, update, start.step if start else 0)
 
 
 def _train(
     loop: LoopConfig,
     ctx: WorkerContext,
     plan: strategies.Plan,
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
-    params: list[Any],
+    update: Update,
     first_step: int,
 ) -> None:
     """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
@@ -170,6 +172,7 @@ def _train(
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
+    model, scheduler = update.model, update.scheduler
     root = Path(loop.checkpoint_root)
     cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir))
     batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
@@ -193,14 +196,12 @@ def _train(
             for micro in range(settings.grad_accum_steps):
                 batch, real_tokens = batches.get(step, micro, rank, world, device)
                 tokens += real_tokens
-                with gradient_sync(model, micro == settings.grad_accum_steps - 1), autocast:
+                last = micro == settings.grad_accum_steps - 1
+                with update.sync(last), autocast:
                     loss = model(**batch).loss / settings.grad_accum_steps
-                    loss.backward()
+                    update.backward(loss, last)
                 step_loss += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            update.step()
             window_loss, window_steps = window_loss + step_loss, window_steps + 1
             done = step + 1
             if done % settings.log_every == 0 or done == settings.max_steps:
@@ -217,7 +218,7 @@ def _train(
                 bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
             )
             if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed:
-                adapter, optimizer_state = full_state(model, optimizer)  # a collective: every rank takes part
+                adapter, optimizer_state = update.full_state()  # a collective: every rank takes part
                 if rank == 0:
                     save = partial(
                         save_checkpoint,

@@ -3,41 +3,107 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from eksflow.runtime.args import StepInputError
 from steps.common import strategies
 from steps.train import TrainSettings
+from steps.train.state import full_state, restore_state
 
 
 def plan_strategy(settings: TrainSettings, device: Any, world: int, num_params: int, trainable: int) -> strategies.Plan:
-    """Resolve `strategy` for this model and device: DDP or FSDP; DeepSpeed is refused (no loop runs it)."""
+    """Resolve `strategy` for this model and device (TrainSettings.resolve_strategy, which `plan` calls too).
+
+    On GPU, `auto` refuses a model that no row of the decision matrix fits (as `plan` does before submitting).
+    """
     import torch
 
-    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
-    plan = strategies.choose(
-        settings.strategy,
-        use_gpu=device.type == "cuda",
+    on_gpu = device.type == "cuda"
+    plan = settings.resolve_strategy(
         num_params=num_params,
         trainable_params=trainable,
-        device_memory_bytes=memory,
+        on_gpu=on_gpu,
+        device_memory_bytes=torch.cuda.get_device_properties(device).total_memory if on_gpu else 0,
         world=world,
-        zero_stage=settings.zero_stage,
-        cpu_offload=settings.cpu_offload,
     )
-    return strategies.require_loop_support(plan)
+    if settings.strategy == "auto" and not plan.fits:
+        raise StepInputError(
+            f"no strategy fits this model's {num_params:,} parameters: {plan.reason}; raise num_workers, lower "
+            "micro_batch_size or max_seq_len, or use larger GPUs"
+        )
+    return plan
+
+
+class Update(Protocol):
+    """One optimizer step of the loop, strategy by strategy: TorchUpdate (DDP, FSDP) or zero.ZeroUpdate."""
+
+    model: Any
+    scheduler: Any
+
+    def sync(self, last: bool) -> AbstractContextManager[Any]:
+        """The context of one micro-batch's forward and backward; `last` ends the accumulation."""
+
+    def backward(self, loss: Any, last: bool) -> None:
+        """Backpropagate one micro-batch's loss."""
+
+    def step(self) -> None:
+        """Apply the accumulated gradients: clip, optimizer, LR schedule, zero the gradients."""
+
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Adapter and optimizer state, whole and keyed by parameter name; empty off rank 0 (a collective)."""
+
+    def restore(self, state: dict[str, Any], rank: int) -> None:
+        """Load a checkpoint's optimizer state, scheduler and RNG streams."""
+
+
+@dataclass
+class TorchUpdate:
+    """The optimizer step for a DDP-wrapped or FSDP-sharded model and a torch optimizer."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    params: list[Any]
+    max_grad_norm: float
+
+    def sync(self, last: bool) -> AbstractContextManager[Any]:
+        """Reduce gradients on the last micro-batch only."""
+        return gradient_sync(self.model, last)  # type: ignore[no-any-return]
+
+    def backward(self, loss: Any, last: bool) -> None:
+        """Plain autograd; DDP's and FSDP's hooks reduce the gradients."""
+        loss.backward()
+
+    def step(self) -> None:
+        """Clip the whole gradient, AdamW, the LR schedule, zero the gradients."""
+        import torch
+
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The torch distributed state dicts, gathered on rank 0."""
+        return full_state(self.model, self.optimizer)
+
+    def restore(self, state: dict[str, Any], rank: int) -> None:
+        """The torch distributed optimizer state dict (sharded here under FSDP), scheduler, RNG."""
+        restore_state(state, self.model, self.optimizer, self.scheduler, rank)
 
 
 @contextmanager
 def process_group(device: Any, world: int) -> Iterator[None]:
-    """FSDP needs a process group: Ray Train made one for its workers; the local launcher gets a 1-rank group."""
+    """FSDP and ZeRO need a process group: Ray Train and mpirun made one; the local launcher gets a 1-rank group."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         yield
         return
     if world != 1:
-        raise RuntimeError(f"FSDP over {world} workers needs the process group Ray Train creates; none exists")
+        raise RuntimeError(f"{world} workers need the process group Ray Train or mpirun creates; none exists")
     backend = "nccl" if device.type == "cuda" else "gloo"
     store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, absent from torch's type stubs
     dist.init_process_group(backend, store=store, rank=0, world_size=1)

@@ -82,10 +82,16 @@ def load_adapter(folder: Path, model: Any) -> dict[str, Any]:
 
 def restore_state(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, rank: int) -> None:
     """Optimizer (full state by parameter name, sharded here when the model is), scheduler and RNG streams."""
-    import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    restore_progress(state, scheduler, rank)
+
+
+def restore_progress(state: dict[str, Any], scheduler: Any, rank: int) -> None:
+    """Scheduler and RNG streams: what every strategy restores the same way after its optimizer state."""
+    import torch
+
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])

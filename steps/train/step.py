@@ -7,15 +7,16 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
-from steps.common import checkpoints, lease, strategies, tracking
+from steps.common import checkpoints, lease, tracking
 from steps.common.base_model import resolve_model
 from steps.common.data import TRAIN_FILE
-from steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Outputs, TrainSettings
+from steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Outputs, TrainSettings, mpi
 from steps.train.data import prepare_cache
 from steps.train.loop import STOP_FILE, LoopConfig, local_context, sigterm_received, train_loop, train_worker
 from steps.train.state import METRICS_FILE
@@ -32,10 +33,8 @@ def run(args: Args) -> Outputs:
     train_file = args.dataset_dir / TRAIN_FILE
     if not train_file.is_file():
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
-    if args.strategy == "deepspeed":  # refused before Ray starts: bad input exits 2, never a retried job failure
-        strategies.require_loop_support(
-            strategies.Plan("deepspeed", args.zero_stage, args.cpu_offload, "strategy=deepspeed from config")
-        )
+    if args.launcher == "mpi" and mpi.ranks_from_env() is None:
+        raise StepInputError("--launcher=mpi runs as a rank of mpirun: `mpirun -np N python -m steps.train ...`")
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     cache_folder, pad_token_id = prepare_cache(args, model_dir)  # before Ray starts; bad data exits 2 here
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +81,8 @@ def _run_holding_lease(
         with held.kept_alive():
             if args.launcher == "local":
                 train_worker(loop, local_context(loop.settings))
+            elif args.launcher == "mpi":
+                mpi.lead(loop)  # the other ranks of mpirun join this loop (steps.train.mpi)
             else:
                 _fit(loop, args.output_dir / "ray", args.run_name)
     finally:
@@ -179,8 +180,17 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
     trainer.fit()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m steps.train --name=value ...`; exits EXIT_PREEMPTED after a SIGTERM checkpoint."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: `python -m steps.train --name=value ...`; exits EXIT_PREEMPTED after a SIGTERM checkpoint.
+
+    Under mpirun every rank enters here: rank 0 runs the step, the others join its training loop (steps.train.mpi).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ranks = mpi.ranks_from_env()
+    return _main(argv) if ranks is None else mpi.main(argv, ranks, _main)
+
+
+def _main(argv: Sequence[str]) -> int:
     try:
         return run_step(Args, run, argv)
     except PreemptedError as err:

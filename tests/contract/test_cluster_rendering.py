@@ -25,6 +25,16 @@ VARIANTS = {
     ],
     "p5": ["cluster.instance_type=p5.48xlarge"],
     "trainium": ["cluster.instance_type=trn1.32xlarge", "cluster.nodes=2"],
+    "gpu-mpijob": ["cluster.instance_type=g5.12xlarge", "cluster.launcher=mpijob", "train.strategy=deepspeed"],
+    "p4d-efa-spot-mpijob-volcano": [
+        "cluster.instance_type=p4d.24xlarge",
+        "cluster.nodes=2",
+        "cluster.zone=us-west-2a",
+        "cluster.spot=true",
+        "cluster.scheduler=volcano",
+        "cluster.launcher=mpijob",
+    ],
+    "cpu-mpijob": ["cluster.launcher=mpijob", "train.strategy=deepspeed", "train.zero_stage=3"],
 }
 
 
@@ -165,6 +175,8 @@ def pod_specs(workflow):
             groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
         elif obj["kind"] == "Job":
             groups = spec["tasks"]
+        elif obj["kind"] == "MPIJob":
+            groups = list(spec["mpiReplicaSpecs"].values())
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
                 yield f"{name}/{container['name']}", group["template"]["spec"], container

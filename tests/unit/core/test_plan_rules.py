@@ -99,9 +99,58 @@ def test_good_schedules_pass():
         check_schedule(cron, "Europe/Paris")
 
 
-def test_deepspeed_is_refused_because_no_loop_runs_it():
-    (line,) = problems("train.strategy=deepspeed")
-    assert line.startswith("train.strategy:") and "--set train.strategy=fsdp" in line
+@pytest.mark.parametrize(
+    ("overrides", "strategy"),
+    [
+        ([], "ddp"),
+        (["train.strategy=deepspeed", "train.zero_stage=3"], "deepspeed ZeRO-3"),
+        (["cluster.instance_type=g5.12xlarge", "train.strategy=deepspeed", "train.cpu_offload=true"], "deepspeed"),
+        (["cluster.instance_type=g5.12xlarge", "base_model=llama-3-8b"], "fsdp (auto"),
+    ],
+    ids=["cpu", "cpu-zero3", "gpu-zero2-offload", "gpu-auto-fsdp"],
+)
+def test_plan_and_the_train_step_resolve_with_one_memory_model(monkeypatch, overrides, strategy):
+    """`plan` calls the step's own TrainSettings.resolve_strategy (steps.common.strategies' memory model): the
+    strategy and memory it prints are what the step computes from the same parameter counts."""
+    from steps.train import TrainSettings
+
+    calls = []
+    original = TrainSettings.resolve_strategy
+
+    def spy(self, **kw):
+        calls.append((self, kw))
+        return original(self, **kw)
+
+    monkeypatch.setattr(TrainSettings, "resolve_strategy", spy)
+    rows = dict(plan.check(pipeline(overrides)).rows)
+    settings, kw = calls[-1]
+    assert rows["train: strategy"].startswith(strategy)
+    step_side = original(settings, **kw)  # what the step resolves for a model with these counts on these devices
+    assert rows["train: memory per worker"].startswith(f"~{step_side.memory_bytes / 1024**3:.1f} GiB")
+    assert step_side.strategy in rows["strategy"]
+
+
+def test_a_counted_model_and_plans_estimate_of_it_agree():
+    """The step counts the loaded model's parameters, `plan` estimates them from the size: same strategy, and
+    memory within 5% (the adapter's size is the only estimate) for the demo model's shape."""
+    import torch
+    from peft import get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from steps.train.parallel import plan_strategy
+    from steps.train.sizing import memory_plan
+
+    cfg = config(["train.strategy=deepspeed", "train.zero_stage=3", "train.lora.rank=8"])
+    shape = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = get_peft_model(LlamaForCausalLM(shape), cfg.train.lora.peft_config())
+    counted = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    step_side = plan_strategy(cfg.train, torch.device("cpu"), cfg.train.num_workers, counted, trainable)
+    (job,) = pipeline(["train.strategy=deepspeed", "train.zero_stage=3", "train.lora.rank=8"]).jobs
+    _, plan_side = memory_plan(job.settings, plan.layout_of(job, cfg), counted / 1e9)
+    assert (step_side.strategy, step_side.zero_stage) == (plan_side.strategy, plan_side.zero_stage) == ("deepspeed", 3)
+    assert abs(plan_side.memory_bytes / step_side.memory_bytes - 1) < 0.05
 
 
 def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
@@ -114,3 +163,10 @@ def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
 
 def test_small_models_keep_ddp():
     assert dict(plan.check(pipeline(["cluster.instance_type=g5.12xlarge"])).rows)["train: strategy"] == "ddp"
+
+
+def test_the_mpijob_launcher_is_planned_for_gpu_and_refused_for_trainium():
+    rows = dict(plan.check(pipeline(["cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"])).rows)
+    assert rows["train: pods"] == "1 MPI launcher + 1 worker pod(s) x 8 slot(s): mpirun -np 8"
+    (line,) = problems("cluster.instance_type=trn1.32xlarge", "cluster.launcher=mpijob")
+    assert line.startswith("cluster.launcher:") and "--set cluster.launcher=rayjob" in line
