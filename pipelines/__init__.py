@@ -1,1 +1,1 @@
-"""The eksflow SDK: Hera building blocks (core/), the local executor (local/) and the pipeline files."""
+"""This project's pipeline files: each a short Hera DAG built with eksflow, run as a file or with `python -m`."""

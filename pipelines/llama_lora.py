@@ -1,143 +1,161 @@
 """Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> roll out on vLLM (gated on the eval).
 
-Training runs unless `retrain` is if-data-changed (the CronWorkflow's setting) and the staged data has the digest
-the champion was trained on; a skipped train skips everything after it. The rollout (pipelines/core/rollout.py)
+Training runs unless `retrain` is if-data-changed (what the CronWorkflow passes) and the staged data has the digest
+the champion was trained on; a skipped train skips everything after it. The rollout (pipelines/serving/rollout.py)
 starts the serving fleet as soon as the data is staged, then canaries the registered version through LiteLLM's
-weighted routing and promotes it; its exit handler rolls back anything that did not finish.
+weighted routing and promotes it. The exit handler rolls back whatever did not reach promote, then writes the run's
+report (steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
 
     python pipelines/llama_lora.py run                          # the whole pipeline here, no cluster
     python pipelines/llama_lora.py render > workflow.yaml       # the Argo Workflow `run` executes
     python pipelines/llama_lora.py run --config my.yaml --set train.max_steps=100
+    python pipelines/llama_lora.py config --keys                # every setting, its default and what it does
 
-Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in data/demo; every knob is in
-pipelines/core/config.py.
+Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in data/demo.
 """
 
 from __future__ import annotations
 
-from hera.workflows import DAG, Resources, Workflow
+from typing import Any
 
-from pipelines.core.config import PipelineConfig, config_hash
-from pipelines.core.launchers import train_launcher
-from pipelines.core.rollout import Rollout
-from pipelines.core.templates import gauges, pipeline_workflow, step_factory
-from steps import champion, evaluate, register, stage_data, validate_data
+from pydantic import Field
+
+from eksflow import Pipeline, Resources, config_hash, distributed, ended, gauges, main, name_field, task
+from eksflow.config import MlflowSettings
+from pipelines.serving.objects import ServingConfig
+from pipelines.serving.rollout import finish_rollout, rollout
+from steps import champion, evaluate, register, report, stage_data, train, train_neuron, validate_data
+from steps.champion import Retrain
+from steps.evaluate import EvaluateSettings
+from steps.stage_data import StageSettings
+from steps.train import TrainSettings
+from steps.validate_data import ValidateSettings
+
+BIG = Resources(cpu_request=2, memory_request="8Gi")  # a model in memory: evaluate, register
 
 
-def build(cfg: PipelineConfig) -> Workflow:
+class LlamaLoraConfig(ServingConfig):
+    """The flagship's sections: each is the step's own Settings, so the pipeline and the step check the same rules.
+
+    From ServingConfig: base_model, serving (the vLLM fleet and LiteLLM proxy) and canary (weights, analysis).
+    """
+
+    name: str = name_field("llama-lora")
+    retrain: Retrain = Field(
+        "always",
+        description="always, or if-data-changed: skip training when the champion was trained on the same data "
+        "(scheduled runs pass if-data-changed)",
+    )
+    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")
+    data: StageSettings = StageSettings()
+    validation: ValidateSettings = ValidateSettings()
+    train: TrainSettings = TrainSettings()
+    evaluate: EvaluateSettings = EvaluateSettings()
+
+
+def build(cfg: LlamaLoraConfig) -> Pipeline:
     """The Argo Workflow for one fine-tuning run."""
-    step = step_factory(cfg)
-    run_dir = f"{cfg.storage.fsx_mount}/runs/{{{{workflow.name}}}}"
-    mlflow = {"tracking_uri": cfg.mlflow.tracking_uri}
-    model = {"base_model": "{{workflow.parameters.base_model}}", "model_cache_dir": cfg.storage.model_cache}
-
-    with pipeline_workflow(
+    with Pipeline(
         cfg,
         title=f"LoRA fine-tune of {cfg.base_model}",
         description="stage -> validate -> train -> evaluate -> register -> canary on vLLM -> promote",
         parameters={"data_source": cfg.data.source, "base_model": cfg.base_model, "retrain": cfg.retrain},
-    ) as workflow:
-        champion_t = step(
-            champion, retrain="{{workflow.parameters.retrain}}", model_name=cfg.mlflow.model_name, **mlflow
-        )
-        stage_t = step(
+        scheduled={"retrain": "if-data-changed"},  # a scheduled run trains only on new data
+    ) as p:
+        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
+        model: dict[str, Any] = {"base_model": p.parameters.base_model, "model_cache_dir": cfg.storage.model_cache}
+
+        trained_on = task(champion, retrain=p.parameters.retrain, model_name=cfg.model_name, **mlflow)
+        staged = task(
             stage_data,
             cfg.data,
-            wired=["previous_digest"],
-            source="{{workflow.parameters.data_source}}",
-            dest_dir=f"{run_dir}/data",
+            source=p.parameters.data_source,
+            dest_dir=p.run_dir / "data",
+            previous_digest=trained_on.dataset_digest,
         )
-        validate_t = step(
+        checked = task(
             validate_data,
             cfg.validation,
-            wired=["dataset_dir"],
-            **model,
-            report_dir=f"{run_dir}/reports",
+            dataset_dir=staged.dataset_dir,
+            report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
+            memoize=[staged.data_key],
+            **model,
         )
-        # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks).
-        train_t = train_launcher(
-            cfg,
-            step,
+        # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks)
+        trained = distributed(
+            train,
+            cfg.train,
+            neuron_step=train_neuron,
+            dataset_dir=staged.dataset_dir,
+            output_dir=p.run_dir / "train",
+            run_name=p.workflow_name,
+            experiment=cfg.experiment,
+            after=checked,
+            when=staged.changed,
+            memoize=[staged.data_key],  # the same data, settings and code train the same adapter: reuse it
             **model,
             **mlflow,
-            dataset_dir=f"{run_dir}/data",
-            output_dir=f"{run_dir}/train",
-            run_name="{{workflow.name}}",
-            experiment=cfg.mlflow.experiment,
         )
-        evaluate_t = step(
+        scored = task(
             evaluate,
             cfg.evaluate,
-            wired=["dataset_dir", "adapter_dir", "mlflow_run_id"],
-            **model,
-            **mlflow,
-            report_dir=f"{run_dir}/reports",
-            model_name=cfg.mlflow.model_name,
+            dataset_dir=staged.dataset_dir,
+            adapter_dir=trained.adapter_dir,
+            mlflow_run_id=trained.mlflow_run_id,
+            report_dir=p.run_dir / "reports",
+            model_name=cfg.model_name,
             mlflow_ui_url=cfg.mlflow.ui_url,
-            resources=Resources(cpu_request=2, memory_request="8Gi"),
-            metrics=gauges(cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")),
-        )
-        register_t = step(
-            register,
-            wired=["adapter_dir", "metrics", "eval_report", "dataset_digest", "mlflow_run_id"],
+            resources=BIG,
+            prometheus=gauges(
+                cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")
+            ),
+            memoize=[staged.data_key, trained],  # an adapter reused from an earlier run was scored there
             **model,
             **mlflow,
-            model_name=cfg.mlflow.model_name,
-            experiment=cfg.mlflow.experiment,
-            workflow_name="{{workflow.name}}",
-            workflow_uid="{{workflow.uid}}",
-            dataset_uri="{{workflow.parameters.data_source}}",
+        )
+        registered = task(
+            register,
+            adapter_dir=trained.adapter_dir,
+            metrics=scored.metrics,
+            eval_report=scored.report,
+            dataset_digest=staged.dataset_digest,
+            mlflow_run_id=trained.mlflow_run_id,
+            model_name=cfg.model_name,
+            experiment=cfg.experiment,
+            workflow_name=p.workflow_name,
+            workflow_uid=p.workflow_uid,
+            dataset_uri=p.parameters.data_source,
             config_hash=config_hash(cfg),
             mlflow_ui_url=cfg.mlflow.ui_url,
-            resources=Resources(cpu_request=2, memory_request="8Gi"),
+            resources=BIG,
+            when=scored.passed,
+            **model,
+            **mlflow,
         )
-        rollout = Rollout(cfg, step, run_dir)  # vLLM fleet, LiteLLM proxy, canary steps, promote, exit handler
-        rollout.exit_handler(workflow)
-
-        with DAG(name="main"):
-            trained_on = champion_t()
-            staged = stage_t(arguments={"previous_digest": trained_on.get_parameter("dataset_digest")})
-            checked = validate_t(arguments={"dataset_dir": staged.get_parameter("dataset_dir")})
-            trained = train_t(
-                after=checked,
-                arguments={"dataset_dir": staged.get_parameter("dataset_dir")},
-                when=f"{staged.get_parameter('changed')} == true",
+        rollout(  # vLLM fleet, LiteLLM proxy, canary steps, promote (pipelines/serving/rollout.py)
+            cfg,
+            model_version=registered.model_version,
+            evaluated_champion=scored.champion_version,
+            base_model=p.parameters.base_model,
+            start_after=staged,  # the engine loads while the model trains
+            start_when=staged.changed,
+            candidate_after=registered,
+            max_new_tokens=cfg.evaluate.max_new_tokens,
+        )
+        with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page
+            finished = finish_rollout(cfg)
+            task(
+                report,
+                after=ended(finished),
+                workflow_name=p.workflow_name,
+                workflow_status=p.workflow_status,
+                report_dir=p.run_dir,
+                mlflow_ui_url=cfg.mlflow.ui_url,
+                **mlflow,
             )
-            scored = evaluate_t(
-                arguments={
-                    "dataset_dir": staged.get_parameter("dataset_dir"),
-                    "adapter_dir": trained.get_parameter("adapter_dir"),
-                    "mlflow_run_id": trained.get_parameter("mlflow_run_id"),
-                }
-            )
-            registered = register_t(
-                arguments={
-                    "adapter_dir": trained.get_parameter("adapter_dir"),
-                    "metrics": scored.get_parameter("metrics"),
-                    "eval_report": scored.get_parameter("report"),
-                    "dataset_digest": staged.get_parameter("dataset_digest"),
-                    "mlflow_run_id": trained.get_parameter("mlflow_run_id"),
-                },
-                when=f"{scored.get_parameter('passed')} == true",
-            )
-            rollout.add(
-                model_version=registered.get_parameter("model_version"),
-                evaluated_champion=scored.get_parameter("champion_version"),
-                start_after=staged,  # the engine loads while the model trains
-                start_when=f"{staged.get_parameter('changed')} == true",
-                candidate_after=[registered],
-            )
-
-            trained_on >> staged >> checked  # type: ignore[operator]  # Hera types >> as Task | list
-            # .Succeeded, not plain `>>`: a skipped task counts as done for `>>`, and nothing after a skipped
-            # training run (unchanged data) or a skipped registration (gate failed) may run.
-            trained.on_success(scored)
-            scored.on_success(registered)
-    return workflow
+    return p
 
 
 if __name__ == "__main__":
-    from pipelines.core.cli import main
-
     main(build)

@@ -42,10 +42,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from eksflow.runtime.args import Settings, StepFailedError, StepInputError, run_step
 from steps.common import litellm_proxy, rollout, tracking, vllm
-from steps.common.args import Settings, StepFailedError, StepInputError, run_step
 from steps.common.rollout import FleetArgs, RolloutState
-from steps.evaluate import COMPARISONS, REPORT_ARTIFACT, REPORT_FILE, Threshold, gate, task_score
+from steps.evaluate.gate import COMPARISONS, Threshold, gate
+from steps.evaluate.metrics import resolve
+from steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
 
 STEP = "analyze"
 CANARY_METRICS = (
@@ -235,7 +237,7 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
         with ThreadPoolExecutor(args.concurrency) as pool:
             answers = list(pool.map(ask, probes))
         for probe, answer in zip(probes, answers, strict=True):
-            score = task_score(args.task_metric, answer.text, probe.reference) if answer.ok else 0.0
+            score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else 0.0
             setattr(probe, role, answer.text if answer.ok else f"<error: {answer.error or answer.status}>")
             setattr(probe, f"{role}_score", score)
             errors[role] += not answer.ok

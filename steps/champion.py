@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import Location, StepArgs, run_step
 from steps.common import tracking
-from steps.common.args import StepArgs, run_step
 
 Retrain = Literal["always", "if-data-changed"]
 
@@ -36,7 +36,7 @@ class Args(StepArgs):
         "always", description="always: train every run; if-data-changed: skip when the champion's data is the same"
     )
     model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name")
-    tracking_uri: str = Field(description="MLflow tracking and registry URI")
+    tracking_uri: Location = Field(description="MLflow tracking and registry URI")
 
 
 class Outputs(BaseModel):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import run_step
 from steps.common import litellm_proxy, rollout, vllm
-from steps.common.args import run_step
 from steps.common.rollout import FleetArgs
 
 

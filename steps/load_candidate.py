@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 from steps.common import litellm_proxy, rollout, vllm
-from steps.common.args import StepFailedError, StepInputError, run_step
 from steps.common.rollout import FleetArgs
 
 STEP = "load-candidate"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from steps.common.args import StepArgs, run_step
+from eksflow.runtime.args import StepArgs, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 from steps.common import litellm_proxy, rollout, tracking, vllm
-from steps.common.args import StepFailedError, StepInputError, run_step
 from steps.common.rollout import FleetArgs
 
 STEP = "promote"

@@ -13,8 +13,8 @@ import sys
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepArgs, StepFailedError, run_step
 from steps.common import vllm
-from steps.common.args import StepArgs, StepFailedError, run_step
 
 
 class Args(StepArgs):

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError
 
+from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 from steps.common import tracking
-from steps.common.args import StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 ADAPTER_ARTIFACT = "adapter"
 MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
+ADAPTER_CONFIG = "adapter_config.json"
+SET_VALUED_CONFIG = frozenset({"target_modules", "exclude_modules", "modules_to_save"})  # sets in PEFT's LoraConfig
 
 
 class Args(StepArgs):
@@ -61,10 +63,10 @@ class Args(StepArgs):
         pattern=tracking.MODEL_NAME_PATTERN,
         description="registered model name in MLflow (letters, digits, '.', '_', '-')",
     )
-    tracking_uri: str = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
+    tracking_uri: Location = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
     experiment: str = Field("eksflow", description="MLflow experiment of the run when no train run is given")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
-    base_model: str = Field(
+    base_model: Location = Field(
         description="base model reference the adapter was trained on (see base_model.resolve_model)"
     )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="cache for resolved base models")
@@ -94,6 +96,7 @@ class GateReport(BaseModel):
     reason: str
     thresholds: list[dict[str, object]]
     eval_set_digest: str = ""
+    task_metrics: list[str] = []
 
 
 class Outputs(BaseModel):
@@ -142,15 +145,37 @@ def checkpoint_digest(adapter_dir: Path) -> str:
     """sha256 over the adapter's own files (adapter_config.json, adapter_model.*), in name order.
 
     README files, markers and other extras are left out: they may carry timestamps and would give the same
-    weights a new digest, hence a duplicate version.
+    weights a new digest, hence a duplicate version. adapter_config.json is hashed in canonical form (see
+    `canonical_adapter_config`); the weights are hashed byte for byte.
     """
     h = hashlib.sha256()
     for path in sorted(p for p in adapter_dir.iterdir() if p.is_file() and p.name.startswith("adapter_")):
         h.update(path.name.encode() + b"\0")
+        if path.name == ADAPTER_CONFIG:
+            h.update(canonical_adapter_config(path))
+            continue
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+def canonical_adapter_config(path: Path) -> bytes:
+    """adapter_config.json with sorted keys and its set-valued lists sorted.
+
+    PEFT keeps target_modules (and exclude_modules, modules_to_save) as Python sets and writes them in hash-seed
+    order, so two saves of bit-identical weights differ in this file alone; hashing it as written would register
+    identical weights as a new version on every run.
+    """
+    try:
+        config = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise StepInputError(f"{path} is not JSON ({err}); is the adapter folder complete?") from None
+    if isinstance(config, dict):
+        for key in SET_VALUED_CONFIG & config.keys():
+            if isinstance(config[key], list):
+                config[key] = sorted(config[key], key=lambda item: json.dumps(item, sort_keys=True))
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> ModelVersion | None:
@@ -220,6 +245,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         values["gate.reason"] = gate_report.reason[: tracking.MAX_TAG_CHARS]
         described = [f"{t.get('metric')} {t.get('op')} {t.get('value')}" for t in gate_report.thresholds]
         values["gate.thresholds"] = json.dumps(described)[: tracking.MAX_TAG_CHARS]
+        values["eval.task_metrics"] = ",".join(gate_report.task_metrics)
     return {tag: value for tag, value in values.items() if value}
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepInputError, run_step
 from steps.common import litellm_proxy, rollout, tracking, vllm
-from steps.common.args import StepInputError, run_step
 from steps.common.rollout import FleetArgs
 
 

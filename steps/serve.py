@@ -24,8 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 from steps.common import rollout, tracking, vllm
-from steps.common.args import StepArgs, StepInputError, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
@@ -35,7 +35,7 @@ class Args(vllm.EngineSettings, StepArgs):
     """Which version to serve, where, and the engine's settings."""
 
     model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name, served as is")
-    tracking_uri: str = Field(
+    tracking_uri: Location = Field(
         "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (the run's mlflow.db)"
     )
     alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")

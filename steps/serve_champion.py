@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepInputError, run_step
 from steps.common import litellm_proxy, rollout, vllm
-from steps.common.args import StepInputError, run_step
 from steps.common.rollout import FleetArgs, RolloutState
 
 STEP = "serve-champion"

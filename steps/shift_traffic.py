@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from eksflow.runtime.args import StepInputError, run_step
 from steps.common import litellm_proxy, rollout
-from steps.common.args import StepInputError, run_step
 from steps.common.rollout import FleetArgs
 
 STEP = "shift"

@@ -4,7 +4,7 @@
         --output-dir=/fsx/run/train            # the same arguments as steps.train
 
 Runs in the train-neuron image (the `neuron` extra: optimum-neuron pins its own transformers), launched by the
-Volcano Job that pipelines/core/launchers.py renders for trn1 instance types. The eksflow -> NeuronTrainingArguments
+Volcano Job that eksflow/launchers.py renders for trn1 instance types. The eksflow -> NeuronTrainingArguments
 mapping (tensor parallelism, bf16, ZeRO-1, checkpoint cadence) is steps.common.neuron.training_arguments, unit
 tested without the Neuron SDK; this module itself needs Trainium and has not run on this project's CPU machines.
 
@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eksflow.runtime.args import StepInputError, run_step
 from steps.common import tracking
-from steps.common.args import StepInputError, run_step
 from steps.common.base_model import resolve_model
 from steps.common.data import TRAIN_FILE, load_examples
 from steps.common.neuron import training_arguments
@@ -74,7 +74,12 @@ def run(args: Args) -> Outputs:
     }
     run_id = ""
     if args.tracking_uri and int(os.environ.get("RANK", "0")) == 0:
-        run_id = tracking.start_run(args.tracking_uri, args.experiment, args.run_name, {"eksflow.step": "train"})
+        run_id = tracking.start_run(
+            args.tracking_uri,
+            args.experiment,
+            args.run_name,
+            {"eksflow.step": "train", tracking.WORKFLOW_TAG: args.run_name},
+        )
         tracking.log_metrics(args.tracking_uri, run_id, metrics, step=args.max_steps)
     return Outputs(
         adapter_dir=str(adapter_dir),

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.common.storage import download_prefix, is_s3, local_path
 
 DEMO_MODEL = "smollm2-135m-instruct"

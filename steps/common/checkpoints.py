@@ -1,6 +1,6 @@
 """Crash-safe checkpoints: a checkpoint is visible only once every file in it is written and verified.
 
-Commit protocol (what HF Trainer and torchtune lack, see RELIABILITY.md CK1-CK3):
+Commit protocol (what HF Trainer and torchtune lack, see docs/reliability.md CK1-CK3):
     1. write every file into `<root>/.tmp-step-<N>-<pid>/` and fsync it;
     2. write `manifest.json` (size + sha256 of each file) LAST, fsync it;
     3. rename the folder to `<root>/step-<N>` and fsync `<root>`.
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from steps.common.s3errors import explain, s3_errors
 from steps.common.storage import UnsafeKeyError, download_prefix, fsync, fsync_dir, s3_client, sha256_file, split_s3
 
 MANIFEST = "manifest.json"
@@ -173,7 +174,8 @@ class DurableCopy:
                 client.upload_file(str(path), self.bucket, key)  # type: ignore[attr-defined]
             client.put_object(Bucket=self.bucket, Key=f"{base}/{MARKER}", Body=b"")  # type: ignore[attr-defined]
         except Exception as err:  # a durable-copy outage must not stop training; the local commit stands
-            message = f"durable copy of {checkpoint.path.name} to s3://{self.bucket}/{base} failed: {err}"
+            explained = explain(err, f"durable copy of {checkpoint.path.name} to", f"s3://{self.bucket}/{base}")
+            message = str(explained) if explained else f"durable copy of {checkpoint.path.name} failed: {err}"
             print(f"warning: {message}", file=sys.stderr)
             self.errors.append(message)
             return
@@ -184,14 +186,15 @@ def restore_latest(uri: str, root: Path) -> Checkpoint | None:
     """Download the newest durable copy under `uri` that has its marker and verifies into `root`; None if none."""
     bucket, prefix = split_s3(uri)
     base = prefix.rstrip("/") + "/" if prefix else ""
-    client = s3_client()
     marked: list[tuple[int, str]] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
-        for obj in page.get("Contents", []):
-            parts = obj["Key"][len(base) :].split("/")
-            match = _STEP_DIR.match(parts[0])
-            if match and parts[1:] == [MARKER]:
-                marked.append((int(match.group(1)), parts[0]))
+    with s3_errors("listing durable checkpoints under", uri):
+        client = s3_client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
+            for obj in page.get("Contents", []):
+                parts = obj["Key"][len(base) :].split("/")
+                match = _STEP_DIR.match(parts[0])
+                if match and parts[1:] == [MARKER]:
+                    marked.append((int(match.group(1)), parts[0]))
     for step, name in sorted(marked, reverse=True):
         tmp = root / f".tmp-restore-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)

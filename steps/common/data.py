@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 
 TRAIN_FILE = "train.jsonl"
 EVAL_FILE = "eval.jsonl"

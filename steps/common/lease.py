@@ -1,4 +1,4 @@
-"""One writer per run: a lease file in the checkpoint root (RELIABILITY.md CK7) and the run identity.
+"""One writer per run: a lease file in the checkpoint root (docs/reliability.md CK7) and the run identity.
 
 A second trainer pointed at the same checkpoint root (a duplicate submission, a retry racing a zombie pod) would
 interleave checkpoints with the first. The lease is created with O_EXCL, so exactly one process holds it; the

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from steps.common.args import StepFailedError, StepInputError
-from steps.common.outputs import atomic_write_text
+from eksflow.runtime.args import StepFailedError, StepInputError
+from eksflow.runtime.outputs import atomic_write_text
 
 Slot = Literal["blue", "green"]
 SLOTS: tuple[Slot, Slot] = ("blue", "green")

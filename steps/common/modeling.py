@@ -56,12 +56,16 @@ def collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[s
 
 def generate(
     model: Any, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, batch_size: int, max_new_tokens: int
-) -> list[str]:
-    """Greedy answers for `prompts`, batched with left padding (deterministic for given weights)."""
+) -> tuple[list[str], int]:
+    """Greedy answers for `prompts`, batched with left padding (deterministic for given weights).
+
+    Returns the answers and how many of them reached `max_new_tokens` without their end-of-sequence token.
+    """
     import torch
 
     tokenizer.padding_side = "left"
     answers: list[str] = []
+    cut = 0
     for start in range(0, len(prompts), batch_size):
         texts = [prompt_text(tokenizer, p) for p in prompts[start : start + batch_size]]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
@@ -70,5 +74,9 @@ def generate(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
             )
         width = batch["input_ids"].shape[1]
-        answers.extend(str(tokenizer.decode(row[width:], skip_special_tokens=True)).strip() for row in out)
-    return answers
+        for row in out:
+            new = row[width:]
+            ended = bool((new == tokenizer.eos_token_id).any()) or bool((new == tokenizer.pad_token_id).any())
+            cut += int(len(new) >= max_new_tokens and not ended)
+            answers.append(str(tokenizer.decode(new, skip_special_tokens=True)).strip())
+    return answers, cut

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 
 NEURON_CORES_PER_NODE = 32  # trn1.32xlarge / trn2.48xlarge expose 32 logical NeuronCores
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32)

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from eksflow.runtime.args import StepArgs, StepFailedError, StepInputError
+from eksflow.runtime.outputs import atomic_write_text
 from steps.common import litellm_proxy, tracking
-from steps.common.args import StepArgs, StepFailedError, StepInputError
 from steps.common.litellm_proxy import Slot
-from steps.common.outputs import atomic_write_text
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
+from steps.common.s3errors import s3_errors
 
 
 class UnsafeKeyError(StepInputError):
@@ -70,29 +71,38 @@ def s3_api_client(max_pool_connections: int = 32) -> Any:
 def _client_config(max_pool_connections: int) -> Any:
     from botocore.config import Config
 
-    return Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=max_pool_connections)
+    # An explicit retries setting hides $AWS_MAX_ATTEMPTS from botocore, so it is read here. A 10 s connect
+    # timeout (botocore's is 60 s, per attempt) lets a blackholed endpoint fail in a minute, not five.
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    return Config(
+        retries={"max_attempts": int(attempts) if attempts.isdigit() and int(attempts) > 0 else 5, "mode": "standard"},
+        connect_timeout=10,
+        max_pool_connections=max_pool_connections,
+    )
 
 
 def download_prefix(uri: str, dest: Path, *, skip: frozenset[str] = frozenset(), client: Any = None) -> list[str]:
     """Copy every object under an s3:// prefix into `dest`, keeping relative keys; return the keys copied.
 
-    Relative keys in `skip` are left out; a key that would land outside `dest` raises UnsafeKeyError.
+    Relative keys in `skip` are left out; a key that would land outside `dest` raises UnsafeKeyError. An S3
+    failure is one StepInputError or StepFailedError line (steps.common.s3errors).
     """
     bucket, prefix = split_s3(uri)
-    client = client or s3_client()
     base = prefix.rstrip("/") + "/" if prefix else ""
     copied = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
-        for obj in page.get("Contents", []):
-            relative = obj["Key"][len(base) :]
-            if not relative or relative.endswith("/") or relative in skip:
-                continue
-            target = (dest / relative).resolve()
-            if not target.is_relative_to(dest.resolve()):
-                raise UnsafeKeyError(f"object key {obj['Key']!r} escapes the destination; refusing to copy it")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, obj["Key"], str(target))
-            copied.append(relative)
+    with s3_errors("downloading", uri):
+        client = client or s3_client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
+            for obj in page.get("Contents", []):
+                relative = obj["Key"][len(base) :]
+                if not relative or relative.endswith("/") or relative in skip:
+                    continue
+                target = (dest / relative).resolve()
+                if not target.is_relative_to(dest.resolve()):
+                    raise UnsafeKeyError(f"object key {obj['Key']!r} escapes the destination; refusing to copy it")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, obj["Key"], str(target))
+                copied.append(relative)
     return copied
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steps.common.args import StepFailedError
+from eksflow.runtime.args import StepFailedError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -55,6 +55,8 @@ CHAMPION = "champion"
 PREVIOUS = "previous"
 
 DATASET_DIGEST_TAG = "dataset_digest"  # lineage tag on a model version: the digest of the data it was trained on
+# On every run a workflow starts: the workflow name, so its exit handler can find and end runs no output names.
+WORKFLOW_TAG = "eksflow.workflow"
 
 
 class TrackingError(StepFailedError):
@@ -85,8 +87,36 @@ def configure(tracking_uri: str) -> None:
     db = sqlite_path(tracking_uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
+        _initialize_sqlite(tracking_uri, db)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
+
+
+def _initialize_sqlite(tracking_uri: str, db: Path) -> None:
+    """Create (or migrate) a sqlite store's tables once, under a lock.
+
+    MLflow creates and migrates the schema when a process first opens the store; two processes doing it at once
+    on a new file (two sweep candidates starting together) collide ("duplicate column name"). Whoever holds the
+    lock does it; the others find the tables made.
+    """
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    if tracking_uri in _initialized:
+        return
+    with open(db.with_name(db.name + ".init-lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            opened = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            opened.search_experiments(max_results=1)
+            opened.search_registered_models(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _initialized.add(tracking_uri)
+
+
+_initialized: set[str] = set()  # sqlite stores this process has opened: their tables exist
 
 
 def client(tracking_uri: str) -> MlflowClient:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from steps.common.args import Settings, StepFailedError, StepInputError
+from eksflow.runtime.args import Settings, StepFailedError, StepInputError
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ADAPTER_CONFIG = "adapter_config.json"

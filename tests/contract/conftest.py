@@ -1,18 +1,26 @@
-"""Validators built once per session from the official schemas in ../shared/schemas (see its README)."""
+"""Validators built once per session from the official schemas vendored in tests/contract/schemas (its README)."""
 
+import gzip
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 
-def _strict_definitions(path: Path, what: str) -> dict:
+def schema_text(name: str) -> str:
+    """An upstream schema file (e.g. `argo/schema.json`), decompressed and checked against SHA256SUMS."""
+    data = gzip.decompress((SCHEMAS / f"{name}.gz").read_bytes())
+    sums = dict(line.split()[::-1] for line in (SCHEMAS / "SHA256SUMS").read_text().splitlines())
+    assert hashlib.sha256(data).hexdigest() == sums[name], f"{name} differs from the upstream file (SHA256SUMS)"
+    return data.decode()
+
+
+def _strict_definitions(name: str) -> dict:
     """An Argo JSON schema bundle (schema.json or swagger.json) whose object definitions reject unknown fields."""
-    if not path.is_file():
-        pytest.skip(f"official {what} not found at {path} (the shared/ folder sits beside the repo in CI)")
-    bundle = json.loads(path.read_text())
+    bundle = json.loads(schema_text(name))
     defs = bundle["definitions"]
     # The files render IntOrString and Quantity as plain strings; the API server accepts numbers for both.
     defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
@@ -23,13 +31,11 @@ def _strict_definitions(path: Path, what: str) -> dict:
     return bundle
 
 
-def _crd_schema(path: Path, version: str) -> dict:
+def _crd_schema(name: str, version: str) -> dict:
     """The strict openAPIV3Schema of one version of an official CRD file."""
     import yaml
 
-    if not path.is_file():
-        pytest.skip(f"official CRD not found at {path}")
-    crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+    crd = yaml.load(schema_text(name), Loader=yaml.CSafeLoader)
     return _strictify(next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"])
 
 
@@ -38,7 +44,7 @@ def argo_validator():
     """Strict (unknown fields rejected) validator factory for an Argo kind, from argo/schema.json."""
     from jsonschema import Draft202012Validator
 
-    bundle = _strict_definitions(SCHEMAS / "argo" / "schema.json", "Argo schema")
+    bundle = _strict_definitions("argo/schema.json")
     defs = bundle["definitions"]
 
     def validator(kind: str) -> Draft202012Validator:
@@ -77,6 +83,7 @@ CRDS = {
     ("ray.io", "RayJob"): "kuberay/ray.io_rayjobs.yaml",
     ("batch.volcano.sh", "Job"): "volcano/batch.volcano.sh_jobs.yaml",
     ("scheduling.volcano.sh", "PodGroup"): "volcano/scheduling.volcano.sh_podgroups.yaml",
+    ("kubeflow.org", "MPIJob"): "mpi-operator/kubeflow.org_mpijobs.yaml",
 }
 
 
@@ -91,7 +98,7 @@ def crd_validator():
         group, version = manifest["apiVersion"].split("/")
         key = (group, manifest["kind"], version)
         if key not in cache:
-            cache[key] = Draft202012Validator(_crd_schema(SCHEMAS / CRDS[(group, manifest["kind"])], version))
+            cache[key] = Draft202012Validator(_crd_schema(CRDS[(group, manifest["kind"])], version))
         return cache[key]
 
     return validator
@@ -102,7 +109,7 @@ def swagger_validator():
     """Strict validator for an Argo Server REST API body definition, from argo/swagger.json."""
     from jsonschema import Draft202012Validator
 
-    defs = _strict_definitions(SCHEMAS / "argo" / "swagger.json", "Argo API spec")["definitions"]
+    defs = _strict_definitions("argo/swagger.json")["definitions"]
 
     def validator(name: str) -> Draft202012Validator:
         return Draft202012Validator({"$ref": f"#/definitions/{name}", "definitions": defs})
@@ -118,7 +125,7 @@ def kueue_validator():
     files = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}
 
     def validator(manifest) -> Draft202012Validator:
-        path = SCHEMAS / "kueue" / f"kueue.x-k8s.io_{files[manifest['kind']]}.yaml"
-        return Draft202012Validator(_crd_schema(path, manifest["apiVersion"].split("/")[1]))
+        name = f"kueue/kueue.x-k8s.io_{files[manifest['kind']]}.yaml"
+        return Draft202012Validator(_crd_schema(name, manifest["apiVersion"].split("/")[1]))
 
     return validator

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.core.cli import apply_variant
-from pipelines.core.config import load_config
-from pipelines.core.launchers import RAYJOB_FAILURE, RAYJOB_SUCCESS
-from pipelines.core.templates import cron_workflow, manifest, workflow_template
-from pipelines.llama_lora import build
+from eksflow.cli import apply_variant
+from eksflow.launchers.jobs import RAYJOB_FAILURE, RAYJOB_SUCCESS
+from eksflow.templates import cron_workflow, workflow_template
+from tests.flagship import config, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {
@@ -26,11 +25,21 @@ VARIANTS = {
     ],
     "p5": ["cluster.instance_type=p5.48xlarge"],
     "trainium": ["cluster.instance_type=trn1.32xlarge", "cluster.nodes=2"],
+    "gpu-mpijob": ["cluster.instance_type=g5.12xlarge", "cluster.launcher=mpijob", "train.strategy=deepspeed"],
+    "p4d-efa-spot-mpijob-volcano": [
+        "cluster.instance_type=p4d.24xlarge",
+        "cluster.nodes=2",
+        "cluster.zone=us-west-2a",
+        "cluster.spot=true",
+        "cluster.scheduler=volcano",
+        "cluster.launcher=mpijob",
+    ],
+    "cpu-mpijob": ["cluster.launcher=mpijob", "train.strategy=deepspeed", "train.zero_stage=3"],
 }
 
 
 def render(overrides):
-    return manifest(build(load_config(None, overrides)))
+    return rendered(overrides)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -144,12 +153,12 @@ def test_trainium_runs_torchrun_on_every_neuron_core():
 
 def test_train_outputs_reach_evaluate_on_the_cluster_variants():
     workflow = render(VARIANTS["gpu-kueue"])
-    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if "dag" in t]
+    (dag,) = [t["dag"]["tasks"] for t in workflow["spec"]["templates"] if t["name"] == workflow["spec"]["entrypoint"]]
     tasks = {t["name"]: t for t in dag}
-    assert tasks["train"]["depends"] == "validate-data"
+    assert tasks["train"]["depends"] == "stage-data.Succeeded && validate-data.Succeeded"
     assert tasks["train"]["when"] == "{{tasks.stage-data.outputs.parameters.changed}} == true"
-    assert tasks["train-outputs"]["depends"] == "train.Succeeded"  # a skipped job skips the collector
-    assert tasks["evaluate"]["depends"] == "train-outputs.Succeeded"
+    assert tasks["train-outputs"]["depends"] == "stage-data.Succeeded && train.Succeeded"  # a skipped job skips it
+    assert tasks["evaluate"]["depends"] == "stage-data.Succeeded && train-outputs.Succeeded"
     evaluate_args = {p["name"]: p["value"] for p in tasks["evaluate"]["arguments"]["parameters"]}
     assert evaluate_args["adapter_dir"] == "{{tasks.train-outputs.outputs.parameters.adapter_dir}}"
     (collector,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train-outputs"]
@@ -174,6 +183,8 @@ def pod_specs(workflow):
             groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
         elif obj["kind"] == "Job":
             groups = spec["tasks"]
+        elif obj["kind"] == "MPIJob":
+            groups = list(spec["mpiReplicaSpecs"].values())
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
                 yield f"{name}/{container['name']}", group["template"]["spec"], container
@@ -204,7 +215,7 @@ def test_lint_every_rendered_manifest(variant):
 
 
 def test_apply_variant_keeps_a_configured_instance_of_that_kind():
-    cfg = load_config(None, ["cluster.instance_type=p5.48xlarge"])
+    cfg = config(["cluster.instance_type=p5.48xlarge"])
     assert apply_variant(cfg, "gpu").cluster.instance_type == "p5.48xlarge"
     assert apply_variant(cfg, "trainium").cluster.instance_type == "trn1.32xlarge"
     assert apply_variant(cfg, "cpu").cluster.instance_type == "m6i.4xlarge"
@@ -215,7 +226,8 @@ def test_committed_cron_matches_a_fresh_render():
     assert committed.is_file(), "run `make templates` and commit workflow-templates/"
     documents = list(yaml.safe_load_all(committed.read_text()))
     workflow = render([])
-    assert documents == [workflow_template(workflow), cron_workflow(workflow, "0 3 * * 1", "UTC")], (
+    scheduled = {"retrain": "if-data-changed"}
+    assert documents == [workflow_template(workflow), cron_workflow(workflow, "0 3 * * 1", "UTC", scheduled)], (
         "workflow-templates/ is stale: run `make templates`"
     )
     cron = documents[1]["spec"]
@@ -238,10 +250,13 @@ def test_prometheus_gauges_on_train_and_evaluate(variant):
 
 
 def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
-    from pipelines.local.executor import parse_manifest
+    from eksflow.local.manifest import parse_manifest
+    from eksflow.local.model import ContainerTemplate
 
     workflow = render([])
     (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
-    assert train["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert train["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     assert train["nodeSelector"]["node.kubernetes.io/instance-type"] == "m6i.4xlarge"
-    assert parse_manifest(workflow).containers["train"].command == ("python", "-m", "steps.train")
+    train_template = parse_manifest(workflow).templates["train"]
+    assert isinstance(train_template, ContainerTemplate)
+    assert train_template.command == ("python", "-m", "steps.train")

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.core.config import Images, load_config
-from pipelines.core.profiles import pod_security
-from pipelines.core.templates import RESTRICTED
+from eksflow.config import Images
+from eksflow.profiles import pod_security
+from eksflow.templates import RESTRICTED
 from tests.contract.test_cluster_rendering import VARIANTS, embedded, render
+from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE_TORCH = re.search(r"torch==[\d.]+", (ROOT / "Makefile").read_text()).group(0)
@@ -39,7 +40,7 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
 
 @pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "train"), ("trainium", "train_neuron")])
 def test_training_pods_use_the_image_built_for_their_accelerator(variant, image_field):
-    expected = getattr(load_config(None, VARIANTS[variant]).images, image_field)
+    expected = getattr(config(VARIANTS[variant]).images, image_field)
     images = {image for _, job in embedded(render(VARIANTS[variant])) for image in container_images(job)}
     assert images == {expected}
 

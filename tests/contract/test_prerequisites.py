@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipelines.core.config import load_config
+from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = list(yaml.safe_load_all((ROOT / "workflow-templates" / "cluster-prerequisites.yaml").read_text()))
@@ -23,7 +23,7 @@ def test_prerequisite_validates(document, kueue_validator):
 
 
 def test_prerequisites_match_the_config_defaults():
-    cfg = load_config()
+    cfg = config()
     names = {(d["kind"], d["metadata"]["name"]) for d in DOCUMENTS}
     assert ("ServiceAccount", cfg.service_account) in names
     assert ("PersistentVolumeClaim", cfg.storage.fsx_claim) in names

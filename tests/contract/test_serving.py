@@ -8,13 +8,13 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
 from pipelines.core import serving
 from pipelines.core.config import load_config
 from pipelines.core.rollout import EXIT_HANDLER, gitops_objects, rollout_workflow
 from pipelines.core.templates import manifest
-from pipelines.llama_lora import build
 from pipelines.local.executor import parse_manifest
+
+from pipelines.llama_lora import build
 from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
 
 ROOT = Path(__file__).resolve().parents[2]

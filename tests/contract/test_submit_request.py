@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipelines.core import submit as submit_module
-from pipelines.core.cli import main
+from eksflow import submit as submit_module
+from eksflow.cli import main
 from pipelines.llama_lora import build
 
 

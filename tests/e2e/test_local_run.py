@@ -34,7 +34,7 @@ FLAGSHIP_TASKS = (
     "champion", "stage-data", "validate-data", "train", "evaluate", "register", "prepare-fleet", "vllm",
     "vllm-service", "vllm-pdb", "proxy-config", "proxy", "proxy-service", "proxy-pdb", "serve-champion",
     "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50", "shift-100", "analyze-100", "promote",
-    "onExit",
+    "onExit", "onExit.finish-rollout", "onExit.report",  # the exit handler's DAG node, as Argo names it, and its tasks
 )  # fmt: skip
 
 
@@ -104,6 +104,13 @@ def registered_versions(state_dir: Path) -> list:
     return client.search_model_versions("name = 'llama-lora'")
 
 
+def training_run(state_dir: Path, run_id: str):
+    from mlflow import MlflowClient
+
+    db = state_dir / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
+    return MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id)
+
+
 def start_run(*args: str, state_dir: Path, model_cache: Path) -> subprocess.Popen[str]:
     command = [sys.executable, str(PIPELINE), "run", *args, "--state-dir", str(state_dir)]
     command += ["--set", f"storage.model_cache={model_cache}"]
@@ -148,7 +155,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     version = outputs(status["register"])["model_version"]
     # Deployed through vLLM: no champion yet, so every canary step gave the candidate all traffic and passed.
     assert outputs(status["promote"])["champion_version"] == version
-    assert outputs(status["onExit"]) == {"phase": "Healthy", "reason": "promoted"}
+    assert outputs(status["onExit.finish-rollout"]) == {"phase": "Healthy", "reason": "promoted"}
     for percent in (10, 50, 100):
         report = json.loads(
             (Path(outputs(status[f"analyze-{percent}"])["report"].replace("/fsx", str(fsx(tmp_path))))).read_text()
@@ -163,6 +170,12 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
 
     # `make serve`: vLLM serves the champion's adapter as `llama-lora`; the curl line it prints works.
     assert_serve_answers_through_the_adapter(tmp_path, model_cache)
+
+    # The run's page, printed as a host path; the train run it plots was ended by the exit handler.
+    page = run_dir / "report.html"
+    assert f"report: {page}" in result.stderr
+    assert page.read_text().count("<polyline class='series'") >= 2  # loss and learning rate
+    assert training_run(tmp_path, outputs(status["train"])["mlflow_run_id"]).info.status == "FINISHED"
 
     # The manifest that ran is the one `render` prints, and lineage reached the registry.
     rendered = pipeline("render", state_dir=tmp_path, model_cache=model_cache)
@@ -181,7 +194,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert outputs(status["stage-data"])["changed"] == "false"
     assert status["train"]["phase"] == "Skipped" and status["prepare-fleet"]["phase"] == "Skipped"  # no engine
     assert {status[t]["phase"] for t in ("evaluate", "register", "vllm", "load-candidate", "promote")} == {"Omitted"}
-    assert outputs(status["onExit"])["reason"] == "no candidate"
+    assert outputs(status["onExit.finish-rollout"])["reason"] == "no candidate"
     assert len(registered_versions(tmp_path)) == 1
 
 
@@ -225,7 +238,7 @@ def test_bad_config_exits_2_before_anything_runs(tmp_path, override, expected):
 
 
 @pytest.mark.slow
-def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env, adopt_engine):
+def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env):
     """The flagship with `data.source=s3://...` against a real local S3 server (moto_server)."""
     import boto3
 

@@ -1,6 +1,6 @@
 """The registry at scale against a real `mlflow server` (sqlite backend, local artifact root) on 127.0.0.1.
 
-RELIABILITY.md ML1 (repeated registration -> one version), concurrent registrations of distinct checkpoints ->
+docs/reliability.md ML1 (repeated registration -> one version), concurrent registrations of distinct checkpoints ->
 distinct versions, ML2 (server killed during registration -> bounded clear failure, rerun without duplicate) and
 ML3 (aliases only; champion moves only through promote, the former champion keeps `previous`).
 
@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from steps import evaluate, register
+from steps import register
 from steps.common import tracking
 from steps.common.base_model import DEMO_MODEL
+from steps.evaluate import gate as evaluate_gate
+from steps.evaluate import step as evaluate_step
 
 pytestmark = pytest.mark.slow
 
@@ -258,7 +260,7 @@ def test_aliases_only_and_champion_moves_only_on_promote(tmp_path, server):
     model = "ml3"
     first = register.run(args(tmp_path, fake_adapter(tmp_path / "a", seed=4), server.uri, model))
     assert (alias(server.uri, model, "challenger"), alias(server.uri, model, "champion")) == ("1", None)
-    assert evaluate.find_champion(server.uri, model) is None
+    assert evaluate_step.find_champion(server.uri, model) is None
 
     tracking.promote(server.uri, model, first.model_version)  # what deploy does after a passing smoke test
     second = register.run(args(tmp_path, fake_adapter(tmp_path / "b", seed=5), server.uri, model))
@@ -271,9 +273,9 @@ def test_aliases_only_and_champion_moves_only_on_promote(tmp_path, server):
         assert tracking.client(server.uri).get_model_version(model, version).current_stage in ("None", None)
 
     # The next evaluation compares with what the champion recorded, on the same eval set.
-    champion = evaluate.find_champion(server.uri, model)
-    assert champion == evaluate.Champion(
+    champion = evaluate_step.find_champion(server.uri, model)
+    assert champion == evaluate_gate.Champion(
         version="2", eval_set_digest=EVAL_SET, scores={"exact_match": 0.9, "eval_loss": 0.25}
     )
-    check = evaluate.champion_gate({"exact_match": 0.92}, champion, EVAL_SET, "exact_match", 0.05)
+    check = evaluate_gate.champion_gate({"exact_match": 0.92}, champion, EVAL_SET, "exact_match", 0.05)
     assert not check.passed and check.required == pytest.approx(0.95)

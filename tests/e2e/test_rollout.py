@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pipelines.core.config import load_config
 from pipelines.core.rollout import rollout_workflow
 from pipelines.core.templates import manifest
 from pipelines.local import run_workflow
+
 from steps import register
 from steps.common import litellm_proxy, rollout, tracking, vllm
 from steps.common.base_model import DEMO_MODEL

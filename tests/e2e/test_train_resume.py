@@ -1,4 +1,4 @@
-"""Kill, preempt and resume the real train step on the real SmolLM2 (RELIABILITY.md CK1, CK5, CK6).
+"""Kill, preempt and resume the real train step on the real SmolLM2 (docs/reliability.md CK1, CK5, CK6).
 
 Each trainer is `python -m steps.train --launcher=local`: the same loop Ray Train runs in its workers, in one
 process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test

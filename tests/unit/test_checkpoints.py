@@ -1,4 +1,4 @@
-"""Checkpoint commit protocol and latest-selection (RELIABILITY.md CK2-CK4)."""
+"""Checkpoint commit protocol and latest-selection (docs/reliability.md CK2-CK4)."""
 
 import json
 

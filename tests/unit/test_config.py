@@ -2,26 +2,34 @@
 
 import pytest
 
-from pipelines.core.config import ConfigError, PipelineConfig, load_config
+from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, load_config
+from pipelines.llama_lora import LlamaLoraConfig
+from tests.flagship import config
 
 
 def test_defaults_are_valid():
-    cfg = load_config()
-    assert cfg == PipelineConfig()
+    cfg = config()
+    assert cfg == LlamaLoraConfig()
     assert cfg.base_model == "smollm2-135m-instruct"
+    assert (cfg.experiment, cfg.model_name) == ("llama-lora", "llama-lora")  # one experiment per pipeline
 
 
 def test_yaml_then_set_overrides(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("train:\n  max_steps: 7\n  lora: {rank: 4}\nevaluate:\n  max_examples: 5\n")
-    cfg = load_config(path, ["train.max_steps=9", "data.source=s3://bucket/data"])
+    cfg = config(["train.max_steps=9", "data.source=s3://bucket/data"], path)
     assert (cfg.train.max_steps, cfg.train.lora.rank, cfg.evaluate.max_examples) == (9, 4, 5)
     assert cfg.data.source == "s3://bucket/data"
 
 
+def test_each_pipeline_validates_against_its_own_model():
+    with pytest.raises(ConfigError, match=r"^train: unknown key; valid keys: "):
+        load_config(PipelineConfig, None, ["train.max_steps=3"])  # the base has no train section
+
+
 def test_all_errors_are_reported_at_once_with_field_and_fix():
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["train.learning_rate=-1", "train.lr=1", "images.steps=repo/steps:latest"])
+        config(["train.learning_rate=-1", "train.lr=1", "images.steps=repo/steps:latest"])
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("images.steps:") and "not pinned" in lines[0]
@@ -43,14 +51,50 @@ def test_all_errors_are_reported_at_once_with_field_and_fix():
         "name=Bad_Name",
         "evaluate.thresholds=[{metric: bogus, value: 1}]",
         "train.max_steps=ten",
+        "train.max_steps=[1",
+        "train.lora=@x",
+        ".x=1",
     ],
-    ids=["no-equals", "out-of-range", "k8s-name", "unknown-metric", "wrong-type"],
+    ids=["no-equals", "out-of-range", "k8s-name", "unknown-metric", "wrong-type", "bad-yaml", "yaml-reserved", "empty"],
 )
 def test_bad_overrides_raise_config_error(override):
     with pytest.raises(ConfigError):
-        load_config(None, [override])
+        config([override])
 
 
-def test_missing_config_file(tmp_path):
+@pytest.mark.parametrize(
+    "text",
+    ["'''", '"', "`", "[1", "@x", "!!python/object:os.system x", "a\nb", "1976", "true", "null", "a: b", "  padded  "],
+)
+def test_a_text_field_takes_the_set_value_as_given(text):
+    assert config([f"deploy.smoke_expect={text}"]).deploy.smoke_expect == text
+    assert config([f"deploy.smoke_prompt={text}"]).deploy.smoke_prompt == text
+
+
+@pytest.mark.parametrize(
+    "override",
+    ['mlflow.experiment=x {{=sprig.env("HOME")}}', "mlflow.tracking_uri=sqlite:////fsx/wn-{{workflow.name}}.db"],
+)
+def test_argo_expressions_in_text_are_refused_naming_the_field(override):
+    key = override.split("=", 1)[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: holds '{{{{', which Argo would evaluate"):
+        config([override])
+
+
+def test_text_longer_than_an_argv_item_may_be_is_refused():
+    with pytest.raises(ConfigError, match=rf"^base_model: {MAX_TEXT_BYTES + 1} bytes of text; at most"):
+        config(["base_model=" + "a" * (MAX_TEXT_BYTES + 1)])
+
+
+def test_missing_unreadable_and_malformed_config_files(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
-        load_config(tmp_path / "nope.yaml")
+        config(path=tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [x\n")
+    with pytest.raises(ConfigError, match=r"invalid YAML at line 2"):
+        config(path=tmp_path / "bad.yaml")
+    (tmp_path / "latin1.yaml").write_bytes("base_model: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        config(path=tmp_path / "latin1.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        config(path=tmp_path / "list.yaml")

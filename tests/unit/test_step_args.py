@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from steps.common.args import Settings, StepArgs, StepInputError, run_step, to_argv
+from eksflow.runtime.args import Settings, StepArgs, StepInputError, run_step, to_argv
 
 
 class Nested(Settings):
@@ -101,9 +101,17 @@ def test_run_step_writes_outputs_and_exits_2_on_bad_input(tmp_path, capsys):
         return DemoOutputs(answer=args.name, passed=True, score=2 / 3)
 
     assert run_step(DemoArgs, core, [f"--outputs-dir={tmp_path}", "--name=hi"]) == 0
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"answer": "hi", "passed": "true", "score": "0.6667"}
+    written = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert written == {"answer": "hi", "passed": "true", "score": "0.6666666666666666"}  # full precision
 
     assert run_step(DemoArgs, core, [f"--outputs-dir={tmp_path / 'bad'}", "--name=hi", "--steps=-1"]) == 2
     err = capsys.readouterr().err
     assert "--steps" in err and "greater than or equal to 1" in err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("value", [5e-05, 0.1, 1 / 3, 123456.789, 1e-12])
+def test_float_outputs_keep_full_precision(value):
+    from eksflow.runtime.outputs import output_text
+
+    assert float(output_text(value)) == value

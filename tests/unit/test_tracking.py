@@ -210,3 +210,17 @@ def test_run_url_names_the_runs_experiment(store):
 def test_run_url_is_empty_when_the_server_is_down(no_retries, capsys):
     assert tracking.run_url(dead_uri(), "", "0123") == ""
     assert "warning: looking up run 0123" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_processes_opening_a_new_sqlite_store_together_all_succeed(tmp_path):
+    """Two sweep candidates start at once on a fresh store: MLflow's schema creation must not collide."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = "import sys; from steps.common import tracking; tracking.ensure_experiment(sys.argv[1], 'x')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri], stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr

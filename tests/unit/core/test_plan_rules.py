@@ -5,23 +5,24 @@ import shlex
 
 import pytest
 
-from pipelines.core import plan
-from pipelines.core.cli import check_schedule
-from pipelines.core.config import ConfigError, load_config
-from pipelines.core.launchers import entrypoint, retry_attempts
-from pipelines.core.profiles import PROFILES
+from eksflow import plan
+from eksflow.cli import check_schedule
+from eksflow.config import ConfigError
+from eksflow.launchers.jobs import entrypoint
+from eksflow.profiles import PROFILES
+from tests.flagship import config, pipeline
 
 
 def problems(*overrides):
     with pytest.raises(ConfigError) as err:
-        plan.check(load_config(None, overrides))
+        plan.check(pipeline(overrides))
     return str(err.value).splitlines()
 
 
 def test_defaults_and_every_profile_pass():
     for instance_type in PROFILES:
-        rows = dict(plan.check(load_config(None, [f"cluster.instance_type={instance_type}"])).rows)
-        assert rows["cost per hour"].startswith("$")
+        rows = dict(plan.check(pipeline([f"cluster.instance_type={instance_type}"])).rows)
+        assert rows["train: cost per hour"].startswith("$")
 
 
 def test_memory_that_cannot_fit_is_refused():
@@ -47,7 +48,7 @@ def test_cpu_workers_must_fit_the_node():
 def test_efa_across_nodes_needs_one_zone():
     (line,) = problems("cluster.instance_type=p5.48xlarge", "cluster.nodes=2")
     assert line.startswith("cluster.zone:")
-    plan.check(load_config(None, ["cluster.instance_type=p5.48xlarge", "cluster.nodes=2", "cluster.zone=us-west-2a"]))
+    plan.check(pipeline(["cluster.instance_type=p5.48xlarge", "cluster.nodes=2", "cluster.zone=us-west-2a"]))
 
 
 def test_spot_requires_checkpoints_before_the_end():
@@ -56,8 +57,9 @@ def test_spot_requires_checkpoints_before_the_end():
 
 
 def test_retry_layers_stay_within_the_budget():
-    cfg = load_config(None, ["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"])
-    assert retry_attempts(cfg) == 2 * 6 * 1
+    cfg = config(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"])
+    (job,) = pipeline(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=5"]).jobs
+    assert job.attempts(cfg) == 2 * 6 * 1
     (line,) = problems("cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=6")
     assert line.startswith("cluster.retry_budget:")
 
@@ -68,7 +70,7 @@ def test_every_problem_is_reported_at_once():
 
 def test_unknown_instance_type_is_a_config_error():
     with pytest.raises(ConfigError, match=r"cluster\.instance_type"):
-        load_config(None, ["cluster.instance_type=p9.huge"])
+        config(["cluster.instance_type=p9.huge"])
 
 
 def test_entrypoint_passes_parameters_through_the_environment():
@@ -82,7 +84,7 @@ def test_entrypoint_passes_parameters_through_the_environment():
     ("cron", "timezone", "expected"),
     [
         ("0 3 * *", None, "--cron '0 3 * *': expected 5 fields"),
-        ("0 3 * * funday", None, "expected 5 fields"),
+        ("0 3 * * funday", None, "day of week 'funday'"),
         (None, None, "needs a schedule"),
         ("0 3 * * 1", "Mars/Olympus", "not an IANA time zone"),
     ],
@@ -97,18 +99,74 @@ def test_good_schedules_pass():
         check_schedule(cron, "Europe/Paris")
 
 
-def test_deepspeed_is_refused_because_no_loop_runs_it():
-    (line,) = problems("train.strategy=deepspeed")
-    assert line.startswith("train.strategy:") and "--set train.strategy=fsdp" in line
+@pytest.mark.parametrize(
+    ("overrides", "strategy"),
+    [
+        ([], "ddp"),
+        (["train.strategy=deepspeed", "train.zero_stage=3"], "deepspeed ZeRO-3"),
+        (["cluster.instance_type=g5.12xlarge", "train.strategy=deepspeed", "train.cpu_offload=true"], "deepspeed"),
+        (["cluster.instance_type=g5.12xlarge", "base_model=llama-3-8b"], "fsdp (auto"),
+    ],
+    ids=["cpu", "cpu-zero3", "gpu-zero2-offload", "gpu-auto-fsdp"],
+)
+def test_plan_and_the_train_step_resolve_with_one_memory_model(monkeypatch, overrides, strategy):
+    """`plan` calls the step's own TrainSettings.resolve_strategy (steps.common.strategies' memory model): the
+    strategy and memory it prints are what the step computes from the same parameter counts."""
+    from steps.train import TrainSettings
+
+    calls = []
+    original = TrainSettings.resolve_strategy
+
+    def spy(self, **kw):
+        calls.append((self, kw))
+        return original(self, **kw)
+
+    monkeypatch.setattr(TrainSettings, "resolve_strategy", spy)
+    rows = dict(plan.check(pipeline(overrides)).rows)
+    settings, kw = calls[-1]
+    assert rows["train: strategy"].startswith(strategy)
+    step_side = original(settings, **kw)  # what the step resolves for a model with these counts on these devices
+    assert rows["train: memory per worker"].startswith(f"~{step_side.memory_bytes / 1024**3:.1f} GiB")
+    assert step_side.strategy in rows["strategy"]
+
+
+def test_a_counted_model_and_plans_estimate_of_it_agree():
+    """The step counts the loaded model's parameters, `plan` estimates them from the size: same strategy, and
+    memory within 5% (the adapter's size is the only estimate) for the demo model's shape."""
+    import torch
+    from peft import get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from steps.train.parallel import plan_strategy
+    from steps.train.sizing import memory_plan
+
+    cfg = config(["train.strategy=deepspeed", "train.zero_stage=3", "train.lora.rank=8"])
+    shape = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = get_peft_model(LlamaForCausalLM(shape), cfg.train.lora.peft_config())
+    counted = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    step_side = plan_strategy(cfg.train, torch.device("cpu"), cfg.train.num_workers, counted, trainable)
+    (job,) = pipeline(["train.strategy=deepspeed", "train.zero_stage=3", "train.lora.rank=8"]).jobs
+    _, plan_side = memory_plan(job.settings, plan.layout_of(job, cfg), counted / 1e9)
+    assert (step_side.strategy, step_side.zero_stage) == (plan_side.strategy, plan_side.zero_stage) == ("deepspeed", 3)
+    assert abs(plan_side.memory_bytes / step_side.memory_bytes - 1) < 0.05
 
 
 def test_a_model_too_big_for_one_gpu_plans_fsdp_over_all_workers():
     big = ["base_model=llama-3-70b", "cluster.instance_type=p4d.24xlarge", "cluster.zone=us-west-2a"]
     big += ["train.gradient_checkpointing=true", "cluster.nodes=2"]
-    rows = dict(plan.check(load_config(None, big)).rows)
-    assert rows["strategy"].startswith("fsdp (auto")
+    rows = dict(plan.check(pipeline(big)).rows)
+    assert rows["train: strategy"].startswith("fsdp (auto")
     assert problems(*big, "train.strategy=ddp")[0].startswith("train.micro_batch_size:")  # a replica per GPU: no
 
 
 def test_small_models_keep_ddp():
-    assert dict(plan.check(load_config(None, ["cluster.instance_type=g5.12xlarge"])).rows)["strategy"] == "ddp"
+    assert dict(plan.check(pipeline(["cluster.instance_type=g5.12xlarge"])).rows)["train: strategy"] == "ddp"
+
+
+def test_the_mpijob_launcher_is_planned_for_gpu_and_refused_for_trainium():
+    rows = dict(plan.check(pipeline(["cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"])).rows)
+    assert rows["train: pods"] == "1 MPI launcher + 1 worker pod(s) x 8 slot(s): mpirun -np 8"
+    (line,) = problems("cluster.instance_type=trn1.32xlarge", "cluster.launcher=mpijob")
+    assert line.startswith("cluster.launcher:") and "--set cluster.launcher=rayjob" in line

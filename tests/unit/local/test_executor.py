@@ -6,22 +6,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from pipelines.local import LocalExecutorError, RunResult, resume_workflow, run_workflow
-from pipelines.local.executor import PathMap
-
-# Snippets for `python -c CODE arg...`; sys.argv[1:] are the container args.
-APPEND = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
-WRITE_OUTPUT = (
-    "import os, sys; os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True);open(sys.argv[1], 'w').write(sys.argv[2])"
+from eksflow.local import LocalExecutorError, resume_workflow
+from tests.unit.local.manifests import (
+    APPEND,
+    EXIT_WITH,
+    WRITE_OUTPUT,
+    container,
+    lines,
+    phases,
+    run,
+    task,
+    workflow,
 )
-EXIT_WITH = "import sys; open(sys.argv[1], 'a').write('x\\n'); sys.exit(int(sys.argv[2]))"
+
 WAIT_FOR_OTHER = """
 import pathlib, sys, time
 marks, me, other = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -31,49 +34,6 @@ while not (marks / f"running-{other}").exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 (marks / f"saw-{me}").write_text(str((marks / f"running-{other}").exists()))
 """
-
-
-def container(name: str, code: str, *args: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "container": {"image": "python:3.11", "command": ["python", "-c", code], "args": list(args)},
-        **extra,
-    }
-
-
-def task(name: str, template: str, depends: str | None = None, **extra: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"name": name, "template": template, **extra}
-    if depends:
-        spec["depends"] = depends
-    return spec
-
-
-def workflow(tasks: list[dict[str, Any]], templates: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Workflow",
-        "metadata": {"generateName": "test-"},
-        "spec": {"entrypoint": "main", "templates": [*templates, {"name": "main", "dag": {"tasks": tasks}}], **spec},
-    }
-
-
-@dataclass
-class Outcome(RunResult):
-    output: str = ""  # what the run printed (plain mode: one line per phase change)
-
-
-def run(manifest: dict[str, Any], tmp_path: Path, **kwargs: Any) -> Outcome:
-    out = io.StringIO()
-    result = run_workflow(manifest, tmp_path / "state", cwd=tmp_path, console=Console(file=out, width=200), **kwargs)
-    return Outcome(**vars(result), output=out.getvalue())
-
-
-def phases(result: RunResult) -> dict[str, str]:
-    return {name: node.phase for name, node in result.nodes.items()}
-
-
-def lines(path: Path) -> list[str]:
-    return Path(path).read_text().splitlines()
 
 
 def test_dag_order_and_parallel_branches(tmp_path: Path) -> None:
@@ -450,41 +410,6 @@ def test_volumes_map_to_host_folders(tmp_path: Path) -> None:
     assert (tmp_path / "copy").read_text() == "data"  # mapped again for the downstream task
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("/fsx", "/host/fsx"),
-        ("/fsx/a/b", "/host/fsx/a/b"),
-        ("--dir=/fsx/a", "--dir=/host/fsx/a"),
-        ("sqlite:////fsx/db", "sqlite:////host/fsx/db"),
-        ("file:///fsx/data.jsonl", "file:///host/fsx/data.jsonl"),
-        ("/data/fsx/x", "/data/fsx/x"),
-        ("/fsx-old/x", "/fsx-old/x"),
-        ("/fsx.bak", "/fsx.bak"),
-        ("/tmp/outputs/score", "/host/out/score"),
-        ("/tmp/outputs/sub/x", "/host/sub/x"),
-        ("a=/fsx,b=/fsx/c", "a=/host/fsx,b=/host/fsx/c"),
-    ],
-    ids=[
-        "bare",
-        "nested",
-        "flag",
-        "sqlite-url",
-        "file-url",
-        "inner",
-        "sibling",
-        "dotted",
-        "outputs",
-        "longest",
-        "twice",
-    ],
-)
-def test_path_map(text: str, expected: str) -> None:
-    paths = PathMap([("/fsx", "/host/fsx"), ("/tmp/outputs", "/host/out"), ("/tmp/outputs/sub", "/host/sub")])
-    assert paths.to_host(text) == expected
-    assert paths.to_container(expected) == text
-
-
 INJECTION = {
     "triple-quote": "x''' + __import__('os').system('touch CANARY') + '''",
     "command-substitution": "$(touch CANARY)",
@@ -577,16 +502,17 @@ def test_unsupported_templates_are_rejected_up_front(
 @pytest.mark.parametrize(
     ("tasks", "message"),
     [
-        ([task("a", "t", withItems=[1, 2])], r"withItems is not supported"),
+        ([task("a", "t", withSequence={"count": "2"})], r"withSequence is not supported locally; list the items"),
+        ([task("a", "t", withItems=[1], withParam="[2]")], r"sets both withItems and withParam"),
         ([task("a", "t", "ghost")], r"depends on 'ghost'"),
         ([task("a", "t", "b"), task("b", "t", "a")], r"cycle"),
-        ([task("a", "missing")], r"'missing' is not a container or resource template"),
+        ([task("a", "missing")], r"'missing' names no template in spec.templates"),
         (
             [task("a", "t"), task("b", "t", arguments={"parameters": [{"name": "x", "value": "{{tasks.a.status}}"}]})],
             r"does not depend on 'a'",
         ),
     ],
-    ids=["withItems", "unknown-dependency", "cycle", "missing-template", "undeclared-dependency"],
+    ids=["withSequence", "two-loops", "unknown-dependency", "cycle", "missing-template", "undeclared-dependency"],
 )
 def test_invalid_dags_are_rejected(tmp_path: Path, tasks: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(LocalExecutorError, match=message):
@@ -608,7 +534,7 @@ import sys
 from pathlib import Path
 from hera.workflows import DAG, Container, Workflow
 from rich.console import Console
-from pipelines.core.cli import run
+from eksflow.run import execute
 
 state_dir, pid_file, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
 code = (
@@ -620,7 +546,7 @@ with Workflow(name="sleepy", entrypoint="main") as workflow:
     hang = Container(name="hang", image="python:3.11", command=["python", "-c", code], args=[pid_file])
     with DAG(name="main"):
         hang()
-sys.exit(run(workflow, Path(state_dir), resume, Console(stderr=True, width=200)))
+sys.exit(execute(workflow.to_dict(), Path(state_dir), resume, Console(stderr=True, width=200), root=Path.cwd()))
 """
 
 
@@ -658,3 +584,12 @@ def test_ctrl_c_stops_the_run_with_one_line_and_it_resumes(tmp_path: Path) -> No
     assert resumed.returncode == 0, stderr
     status = json.loads((tmp_path / "state" / "runs" / "sleepy" / "status.json").read_text())
     assert status["status"]["phase"] == "Succeeded"
+
+
+def test_a_program_that_is_not_there_is_an_error_not_a_failure(tmp_path: Path) -> None:
+    template = {"name": "t", "container": {"image": "x", "command": ["no-such-program-here", "--flag"]}}
+    template["retryStrategy"] = {"limit": 1, "retryPolicy": "OnError"}
+    result = run(workflow([task("t", "t")], [template]), tmp_path)
+    node = result.nodes["t"]
+    assert (node.phase, node.exit_code, node.retries) == ("Error", None, 1)  # OnError retries what could not start
+    assert node.message.startswith("cannot start 'no-such-program-here': [Errno 2] No such file or directory")

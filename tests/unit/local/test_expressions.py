@@ -1,7 +1,8 @@
 import pytest
 
-from pipelines.local.expressions import (
+from eksflow.local.expressions import (
     ExpressionError,
+    TaskOutcome,
     dependencies_to_depends,
     depends_on_failure,
     depends_references,
@@ -9,6 +10,7 @@ from pipelines.local.expressions import (
     evaluate_retry_expression,
     evaluate_when,
 )
+from eksflow.local.phase import Phase
 
 WHEN_CASES = [
     ("true == true", True),
@@ -58,7 +60,16 @@ def test_when_errors(expression: str, message: str) -> None:
         evaluate_when(expression)
 
 
-PHASES = {"a": "Succeeded", "b": "Failed", "c": "Skipped", "d": "Omitted", "e": "Error"}
+S, F = Phase.SUCCEEDED, Phase.FAILED
+OUTCOMES = {
+    "a": TaskOutcome(S),
+    "b": TaskOutcome(F),
+    "c": TaskOutcome(Phase.SKIPPED),
+    "d": TaskOutcome(Phase.OMITTED),
+    "e": TaskOutcome(Phase.ERROR),
+    "some": TaskOutcome(F, (S, F)),  # a fan-out with one iteration failed
+    "none": TaskOutcome(F, (F, F)),
+}
 DEPENDS_CASES = [
     ("a", True),
     ("c", True),  # bare = Succeeded || Skipped || Daemoned
@@ -72,8 +83,13 @@ DEPENDS_CASES = [
     ("c.Skipped", True),
     ("d.Omitted", True),
     ("a.Daemoned", False),
-    ("a.AnySucceeded", True),
-    ("b.AllFailed", True),
+    ("a.AnySucceeded", False),  # only a fan-out has iterations (Argo: false for a task that did not fan out)
+    ("b.AllFailed", False),
+    ("some", False),
+    ("some.AnySucceeded", True),
+    ("some.AllFailed", False),
+    ("none.AnySucceeded", False),
+    ("none.AllFailed", True),
     ("a && (b.Succeeded || b.Failed)", True),
     ("a && b", False),
     ("!b", True),
@@ -83,18 +99,19 @@ DEPENDS_CASES = [
 
 @pytest.mark.parametrize(("expression", "expected"), DEPENDS_CASES, ids=[c[0] for c in DEPENDS_CASES])
 def test_depends(expression: str, expected: bool) -> None:
-    assert evaluate_depends(expression, PHASES) is expected
+    assert evaluate_depends(expression, OUTCOMES) is expected
 
 
 def test_depends_references_and_failure_handling() -> None:
-    expression = "stage-data && (train.Failed || evaluate.Errored) && !x.AllFailed"
+    expression = "stage-data && (train.Failed || evaluate.Errored) && !x.AllFailed && y.AnySucceeded"
     assert depends_references(expression) == [
         ("stage-data", None),
         ("train", "Failed"),
         ("evaluate", "Errored"),
         ("x", "AllFailed"),
+        ("y", "AnySucceeded"),
     ]
-    assert depends_on_failure(expression) == {"train", "evaluate", "x"}
+    assert depends_on_failure(expression) == {"train", "evaluate", "x", "y"}
     assert dependencies_to_depends(["a", "b"]) == "a && b"
 
 
@@ -105,7 +122,7 @@ def test_depends_references_and_failure_handling() -> None:
 )
 def test_depends_errors(expression: str, message: str) -> None:
     with pytest.raises(ExpressionError, match=message):
-        evaluate_depends(expression, PHASES)
+        evaluate_depends(expression, OUTCOMES)
 
 
 RETRY_CASES = [

@@ -3,7 +3,6 @@
 import threading
 
 import pytest
-
 from pipelines.core import serving
 from pipelines.core.config import load_config
 from pipelines.local import resources

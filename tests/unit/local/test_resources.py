@@ -11,9 +11,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from pipelines.local import LocalExecutorError, RunResult, run_workflow
-from pipelines.local.executor import parse_manifest
-from pipelines.local.resources import nvidia_gpus
+from eksflow.local import LocalExecutorError, RunResult, run_workflow
+from eksflow.local.fleet import FLEET_KINDS
+from eksflow.local.manifest import parse_manifest
+from eksflow.local.model import ContainerTemplate, ResourceTemplate
+from eksflow.local.resources import nvidia_gpus
 
 ROOT = Path(__file__).resolve().parents[3]
 FSX_VOLUME = {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}
@@ -308,12 +310,15 @@ def test_unsupported_resource_templates_are_rejected_up_front(tmp_path: Path, mu
     assert not (tmp_path / "state").exists()  # nothing ran, nothing was written
 
 
-def rendered(*overrides: str) -> dict[str, Any]:
-    from pipelines.core.config import load_config
-    from pipelines.core.templates import manifest
-    from pipelines.llama_lora import build
+def fleet_object(template: ResourceTemplate) -> bool:
+    manifest = yaml.safe_load(template.manifest)
+    return (manifest["apiVersion"], manifest["kind"]) in FLEET_KINDS
 
-    return manifest(build(load_config(None, list(overrides))))
+
+def rendered(*overrides: str) -> dict[str, Any]:
+    from tests import flagship
+
+    return flagship.rendered(overrides)
 
 
 @pytest.mark.parametrize(
@@ -326,18 +331,17 @@ def rendered(*overrides: str) -> dict[str, Any]:
 )
 def test_rendered_cluster_variants_are_runnable_manifests(overrides: list[str], resource_templates: list[str]) -> None:
     parsed = parse_manifest(rendered(*overrides))
-    assert sorted(n for n, r in parsed.resources.items() if not r.fleet) == resource_templates  # + the serving fleet
-    assert "train-outputs" in parsed.containers
+    jobs = [n for n, t in parsed.templates.items() if isinstance(t, ResourceTemplate) and not fleet_object(t)]
+    assert sorted(jobs) == resource_templates  # besides the serving fleet's objects
+    assert isinstance(parsed.templates["train-outputs"], ContainerTemplate)
 
 
 def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_path: Path) -> None:
-    from pipelines.core.cli import EXIT_BAD_INPUT, run
-    from pipelines.core.config import load_config
-    from pipelines.llama_lora import build
+    from eksflow.run import EXIT_BAD_INPUT, execute
 
     out = io.StringIO()
-    workflow = build(load_config(None, ["cluster.instance_type=trn1.32xlarge"]))
-    assert run(workflow, tmp_path / "state", None, Console(file=out, width=300)) == EXIT_BAD_INPUT
+    workflow = rendered("cluster.instance_type=trn1.32xlarge")
+    assert execute(workflow, tmp_path / "state", None, Console(file=out, width=300), root=ROOT) == EXIT_BAD_INPUT
     assert out.getvalue().startswith("cannot run locally: template 'train': a Volcano Job (tasks[0] 'worker': ")
     assert out.getvalue().endswith(
         "Neuron cores need Trainium; run the cpu profile here (`run --variant cpu`) or `submit` to a cluster\n"

@@ -67,7 +67,7 @@ def test_probe_rows_are_the_first_rows_evaluate_scored():
 
 
 def test_a_report_without_per_row_scores_is_bad_input():
-    from steps.common.args import StepInputError
+    from eksflow.runtime.args import StepInputError
 
     with pytest.raises(StepInputError, match="no per-row exact_match scores"):
         canary.probe_set([{"prompt": "a", "reference": "b"}], 4)
@@ -150,7 +150,7 @@ def test_the_local_fleet_names_a_routes_file_else_the_management_api(monkeypatch
     assert isinstance(litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000"), litellm_proxy.RoutesFile)
     monkeypatch.delenv(litellm_proxy.ROUTES_FILE_ENV)
     assert isinstance(litellm_proxy.routes("http://p:4000", "sk-1", "m", "http://v:8000"), litellm_proxy.ProxyApi)
-    from steps.common.args import StepInputError
+    from eksflow.runtime.args import StepInputError
 
     with pytest.raises(StepInputError, match="no LiteLLM master key"):
         litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000")

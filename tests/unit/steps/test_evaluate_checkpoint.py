@@ -1,15 +1,16 @@
 """Evaluating from a checkpoint: the manifest is verified first, degraded weights never pass, and the metrics
-of one checkpoint are reproducible (RELIABILITY.md EV1, EV2)."""
+of one checkpoint are reproducible (docs/reliability.md EV1, EV2)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps import evaluate
 from steps.common import checkpoints, tracking
-from steps.common.args import StepInputError
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
+from steps.evaluate import step as evaluate_step
 
 DEMO_DATA = Path(__file__).resolve().parents[3] / "data" / "demo"
 
@@ -40,19 +41,19 @@ def test_a_flipped_byte_in_the_checkpoint_is_refused_before_scoring(tmp_path, mo
     data = bytearray(weights.read_bytes())
     data[100] ^= 0x01
     weights.write_bytes(bytes(data))
-    monkeypatch.setattr(evaluate, "score_models", lambda *_: pytest.fail("a corrupt checkpoint was scored"))
+    monkeypatch.setattr(evaluate_step, "score_models", lambda *_: pytest.fail("a corrupt checkpoint was scored"))
 
     with pytest.raises(StepInputError, match=r"checkpoint failed verification: .*adapter_model\.safetensors"):
-        evaluate.run(eval_args(tmp_path, checkpoint.path / "adapter"))
+        evaluate_step.run(eval_args(tmp_path, checkpoint.path / "adapter"))
 
 
 def test_a_step_folder_without_manifest_is_refused(tmp_path, monkeypatch):
     checkpoint = checkpoints.commit(tmp_path / "checkpoints", 40, fake_adapter)
     (checkpoint.path / checkpoints.MANIFEST).unlink()  # the save did not finish
-    monkeypatch.setattr(evaluate, "score_models", lambda *_: pytest.fail("an unfinished checkpoint was scored"))
+    monkeypatch.setattr(evaluate_step, "score_models", lambda *_: pytest.fail("an unfinished checkpoint was scored"))
 
     with pytest.raises(StepInputError, match=r"has no manifest\.json"):
-        evaluate.run(eval_args(tmp_path, checkpoint.path / "adapter"))
+        evaluate_step.run(eval_args(tmp_path, checkpoint.path / "adapter"))
 
 
 @pytest.fixture(scope="session")
@@ -82,8 +83,8 @@ def test_random_adapter_never_passes_and_scores_are_reproducible(tmp_path, rando
     run_id = tracking.start_run(uri, "eksflow", "train", {})
     settings = {"max_examples": 4, "batch_size": 4, "max_new_tokens": 8, "tracking_uri": uri, "mlflow_run_id": run_id}
 
-    first = evaluate.run(eval_args(tmp_path / "a", random_checkpoint, **settings))
-    second = evaluate.run(eval_args(tmp_path / "b", random_checkpoint, **settings))
+    first = evaluate_step.run(eval_args(tmp_path / "a", random_checkpoint, **settings))
+    second = evaluate_step.run(eval_args(tmp_path / "b", random_checkpoint, **settings))
 
     assert not first.passed
     assert "exact_match" in first.reason

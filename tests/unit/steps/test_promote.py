@@ -2,9 +2,9 @@
 
 import pytest
 
+from eksflow.runtime.args import StepFailedError
 from steps import promote, rollback
 from steps.common import tracking
-from steps.common.args import StepFailedError
 
 MODEL = "llama-lora"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps import register
 from steps.common import tracking
-from steps.common.args import StepInputError
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 METRICS = {"score": 0.8125, "loss": 1.25}

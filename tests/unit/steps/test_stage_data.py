@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.common.storage import s3_client
-from steps.stage_data import Args, ManifestEntry, main, manifest_digest, run
+from steps.stage_data import Args
+from steps.stage_data.manifest import ManifestEntry, manifest_digest
+from steps.stage_data.step import main, run
 
 TRAIN = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 EVAL = b'{"prompt": "Date: 2 June 2021", "completion": "2021-06-02"}\n'
@@ -101,6 +103,7 @@ def test_main_writes_outputs(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "changed",
         "copied_files",
+        "data_key",
         "dataset_digest",
         "dataset_dir",
         "num_bytes",

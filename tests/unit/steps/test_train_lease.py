@@ -1,4 +1,4 @@
-"""One writer per run (RELIABILITY.md CK7), run identity, rank-0-only writes and the durable s3 copy."""
+"""One writer per run (docs/reliability.md CK7), run identity, rank-0-only writes and the durable s3 copy."""
 
 import json
 import os
@@ -10,9 +10,10 @@ import time
 import boto3
 import pytest
 
-from steps import train
+from eksflow.runtime.args import StepInputError
 from steps.common import checkpoints, lease
-from steps.common.args import StepInputError
+from steps.train import state
+from steps.train import step as train
 
 
 def test_second_writer_is_refused_while_the_first_lives(tmp_path):
@@ -85,7 +86,7 @@ def test_step_exits_2_for_another_runs_checkpoints_and_1_for_a_live_writer(tmp_p
 
 def test_only_rank_0_writes_checkpoints(tmp_path):
     with pytest.raises(RuntimeError, match="only rank 0 writes"):
-        train._save_checkpoint(
+        state.save_checkpoint(
             tmp_path,
             rank=1,
             model=None,
@@ -101,9 +102,9 @@ def test_only_rank_0_writes_checkpoints(tmp_path):
 def test_a_checkpoint_from_before_name_keyed_optimizer_state_is_refused(tmp_path):
     import torch
 
-    torch.save({"step": 2, "optimizer": {"state": {0: {}}, "param_groups": []}}, tmp_path / train.STATE_FILE)
+    torch.save({"step": 2, "optimizer": {"state": {0: {}}, "param_groups": []}}, tmp_path / state.STATE_FILE)
     with pytest.raises(StepInputError, match=r"older eksflow .* or delete "):
-        train._load_adapter(tmp_path, model=None)
+        state.load_adapter(tmp_path, model=None)
 
 
 def write_step(step):

@@ -4,7 +4,9 @@ import itertools
 
 import pytest
 
-from steps.train import TrainSettings, batch_indices, lr_factor
+from steps.train import TrainSettings
+from steps.train.data import batch_indices
+from steps.train.loop import lr_factor
 
 
 def test_lr_warms_up_then_decays_to_the_floor():

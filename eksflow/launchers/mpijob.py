@@ -1,0 +1,133 @@
+"""The MPIJob launcher (kubeflow.org/v2beta1, MPI Operator v0.8): mpirun in a launcher pod over sshd worker pods.
+
+`cluster.launcher: mpijob` runs a distributed step through it on GPU nodes (and on CPU nodes: one worker pod, a rank
+per worker); the step's Args need a `launcher` field taking "mpi" (steps.train has one):
+
+    Launcher  one small pod, no devices, started once every worker's sshd is up (launcherCreationPolicy):
+                mpirun -np <nodes x slots> --bind-to none --map-by slot -x PATH -x NCCL_...
+                    python -m <step> --launcher=mpi ...
+              The operator gives it the hostfile (<job>-worker-<i>.<job>... slots=<slotsPerWorker>) and the ssh key.
+    Worker    `nodes` pods running sshd (the image's non-root config), one per node with all its devices:
+              slotsPerWorker = GPUs per node (CPU: train.num_workers); EFA, NCCL and /dev/shm from the profile.
+
+The ranks meet at MASTER_ADDR = the first worker pod (its DNS name through the job's headless Service; rank 0 runs
+there with `--map-by slot`), forwarded with the rest of the launcher's environment by `-x` (ranks start under
+sshd, which passes no container environment on). Gang scheduling: under Kueue the job is created suspended with
+the queue label and admitted whole; under Volcano (or scheduler-plugins, whichever the operator runs with
+--gang-scheduling) `runPolicy.schedulingPolicy` makes the operator create a PodGroup of launcher + workers.
+
+Retries stay within the declared budget: the launcher Job retries `cluster.rayjob_backoff_limit` times (the same
+knob as the RayJob's resubmissions), Argo once more with a new job, Ray Train not at all. Argo's resource
+template follows the job's status: the operator marks the MPIJob Succeeded when the launcher succeeded
+(replicaStatuses.Launcher.succeeded = 1), and Failed when the launcher Job exhausted its backoff (Launcher.failed =
+launcher pods failed > backoffLimit) or a worker was evicted (Worker.failed > 0). Argo's conditions are label
+selectors over JSON paths, which cannot pick a condition out of the `conditions` list by its type, so they read
+these counters, set in the same places as the conditions (tests/contract/test_mpijob.py checks both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eksflow import profiles
+from eksflow.config import PipelineConfig
+from eksflow.launchers.jobs import job_name, pod_spec
+from eksflow.profiles import Profile
+
+API_VERSION = "kubeflow.org/v2beta1"
+MASTER_PORT = 29500  # rank 0's TCPStore on the first worker pod; every pod has its own network namespace
+SSH_HOME = "/home/eksflow"  # uid 1000's home in images/train-gpu.Dockerfile
+SSHD = ["/usr/sbin/sshd", "-De", "-f", f"{SSH_HOME}/.sshd_config"]  # port 2222, host key from the mounted secret
+SUCCESS = "status.replicaStatuses.Launcher.succeeded == 1"
+LAUNCHER_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}  # mpirun and ssh
+# The image's variables the ranks need that sshd would not give them (GPU: EFA and NCCL's libraries).
+IMAGE_ENV = {"cpu": ("PATH",), "gpu": ("PATH", "LD_LIBRARY_PATH")}
+
+
+def failure(cfg: PipelineConfig) -> str:
+    """The launcher Job gave up (more failed pods than its backoffLimit), or a worker pod failed (evicted)."""
+    return (
+        f"status.replicaStatuses.Launcher.failed > {cfg.cluster.rayjob_backoff_limit},"
+        "status.replicaStatuses.Worker.failed > 0"
+    )
+
+
+TRAINIUM_REFUSAL = (
+    "cluster.launcher: mpijob runs on GPU or CPU nodes; Trainium trains with torchrun in a Volcano Job; "
+    "fix: --set cluster.launcher=rayjob"
+)
+
+
+def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
+    """(worker pods, ranks per pod): a node's devices per pod on GPU, all `workers` in one pod on CPU."""
+    if profile.kind == "cpu":
+        return 1, workers
+    return cfg.cluster.nodes, profile.workers
+
+
+def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: list[dict[str, str]]) -> list[str]:
+    """The options of mpirun: one rank per slot, no core binding (torch sets its own threads), `env` forwarded."""
+    pods, slots = layout(cfg, profile, workers)
+    forwarded = [*IMAGE_ENV["gpu" if profile.kind == "gpu" else "cpu"], *(e["name"] for e in env)]
+    options = ["-np", str(pods * slots), "--bind-to", "none", "--map-by", "slot"]
+    for name in dict.fromkeys(forwarded):
+        options += ["-x", name]
+    return options
+
+
+def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: list[str]) -> dict[str, Any]:
+    """The MPIJob running `python -m <module> <argv>` (argv carries --launcher=mpi) on every rank."""
+    profile = profiles.profile_for(cfg.cluster.instance_type)
+    pods, slots = layout(cfg, profile, workers)
+    name = job_name(task)
+    labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
+    env = [
+        *profiles.env(profile),
+        {"name": "MASTER_ADDR", "value": f"{name}-worker-0.{name}"},  # the operator's pod hostname + Service
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+    ]
+    program = ["python", "-m", module, *argv]
+    options = mpirun_options(cfg, profile, workers, env)
+    launcher = pod_spec(cfg, profile, {"name": "launcher", "command": ["mpirun", *options]}, head=True)
+    launcher["containers"][0].update(args=program, env=env, resources=LAUNCHER_RESOURCES)
+    worker = pod_spec(cfg, profile, {"name": "worker", "command": SSHD})
+    for spec in (launcher, worker):
+        spec.pop("schedulerName", None)  # the operator sets it on every pod when it gang-schedules
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": "Running",  # workers' sshd outlive the launcher: delete them when it ends
+        "backoffLimit": cfg.cluster.rayjob_backoff_limit,
+        "ttlSecondsAfterFinished": cfg.cluster.ttl_seconds_after_finished,
+        "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the job fails first and says why
+    }
+    if cfg.cluster.scheduler == "kueue":
+        labels["kueue.x-k8s.io/queue-name"] = cfg.cluster.queue
+        run_policy["suspend"] = True  # Kueue admits launcher + workers at once by unsuspending the job
+    else:
+        run_policy["schedulingPolicy"] = {"minAvailable": pods + 1, "queue": cfg.cluster.queue}
+
+    def template(spec: dict[str, Any]) -> dict[str, Any]:  # fresh dicts each time: rendered YAML has no anchors
+        return {"metadata": {"labels": dict(labels), "annotations": dict(profiles.DO_NOT_DISRUPT)}, "spec": spec}
+
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MPIJob",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "slotsPerWorker": slots,
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": f"{SSH_HOME}/.ssh",
+            "runPolicy": run_policy,
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": template(launcher)},
+                # OnFailure: a crashed sshd restarts in place, keeping the pod's name, DNS and place in the hostfile
+                "Worker": {"replicas": pods, "restartPolicy": "OnFailure", "template": template(worker)},
+            },
+        },
+    }
+
+
+def describe(cfg: PipelineConfig, profile: Profile, workers: int) -> str:
+    """One line for `plan`: the pods and the mpirun they run."""
+    pods, slots = layout(cfg, profile, workers)
+    return f"1 MPI launcher + {pods} worker pod(s) x {slots} slot(s): mpirun -np {pods * slots}"

@@ -1,0 +1,54 @@
+"""The local executor: runs a compiled Argo Workflow manifest on this machine, task by task, as local processes.
+
+    run_workflow(manifest, state_dir, cwd=, env=, console=, parameters=, memoize=True) -> RunResult
+    resume_workflow(run_dir, cwd=, env=, console=, parameters=, manifest=, memoize=True) -> RunResult
+    retry_run(state_dir, name, parameters, cwd=, ...) / resubmit_run(state_dir, name, parameters, cwd=, ...)
+    list_runs(state_dir) -> [RunSummary]; load_run(state_dir, name) -> RunView
+    task_log(state_dir, name, task) -> Path; follow_task_log(...) / follow_log(path, done=) -> lines
+    changed_inputs(saved_manifest, saved_parameters, manifest, parameters) -> InputChanges
+
+RunResult.resumable says whether to suggest `--resume` (not after a bad-input failure, exit 2); RunInterrupted
+(Ctrl-C, SIGTERM, SIGHUP) carries `exit_code` (128 + signal). Modules: executor.py (driving a run), runs.py (the
+verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.py, process.py, status.py.
+"""
+
+from eksflow.local.errors import LocalExecutorError, RunInterrupted
+from eksflow.local.executor import run_workflow
+from eksflow.local.phase import Phase
+from eksflow.local.runs import (
+    InputChanges,
+    RunSummary,
+    RunView,
+    changed_inputs,
+    follow_log,
+    follow_task_log,
+    list_runs,
+    load_run,
+    resubmit_run,
+    resume_workflow,
+    retry_run,
+    task_log,
+)
+from eksflow.local.status import NodeStatus, NodeType, RunResult
+
+__all__ = [
+    "InputChanges",
+    "LocalExecutorError",
+    "NodeStatus",
+    "NodeType",
+    "Phase",
+    "RunInterrupted",
+    "RunResult",
+    "RunSummary",
+    "RunView",
+    "changed_inputs",
+    "follow_log",
+    "follow_task_log",
+    "list_runs",
+    "load_run",
+    "resubmit_run",
+    "resume_workflow",
+    "retry_run",
+    "run_workflow",
+    "task_log",
+]

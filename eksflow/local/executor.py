@@ -1,0 +1,479 @@
+"""Run a compiled Argo Workflow manifest on this machine, task by task, as local processes.
+
+The manifest is exactly what `render` prints and `submit` sends; manifest.py checks it against the supported subset
+before anything runs. This module drives a run: it claims the run folder (rundir.py), starts the watchdog that
+cleans up if this process dies (watchdog.py), lets the scheduler (scheduler.py) walk the DAGs, runs each pod's
+attempts on a thread through the handler of its template kind (handlers.py) with retries (retry.py) and
+supervised processes (process.py), keeps status.json current (book.py, status.py) and shows the live table
+(display.py). A run's serving objects (Deployments, Services, ...) run in its LocalFleet (fleet.py): processes
+that live until the run ends, stopped after the exit handler, or when the run is stopped or fails.
+
+Ctrl-C, SIGTERM and SIGHUP all stop a run the same way: running tasks get SIGTERM (SIGKILL after the grace),
+status.json records Failed "interrupted", and RunInterrupted is raised carrying the signal (exit 128 + signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from eksflow.local import process
+from eksflow.local.book import NodeBook
+from eksflow.local.display import TaskDisplay, format_duration, log_tail
+from eksflow.local.errors import LocalExecutorError, RunInterrupted
+from eksflow.local.fleet import LocalFleet
+from eksflow.local.handlers import TaskContext, handler_for
+from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
+from eksflow.local.memo import MemoCache
+from eksflow.local.model import DagTemplate, Mount, Workflow
+from eksflow.local.phase import Phase
+from eksflow.local.process import KILL_GRACE_S, ProcessTracker
+from eksflow.local.retry import Attempt, next_delay
+from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
+from eksflow.local.scheduler import DagRun, Scheduler, Unit
+from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
+from eksflow.local.substitution import Scope
+from eksflow.runtime.rundir import RUN_DIR_ENV
+
+__all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_workflow"]
+
+
+INTERRUPTED = "interrupted"
+_TICK_S = 0.5  # how often the scheduler looks around when nothing told it to (progress files, deadlines)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_WATCHDOG = Path(__file__).with_name("watchdog.py")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run: where task processes start, with what environment, shown where, memoization on or off."""
+
+    cwd: Path
+    env: Mapping[str, str]
+    console: Console | None
+    memoize: bool = True
+
+
+class _Run:
+    """One execution of a workflow in its folder (a first run, a resume or a retry)."""
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        folder: RunFolder,
+        state_dir: Path,
+        *,
+        name: str,
+        uid: str,
+        parameters: dict[str, str],
+        kept: dict[str, NodeStatus],
+        settings: RunSettings,
+        started_at: str,
+        overrides: list[dict[str, Any]],
+    ) -> None:
+        self.wf = workflow
+        self.folder = folder
+        self.state_dir = state_dir
+        self.name = name
+        self.uid = uid
+        self.parameters = parameters
+        self.settings = settings
+        self.started_at = started_at
+        self.overrides = overrides
+        self.phase = Phase.RUNNING
+        self.message = ""
+        self.finished_at: str | None = None
+        self.abort = threading.Event()
+        self.abort_reason = ""
+        self.signalled: int | None = None
+        self.threads: dict[str, threading.Thread] = {}
+        self.base_env = {**os.environ, **settings.env}
+        self.values = {"name": name, "uid": uid, "namespace": NAMESPACE}
+        self.values |= {f"parameters.{k}": v for k, v in parameters.items()}
+        self.display = TaskDisplay(settings.console, lambda: list(self.book.nodes.values()))
+        self.book = NodeBook(kept, on_change=self._changed)
+        self.owner = folder.claim(None)
+        self.writer = LatestWriter(compact_json)  # status.json and owner.json, off the tasks' path
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
+        self.fleet = LocalFleet(state_dir, folder.path, settings.cwd, self.tracker)
+        self.scheduler = Scheduler(
+            workflow,
+            self.book,
+            values=self.values,
+            memo=MemoCache(state_dir / "memoize", read=settings.memoize),
+            start_pod=self._start_pod,
+            stop_reason=self.stop_reason,
+        )
+
+    # -- status ----------------------------------------------------------------------------------------------
+
+    def _changed(self, node: NodeStatus | None) -> None:
+        """Called under the book's lock after every change: status.json and the display follow."""
+        self.write_status()
+        if node is not None and node.phase is not Phase.PENDING:
+            self.display.phase_changed(node)
+
+    def write_status(self) -> None:
+        document = run_document(
+            name=self.name,
+            uid=self.uid,
+            labels=self.wf.labels,
+            parameters=self.parameters,
+            phase=self.phase,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            message=self.message,
+            nodes=self.book.nodes.values(),
+            overrides=self.overrides,
+        )
+        self.writer.submit(self.folder.status, document)
+
+    def _tell_watchdog(self, note: str) -> None:
+        """A task process started or ended: the watchdog follows the live ones."""
+        if self.watchdog is not None and self.watchdog.stdin is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.watchdog.stdin.fileno(), note.encode())
+
+    def _process_started(self, note: str) -> None:
+        """Record a new task process in owner.json too (while it starts up, off the scheduler's path).
+
+        Ended processes are not written out at once: a stale entry is harmless (readers check that a recorded PID
+        still runs, with its start time), and the next start or the run's end rewrites the list.
+        """
+        self._tell_watchdog(note)
+        self.owner.processes = dict(self.tracker.live)
+        self.writer.submit(self.folder.owner, owner_document(self.owner))
+
+    def _poll_progress(self) -> None:
+        changed = False
+        for key, node in list(self.book.nodes.items()):
+            if node.phase is not Phase.RUNNING or key not in self.threads:
+                continue
+            with contextlib.suppress(OSError):
+                value = (self.folder.task_dir(key) / "progress").read_text(encoding="utf-8", errors="replace")
+                value = value.strip()[:40]
+                if value and value != node.progress:
+                    node.progress = value
+                    changed = True
+        if changed:
+            self.book.touch()
+
+    # -- stopping --------------------------------------------------------------------------------------------
+
+    def stop_reason(self) -> str:
+        """Why the run is stopping ("" while it is not)."""
+        return self.abort_reason if self.abort.is_set() else ""
+
+    def stop(self, reason: str) -> None:
+        """Stop the run: running tasks are killed (they end Failed with `reason`) and nothing new starts."""
+        if not self.abort.is_set():
+            self.abort_reason = reason
+            self.abort.set()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only a flag: raising here could cut the scheduler's bookkeeping in half. The loop sees it within a tick.
+        if self.signalled is None:
+            self.signalled = signum
+        self.stop(INTERRUPTED)
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only; a run driven from another thread is stopped by it
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # -- the watchdog ----------------------------------------------------------------------------------------
+
+    def _start_watchdog(self) -> None:
+        try:
+            self.watchdog = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_WATCHDOG), str(self.folder.path), str(KILL_GRACE_S)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's SIGHUP and Ctrl-C are not for it
+            )
+        except OSError as exc:
+            self.display.note(f"warning: no watchdog ({exc}); if this process is killed, stop its tasks by hand")
+            return
+        self.owner.watchdog = self.watchdog.pid
+        self.folder.write_owner(self.owner)
+
+    def _end_watchdog(self) -> None:
+        """Tell the watchdog the run ended well; it exits on its own (no waiting for its interpreter to start)."""
+        if self.watchdog is None or self.watchdog.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self.watchdog.stdin.write(b"exit\n")
+            self.watchdog.stdin.close()
+
+    # -- pods ------------------------------------------------------------------------------------------------
+
+    def _start_pod(self, unit: Unit) -> None:
+        self.book.set(
+            unit.key, Phase.RUNNING, "", retries=0, exit_code=None, outputs={}, progress=None, finished_at=None
+        )
+        thread = threading.Thread(target=self._pod_thread, args=(unit,), name=f"task-{unit.key}", daemon=True)
+        self.threads[unit.key] = thread
+        thread.start()
+
+    def _pod_thread(self, unit: Unit) -> None:
+        try:
+            result = self._attempts(unit)
+        except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
+            result = Attempt(Phase.ERROR, None, f"local executor error: {exc!r}", 0.0)
+        self.book.set(unit.key, result.phase, result.message, exit_code=result.exit_code, outputs=result.outputs)
+        if result.phase is Phase.SUCCEEDED:
+            self.scheduler.save_memo(unit)
+
+    def _attempts(self, unit: Unit) -> Attempt:
+        """Every attempt of a pod, retried per its retryStrategy."""
+        template = unit.template
+        handler = handler_for(template)
+        task_dir = self.folder.task_dir(unit.key)
+        task_dir.mkdir(parents=True, exist_ok=True)
+        first_start = time.monotonic()
+        attempt = 0
+        while True:
+            scope = Scope(unit.values, unit.inputs, retries=attempt)
+            ctx = TaskContext(
+                key=unit.key,
+                attempt=attempt,
+                scope=scope,
+                task_dir=task_dir,
+                host_folder=self._host_folder,
+                env=self.base_env,
+                execute=functools.partial(self._execute, unit.key, attempt),
+                fleet=self.fleet,
+                stop_reason=self.stop_reason,
+            )
+            (task_dir / "progress").unlink(missing_ok=True)
+            result = handler.run(template, ctx)
+            if result.phase is Phase.SUCCEEDED or self.abort.is_set():
+                return result
+            delay, why_not = next_delay(template.retry, attempt, result, first_start, scope)
+            if delay is None:
+                result.message += why_not
+                return result
+            attempt += 1
+            limit = template.retry.limit if template.retry else 0
+            message = f"{result.message}; retry {attempt}/{limit} in {format_duration(delay)}"
+            self.book.set(unit.key, Phase.RUNNING, message, retries=attempt, exit_code=result.exit_code)
+            if self.abort.wait(delay):
+                result.message += f"; not retried: {self.abort_reason}"
+                return result
+
+    def _host_folder(self, mount: Mount) -> str:
+        root = self.state_dir / "volumes" if mount.scope == "state" else self.folder.volumes
+        host = root / mount.folder / mount.sub_path if mount.sub_path else root / mount.folder
+        host.mkdir(parents=True, exist_ok=True)
+        return str(host)
+
+    def _execute(self, key: str, attempt: int, argv: list[str], env: dict[str, str], deadline: float | None) -> Attempt:
+        log_path = self.folder.log(key)
+        with self.book.lock:
+            self.book[key].log = log_path
+        full_env = {
+            **self.base_env,
+            **env,
+            "ARGO_PROGRESS_FILE": str(self.folder.task_dir(key) / "progress"),
+            "PYTHONUNBUFFERED": "1",
+            RUN_DIR_ENV: str(self.folder.path),  # manifest.yaml and status.json: what a report task reads
+        }
+        with open(log_path, "ab") as log:
+            log.write(f"===== {key}: attempt {attempt + 1}, {now()} =====\n".encode())
+            log.flush()
+            try:
+                ended = process.run(
+                    argv,
+                    key=key,
+                    cwd=self.settings.cwd,
+                    env=full_env,
+                    log=log,
+                    tracker=self.tracker,
+                    stop_reason=self.stop_reason,
+                    deadline_s=deadline,
+                )
+            except OSError as exc:
+                return Attempt(Phase.ERROR, None, f"cannot start {argv[0]!r}: {exc}", 0.0)
+        if ended.stopped_for:
+            return Attempt(Phase.FAILED, ended.exit_code, ended.stopped_for, ended.duration_s)
+        if ended.exit_code == 0:
+            return Attempt(Phase.SUCCEEDED, 0, "", ended.duration_s)
+        last = next((line.strip() for line in reversed(log_tail(log_path, 5)) if line.strip()), "")
+        last = "" if last.startswith("=====") else last
+        message = f"exit code {ended.exit_code}" + (f": {short(last)}" if last else "")
+        return Attempt(Phase.FAILED, ended.exit_code, message, ended.duration_s)
+
+    # -- the whole workflow ----------------------------------------------------------------------------------
+
+    def _drive(self, run: DagRun, deadline_s: float | None) -> None:
+        """Advance `run` until it is done, checking progress files and the deadline every tick."""
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        while True:
+            with self.book.changed:
+                version = self.book.version
+                self.scheduler.advance(run)
+                if run.done:
+                    return
+                if version == self.book.version:
+                    self.book.changed.wait(_TICK_S)
+            self._poll_progress()
+            if deadline is not None and time.monotonic() > deadline and not self.abort.is_set():
+                self.stop(f"workflow exceeded spec.activeDeadlineSeconds={deadline_s:g}")
+
+    def execute(self) -> RunResult:
+        with self.display, self._signals():
+            try:
+                self._start_watchdog()
+                self.display.note(f"workflow {self.name}: {self.folder.path}")
+                self.write_status()
+                self._run_entrypoint()
+                if self.signalled is None and self.wf.on_exit is not None:
+                    self._run_exit_handler(self.wf.on_exit)
+                with self.book.lock:
+                    self.finished_at = now()
+                    self.write_status()
+            except BaseException as exc:
+                # A bug in the executor (or a KeyboardInterrupt outside the signal handler): stop every task and
+                # say so in status.json, rather than leave processes running and a run that claims Running.
+                self.stop(f"local executor error: {exc!r}")
+                for thread in list(self.threads.values()):
+                    thread.join(KILL_GRACE_S + 5)
+                with self.book.lock:
+                    self.phase, self.message, self.finished_at = Phase.ERROR, self.abort_reason, now()
+                    self.write_status()
+                raise
+            finally:
+                for thread in list(self.threads.values()):
+                    thread.join(KILL_GRACE_S + 5)
+                self.fleet.stop()  # the serving fleet lives as long as the run: after the exit handler
+                self.owner.processes = dict(self.tracker.live)
+                self.writer.submit(self.folder.owner, owner_document(self.owner))
+                self.writer.close()  # status.json is final on disk before the run is released
+                self._end_watchdog()
+                self.folder.release()
+            if self.signalled is not None:
+                self.display.note(f"workflow {self.name} {INTERRUPTED}: its tasks were stopped")
+                raise RunInterrupted(self.name, self.signalled)
+            self.display.note(f"workflow {self.name} {self.phase}{f': {self.message}' if self.message else ''}")
+        return RunResult(
+            self.name, self.phase, self.message, self.folder.path, self.book.snapshot(), dict(self.parameters)
+        )
+
+    def _run_entrypoint(self) -> None:
+        entry = self.wf.dag(self.wf.entrypoint)
+        inputs = dag_inputs(entry, self.parameters)
+        with self.book.lock:
+            root = self.scheduler.begin(entry, "", None, Scope(self.values, inputs))
+        self._drive(root, self.wf.deadline_s)
+        with self.book.lock:
+            phase, origin = self.scheduler.outcome(root)
+            if self.abort.is_set():
+                self.phase, self.message = Phase.FAILED, self.abort_reason
+            elif phase.failed_or_error and origin is not None:
+                node = self.book[origin]
+                self.phase, self.message = phase, f"child {node.name!r} failed: {node.message}"
+            else:
+                self.phase = Phase.SUCCEEDED
+            self.write_status()
+
+    def _run_exit_handler(self, on_exit: DagTemplate) -> None:
+        # The handler runs after a deadline too, so it gets a fresh stop signal (Ctrl-C still stops it).
+        self.abort = threading.Event()
+        scope = Scope({**self.values, "status": str(self.phase)})
+        with self.book.lock:
+            handler = self.scheduler.begin(on_exit, "", None, scope)
+        self._drive(handler, None)
+        with self.book.lock:
+            phase, origin = self.scheduler.outcome(handler)
+            if phase.failed_or_error and origin is not None and self.signalled is None:
+                node = self.book[origin]
+                self.phase = Phase.FAILED
+                self.message = "; ".join(m for m in (self.message, f"onExit {node.name!r} failed: {node.message}") if m)
+
+
+def execute_run(
+    workflow: Workflow,
+    folder: RunFolder,
+    *,
+    name: str,
+    uid: str | None,
+    parameters: dict[str, str],
+    kept: dict[str, NodeStatus],
+    settings: RunSettings,
+    started_at: str | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+) -> RunResult:
+    """Run `workflow` in `folder` (claimed for the run's duration), keeping the `kept` nodes of an earlier try."""
+    folder.make()
+    run = _Run(
+        workflow,
+        folder,
+        folder.path.parent.parent,
+        name=name,
+        uid=uid or str(uuid.uuid4()),
+        parameters=parameters,
+        kept={k: replace(n) for k, n in kept.items()},
+        settings=settings,
+        started_at=started_at or now(),
+        overrides=list(overrides or []),
+    )
+    try:
+        return run.execute()
+    except BaseException:
+        run.folder.release()
+        raise
+
+
+def run_workflow(
+    manifest: Mapping[str, Any],
+    state_dir: Path,
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    console: Console | None = None,
+    parameters: Mapping[str, str] | None = None,
+    memoize: bool = True,
+) -> RunResult:
+    """Run a compiled Workflow manifest here; its folder is `state_dir/runs/<workflow name>/`.
+
+    Ctrl-C, SIGTERM or SIGHUP stops the running tasks, records the run as Failed "interrupted" and raises
+    RunInterrupted (as does resume_workflow); the run can then be resumed. `memoize=False` runs every task even
+    where a memoized template's cache has its outputs (fresh outputs are still saved).
+    """
+    plain = plain_manifest(manifest)
+    workflow = parse_manifest(plain)
+    values = effective_parameters(workflow, parameters)
+    runs = state_dir.resolve() / "runs"
+    name = new_run_name(workflow, runs)
+    folder = RunFolder(runs / name)
+    if folder.path.exists():
+        raise LocalExecutorError(
+            f"run folder {folder.path} already exists (metadata.name {name!r} is fixed); resume it with "
+            "resume_workflow, delete it, or use metadata.generateName"
+        )
+    folder.make()
+    folder.write_manifest(plain)
+    settings = RunSettings(cwd, dict(env or {}), console, memoize)
+    return execute_run(workflow, folder, name=name, uid=None, parameters=values, kept={}, settings=settings)

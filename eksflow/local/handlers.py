@@ -1,0 +1,205 @@
+"""Task handlers: what one attempt of a container or resource template does on this machine.
+
+One small interface (KFP's local runner has the same seam, one handler per way of running a task): a handler gets
+the template and a TaskContext (the node, its substitution scope, its folder, and the run's services: host folders
+for volumes and a supervised process with its log) and returns an Attempt. The executor owns retries, timing,
+status and stopping; a handler only turns a template into a process.
+
+- ContainerHandler: the container's command and args, `python` being this interpreter, with its env.
+- ResourceHandler: the object the manifest creates, described by the handler of its kind in resources.py (a
+  RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
+  new kinds register there. A serving object (fleet.py) goes to the run's LocalFleet, whose processes outlive the
+  task; a container's argv and env values that are a fleet Service's address get the local one.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from eksflow.local import fleet, mpijob, resources
+from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
+from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
+from eksflow.local.phase import Phase
+from eksflow.local.retry import Attempt
+from eksflow.local.substitution import Scope, UnresolvedError
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
+
+
+@dataclass
+class TaskContext:
+    """What a handler may use for one attempt of node `key`."""
+
+    key: str
+    attempt: int  # 0 for the first
+    scope: Scope  # inputs, workflow values and {{retries}}
+    task_dir: Path  # the node's scratch folder (outputs/, progress, bin/)
+    host_folder: Callable[[Mount], str]  # the host folder standing in for a volume mount (created)
+    env: Mapping[str, str]  # the environment task processes start from (this one's, plus the run's env)
+    execute: Callable[[list[str], dict[str, str], float | None], Attempt]  # run argv with env, supervised and logged
+    fleet: fleet.LocalFleet | None = None  # the run's serving objects as processes (None: a run without them)
+    stop_reason: Callable[[], str] = lambda: ""  # why the run is stopping; "" while it is not
+
+
+class TaskHandler(Protocol):
+    """Runs one attempt of a template's task."""
+
+    def run(self, template: Template, ctx: TaskContext) -> Attempt:
+        """Do the attempt; never raises for a task's own failure (that is an Attempt with phase Failed/Error)."""
+
+
+def _refused(message: str) -> Attempt:
+    """An attempt that could not start and would fail the same way again."""
+    return Attempt(Phase.ERROR, None, message, 0.0, retriable=False)
+
+
+class ContainerHandler:
+    """A container template as a local process."""
+
+    def run(self, template: Template, ctx: TaskContext) -> Attempt:
+        """Run the container's command; read its output parameter files."""
+        assert isinstance(template, ContainerTemplate)
+        try:
+            output_paths = {output.name: ctx.scope.substitute(output.path or "") for output in template.outputs}
+            pairs = [(m.mount_path, ctx.host_folder(m)) for m in template.mounts]
+            mounted = [m.mount_path for m in template.mounts]
+            for path in output_paths.values():
+                folder = posixpath.dirname(path)
+                # An output written into a mounted volume is read from that volume, as Argo does.
+                if not any(folder == m or folder.startswith(m + "/") for m in mounted):
+                    pairs.append((folder, str(ctx.task_dir / "outputs")))
+            paths = PathMap(pairs)
+            argv = map_argv(
+                [ctx.scope.substitute(a) for a in (*template.command, *template.args)], paths, template.paths
+            )
+            env = map_env(((n, ctx.scope.substitute(v)) for n, v in template.env), paths, template.paths)
+            if ctx.fleet is not None:  # a Service address becomes the local address of the process it selects
+                argv = ctx.fleet.local_argv(argv)
+                env = {**ctx.fleet.task_env(), **{n: ctx.fleet.local_value(v) for n, v in env.items()}}
+        except UnresolvedError as exc:
+            return _refused(str(exc))
+        if _PYTHON.fullmatch(os.path.basename(argv[0])):
+            argv[0] = sys.executable  # the project's environment, not whatever `python` is on PATH
+        shutil.rmtree(ctx.task_dir / "outputs", ignore_errors=True)  # a fresh pod: no stale outputs
+        (ctx.task_dir / "outputs").mkdir(parents=True, exist_ok=True)
+        attempt = ctx.execute(argv, env, template.deadline_s)
+        outputs, missing = read_outputs(template.outputs, output_paths, paths)
+        attempt.outputs = outputs
+        if attempt.phase is Phase.SUCCEEDED and missing:
+            attempt.phase, attempt.message = Phase.FAILED, missing
+        return attempt
+
+
+def read_outputs(
+    declared: tuple[Output, ...], output_paths: Mapping[str, str], paths: PathMap
+) -> tuple[dict[str, str], str]:
+    """Output values (a value that is a host path as a whole is shown as its container path) and what is missing."""
+    outputs: dict[str, str] = {}
+    missing: list[str] = []
+    for output in declared:
+        host = Path(paths.to_host(output_paths[output.name]))
+        if host.is_file():
+            value = host.read_text(encoding="utf-8", errors="replace")
+            # Argo trims one trailing newline "for user convenience"; `echo x > file` gives "x".
+            outputs[output.name] = paths.to_container(value.removesuffix("\n"))
+        elif output.default is not None:
+            outputs[output.name] = output.default
+        else:
+            missing.append(
+                f"output parameter {output.name!r}: {output_paths[output.name]} was not written (host: {host})"
+            )
+    return outputs, "; ".join(missing)
+
+
+class ResourceHandler:
+    """A resource template: the created object, run by the local handler of its kind (resources.py)."""
+
+    def run(self, template: Template, ctx: TaskContext) -> Attempt:
+        """Describe the substituted object and run what it runs here."""
+        assert isinstance(template, ResourceTemplate)
+        where = f"template {template.name!r}: resource.manifest"
+        try:
+            job = resources.describe(ctx.scope.substitute(template.manifest), where)
+        except (UnresolvedError, resources.ResourceError) as exc:
+            return _refused(str(exc))
+        if job.note:  # nothing to do here (a PodGroup)
+            return Attempt(Phase.SUCCEEDED, None, job.note, 0.0)
+        if job.fleet_object is not None:
+            return _apply(job.fleet_object, where, ctx)
+        refusal = resources.refusal(job)
+        if refusal:  # no retry can add a GPU: fail once, before anything starts
+            return Attempt(Phase.FAILED, None, refusal, 0.0, retriable=False)
+        mounts = [
+            Mount(m.mount_path, "run" if m.claim is None else "state", m.claim or m.volume, m.sub_path)
+            for m in job.mounts
+        ]
+        paths = PathMap((m.mount_path, ctx.host_folder(m)) for m in mounts)
+        # The template's annotations say which values are paths; a RayJob may carry them itself.
+        rules = template.paths if template.paths != PathRules(None, None) else path_rules(dict(job.annotations))
+        command, unsafe = ("", "") if job.argv else map_shell_words(job.entrypoint, paths, rules)
+        if unsafe:
+            return _refused(
+                f"{where}: the entrypoint would get the folder {unsafe!r}, which a shell command line cannot carry "
+                "unquoted; use a --state-dir whose path has only letters, digits and @%+=:,./-"
+            )
+        env = map_env(job.env, paths, rules)
+        env["PATH"] = os.pathsep.join(
+            [
+                str(python_shims(ctx.task_dir / "bin")),
+                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun, mpirun) first
+                env.get("PATH") or ctx.env.get("PATH", ""),
+            ]
+        )
+        if job.prepare is not None:
+            env.update(job.prepare(ctx.task_dir))
+        argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
+        deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
+        return ctx.execute(argv, env, min(deadlines) if deadlines else None)
+
+
+def _apply(manifest: Mapping[str, object], where: str, ctx: TaskContext) -> Attempt:
+    """A serving object, applied to the run's fleet: a process for the run's lifetime, or an address."""
+    if ctx.fleet is None:
+        return _refused(f"{where}: a serving object needs the run's local fleet")
+    started = time.monotonic()
+    try:
+        note = ctx.fleet.apply(manifest, where, ctx.stop_reason)
+    except fleet.FleetError as exc:
+        return Attempt(Phase.FAILED, None, str(exc), time.monotonic() - started, retriable=exc.retriable)
+    return Attempt(Phase.SUCCEEDED, 0, note, time.monotonic() - started)
+
+
+def python_shims(folder: Path) -> Path:
+    """`python` and `python3` that exec this interpreter, so a shell entrypoint's `python` is the project's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python", "python3"):
+        shim = folder / name
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
+        shim.chmod(0o755)
+    return folder
+
+
+HANDLERS: dict[type[Template], TaskHandler] = {
+    ContainerTemplate: ContainerHandler(),
+    ResourceTemplate: ResourceHandler(),
+}
+
+
+resources.register_kind("MPIJob", mpijob.MPIJOB_API, mpijob.describe)
+for _api_version, _kind in sorted(fleet.FLEET_KINDS):
+    resources.register_kind(_kind, _api_version, fleet.describe)
+
+
+def handler_for(template: Template) -> TaskHandler:
+    """The handler that runs `template`'s kind."""
+    return HANDLERS[type(template)]

@@ -1,0 +1,310 @@
+"""What the objects an Argo resource template creates become on this machine.
+
+- RayJob (ray.io/v1): its `spec.entrypoint` runs as a local process under `bash -c` (Ray's job manager runs an
+  entrypoint through a shell too) with the head container's env. The entrypoint starts Ray itself (`ray.init()`
+  without RAY_ADDRESS starts a local Ray), so nothing else is started. A job whose pods request NVIDIA GPUs or
+  Neuron devices this machine lacks is refused before anything starts, with the way out.
+- PodGroup (scheduling.volcano.sh): gang admission by the Volcano scheduler; locally there is nothing to create.
+- MPIJob (kubeflow.org/v2beta1): the launcher's command (Open MPI's mpirun) as a local process, with every worker
+  pod being this host: a local hostfile with all their slots, the workers' and launcher's env, MASTER_ADDR
+  127.0.0.1. See mpijob.py.
+- Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
+  the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
+- Deployment, Service, ConfigMap, PodDisruptionBudget (a serving fleet: vLLM and the LiteLLM proxy): handed to
+  the run's LocalFleet (fleet.py), which runs them as local processes for the run's lifetime.
+
+Each kind has a describer that turns its object into a LocalJob (what runs here); `register_kind` adds one, so a
+new kind (an MPIJob under local mpirun, a Deployment served for the run's lifetime) is one function and one line.
+`describe` reads a manifest whose `{{...}}` references are already substituted (Argo substitutes the manifest text
+before parsing it); the executor also calls it up front with placeholders, so a malformed manifest, an
+unsupported kind or a Job's refusal (`LocalJob.refusal`; a kind is never templated) fails before anything runs.
+Cluster-only fields (scheduling, lifecycle, TTLs, KubeRay's own `backoffLimit` resubmissions) have nothing to act
+on locally and are ignored.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eksflow.local.fields import FieldReader
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NEURON_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice")
+RAYJOB_API = "ray.io/v1"
+PODGROUP_GROUP = "scheduling.volcano.sh/"
+VOLCANO_JOB_GROUP = "batch.volcano.sh/"
+LOCAL_WAY_OUT = "run the cpu profile here (`run --variant cpu`) or `submit` to a cluster"
+SHM_MOUNT = "/dev/shm"  # a local process already has the machine's memory-backed /dev/shm
+
+_RAYJOB_USED = frozenset({"entrypoint", "rayClusterSpec", "activeDeadlineSeconds"})
+_RAYJOB_CLUSTER_ONLY = frozenset({
+    "backoffLimit", "clusterSelector", "deletionPolicy", "deletionStrategy", "entrypointNumCpus",
+    "entrypointNumGpus", "entrypointResources", "jobId", "managedBy", "metadata", "shutdownAfterJobFinishes",
+    "submissionMode", "submitterConfig", "submitterPodTemplate", "suspend", "ttlSecondsAfterFinished",
+})  # fmt: skip
+_HINTS = {
+    "runtimeEnvYAML": "put environment variables in the head container's env; the code is this project's",
+    "valueFrom": "give a literal value",
+}
+
+
+class ResourceError(Exception):
+    """A resource manifest the local executor cannot run; the message names the field and the fix."""
+
+
+_fields = FieldReader(ResourceError, _HINTS)
+
+
+@dataclass(frozen=True)
+class PodMount:
+    """A volume mount of the pod that runs the entrypoint."""
+
+    mount_path: str
+    volume: str
+    claim: str | None  # the PersistentVolumeClaim's name; None for emptyDir and other pod-scoped volumes
+    sub_path: str
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """Accelerators one group of pods asks for, e.g. 2 pods x 4 nvidia.com/gpu."""
+
+    resource: str
+    group: str  # where in the manifest, e.g. "workerGroupSpecs[0] 'gpu'"
+    pods: int
+    per_pod: int
+
+    @property
+    def total(self) -> int:
+        """Devices of this resource the whole group needs."""
+        return self.pods * self.per_pod
+
+    def __str__(self) -> str:
+        return f"{self.group}: {_count(self.pods, 'pod')} x {self.per_pod} {self.resource}"
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
+
+    kind: str  # RayJob | MPIJob | PodGroup | Job
+    entrypoint: str  # a shell command line; "" when nothing runs here or `argv` does
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[PodMount, ...] = ()
+    deadline_s: float | None = None
+    devices: tuple[DeviceRequest, ...] = ()
+    note: str = ""  # why nothing runs (PodGroup): the Succeeded node's message
+    refusal: str = ""  # why it cannot run anywhere but a cluster: the Failed node's message
+    annotations: tuple[tuple[str, str], ...] = ()  # the object's metadata.annotations (eksflow.dev/path-args, ...)
+    argv: tuple[str, ...] = ()  # a command run without a shell (an MPIJob launcher's), in place of `entrypoint`
+    # Run-time environment the cluster's controller would provide (an MPIJob's hostfile), given the task's folder.
+    prepare: Callable[[Path], dict[str, str]] | None = None
+    fleet_object: Mapping[str, Any] | None = None  # a serving object: the run's LocalFleet applies it (fleet.py)
+
+
+Describer = Callable[[Mapping[str, Any], str], LocalJob]
+_KINDS: list[tuple[str, str, Describer]] = []  # (kind, apiVersion or group prefix ending in "/", describer)
+
+
+def register_kind(kind: str, api_version: str, describer: Describer) -> None:
+    """Run objects of `kind` with `describer`; `api_version` is exact, or a group ("group/") for any version."""
+    _KINDS.append((kind, api_version, describer))
+
+
+def _describer(kind: str, api_version: str) -> Describer | None:
+    for known, version, describer in _KINDS:
+        if kind == known and (api_version == version or (version.endswith("/") and api_version.startswith(version))):
+            return describer
+    return None
+
+
+def describe(text: str, where: str) -> LocalJob:
+    """Read a substituted resource manifest; raise ResourceError for anything that cannot run here."""
+    try:
+        manifest = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ResourceError(
+            f"{where} is not valid YAML after parameter substitution (a value with YAML quoting characters breaks "
+            f"it on Argo too): {exc}"
+        ) from None
+    manifest = _fields.mapping(manifest, where)
+    api_version = _fields.text(manifest.get("apiVersion"), f"{where}.apiVersion")
+    kind = _fields.text(manifest.get("kind"), f"{where}.kind")
+    describer = _describer(kind, api_version)
+    if describer is None:
+        raise ResourceError(
+            f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
+            f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "
+            "to a cluster"
+        )
+    job = describer(manifest, where)
+    metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")
+    notes = _fields.mapping(metadata.get("annotations"), f"{where}.metadata.annotations")
+    return replace(job, annotations=tuple((str(k), str(v)) for k, v in notes.items()))
+
+
+def _podgroup(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    return LocalJob(
+        "PodGroup", "", note="PodGroup: gang admission by the Volcano scheduler on a cluster; nothing to create here"
+    )
+
+
+def refusal(job: LocalJob) -> str:
+    """Why `job` cannot run on this machine ("" if it can): its own refusal, or devices this machine lacks."""
+    if job.refusal:
+        return job.refusal
+    for resource in dict.fromkeys(d.resource for d in job.devices):
+        requests = [d for d in job.devices if d.resource == resource]
+        needed = sum(d.total for d in requests)
+        neuron = resource in NEURON_RESOURCES
+        have, how = neuron_devices() if neuron else nvidia_gpus()
+        if needed > have:
+            what = _count(needed, "Neuron device" if neuron else "NVIDIA GPU")
+            return (
+                f"the {job.kind} needs {what} ({'; '.join(map(str, requests))}), this machine has {have or 'none'} "
+                f"({how}){'; Neuron cores need Trainium' if neuron else ''}; {LOCAL_WAY_OUT}"
+            )
+    return ""
+
+
+def nvidia_gpus() -> tuple[int, str]:
+    """NVIDIA GPUs on this machine, and how that was found out."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0, "no nvidia-smi on PATH"
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 0, f"nvidia-smi -L failed: {exc}"
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines()), "nvidia-smi -L"
+
+
+def neuron_devices() -> tuple[int, str]:
+    """AWS Neuron devices on this machine (the Neuron driver's /dev/neuronN), and how that was found out."""
+    return len(glob.glob("/dev/neuron[0-9]*")), "/dev/neuron*"
+
+
+def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    spec = _fields.mapping(manifest.get("spec"), f"{where}.spec")
+    _fields.check_keys(spec, f"{where}.spec", _RAYJOB_USED, _RAYJOB_CLUSTER_ONLY)
+    entrypoint = _fields.text(spec.get("entrypoint"), f"{where}.spec.entrypoint").strip()
+    if not entrypoint:
+        raise ResourceError(f"{where}.spec.entrypoint is empty; give the command the job runs")
+    cluster = _fields.mapping(spec.get("rayClusterSpec"), f"{where}.spec.rayClusterSpec")
+    at = f"{where}.spec.rayClusterSpec"
+    head_group = _fields.mapping(cluster.get("headGroupSpec"), f"{at}.headGroupSpec")
+    head_pod = _pod_spec(head_group, f"{at}.headGroupSpec")
+    containers = _fields.mappings(head_pod.get("containers"), f"{at}.headGroupSpec.template.spec.containers")
+    if not containers:
+        raise ResourceError(f"{at}.headGroupSpec.template.spec.containers is empty; the head needs its Ray container")
+    # The entrypoint runs where KubeRay runs it: in the head's Ray container (the first), with its env and mounts.
+    head = containers[0]
+    c_at = f"{at}.headGroupSpec.template.spec.containers[0]"
+    if head.get("envFrom") is not None:
+        raise ResourceError(f"{c_at}.envFrom is not supported locally; list the variables in env with values")
+    devices = [
+        DeviceRequest(resource, "headGroupSpec", 1, count)
+        for resource, count in _pod_devices(head_pod, f"{at}.headGroupSpec").items()
+    ]
+    for i, group in enumerate(_fields.mappings(cluster.get("workerGroupSpecs"), f"{at}.workerGroupSpecs")):
+        g_at = f"{at}.workerGroupSpecs[{i}]"
+        replicas = group.get("replicas", group.get("minReplicas", 1))
+        pods = int(_fields.number(replicas, f"{g_at}.replicas")) * int(_fields.number(group.get("numOfHosts", 1), g_at))
+        label = f"workerGroupSpecs[{i}] {group.get('groupName', '')!r}"
+        for resource, count in _pod_devices(_pod_spec(group, g_at), g_at).items():
+            devices.append(DeviceRequest(resource, label, pods, count))
+    deadline = spec.get("activeDeadlineSeconds")
+    return LocalJob(
+        "RayJob",
+        entrypoint,
+        env=_fields.env(head, c_at),
+        mounts=_mounts(head_pod, f"{at}.headGroupSpec.template.spec", head, c_at),
+        deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.spec.activeDeadlineSeconds"),
+        devices=tuple(devices),
+    )
+
+
+def _volcano_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    spec = _fields.mapping(manifest.get("spec"), f"{where}.spec")
+    devices = []
+    for i, task in enumerate(_fields.mappings(spec.get("tasks"), f"{where}.spec.tasks")):
+        t_at = f"{where}.spec.tasks[{i}]"
+        pods = int(_fields.number(task.get("replicas", 1), f"{t_at}.replicas"))
+        for resource, count in _pod_devices(_pod_spec(task, t_at), t_at).items():
+            devices.append(DeviceRequest(resource, f"tasks[{i}] {task.get('name', '')!r}", pods, count))
+    asks = f" ({', '.join(map(str, devices))})" if devices else ""
+    trainium = "; Neuron cores need Trainium" if any(d.resource in NEURON_RESOURCES for d in devices) else ""
+    return LocalJob(
+        "Job",
+        "",
+        devices=tuple(devices),
+        refusal=(
+            f"a Volcano Job{asks} runs torchrun across pods that meet at the job's DNS names: cluster only"
+            f"{trainium}; {LOCAL_WAY_OUT}"
+        ),
+    )
+
+
+def _pod_spec(owner: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    template = _fields.mapping(owner.get("template"), f"{where}.template")
+    return _fields.mapping(template.get("spec"), f"{where}.template.spec")
+
+
+def _pod_devices(pod: Mapping[str, Any], where: str) -> dict[str, int]:
+    """Accelerators one pod asks for: each container's larger of request and limit, summed over containers."""
+    found: dict[str, int] = {}
+    for i, container in enumerate(_fields.mappings(pod.get("containers"), f"{where}.template.spec.containers")):
+        at = f"{where}.template.spec.containers[{i}].resources"
+        resources = _fields.mapping(container.get("resources"), at)
+        sections = {key: _fields.mapping(resources.get(key), f"{at}.{key}") for key in ("requests", "limits")}
+        for resource in (GPU_RESOURCE, *NEURON_RESOURCES):
+            counts = [
+                int(_fields.number(section[resource], f"{at}.{key}.{resource}"))
+                for key, section in sections.items()
+                if resource in section
+            ]
+            if counts and max(counts) > 0:
+                found[resource] = found.get(resource, 0) + max(counts)
+    return found
+
+
+def _mounts(pod: Mapping[str, Any], pod_at: str, container: Mapping[str, Any], at: str) -> tuple[PodMount, ...]:
+    claims: dict[str, str | None] = {}
+    for i, declared in enumerate(_fields.mappings(pod.get("volumes"), f"{pod_at}.volumes")):
+        v_at = f"{pod_at}.volumes[{i}]"
+        claim = _fields.mapping(declared.get("persistentVolumeClaim"), f"{v_at}.persistentVolumeClaim")
+        name = _fields.text(declared.get("name"), f"{v_at}.name")
+        claims[name] = (
+            _fields.text(claim.get("claimName"), f"{v_at}.persistentVolumeClaim.claimName") if claim else None
+        )
+    mounts = []
+    for i, mount in enumerate(_fields.mappings(container.get("volumeMounts"), f"{at}.volumeMounts")):
+        m_at = f"{at}.volumeMounts[{i}]"
+        volume = _fields.text(mount.get("name"), f"{m_at}.name")
+        if volume not in claims:
+            raise ResourceError(f"{m_at}.name {volume!r} matches no volume in {pod_at}.volumes; declare the volume")
+        mount_path = _fields.text(mount.get("mountPath"), f"{m_at}.mountPath").rstrip("/")
+        if not mount_path.startswith("/"):
+            raise ResourceError(f"{m_at}.mountPath must be absolute, got {mount_path!r}")
+        if mount_path != SHM_MOUNT:
+            mounts.append(
+                PodMount(mount_path, volume, claims[volume], _fields.optional_text(mount, "subPath", m_at) or "")
+            )
+    return tuple(mounts)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
+register_kind("RayJob", RAYJOB_API, _ray_job)
+register_kind("PodGroup", PODGROUP_GROUP, _podgroup)
+register_kind("Job", VOLCANO_JOB_GROUP, _volcano_job)

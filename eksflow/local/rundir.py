@@ -1,0 +1,283 @@
+"""A run's folder, and who owns it: the executor that runs it, alive or gone.
+
+    state_dir/runs/<name>/
+        manifest.yaml      the manifest as given, before substitution (what resume and retry re-read)
+        status.json        Argo-like workflow status (status.py), rewritten atomically after every change
+        owner.json         the executor running it: PID and start time, its watchdog, its live task processes
+        owner.lock         held (flock) by that executor for as long as it runs: a second executor is refused
+        logs/<node>.log    combined stdout+stderr of every attempt of a node
+        tasks/<node>/      outputs/ (output parameter files), progress ($ARGO_PROGRESS_FILE), bin/ (shims)
+        volumes/<name>     emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
+
+A run whose status says Running but whose executor is gone (killed, machine rebooted) is recorded as Failed
+"executor stopped" by the first reader that notices (`settle`), and task processes it left behind are found by
+their recorded PIDs and start times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from eksflow.local.errors import LocalExecutorError
+from eksflow.local.status import file_name, load_document, now
+from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, session_members, start_time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, the owner's PID alone tells
+    fcntl = None  # type: ignore[assignment]
+
+# libyaml's safe dumper and loader where PyYAML has them: the flagship's manifest is large, and pure Python is slow.
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_LOCK_RETRY_S = 0.5  # a reader checking the lock holds it for microseconds; an executor retries that long
+
+
+@dataclass
+class Owner:
+    """The executor of a run, as owner.json records it."""
+
+    pid: int
+    start: str  # /proc start time of the executor: with the PID, it names one process
+    started_at: str
+    watchdog: int | None = None
+    processes: dict[int, tuple[str, str]] = field(default_factory=dict)  # task PID -> (node key, start time)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the executor process still runs."""
+        return alive(self.pid, self.start)
+
+    def orphans(self) -> dict[int, str]:
+        """Task sessions (leader PID -> node key) with processes still running although their executor is gone.
+
+        A leader that ended may have left children in its session (a Ray worker, a server); Linux does not reuse
+        a PID while it still numbers a session, so live members of session PID are that task's.
+        """
+        return {
+            pid: key for pid, (key, started) in self.processes.items() if alive(pid, started) or session_members(pid)
+        }
+
+
+def owner_document(owner: Owner) -> dict[str, Any]:
+    """owner.json's content."""
+    return {
+        "pid": owner.pid,
+        "startTime": owner.start,
+        "startedAt": owner.started_at,
+        "watchdogPid": owner.watchdog,
+        "processes": {str(pid): {"node": key, "startTime": s} for pid, (key, s) in owner.processes.items()},
+    }
+
+
+class RunFolder:
+    """The files of one run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = path.name
+        self.manifest = path / "manifest.yaml"
+        self.status = path / "status.json"
+        self.owner = path / "owner.json"
+        self.lock_path = path / "owner.lock"
+        self.logs = path / "logs"
+        self.tasks = path / "tasks"
+        self.volumes = path / "volumes"
+        self._lock: IO[str] | None = None
+
+    def make(self) -> None:
+        """Create the folder and its subfolders."""
+        for sub in (self.logs, self.tasks, self.volumes):
+            sub.mkdir(parents=True, exist_ok=True)
+
+    def log(self, key: str) -> Path:
+        """The log file of node `key`."""
+        return self.logs / f"{file_name(key)}.log"
+
+    def task_dir(self, key: str) -> Path:
+        """The scratch folder of node `key` (outputs, progress, shims)."""
+        return self.tasks / file_name(key)
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Keep the manifest as given."""
+        text = yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        self.manifest.write_text(text, encoding="utf-8")
+
+    def read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The saved manifest and status.json; LocalExecutorError if the folder is not a run's."""
+        try:
+            manifest = yaml.load(self.manifest.read_text(encoding="utf-8"), Loader=_Loader)  # safe: no Python objects
+            status = load_document(self.status)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise LocalExecutorError(
+                f"{self.path} is not a readable run folder (manifest.yaml, status.json): {exc}"
+            ) from None
+        if not isinstance(manifest, dict):
+            raise LocalExecutorError(f"{self.manifest} does not hold a Workflow manifest")
+        return manifest, status
+
+    def write_status(self, document: dict[str, Any]) -> None:
+        """Replace status.json atomically: a reader never sees half of it."""
+        atomic_write(self.status, compact_json(document))
+
+    # -- ownership -------------------------------------------------------------------------------------------
+
+    def claim(self, watchdog: int | None) -> Owner:
+        """Become the run's executor: refused (one line) while another executor holds it."""
+        if fcntl is not None:
+            handle = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+            deadline = time.monotonic() + _LOCK_RETRY_S
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        handle.close()
+                        raise LocalExecutorError(self.busy_message()) from None
+                    time.sleep(0.05)
+            self._lock = handle
+        else:
+            owner = self.read_owner()
+            if owner is not None and owner.alive and owner.pid != os.getpid():
+                raise LocalExecutorError(self.busy_message())
+        owner = Owner(os.getpid(), start_time(os.getpid()) or "", now(), watchdog)
+        self.write_owner(owner)
+        return owner
+
+    def busy_message(self) -> str:
+        """One line: another executor holds this run."""
+        owner = self.read_owner()
+        who = f" (executor PID {owner.pid})" if owner is not None else ""
+        return (
+            f"run {self.name!r} is still being run by another executor{who}; wait for it, or stop it "
+            "(Ctrl-C, or kill that PID) and resume again"
+        )
+
+    def release(self) -> None:
+        """Stop being the run's executor."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def held(self) -> bool:
+        """Whether an executor (this process or another) currently holds the run."""
+        if self._lock is not None:
+            return True
+        if fcntl is None:
+            owner = self.read_owner()
+            return owner is not None and owner.alive
+        try:
+            with open(self.lock_path, encoding="utf-8") as handle:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except FileNotFoundError:
+            owner = self.read_owner()  # a run folder from before owner.lock existed
+            return owner is not None and owner.alive
+        except BlockingIOError:
+            return True
+        return False
+
+    def write_owner(self, owner: Owner) -> None:
+        """Record the owner and its live task processes."""
+        atomic_write(self.owner, compact_json(owner_document(owner)))
+
+    def read_owner(self) -> Owner | None:
+        """The recorded owner, or None for a folder without one."""
+        try:
+            raw = load_document(self.owner)
+        except (OSError, ValueError):
+            return None
+        processes = {int(pid): (p["node"], p.get("startTime", "")) for pid, p in raw.get("processes", {}).items()}
+        return Owner(
+            int(raw["pid"]), raw.get("startTime", ""), raw.get("startedAt", ""), raw.get("watchdogPid"), processes
+        )
+
+    def settle(self) -> dict[int, str]:
+        """If the run claims to be Running but its executor is gone, record it as Failed "executor stopped".
+
+        Returns the task processes (PID -> node key) the dead executor left running, for the caller to stop or
+        report; empty when the run is owned by a live executor or ended cleanly.
+        """
+        if self.held():
+            return {}
+        mark_stopped(str(self.path), STOPPED_MESSAGE)
+        owner = self.read_owner()
+        return {} if owner is None else owner.orphans()
+
+
+class LatestWriter:
+    """Writes the latest document given for each file, on a thread of its own, so no task waits for the disk.
+
+    status.json changes with every phase change; writing it under the run's lock put a file write (milliseconds
+    on a busy machine) on the path of every task. Here each change hands over a finished document (built under the
+    lock, so it is consistent) and returns; the writer thread serializes and replaces the file, skipping documents
+    that a newer one for the same file has already replaced. `flush` waits until the latest ones are on disk.
+    """
+
+    def __init__(self, encode: Callable[[dict[str, Any]], str]) -> None:
+        self._encode = encode
+        self._cond = threading.Condition()
+        self._latest: dict[Path, dict[str, Any]] = {}
+        self._submitted = 0
+        self._written = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="run-folder-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, document: dict[str, Any]) -> None:
+        """Have `document` written to `path` (unless a newer one for `path` comes first)."""
+        with self._cond:
+            self._latest[path] = document
+            self._submitted += 1
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._latest and not self._closed:
+                    self._cond.wait()
+                if not self._latest:
+                    return
+                documents, number, self._latest = self._latest, self._submitted, {}
+            try:
+                for path, document in documents.items():
+                    atomic_write(path, self._encode(document))
+            finally:
+                with self._cond:
+                    self._written = number
+                    self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Wait until the latest documents submitted are on disk."""
+        with self._cond:
+            while self._written < self._submitted and self._thread.is_alive():
+                self._cond.wait(1.0)
+
+    def close(self) -> None:
+        """Flush, then stop the writer thread."""
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+
+def compact_json(document: dict[str, Any]) -> str:
+    """JSON without whitespace: json's C encoder (an indented dump takes the pure-Python one, 4x slower)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

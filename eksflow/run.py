@@ -1,0 +1,132 @@
+"""`run`: the pipeline's manifest on this machine, through the local executor, in the pipeline's own project.
+
+Local tasks run in the project that holds the pipeline (its folder is their working directory and is on their
+PYTHONPATH), so a user's steps run from the user's project, not from eksflow's. Before anything starts, every
+config section that declares `local_problems()` (a step's settings, e.g. a dataset that must exist here) is asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+
+from eksflow.config import ConfigError, PipelineConfig
+from eksflow.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from eksflow.local import RunResult
+from eksflow.runtime.rundir import report_path
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def local_problems(cfg: PipelineConfig) -> list[str]:
+    """`section.field: problem` for every section that can tell its inputs cannot exist on this machine."""
+    return [f"{key}.{line}" for key, section in _sections(cfg) for line in section.local_problems()]
+
+
+def run_locally(
+    pipeline: Pipeline, rendered: dict[str, Any], root: Path, args: argparse.Namespace, console: Console
+) -> int:
+    """Check the inputs this machine must have, then execute the manifest (or resume a run) in the project."""
+    problems = local_problems(pipeline.cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return execute(rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize)
+
+
+def execute_env(root: Path) -> dict[str, str]:
+    """What every local task gets: the project on its PYTHONPATH, and the checkout's commit for lineage."""
+    python_path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    return {"EKSFLOW_GIT_COMMIT": git_commit(root), "PYTHONPATH": python_path}
+
+
+def execute(
+    rendered: dict[str, Any],
+    state_dir: Path,
+    resume: str | None,
+    console: Console,
+    *,
+    root: Path,
+    memoize: bool = True,
+) -> int:
+    """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
+    from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+
+    settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console, "memoize": memoize}
+    try:
+        if resume:
+            result = resume_workflow(state_dir / "runs" / resume, manifest=rendered, **settings)
+        else:
+            result = run_workflow(rendered, state_dir, **settings)
+    except RunInterrupted as stopped:
+        console.print(
+            f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
+    except LocalExecutorError as err:
+        console.print(f"[red]cannot run locally:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
+    return print_result(result, console)
+
+
+def print_result(result: RunResult, console: Console) -> int:
+    """Every task's phase and outputs (container paths shown as this machine's folders), the report, what next."""
+    from eksflow.local import Phase, load_run
+
+    view = load_run(result.run_dir.parent.parent, result.name)
+    console.print()
+    for key, node in view.nodes.items():
+        cached = " (memoized: outputs of an earlier run)" if node.memoization and node.memoization.hit else ""
+        console.print(
+            f"[bold]{escape(node.display_name)}[/bold] {node.phase}{cached}"
+            + (f": {escape(node.message)}" if node.message else ""),
+            highlight=False,
+        )
+        for name, value in view.host_outputs(key).items():
+            shown = value if len(value) <= 160 else value[:157] + "..."
+            console.print(f"    {name} = {escape(shown)}", highlight=False, soft_wrap=True)
+    colour = "green" if result.phase is Phase.SUCCEEDED else "red"
+    console.print(
+        f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
+    )
+    report = report_path(result.run_dir)
+    if report is not None:
+        console.print(f"report: {report}", highlight=False, soft_wrap=True)
+    if result.resumable:
+        console.print(f"resume with: --resume {result.name}")
+    elif result.bad_input:
+        console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
+    return 0 if result.phase is Phase.SUCCEEDED else EXIT_FAILED
+
+
+def git_commit(root: Path) -> str:
+    """The checkout's HEAD commit, read from .git without running git; empty outside a checkout."""
+    head = root / ".git" / "HEAD"
+    try:
+        ref = head.read_text(encoding="utf-8").strip()
+        if ref.startswith("ref: "):
+            return (root / ".git" / ref[5:]).read_text(encoding="utf-8").strip()
+        return ref
+    except OSError:
+        return ""
+
+
+def _sections(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            key = f"{prefix}{name}"
+            if callable(getattr(value, "local_problems", None)):
+                yield key, value
+            yield from _sections(value, f"{key}.")

@@ -1,0 +1,227 @@
+"""The verbs users know from `argo`: list, get, logs, retry, resubmit, on local runs or on an Argo Server.
+
+    python pipelines/llama_lora.py list                      # this pipeline's runs: phase, start, duration
+    python pipelines/llama_lora.py get llama-lora-x7k2p      # tasks, phases, outputs (host paths locally)
+    python pipelines/llama_lora.py logs llama-lora-x7k2p train --follow
+    python pipelines/llama_lora.py retry llama-lora-x7k2p -p base_model=/models/other
+    python pipelines/llama_lora.py resubmit llama-lora-x7k2p
+
+Local runs (in --state-dir) by default; the Argo Server's when ARGO_SERVER is set (or --argo-server is given),
+with the argo CLI's connection settings. Bad input exits 2, a run that fails exits 1, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from eksflow.config import ConfigError
+from eksflow.submit import add_connection_options
+
+EXIT_FAILED = 1
+VERBS = ("list", "get", "logs", "retry", "resubmit")
+
+
+def add_verbs(commands: argparse._SubParsersAction[argparse.ArgumentParser], state_dir: Path) -> None:
+    """The verbs' sub-commands, each with --state-dir (local) and the Argo Server's connection flags."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", type=Path, default=state_dir, help="where local runs live (default .eksflow)")
+    add_connection_options(common)
+    listed = commands.add_parser("list", parents=[common], help="runs of this pipeline: phase, start, duration")
+    listed.add_argument("--all", action="store_true", help="every pipeline's runs, not only this one's")
+    get = commands.add_parser("get", parents=[common], help="one run: its tasks, phases and outputs")
+    get.add_argument("name", help="the run (workflow) name")
+    logs = commands.add_parser("logs", parents=[common], help="a run's log, or one task's")
+    logs.add_argument("name", help="the run (workflow) name")
+    logs.add_argument("task", nargs="?", help="one task (default: every task, in start order)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the task (or run) ends")
+    for verb, what in (("retry", "re-run its failed tasks"), ("resubmit", "a new run of the same workflow")):
+        command = commands.add_parser(verb, parents=[common], help=what + ", parameters overridden with -p")
+        command.add_argument("name", help="the run (workflow) name")
+        command.add_argument(
+            "-p",
+            "--parameter",
+            dest="parameters",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="override a workflow parameter (repeatable), like `argo retry -p`",
+        )
+
+
+def remote(args: argparse.Namespace) -> bool:
+    """Whether the verbs talk to an Argo Server rather than local runs."""
+    return bool(args.argo_server or os.environ.get("ARGO_SERVER"))
+
+
+def run_verb(args: argparse.Namespace, pipeline: str, root: Path, console: Console) -> int:
+    """Run one verb; ConfigError (bad input) propagates for the CLI's exit 2."""
+    from eksflow.argo_server import ParameterError, parse_parameters
+
+    try:
+        parameters = parse_parameters(getattr(args, "parameters", []))
+    except ParameterError as err:
+        raise ConfigError(f"-p: {err}") from None
+    if remote(args):
+        return _remote(args, pipeline, parameters, console)
+    return _local(args, pipeline, parameters, root, console)
+
+
+def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], root: Path, console: Console) -> int:
+    from eksflow import local
+    from eksflow.run import execute_env, print_result
+
+    try:
+        if args.command == "list":
+            runs = [r for r in local.list_runs(args.state_dir) if args.all or r.pipeline == pipeline]
+            _table(
+                console,
+                ["run", "phase", "started", "duration", "message"],
+                ([r.name, str(r.phase), _when(r.started_at), _seconds(r.duration_s), r.message] for r in runs),
+            )
+            return 0
+        if args.command == "get":
+            out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
+            view = local.load_run(args.state_dir, args.name)
+            out.print(
+                f"[bold]{escape(view.name)}[/bold] {view.phase}" + (f": {escape(view.message)}" if view.message else "")
+            )
+            out.print(f"run folder: {view.run_dir}", highlight=False, soft_wrap=True)
+            for key, node in view.nodes.items():
+                duration = _seconds(_span(node.started_at, node.finished_at))
+                cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
+                out.print(
+                    f"  {escape(node.display_name)}  {node.phase}  {duration}{cached}"
+                    + (f"  {escape(node.message)}" if node.message else ""),
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                for name, value in view.host_outputs(key).items():
+                    out.print(f"      {name} = {escape(_short(value))}", highlight=False, soft_wrap=True)
+            return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED
+        if args.command == "logs":
+            return _local_logs(args, console)
+        settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console}
+        if args.command == "retry":
+            result = local.retry_run(args.state_dir, args.name, parameters, **settings)
+        else:
+            result = local.resubmit_run(args.state_dir, args.name, parameters, **settings)
+    except local.LocalExecutorError as err:
+        raise ConfigError(str(err)) from None
+    return print_result(result, console)
+
+
+def _local_logs(args: argparse.Namespace, console: Console) -> int:
+    from eksflow import local
+
+    view = local.load_run(args.state_dir, args.name)
+    tasks = [args.task] if args.task else [n.display_name for n in view.nodes.values() if n.log is not None]
+    for task in tasks:
+        path = local.task_log(args.state_dir, args.name, task)
+        lines: Iterable[str]
+        if args.follow:
+            lines = local.follow_task_log(args.state_dir, args.name, task)
+        else:
+            lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        prefix = f"{task}: " if not args.task else ""
+        for line in lines:
+            sys.stdout.write(f"{prefix}{line}\n")
+            sys.stdout.flush()
+    return 0
+
+
+def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], console: Console) -> int:
+    from eksflow import argo_server
+    from eksflow.argo_client import ArgoServer, ArgoServerError
+
+    try:
+        server = ArgoServer.from_options(args)
+        if args.command == "list":
+            runs = argo_server.list_workflows(server, pipeline=None if args.all else pipeline)
+            _table(
+                console,
+                ["run", "phase", "started", "duration", "message"],
+                ([r.name, r.phase, _when(r.started), _seconds(r.duration_s), r.message] for r in runs),
+            )
+            return 0
+        if args.command == "get":
+            out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
+            detail = argo_server.get_workflow(server, args.name)
+            out.print(f"[bold]{escape(detail.summary.name)}[/bold] {detail.summary.phase}", highlight=False)
+            for task in detail.tasks:
+                out.print(
+                    f"  {escape(task.name)}  {task.phase}  {_seconds(_span(task.started, task.finished))}"
+                    + (f"  {escape(task.message)}" if task.message else ""),
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                for name, value in task.outputs.items():
+                    out.print(f"      {name} = {escape(_short(value))}", highlight=False, soft_wrap=True)
+            return 0 if detail.summary.phase == "Succeeded" else EXIT_FAILED
+        if args.command == "logs":
+            for line in argo_server.workflow_logs(server, args.name, args.task, follow=args.follow):
+                sys.stdout.write(f"{line.task}: {line.content}\n" if not args.task else f"{line.content}\n")
+                sys.stdout.flush()
+            return 0
+        if args.command == "retry":
+            argo_server.retry_workflow(server, args.name, parameters)
+        else:
+            argo_server.resubmit_workflow(server, args.name, parameters)
+        console.print(f"{args.command}: {args.name} sent to {server.url}", highlight=False)
+        return 0
+    except ArgoServerError as err:
+        console.print(f"[red]{args.command} failed:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
+
+
+def _table(console: Console, header: list[str], rows: Iterable[list[str]]) -> None:
+    """A table on stdout; piped, one line per row (no wrapping), so scripts can read it."""
+    table = Table(*header, box=None, pad_edge=False)
+    for column in table.columns:
+        column.no_wrap = True
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=1000)
+    out.print(table)
+
+
+def _span(started: object, finished: object) -> float | None:
+    start, end = _time(started), _time(finished)
+    if start is None:
+        return None
+    return max(((end or datetime.now(timezone.utc)) - start).total_seconds(), 0.0)
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def _when(value: object) -> str:
+    moment = _time(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    minutes, seconds = divmod(int(value), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def _short(value: str, limit: int = 160) -> str:
+    return value if len(value) <= limit else value[: limit - 3] + "..."

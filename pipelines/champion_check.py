@@ -1,0 +1,79 @@
+"""Champion check: re-evaluate the current champion on fresh data; record the result; fail loudly if it regressed.
+
+    python pipelines/champion_check.py run --set data.source=s3://bucket/fresh-eval
+    python pipelines/champion_check.py schedule --cron '0 6 * * *' | kubectl apply -f -     # every morning
+
+The champion's adapter comes from the registry (alias `champion`), the data is staged and validated like the
+flagship's, and `evaluate` scores the champion (and its base model) against the same thresholds a new model must
+meet. `record-check` writes the outcome on the model version (tags check.*), and when it no longer meets them the
+`alert` task fails the workflow with one line a notification can carry (also `record-check`'s `summary` output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eksflow import Pipeline, PipelineConfig, main, name_field, retry, task
+from eksflow.config import MlflowSettings
+from pipelines.llama_lora import BIG
+from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
+from steps.evaluate import EvaluateSettings
+from steps.stage_data import StageSettings
+from steps.validate_data import ValidateSettings
+
+
+class ChampionCheckConfig(PipelineConfig):
+    """Where the fresh data is, and the thresholds the champion must still meet (the flagship's by default)."""
+
+    name: str = name_field("champion-check")
+    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")
+    data: StageSettings = StageSettings()
+    validation: ValidateSettings = ValidateSettings()
+    evaluate: EvaluateSettings = EvaluateSettings()
+
+
+def build(cfg: ChampionCheckConfig) -> Pipeline:
+    """The Argo Workflow of one check."""
+    with Pipeline(
+        cfg,
+        title=f"Champion check of {cfg.model_name}",
+        description="fetch champion + stage -> validate -> evaluate -> record on the version -> alert if regressed",
+        parameters={"data_source": cfg.data.source},
+    ) as p:
+        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
+
+        champion = task(fetch_champion, model_name=cfg.model_name, dest_dir=p.run_dir / "champion", **mlflow)
+        model: dict[str, Any] = {"base_model": champion.base_model, "model_cache_dir": cfg.storage.model_cache}
+        staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
+        # the rows' format and quality; token lengths are a training concern (no sequence length to check here)
+        checked = task(validate_data, cfg.validation, dataset_dir=staged.dataset_dir, report_dir=p.run_dir / "reports")
+        scored = task(
+            evaluate,
+            cfg.evaluate,
+            dataset_dir=staged.dataset_dir,
+            adapter_dir=champion.adapter_dir,
+            report_dir=p.run_dir / "reports",
+            model_name="",  # the thresholds decide: the champion is not compared with itself
+            after=checked,
+            resources=BIG,
+            **model,
+            **mlflow,
+        )
+        recorded = task(
+            record_check,
+            model_name=cfg.model_name,
+            version=champion.version,
+            passed=scored.passed,
+            reason=scored.reason,
+            metrics=scored.metrics,
+            dataset_digest=staged.dataset_digest,
+            eval_set_digest=scored.eval_set_digest,
+            workflow_name=p.workflow_name,
+            **mlflow,
+        )
+        task(alert, message=recorded.summary, when=recorded.regressed, retry_strategy=retry(0))
+    return p
+
+
+if __name__ == "__main__":
+    main(build)

@@ -1,1 +1,0 @@
-"""Building blocks shared by every pipeline file: typed config, step templates, the CLI."""

@@ -1,0 +1,145 @@
+"""LoRA sweep: train a grid of candidates in parallel, evaluate each, register only the best that passed the gate.
+
+    python pipelines/lora_sweep.py run                                      # ranks 8 and 16 at the flagship's LR
+    python pipelines/lora_sweep.py run --set 'sweep.ranks=[4,8,16]' --set 'sweep.learning_rates=[0.0005,0.001]'
+
+Each grid point (LoRA rank x learning rate) is one iteration of a fan-out (Argo withItems): its own training run in
+its own folder, then its own evaluation against the thresholds (and the champion). `select-best` ranks those that
+passed by `evaluate.champion_metric`; the winner is registered (alias `challenger`), and nothing is when none
+passed. The other sections are the flagship's (pipelines/llama_lora.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from eksflow import Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
+from eksflow.pipeline import Item
+from pipelines.llama_lora import BIG, LlamaLoraConfig
+from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
+
+
+class SweepSettings(Settings):
+    """The grid: every rank with every learning rate."""
+
+    ranks: tuple[int, ...] = Field((8, 16), min_length=1, description="LoRA ranks (alpha = 2 x rank)")
+    learning_rates: tuple[float, ...] = Field((1e-3,), min_length=1, description="peak learning rates")
+    parallelism: int = Field(1, ge=1, description="candidates trained at the same time")
+
+
+class LoraSweepConfig(LlamaLoraConfig):
+    """The flagship's sections plus the grid."""
+
+    name: str = name_field("lora-sweep")
+    sweep: SweepSettings = SweepSettings()
+
+
+def grid(cfg: LoraSweepConfig) -> list[dict[str, Any]]:
+    """One item per candidate: a name, its LoRA shape and learning rate."""
+    return [
+        {
+            "name": f"r{rank}-lr{lr:g}",
+            "lora": cfg.train.lora.model_copy(update={"rank": rank, "alpha": 2 * rank}).model_dump(mode="json"),
+            "learning_rate": lr,
+        }
+        for rank in cfg.sweep.ranks
+        for lr in cfg.sweep.learning_rates
+    ]
+
+
+def build(cfg: LoraSweepConfig) -> Pipeline:
+    """The Argo Workflow of one sweep."""
+    items = grid(cfg)
+    with Pipeline(
+        cfg,
+        title=f"LoRA sweep of {cfg.base_model}: {len(items)} candidates",
+        description="stage -> validate -> (train -> evaluate) x grid -> select best -> register",
+        parameters={"data_source": cfg.data.source, "base_model": cfg.base_model},
+    ) as p:
+        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
+        model: dict[str, Any] = {"base_model": p.parameters.base_model, "model_cache_dir": cfg.storage.model_cache}
+
+        staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
+        checked = task(
+            validate_data,
+            cfg.validation,
+            dataset_dir=staged.dataset_dir,
+            report_dir=p.run_dir / "reports",
+            max_tokens=cfg.train.max_seq_len,
+            **model,
+        )
+
+        def candidate(item: Item) -> dict[str, Ref]:
+            folder = p.run_dir / "candidates" / item.name
+            trained = distributed(
+                train,
+                cfg.train,
+                neuron_step=train_neuron,
+                lora=item.lora,
+                learning_rate=item.learning_rate,
+                dataset_dir=staged.dataset_dir,
+                output_dir=folder,
+                run_name=p.workflow_name,
+                experiment=cfg.experiment,
+                **model,
+                **mlflow,
+            )
+            scored = task(
+                evaluate,
+                cfg.evaluate,
+                dataset_dir=staged.dataset_dir,
+                adapter_dir=trained.adapter_dir,
+                mlflow_run_id=trained.mlflow_run_id,
+                report_dir=folder,
+                model_name=cfg.model_name,
+                mlflow_ui_url=cfg.mlflow.ui_url,
+                resources=BIG,
+                **model,
+                **mlflow,
+            )
+            return {
+                "passed": scored.passed,
+                "metrics": scored.metrics,
+                "report": scored.report,
+                "adapter_dir": trained.adapter_dir,
+                "mlflow_run_id": trained.mlflow_run_id,
+            }
+
+        candidates = p.fan_out(candidate, items, after=checked, parallelism=cfg.sweep.parallelism)
+        chosen = task(
+            select_best,
+            names=[item["name"] for item in items],
+            passed=candidates.passed,
+            metrics=candidates.metrics,
+            reports=candidates.report,
+            adapter_dirs=candidates.adapter_dir,
+            mlflow_run_ids=candidates.mlflow_run_id,
+            metric=cfg.evaluate.champion_metric,
+        )
+        task(
+            register,
+            adapter_dir=chosen.adapter_dir,
+            metrics=chosen.metrics,
+            eval_report=chosen.report,
+            dataset_digest=staged.dataset_digest,
+            mlflow_run_id=chosen.mlflow_run_id,
+            model_name=cfg.model_name,
+            experiment=cfg.experiment,
+            workflow_name=p.workflow_name,
+            workflow_uid=p.workflow_uid,
+            dataset_uri=p.parameters.data_source,
+            config_hash=config_hash(cfg),
+            merged_dir=p.run_dir / "merged",
+            mlflow_ui_url=cfg.mlflow.ui_url,
+            resources=BIG,
+            when=chosen.found,
+            **model,
+            **mlflow,
+        )
+    return p
+
+
+if __name__ == "__main__":
+    main(build)

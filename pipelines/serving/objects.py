@@ -1,0 +1,290 @@
+"""The serving fleet as Kubernetes objects: vLLM (per base model) and the LiteLLM proxy (per pipeline).
+
+Plain dicts from pure functions, validated strictly with kubernetes-validate by the contract tests. The workflow
+applies them with Argo resource templates (action apply, no owner reference: the fleet outlives the workflow);
+`make templates` writes them to workflow-templates/serving.yaml for GitOps; the local executor runs the same
+objects as local processes for the run's lifetime (eksflow/local/fleet.py).
+
+    <pipeline>-vllm-<8 hex>   Deployment + Service + PodDisruptionBudget: one vLLM engine per base model (the
+                              base model folder from FSx, LoRA adapters loaded at run time from FSx), a readiness
+                              probe that proves generation, the inference profile's GPUs, tolerations, /dev/shm
+    <pipeline>-proxy          ConfigMap (LiteLLM config) + Deployment + Service + PodDisruptionBudget: the public
+                              model name, routed by weight across the adapter slots
+
+Keys come from one Secret (serving.secret) that an operator creates once, never from a parameter:
+    kubectl create secret generic eksflow-serving --from-literal=vllm-api-key=... \
+        --from-literal=litellm-master-key=sk-... --from-literal=database-url=postgresql://...
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import yaml
+from pydantic import Field, field_validator
+
+from eksflow import PipelineConfig, profiles
+from eksflow.profiles import Profile
+from eksflow.runtime.args import Settings
+from steps.canary import CanarySettings
+from steps.common import litellm_proxy, rollout, vllm
+
+SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
+MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the local fleet reads it)
+FLEET_LABEL = "eksflow.dev/fleet"
+PROXY_CONFIG_DIR = "/etc/litellm"
+COMPROMISED_LITELLM = ("1.82.7", "1.82.8")  # malicious releases on PyPI: never deploy them
+# Inference nodes beyond the training table: L4 GPUs (g6), 24 GiB each; requests/limits come from the profile.
+_G6 = {
+    p.instance_type: p
+    for p in (
+        Profile("g6.xlarge", "gpu", 1, 1, 24, 0, 4, 16),
+        Profile("g6.2xlarge", "gpu", 1, 1, 24, 0, 8, 32),
+        Profile("g6.12xlarge", "gpu", 4, 1, 24, 0, 48, 192),
+        Profile("g6.48xlarge", "gpu", 8, 1, 24, 0, 192, 768),
+    )
+}
+INFERENCE_PROFILES: dict[str, Profile] = {
+    **{name: p for name, p in profiles.PROFILES.items() if p.kind == "cpu" or name.startswith(("g5.", "p4d."))},
+    **_G6,
+}
+
+
+class ServingSettings(Settings):
+    """The serving fleet (config section `serving`)."""
+
+    instance_type: str = Field(
+        "m6i.4xlarge", description="inference node; CPU runs the vllm-cpu image, g5/g6/p4d the CUDA one"
+    )
+    replicas: int = Field(1, ge=1, le=64, description="vLLM pods per fleet (every pod loads the same adapters)")
+    engine: vllm.EngineSettings = vllm.EngineSettings()
+    port: int = Field(8000, ge=1, le=65535, description="vLLM Service port")
+    proxy_port: int = Field(4000, ge=1, le=65535, description="LiteLLM proxy Service port")
+    proxy_replicas: int = Field(2, ge=1, le=16, description="LiteLLM proxy pods (they share the database)")
+    proxy_image: str = Field(
+        "docker.litellm.ai/berriai/litellm-database:1.110.2",
+        description="LiteLLM's own image with Prisma baked in (non-root since 1.90.6), pinned to a reviewed release",
+    )
+    secret: str = Field(
+        "eksflow-serving",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Secret with vllm-api-key, litellm-master-key and database-url",
+    )
+    request_timeout_s: int = Field(120, ge=1, description="the proxy's timeout for one request to vLLM")
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, instance_type: str) -> str:
+        if instance_type not in INFERENCE_PROFILES:
+            raise ValueError(f"unknown inference instance type {instance_type!r}; known: {sorted(INFERENCE_PROFILES)}")
+        return instance_type
+
+    @field_validator("proxy_image")
+    @classmethod
+    def _reviewed(cls, image: str) -> str:
+        tag = re.split(r"[:@]", image.rsplit("/", 1)[-1], maxsplit=1)[-1]
+        if "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or tag == "latest"):
+            raise ValueError(f"proxy image {image!r} is not pinned; use repo:version or repo@sha256:<digest>")
+        if any(bad in image for bad in COMPROMISED_LITELLM):
+            raise ValueError(f"LiteLLM {image!r} is a compromised release; use 1.110.2")
+        return image
+
+
+class ServingConfig(PipelineConfig):
+    """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary."""
+
+    base_model: str = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
+    serving: ServingSettings = ServingSettings()
+    canary: CanarySettings = CanarySettings()
+
+
+def proxy_name(cfg: ServingConfig) -> str:
+    """The LiteLLM proxy's Deployment and Service."""
+    return f"{cfg.name}-proxy"
+
+
+def proxy_url(cfg: ServingConfig) -> str:
+    """The proxy's in-cluster address (the local executor maps it to 127.0.0.1)."""
+    return f"http://{proxy_name(cfg)}.{cfg.namespace}.svc.cluster.local:{cfg.serving.proxy_port}"
+
+
+def _labels(cfg: ServingConfig, component: str, name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": component,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/part-of": "eksflow",
+        MODEL_LABEL: cfg.model_name,
+    }
+
+
+def _secret_env(cfg: ServingConfig, name: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": cfg.serving.secret, "key": key}}}
+
+
+def _security(profile: Profile) -> dict[str, Any]:
+    return {**profiles.container_security(profile), "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str, Any]:
+    """The vLLM engine on the inference profile: base model from FSx, adapters at run time, ready when it generates."""
+    profile = INFERENCE_PROFILES[cfg.serving.instance_type]
+    gpus = profile.devices if profile.kind == "gpu" else 0
+    settings = cfg.serving.engine
+    base_name = f"{cfg.model_name}-base"
+    env = [{"name": k, "value": v} for k, v in sorted(vllm.engine_env(settings, cpu=profile.kind == "cpu").items())] + [
+        _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE)
+    ]
+    probe = {"exec": {"command": ["python3", "-m", "steps.ready", f"--url=http://127.0.0.1:{cfg.serving.port}",
+                                  f"--model={base_name}"]}}  # fmt: skip
+    container = {
+        "name": "vllm",
+        "image": cfg.images.serve if gpus else cfg.images.serve_cpu,
+        "command": ["python3", "-m", vllm.ENGINE_MODULE],
+        "args": vllm.engine_args(model_dir, base_name, cfg.serving.port, settings, gpus=gpus),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": cfg.serving.port}],
+        "resources": profiles.resources(profile),
+        "volumeMounts": profiles.volume_mounts(profile, cfg.storage.fsx_mount),
+        # Loading weights takes minutes: the startup probe allows 20, then readiness is a real generation (a
+        # healthy /health with broken generation is no reason to send traffic) and liveness the server itself.
+        "startupProbe": {**copy.deepcopy(probe), "periodSeconds": 10, "timeoutSeconds": 60, "failureThreshold": 120},
+        "readinessProbe": {**copy.deepcopy(probe), "periodSeconds": 15, "timeoutSeconds": 60, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 20, "failureThreshold": 3},
+        "securityContext": _security(profile),
+    }
+    pod: dict[str, Any] = {
+        "securityContext": profiles.pod_security(),
+        "nodeSelector": profiles.node_selector(profile, spot=False, zone=""),
+        "terminationGracePeriodSeconds": 60,  # requests in flight finish before the engine stops
+        "containers": [container],
+        "volumes": profiles.volumes(profile, cfg.storage.fsx_claim),
+    }
+    if tolerations := profiles.tolerations(profile):
+        pod["tolerations"] = tolerations
+    labels = {**_labels(cfg, "vllm", fleet), FLEET_LABEL: fleet}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": fleet, "labels": dict(labels)},  # copies: rendered YAML gets no anchors
+        "spec": {
+            "replicas": cfg.serving.replicas,
+            "selector": {"matchLabels": {FLEET_LABEL: fleet}},
+            # A new pod must be ready (generating) before an old one goes: no capacity dip during an update.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def service(cfg: ServingConfig, name: str, component: str, port: int, selector: dict[str, str]) -> dict[str, Any]:
+    """A ClusterIP Service in front of a Deployment's pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def vllm_service(cfg: ServingConfig, fleet: str) -> dict[str, Any]:
+    """The fleet's address: what the proxy's slots and the rollout steps talk to."""
+    return service(cfg, fleet, "vllm", cfg.serving.port, {FLEET_LABEL: fleet})
+
+
+def disruption_budget(cfg: ServingConfig, name: str, component: str, replicas: int) -> dict[str, Any]:
+    """Voluntary evictions (node drains, Karpenter consolidation) keep at least one pod, and all but one of many."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
+        "spec": {
+            "minAvailable": max(replicas - 1, 1),
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
+        },
+    }
+
+
+def proxy_config_map(cfg: ServingConfig) -> dict[str, Any]:
+    """The proxy's config.yaml: routing, keys and database from the environment; the slots live in the database."""
+    config = litellm_proxy.proxy_config(cfg.serving.request_timeout_s)
+    # The deployments the rollout creates in the database (with the fleet's vLLM Service as api_base); a proxy
+    # without a database (the local fleet) declares them in its model_list, on its engine.
+    slots = litellm_proxy.slot_deployments(cfg.model_name, "http://vllm")
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": proxy_name(cfg), "labels": _labels(cfg, "litellm", proxy_name(cfg))},
+        "data": {
+            "config.yaml": yaml.safe_dump(config, sort_keys=False),
+            "slots.yaml": yaml.safe_dump(slots, sort_keys=False),
+        },
+    }
+
+
+def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
+    """LiteLLM's proxy: the public name by weight across the slots; master key and database URL from the Secret."""
+    name = proxy_name(cfg)
+    profile = INFERENCE_PROFILES["m6i.4xlarge"]  # CPU pods: the proxy only forwards requests
+    labels = _labels(cfg, "litellm", name)
+    container = {
+        "name": "litellm",
+        "image": cfg.serving.proxy_image,
+        "command": ["litellm"],
+        "args": [f"--config={PROXY_CONFIG_DIR}/config.yaml", f"--port={cfg.serving.proxy_port}", "--num_workers=1"],
+        "env": [
+            _secret_env(cfg, "LITELLM_MASTER_KEY", rollout.MASTER_KEY_FILE),
+            _secret_env(cfg, "DATABASE_URL", "database-url"),
+            _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE),
+            {"name": "LITELLM_LOCAL_MODEL_COST_MAP", "value": "True"},  # no price-list download at every start
+        ],
+        "ports": [{"name": "http", "containerPort": cfg.serving.proxy_port}],
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": [{"name": "config", "mountPath": PROXY_CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": {"httpGet": {"path": "/health/readiness", "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/health/liveliness", "port": "http"}, "periodSeconds": 20},
+        "securityContext": _security(profile),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {
+            "replicas": cfg.serving.proxy_replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "securityContext": profiles.pod_security(),
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                },
+            },
+        },
+    }
+
+
+def proxy_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
+    """The proxy's four objects, in apply order."""
+    name = proxy_name(cfg)
+    return [
+        proxy_config_map(cfg),
+        proxy_deployment(cfg),
+        service(cfg, name, "litellm", cfg.serving.proxy_port, {"app.kubernetes.io/instance": name}),
+        disruption_budget(cfg, name, "litellm", cfg.serving.proxy_replicas),
+    ]
+
+
+def fleet_objects(cfg: ServingConfig, fleet: str, model_dir: str) -> list[dict[str, Any]]:
+    """One base model's vLLM objects, in apply order."""
+    return [
+        vllm_deployment(cfg, fleet, model_dir),
+        vllm_service(cfg, fleet),
+        disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas),
+    ]

@@ -1,0 +1,200 @@
+"""The rollout as workflow tasks a user watches in the Argo UI (the last stage of a fine-tuning pipeline).
+
+    prepare-fleet ─▶ vllm, vllm-service, vllm-pdb ─┐                  (starts as soon as the data is staged: the
+    proxy-config ─▶ proxy, proxy-service, proxy-pdb ┴▶ serve-champion   engine loads while the model trains)
+    register + serve-champion ─▶ load-candidate ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶ analyze-50 ─▶
+        shift-100 ─▶ analyze-100 ─▶ promote
+    onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
+
+Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
+`finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py) are applied by Argo resource
+templates (action apply, no owner reference: the fleet outlives the workflow; a Deployment's task succeeds once a
+pod is available, i.e. its readiness probe generated). Rollout steps reach the fleet by its Service addresses; the
+keys come from the serving Secret mounted as files. Canary weights come from `canary.weights`, one shift/analyze
+pair each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hera.workflows import Parameter, Resource, Resources
+from hera.workflows import models as m
+
+from eksflow import Pipeline, Ref, TaskRef, retry, task
+from eksflow.pipeline import When
+from pipelines.serving import objects
+from pipelines.serving.objects import ServingConfig
+from steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
+from steps import finish_rollout as finish_step
+from steps.common.base_model import model_folder
+from steps.prepare_fleet import fleet_name
+
+DEPLOYMENT_READY = "status.availableReplicas > 0"  # Argo waits for it: at least one pod passed its readiness probe
+PREPARE_RESOURCES = Resources(cpu_request=1, memory_request="4Gi", memory_limit="8Gi")  # converts the base model
+ANALYSIS_RESOURCES = Resources(cpu_request=1, memory_request="2Gi", memory_limit="4Gi")
+ANSWER_TOKENS = 32  # the analysis' answer cap when evaluate's is 0 (from the references, a tokenizer the probe lacks)
+
+
+def percent_name(percent: float) -> str:
+    """10.0 -> '10', 2.5 -> '2-5' (task names are kebab-case)."""
+    return f"{percent:g}".replace(".", "-")
+
+
+def _fleet_args(cfg: ServingConfig) -> dict[str, Any]:
+    """What every rollout step gets: the registry, the Services, the adapters' folder, the state file, the keys."""
+    p = Pipeline.current()
+    return {
+        "model_name": cfg.model_name,
+        "tracking_uri": cfg.mlflow.tracking_uri,
+        "proxy_url": objects.proxy_url(cfg),
+        "serving_dir": f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters",
+        "state_file": p.run_dir / "rollout" / "state.json",
+        "secrets_dir": objects.SECRETS_DIR,  # in argv, so the local executor maps it to the run's volume
+    }
+
+
+def _keyed(cfg: ServingConfig, added: TaskRef) -> TaskRef:
+    """Mount the serving Secret (keys as files at FleetArgs.secrets_dir), read-only, into the task's container."""
+    secret = cfg.serving.secret
+    container: Any = Pipeline.current().templates[added._name]
+    container.volumes = [m.Volume(name=secret, secret=m.SecretVolumeSource(secret_name=secret, default_mode=0o440))]
+    container.volume_mounts = [
+        *(container.volume_mounts or []),
+        m.VolumeMount(name=secret, mount_path=objects.SECRETS_DIR, read_only=True),
+    ]
+    return added
+
+
+def _apply(
+    name: str, manifest: Mapping[str, Any], inputs: Mapping[str, Ref], after: TaskRef, *, ready: bool = True
+) -> TaskRef:
+    """A task applying one serving object (idempotent: a fleet already serving is left as it is)."""
+    template = Resource(
+        name=name,
+        action="apply",
+        manifest=yaml.safe_dump(dict(manifest), sort_keys=False),
+        success_condition=DEPLOYMENT_READY if ready else None,
+        inputs=[Parameter(name=i) for i in inputs] or None,
+    )
+    kind = str(manifest["kind"])
+    return Pipeline.current().add(name, template, step=kind, outputs={}, inputs=inputs, after=after)
+
+
+def rollout(
+    cfg: ServingConfig,
+    *,
+    model_version: Ref | str,
+    base_model: Ref | str,
+    evaluated_champion: Ref | str = "",
+    start_after: TaskRef | Sequence[TaskRef] = (),
+    start_when: When | None = None,
+    candidate_after: TaskRef | Sequence[TaskRef] = (),
+    max_new_tokens: int = 0,
+) -> TaskRef:
+    """Add the rollout's tasks to the pipeline being built; returns `promote`.
+
+    The fleet starts after `start_after` (if `start_when` holds), the candidate loads after `candidate_after`
+    and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
+    """
+    fleet = _fleet_args(cfg)
+    rank = {"max_lora_rank": cfg.serving.engine.max_lora_rank}
+    prepared = task(
+        prepare_fleet,
+        base_model=base_model,
+        model_cache_dir=cfg.storage.model_cache,
+        pipeline=cfg.name,
+        namespace=cfg.namespace,
+        port=cfg.serving.port,
+        resources=PREPARE_RESOURCES,
+        after=start_after,
+        when=start_when,
+    )
+    ready = [
+        _apply("vllm", objects.vllm_deployment(cfg, "{{inputs.parameters.fleet}}", "{{inputs.parameters.model_dir}}"),
+               {"fleet": prepared.fleet, "model_dir": prepared.model_dir}, prepared),
+        _apply("vllm-service", objects.vllm_service(cfg, "{{inputs.parameters.fleet}}"), {"fleet": prepared.fleet},
+               prepared, ready=False),
+        _apply("vllm-pdb", objects.disruption_budget(cfg, "{{inputs.parameters.fleet}}", "vllm", cfg.serving.replicas),
+               {"fleet": prepared.fleet}, prepared, ready=False),
+    ]  # fmt: skip
+    previous = prepared
+    config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
+    for name, manifest, wait in [
+        ("proxy-config", config_map, False),  # the config before the proxy that mounts it
+        ("proxy", proxy, True),
+        ("proxy-service", proxy_service, False),
+        ("proxy-pdb", proxy_pdb, False),
+    ]:
+        previous = _apply(name, manifest, {}, previous, ready=wait)
+        ready.append(previous)
+    wired = {"vllm_url": prepared.vllm_url, "base_dir": prepared.model_dir}
+    champion = _keyed(cfg, task(serve_champion, **fleet, **rank, **wired, after=ready))
+    after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
+    candidate = _keyed(
+        cfg,
+        task(
+            load_candidate,
+            **fleet,
+            **rank,
+            **wired,
+            model_version=model_version,
+            evaluated_champion=evaluated_champion,
+            base_model=base_model,
+            workflow_name=Pipeline.current().workflow_name,
+            after=[*after, champion],
+        ),
+    )
+    previous = candidate
+    for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
+        shifted = _keyed(
+            cfg,
+            task(
+                shift_traffic,
+                **fleet,
+                vllm_url=prepared.vllm_url,
+                percent=percent,
+                task_name=f"shift-{percent_name(percent)}",
+                after=previous,
+            ),
+        )
+        previous = _keyed(
+            cfg,
+            task(
+                canary,
+                cfg.canary,
+                **fleet,
+                vllm_url=prepared.vllm_url,
+                percent=percent,
+                report_dir=Pipeline.current().run_dir / "reports",
+                max_new_tokens=max_new_tokens or ANSWER_TOKENS,
+                task_name=f"analyze-{percent_name(percent)}",
+                resources=ANALYSIS_RESOURCES,
+                # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
+                retry_strategy=retry(0),
+                after=shifted,
+            ),
+        )
+    return _keyed(
+        cfg,
+        task(promote, **fleet, vllm_url=prepared.vllm_url, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous),
+    )
+
+
+def finish_rollout(cfg: ServingConfig) -> TaskRef:
+    """The exit handler's task (inside `with p.on_exit():`): roll back whatever did not reach promote.
+
+    The exit handler cannot read task outputs: the fleet's address comes from the state file.
+    """
+    p = Pipeline.current()
+    return _keyed(cfg, task(finish_step, **_fleet_args(cfg), workflow_status=p.workflow_status))
+
+
+def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
+    """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml)."""
+    fleet = fleet_name(cfg.name, cfg.base_model)
+    model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
+    return [*objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]

@@ -1,0 +1,3 @@
+from steps.evaluate.step import main
+
+raise SystemExit(main())

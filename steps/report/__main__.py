@@ -1,0 +1,3 @@
+from steps.report.step import main
+
+raise SystemExit(main())

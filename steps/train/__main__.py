@@ -1,0 +1,3 @@
+from steps.train.step import main
+
+raise SystemExit(main())

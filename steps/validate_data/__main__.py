@@ -1,0 +1,3 @@
+from steps.validate_data.step import main
+
+raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The two other pipelines end to end on the real model: a LoRA sweep registers its best candidate, then the
+champion check re-evaluates that version, records the verdict on it, and fails loudly when it regressed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+TINY = ["--set", "evaluate.max_examples=4", "--set", "evaluate.batch_size=4"]
+
+
+def run(pipeline: str, state: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / f"{pipeline}.py"), "run", "--state-dir", str(state), *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+
+
+def outputs(state: Path, pipeline: str) -> dict[str, dict[str, str]]:
+    (status,) = [p for p in (state / "runs").glob(f"{pipeline}-*/status.json")]
+    nodes = json.loads(status.read_text())["status"]["nodes"]
+    return {
+        node["displayName"]: {p["name"]: p["value"] for p in node.get("outputs", {}).get("parameters", [])}
+        for node in nodes.values()
+    }
+
+
+def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tmp_path):
+    state = tmp_path / "state"
+    models = ["--set", f"storage.model_cache={tmp_path / 'models'}"]
+    swept = run(
+        "lora_sweep",
+        state,
+        *models,
+        *TINY,
+        "--set",
+        "sweep.ranks=[4,8]",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.num_workers=1",
+        "--set",
+        "evaluate.thresholds=[{metric: eval_loss, op: '<=', value: 100.0}]",
+    )
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    found = outputs(state, "lora-sweep")
+    assert found["select-best"]["found"] == "true"
+    assert found["select-best"]["name"] in ("r4-lr0.001", "r8-lr0.001")
+    assert found["select-best"]["reason"].startswith(found["select-best"]["name"] + " is best by exact_match: ")
+    version = found["register"]["model_version"]
+
+    # a rollout would promote it; here the alias is set directly, as `rollback` or an operator would
+    sys.path.insert(0, str(ROOT))
+    from steps.common import tracking
+
+    uri = f"sqlite:///{state / 'volumes' / 'fsx-claim' / 'mlflow' / 'mlflow.db'}"
+    tracking.set_alias(tracking.client(uri), "llama-lora", tracking.CHAMPION, version)
+
+    checked = run(
+        "champion_check",
+        state,
+        *models,
+        *TINY,
+        "--set",
+        "evaluate.thresholds=[{metric: eval_loss, op: '<=', value: 100.0}]",
+    )
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    regressed = run(
+        "champion_check",
+        state / "strict",
+        *models,
+        *TINY,
+        "--set",
+        f"mlflow.tracking_uri={uri}",
+        "--set",
+        "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",
+    )
+    assert regressed.returncode == 1
+    assert f"llama-lora version {version} REGRESSED" in regressed.stderr
+    tags = tracking.client(uri).get_model_version("llama-lora", version).tags
+    assert tags["check.passed"] == "false" and "exact_match" in tags["check.reason"]

@@ -1,0 +1,62 @@
+"""`--launcher=mpi`: ranks and rendezvous from mpirun's environment, and the ways it refuses before any rank waits."""
+
+import pytest
+
+from eksflow.runtime.args import StepInputError
+from steps.common import strategies
+from steps.train import mpi
+
+
+def test_ranks_come_from_open_mpi_or_hydra_and_are_none_outside_mpirun():
+    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}  # fmt: skip
+    assert mpi.ranks_from_env(ompi) == mpi.Ranks(rank=3, size=16, local_rank=3, local_size=8)
+    hydra = {"PMI_RANK": "1", "PMI_SIZE": "2"}  # MPICH / Intel MPI without local-rank variables: one host
+    assert mpi.ranks_from_env(hydra) == mpi.Ranks(rank=1, size=2, local_rank=1, local_size=2)
+    assert mpi.ranks_from_env({}) is None
+
+
+def test_rendezvous_defaults_to_this_host_only_when_every_rank_is_on_it():
+    one_host, two_hosts = mpi.Ranks(0, 2, 0, 2), mpi.Ranks(0, 16, 0, 8)
+    assert mpi.rendezvous(one_host, {}) == ("127.0.0.1", mpi.DEFAULT_PORT)
+    assert mpi.rendezvous(two_hosts, {"MASTER_ADDR": "job-worker-0.job", "MASTER_PORT": "29500"}) == (
+        "job-worker-0.job",
+        29500,
+    )
+    with pytest.raises(StepInputError, match="MASTER_ADDR is not set and the 16 ranks span hosts"):
+        mpi.rendezvous(two_hosts, {})
+    with pytest.raises(StepInputError, match="MASTER_PORT='http' is not a TCP port"):
+        mpi.rendezvous(one_host, {"MASTER_PORT": "http"})
+
+
+def driver_never_called(argv):
+    raise AssertionError("rank 0's driver ran on another rank")
+
+
+def test_bad_arguments_and_another_launcher_exit_2_on_every_rank_without_meeting(tmp_path, capsys):
+    follower, leader = mpi.Ranks(1, 2, 1, 2), mpi.Ranks(0, 2, 0, 2)
+    assert mpi.main(["--max-steps=0"], follower, driver_never_called) == 2  # rank 0 prints the reasons
+    good = [f"--dataset-dir={tmp_path}", "--base-model=m", f"--output-dir={tmp_path}", f"--outputs-dir={tmp_path}"]
+    assert mpi.main([*good, "--launcher=ray"], follower, driver_never_called) == 2
+    assert mpi.main([*good, "--launcher=ray"], leader, driver_never_called) == 2
+    assert "--launcher=ray under mpirun would start 2 trainers on the same checkpoints" in capsys.readouterr().err
+    assert mpi.main([*good, "--launcher=local"], mpi.Ranks(0, 1, 0, 1), lambda argv: 7) == 7  # `mpirun -np 1`
+
+
+def test_zero3_keeps_about_two_layers_gathered_when_the_layer_size_is_known():
+    plan = strategies.Plan("deepspeed", 3, False, "")
+    config = strategies.deepspeed_config(
+        plan, micro_batch_size=1, grad_accum_steps=1, max_grad_norm=1.0, bf16=False, layer_params=3_500_000
+    )
+    zero = config["zero_optimization"]
+    assert zero["stage3_max_live_parameters"] == zero["stage3_max_reuse_distance"] == 7_000_000
+    assert zero["stage3_prefetch_bucket_size"] == 3_500_000
+    stage2 = strategies.deepspeed_config(
+        strategies.Plan("deepspeed", 2, False, ""),
+        micro_batch_size=1,
+        grad_accum_steps=1,
+        max_grad_norm=1.0,
+        bf16=False,
+        layer_params=3_500_000,
+    )
+    assert "stage3_max_live_parameters" not in stage2["zero_optimization"]

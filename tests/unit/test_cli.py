@@ -1,0 +1,60 @@
+"""The pipeline CLI as users meet it: every bad input is one line and exit 2, `config` round-trips, no tracebacks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGSHIP = ROOT / "pipelines" / "llama_lora.py"
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(FLAGSHIP), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "first_line"),
+    [
+        (["render", "--set", "train.max_steps=[1"], "config error: --set train.max_steps:"),
+        (["render", "--set", "train.lora=!!python/object:os.system x"], "config error: --set train.lora:"),
+        (["render", "--set", 'mlflow.experiment=x {{=sprig.env("HOME")}}'], "config error: mlflow.experiment: holds"),
+        (["render", "-o", "/nonexistent/d/x.yaml"], "config error: -o /nonexistent/d/x.yaml: cannot write it"),
+        (["render", "--kind", "CronWorkflow", "--cron", "61 3 * * *"], "config error: --cron '61 3 * * *':"),
+        (["run", "--set", "data.source=" + "a" * 300], "config error: data.source: 'aaaaaaaa"),
+        (["run", "--set", "data.source=/no/such/dataset"], "config error: data.source: '/no/such/dataset' does not"),
+        (["run", "--config", "/no/such.yaml"], "config error: --config /no/such.yaml: file not found"),
+    ],
+    ids=["bad-yaml", "python-tag", "argo-expression", "output-folder", "cron", "long-source", "no-source", "no-config"],
+)
+def test_bad_input_is_one_line_and_exit_2(args, first_line, tmp_path):
+    done = cli(*args, "--state-dir", str(tmp_path)) if args[0] == "run" else cli(*args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(first_line), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_config_prints_the_effective_config_which_reads_back_the_same(tmp_path):
+    done = cli("config", "--set", "train.max_steps=7", "--set", "deploy.smoke_expect=a\nb")
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "effective.yaml").write_text(done.stdout)
+    again = cli("config", "--config", str(tmp_path / "effective.yaml"))
+    assert again.returncode == 0, again.stderr
+    assert yaml.safe_load(again.stdout) == yaml.safe_load(done.stdout)
+    assert yaml.safe_load(done.stdout)["train"]["max_steps"] == 7
+    assert yaml.safe_load(done.stdout)["deploy"]["smoke_expect"] == "a\nb"
+
+
+def test_config_lists_keys_and_gives_a_json_schema():
+    keys = cli("config", "--keys")
+    assert keys.returncode == 0
+    assert "| train.learning_rate | float | 0.001 | peak learning rate |" in keys.stdout.splitlines()
+    schema = json.loads(cli("config", "--schema").stdout)
+    assert "train" in schema["properties"] and schema["additionalProperties"] is False

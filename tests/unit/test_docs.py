@@ -1,0 +1,37 @@
+"""The docs stay true: examples are the code the tests run, and the configuration reference is current."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from eksflow.config_docs import reference
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+FILE_BLOCK = re.compile(r"```python\n# file: (\S+)\n(.*?)```", re.DOTALL)
+FIXTURE = ROOT / "tests" / "fixtures" / "greeter"
+
+
+@pytest.mark.parametrize("doc", ["writing-a-step.md", "writing-a-pipeline.md"])
+def test_examples_are_the_files_the_tests_run(doc):
+    """Each `# file:` example is a file of tests/fixtures/greeter, which tests/e2e/test_user_project.py runs."""
+    blocks = FILE_BLOCK.findall((DOCS / doc).read_text())
+    assert blocks, f"{doc} shows no example file"
+    for path, code in blocks:
+        assert code == (FIXTURE / path).read_text(), f"docs/{doc} shows an outdated {path}: copy it from {FIXTURE}"
+
+
+def test_configuration_reference_is_current():
+    modules = ["pipelines.llama_lora", "pipelines.lora_sweep", "pipelines.champion_check"]
+    assert (DOCS / "configuration.md").read_text() == reference(modules), "stale: run `make docs`"
+
+
+def test_every_reliability_id_cited_in_code_is_in_the_catalogue():
+    catalogue = set(re.findall(r"^- ([A-Z]{1,2}\d)\b", (DOCS / "reliability.md").read_text(), re.MULTILINE))
+    cited = set()
+    for path in [*ROOT.glob("eksflow/**/*.py"), *ROOT.glob("steps/**/*.py"), *ROOT.glob("tests/**/*.py")]:
+        cited |= set(
+            re.findall(r"docs/reliability\.md[^\n]*?\b((?:CK|EV|ML|DP|DV|ST|EX|RO|SC|S)\d)\b", path.read_text())
+        )
+    assert cited and cited <= catalogue

@@ -1,0 +1,101 @@
+"""S1: hostile strings through every text setting of every pipeline: byte-identical in the step's argv, or exit 2.
+
+Each value either reaches the step that takes it exactly as given (the rendered argv parsed back with the step's
+own Args model) or is refused by the config with a line naming the key. Nothing is ever evaluated by Argo or a
+shell: the local run of the same values is tests/e2e/test_user_project.py::test_hostile_values_reach_steps_intact.
+"""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from eksflow.cli import config_type
+from eksflow.config import ConfigError, load_config
+from eksflow.config_docs import rows
+from eksflow.templates import manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
+CORPUS = {
+    "quotes": "'''\"\"\"",
+    "command": "$(touch /tmp/eksflow-pwn) `touch /tmp/eksflow-pwn`; rm -rf / && echo",
+    "newline": "first line\nsecond line",
+    "argo": "{{workflow.name}}",
+    "sprig": '{{=sprig.env("HOME")}}',
+    "unicode": "naïve café ✓ 日本語",
+    "flag": "--outputs-dir=/etc",
+    "path-text": "Copy /fsx/data to /fsx/other",
+    "nul": "a\x00b",
+    "huge": "x" * (1024 * 1024),
+}
+
+
+def text_keys(config) -> list[str]:
+    return [key for key, kind, _, _ in rows(config) if kind in ("str", "location")]
+
+
+def argv_values(workflow: dict) -> list[tuple[str, dict]]:
+    """(template, parsed Args as a dict) for every step template, workflow parameters resolved."""
+    params = {p["name"]: p["value"] for p in workflow["spec"].get("arguments", {}).get("parameters", [])}
+    parsed = []
+    for template in workflow["spec"]["templates"]:
+        container = template.get("container")
+        if not container or container["command"][:2] != ["python", "-m"]:
+            continue
+        step = importlib.import_module(container["command"][2])
+        args = [
+            re.sub(r"\{\{workflow\.parameters\.([\w-]+)\}\}", lambda m: params[m.group(1)], a)
+            for a in container["args"]
+            if "{{inputs." not in a and "{{workflow.name}}" not in a
+        ]
+        fields = step.Args.model_fields
+        values = {}
+        for item in args:
+            name, _, raw = item.partition("=")
+            key = name.removeprefix("--").replace("-", "_")
+            values[key] = raw if key in fields else None
+        parsed.append((template["name"], values))
+    return parsed
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_every_text_setting_reaches_its_step_or_is_refused(pipeline, case):
+    module = importlib.import_module(f"pipelines.{pipeline}")
+    config = config_type(module.build)
+    value = CORPUS[case]
+    for key in text_keys(config):
+        try:
+            cfg = load_config(config, None, [f"{key}={value}"])
+        except ConfigError as err:
+            section, _, field = key.rpartition(".")
+            named = str(err).startswith(f"{key}:") or (str(err).startswith(f"{section}:") and field in str(err))
+            assert named, f"{key}={case}: refused without naming the key: {err}"
+            continue
+        assert "{{" not in value and "\x00" not in value and len(value) < 65536, f"{key} accepted {case}"
+        assert getattr_path(cfg, key) == value
+        workflow = manifest(module.build(cfg))
+        carried = [(t, v) for t, values in argv_values(workflow) for v in values.values() if v == value]
+        used = any(key.endswith(name) for name in used_names(workflow))
+        assert carried or not used, f"{pipeline} {key}={case}: no step received it byte-identical"
+
+
+def getattr_path(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def used_names(workflow: dict) -> set[str]:
+    """Argument names some step template renders (a setting may feed none, e.g. images)."""
+    names = set()
+    for template in workflow["spec"]["templates"]:
+        for item in template.get("container", {}).get("args", []):
+            names.add(item.partition("=")[0].removeprefix("--").replace("-", "_"))
+    return names
+
+
+def test_no_command_ran():
+    assert not Path("/tmp/eksflow-pwn").exists()

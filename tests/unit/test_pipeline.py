@@ -1,0 +1,199 @@
+"""The authoring API: typed wiring written once, mistakes caught when the pipeline is built, fan-out, exit handler."""
+
+import types
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+
+from eksflow import Pipeline, PipelineConfig, PipelineError, StepArgs, task
+from eksflow.pipeline import Item, Ref
+from eksflow.templates import PATH_ARGS_ANNOTATION, manifest
+
+
+def step(name: str, args: type[StepArgs], outputs: type[BaseModel]) -> types.ModuleType:
+    module = types.ModuleType(f"mysteps.{name}")
+    module.Args = args  # type: ignore[attr-defined]
+    module.Outputs = outputs  # type: ignore[attr-defined]
+    return module
+
+
+class MakeArgs(StepArgs):
+    size: int = Field(1, ge=1)
+    out_dir: Path
+
+
+class MakeOutputs(BaseModel):
+    path: str
+    rows: int
+    ok: bool
+
+
+class UseArgs(StepArgs):
+    path: str
+    rows: float = 0.0
+    note: str = ""
+    scores: list[float] = []
+
+
+class UseOutputs(BaseModel):
+    score: float
+
+
+make = step("make", MakeArgs, MakeOutputs)
+use = step("use", UseArgs, UseOutputs)
+
+
+def build(body) -> dict:
+    with Pipeline(PipelineConfig(name="t"), title="test", parameters={"source": "data/x"}) as p:
+        body(p)
+    return manifest(p)
+
+
+def dag(rendered: dict, name: str = "main") -> dict:
+    template = next(t for t in rendered["spec"]["templates"] if t["name"] == name)
+    return {t["name"]: t for t in template["dag"]["tasks"]}
+
+
+def template(rendered: dict, name: str) -> dict:
+    return next(t for t in rendered["spec"]["templates"] if t["name"] == name)
+
+
+def test_an_output_passed_on_wires_the_parameter_and_the_dependency():
+    def body(p):
+        made = task(make, out_dir=p.run_dir / "x")
+        task(use, path=made.path, rows=made.rows)
+
+    rendered = build(body)
+    tasks = dag(rendered)
+    assert tasks["use"]["depends"] == "make.Succeeded"
+    assert tasks["use"]["arguments"]["parameters"] == [
+        {"name": "path", "value": "{{tasks.make.outputs.parameters.path}}"},
+        {"name": "rows", "value": "{{tasks.make.outputs.parameters.rows}}"},
+    ]
+    use_template = template(rendered, "use")
+    assert use_template["container"]["args"] == [
+        "--path={{inputs.parameters.path}}",
+        "--rows={{inputs.parameters.rows}}",
+        "--outputs-dir=/tmp/outputs",
+    ]
+    make_template = template(rendered, "make")
+    assert make_template["container"]["args"][0] == "--out-dir=/fsx/runs/{{workflow.name}}/x"
+    assert make_template["metadata"]["annotations"][PATH_ARGS_ANNOTATION] == "--outputs-dir,--out-dir"
+    assert [o["name"] for o in make_template["outputs"]["parameters"]] == ["path", "rows", "ok"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (lambda p: task(use, path=task(make, out_dir="/x").paths), "task 'make' (mysteps.make) has no output 'paths'"),
+        (lambda p: task(use, path=task(make, out_dir="/x").rows), "argument path takes text, but make.rows is int"),
+        (lambda p: task(make, out_dir="/x", size=0), "argument size=0: Input should be greater than or equal to 1"),
+        (lambda p: task(make, out_dir="/x", colour="red"), "no argument colour; its arguments:"),
+        (lambda p: task(make), "missing required argument out_dir"),
+        (lambda p: (task(make, out_dir="/x"), task(make, out_dir="/y")), "task name 'make' is used twice"),
+        (lambda p: task(use, path="a {{workflow.name}}"), "argument path holds '{{'"),
+        (lambda p: task(use, path="p", when=task(make, out_dir="/x").rows), "when= needs a bool task output"),
+        (lambda p: task(use, path=p.parameters.src), "no workflow parameter 'src'; declared: source"),
+        (lambda p: p.workflow_status, "workflow_status is only known in the exit handler"),
+    ],
+    ids=[
+        "unknown-output",
+        "wrong-kind",
+        "constraint",
+        "unknown-arg",
+        "missing-arg",
+        "twice",
+        "braces",
+        "when",
+        "param",
+        "status",
+    ],
+)
+def test_mistakes_fail_when_the_pipeline_is_built_naming_the_task_and_field(body, message):
+    with pytest.raises(PipelineError, match=message.replace("(", r"\(").replace(")", r"\)").replace("{", r"\{")):
+        build(body)
+
+
+def test_one_step_under_two_names_and_conditions_on_bool_outputs():
+    def body(p):
+        made = task(make, out_dir="/x")
+        task(use, task_name="use-when-ok", path=made.path, when=made.ok)
+        task(use, task_name="use-when-not", path=made.path, when=~made.ok, note=p.parameters.source)
+
+    tasks = dag(build(body))
+    assert tasks["use-when-ok"]["when"] == "{{tasks.make.outputs.parameters.ok}} == true"
+    assert tasks["use-when-not"]["when"] == "{{tasks.make.outputs.parameters.ok}} == false"
+    assert tasks["use-when-not"]["depends"] == "make.Succeeded"
+
+
+def test_after_orders_tasks_that_share_no_data():
+    def body(p):
+        first = task(make, out_dir="/x")
+        task(use, path="p", after=first)
+
+    assert dag(build(body))["use"]["depends"] == "make.Succeeded"
+
+
+def test_fan_out_runs_a_sub_dag_per_item_and_collects_lists():
+    def body(p):
+        made = task(make, out_dir="/x")
+
+        def candidate(item: Item) -> dict[str, Ref]:
+            used = task(use, path=made.path, rows=item.rows, note=item.label)
+            return {"score": used.score}
+
+        candidates = p.fan_out(candidate, [{"rows": 1, "label": "a"}, {"rows": 2, "label": "b"}])
+        task(use, task_name="best", path="p", scores=candidates.score)
+
+    rendered = build(body)
+    tasks = dag(rendered)
+    outer = tasks["candidate"]
+    assert outer["withItems"] == [{"rows": 1, "label": "a"}, {"rows": 2, "label": "b"}]
+    assert outer["depends"] == "make.Succeeded"
+    assert {a["name"]: a["value"] for a in outer["arguments"]["parameters"]} == {
+        "make_path": "{{tasks.make.outputs.parameters.path}}",
+        "item_rows": "{{item.rows}}",
+        "item_label": "{{item.label}}",
+    }
+    inner = template(rendered, "candidate")
+    assert [i["name"] for i in inner["inputs"]["parameters"]] == ["make_path", "item_rows", "item_label"]
+    assert inner["outputs"]["parameters"] == [
+        {"name": "score", "valueFrom": {"parameter": "{{tasks.use.outputs.parameters.score}}"}}
+    ]
+    assert {a["name"]: a["value"] for a in inner["dag"]["tasks"][0]["arguments"]["parameters"]} == {
+        "path": "{{inputs.parameters.make_path}}",
+        "rows": "{{inputs.parameters.item_rows}}",
+        "note": "{{inputs.parameters.item_label}}",
+    }
+    assert tasks["best"]["depends"] == "candidate.Succeeded"
+
+
+def test_items_must_share_their_keys():
+    def body(p):
+        p.fan_out(lambda item: {"score": task(use, path=item.label).score}, [{"label": "a"}, {"x": "b"}], task_name="c")
+
+    with pytest.raises(PipelineError, match="every item must be an object with the keys"):
+        build(body)
+
+
+def test_exit_handler_sees_the_workflow_status():
+    def body(p):
+        task(make, out_dir="/x")
+        with p.on_exit():
+            task(use, task_name="cleanup", path="p", note=p.workflow_status)
+
+    rendered = build(body)
+    assert rendered["spec"]["onExit"] == "exit-handler"
+    assert template(rendered, "cleanup")["container"]["args"][1] == "--note={{workflow.status}}"
+    assert "cleanup" in dag(rendered, "exit-handler")
+
+
+def test_task_outside_a_pipeline_is_an_error():
+    with pytest.raises(PipelineError, match=r"inside `with Pipeline"):
+        task(make, out_dir="/x")
+
+
+def test_a_module_without_a_contract_is_not_a_step():
+    with pytest.raises(PipelineError, match="is not a step: it needs `class Args"):
+        build(lambda p: task(types.ModuleType("mysteps.empty")))
