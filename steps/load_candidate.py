@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import StepFailedError, StepInputError, run_step
+from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
 from steps.common import litellm_proxy, rollout, vllm
 from steps.common.rollout import FleetArgs
 
@@ -38,7 +38,7 @@ class Args(FleetArgs):
     evaluated_champion: str = Field(
         "", pattern=r"^([1-9][0-9]*)?$", description="evaluate's champion_version: the champion the candidate beat"
     )
-    base_model: str = Field(description="the fleet's base model reference (the workflow's base_model)")
+    base_model: Location = Field(description="the fleet's base model reference (the workflow's base_model)")
     base_dir: Path = Field(
         description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import StepArgs, run_step
+from eksflow.runtime.args import Location, StepArgs, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -32,7 +32,7 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class Args(StepArgs):
     """Which base model, and the names the fleet's objects get."""
 
-    base_model: str = Field(
+    base_model: Location = Field(
         min_length=1, description="demo name, model folder or s3:// prefix (steps.common.base_model)"
     )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where converted base models live")

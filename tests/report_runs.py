@@ -177,7 +177,7 @@ def make_run(
         nodes["validate-data"] = node(
             "validate-data", "Failed", 2, 3, message="exit code 2: error: dataset failed validation" + text
         )
-        for later in ("train", "evaluate", "register", "deploy"):
+        for later in ("train", "evaluate", "register", "promote"):
             nodes[later] = node(later, "Omitted", None, None, message="depends 'validate-data.Succeeded' is false")
     else:
         nodes["validate-data"] = node(
@@ -189,7 +189,7 @@ def make_run(
         )
     if scenario == "skipped":
         nodes["train"] = node("train", "Skipped", None, None, message="when 'false == true' evaluated to false")
-        for later in ("evaluate", "register", "deploy"):
+        for later in ("evaluate", "register", "promote"):
             nodes[later] = node(later, "Omitted", None, None, message="depends 'train.Succeeded' is false")
     elif valid:
         nodes["train"] = node(
@@ -207,7 +207,7 @@ def make_run(
         )
         if scenario == "failed":
             nodes["evaluate"] = node("evaluate", "Failed", 9, 12, message="exit code 1: error: MLflow down" + text)
-            for later in ("register", "deploy"):
+            for later in ("register", "promote"):
                 nodes[later] = node(later, "Omitted", None, None, message="depends 'evaluate.Succeeded' is false")
         else:
             (reports / "eval_report.json").write_text(json.dumps(eval_report(hostile)), encoding="utf-8")
@@ -240,16 +240,12 @@ def make_run(
                     "model_version_url": "http://mlflow.example.com/#/models/llama-lora/versions/3",
                 },
             )
-            nodes["deploy"] = node(
-                "deploy",
+            nodes["promote"] = node(
+                "promote",
                 "Succeeded",
                 14,
                 16,
-                {
-                    "answer": "1976-07-04" + text,
-                    "endpoint": "http://127.0.0.1:8000/v1/chat/completions",
-                    "champion_version": "3",
-                },
+                {"answer": "1976-07-04" + text, "champion_version": "3", "previous_version": "2"},
             )
     nodes["onExit.report"] = node("onExit.report", "Running", 16, None)
     phase = "Succeeded" if scenario in ("succeeded", "skipped") else "Failed"

@@ -101,7 +101,7 @@ def rollout(
     and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
     """
     fleet = _fleet_args(cfg)
-    rank = {"max_lora_rank": cfg.serving.engine.max_lora_rank}
+    rank: dict[str, Any] = {"max_lora_rank": cfg.serving.engine.max_lora_rank}
     prepared = task(
         prepare_fleet,
         base_model=base_model,
@@ -131,7 +131,7 @@ def rollout(
     ]:
         previous = _apply(name, manifest, {}, previous, ready=wait)
         ready.append(previous)
-    wired = {"vllm_url": prepared.vllm_url, "base_dir": prepared.model_dir}
+    wired: dict[str, Any] = {"vllm_url": prepared.vllm_url, "base_dir": prepared.model_dir}
     champion = _keyed(cfg, task(serve_champion, **fleet, **rank, **wired, after=ready))
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     candidate = _keyed(

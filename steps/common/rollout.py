@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from eksflow.runtime.args import StepArgs, StepFailedError, StepInputError
+from eksflow.runtime.args import Location, StepArgs, StepFailedError, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
 from steps.common import litellm_proxy, tracking
 from steps.common.litellm_proxy import Slot
@@ -48,7 +48,7 @@ class FleetArgs(StepArgs):
     model_name: str = Field(
         pattern=tracking.MODEL_NAME_PATTERN, description="registered model name; also the public model name served"
     )
-    tracking_uri: str = Field(description="MLflow tracking and registry URI")
+    tracking_uri: Location = Field(description="MLflow tracking and registry URI")
     vllm_url: str = Field(
         pattern=r"^$|^https?://", description="the vLLM Service, e.g. http://x.ns.svc.cluster.local:8000"
     )

@@ -22,7 +22,7 @@ DESCRIPTION_ANNOTATION = "workflows.argoproj.io/description"
 DONE_PHASES = frozenset({"Succeeded", "Failed", "Error", "Skipped", "Omitted"})
 _DEPENDS_NAME = re.compile(r"([A-Za-z0-9][\w\-]*)(?:\.\w+)?")
 _MODULE = re.compile(r"-m\s+([A-Za-z_][\w.]*)")
-ROLLOUT_WORDS = re.compile(r"deploy|canary|rollout|rollback|promot")
+ROLLOUT_WORDS = re.compile(r"deploy|canary|rollout|rollback|promot|serve|candidate|shift|fleet")
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ def registration_tasks(facts: RunFacts) -> list[Task]:
 
 
 def rollout_tasks(facts: RunFacts) -> list[Task]:
-    """Tasks that serve, promote or roll back a version (deploy, canary, rollout, rollback, promote)."""
+    """Tasks that serve, promote or roll back a version (fleet, serve, candidate, shift, canary, promote, rollout...)."""
     return [t for t in facts.tasks if ROLLOUT_WORDS.search(t.name) or ROLLOUT_WORDS.search(t.step)]
 
 

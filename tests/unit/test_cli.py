@@ -42,14 +42,14 @@ def test_bad_input_is_one_line_and_exit_2(args, first_line, tmp_path):
 
 
 def test_config_prints_the_effective_config_which_reads_back_the_same(tmp_path):
-    done = cli("config", "--set", "train.max_steps=7", "--set", "deploy.smoke_expect=a\nb")
+    done = cli("config", "--set", "train.max_steps=7", "--set", "mlflow.experiment=a\nb")
     assert done.returncode == 0, done.stderr
     (tmp_path / "effective.yaml").write_text(done.stdout)
     again = cli("config", "--config", str(tmp_path / "effective.yaml"))
     assert again.returncode == 0, again.stderr
     assert yaml.safe_load(again.stdout) == yaml.safe_load(done.stdout)
     assert yaml.safe_load(done.stdout)["train"]["max_steps"] == 7
-    assert yaml.safe_load(done.stdout)["deploy"]["smoke_expect"] == "a\nb"
+    assert yaml.safe_load(done.stdout)["mlflow"]["experiment"] == "a\nb"
 
 
 def test_config_lists_keys_and_gives_a_json_schema():

@@ -67,8 +67,7 @@ def test_bad_overrides_raise_config_error(override):
     ["'''", '"', "`", "[1", "@x", "!!python/object:os.system x", "a\nb", "1976", "true", "null", "a: b", "  padded  "],
 )
 def test_a_text_field_takes_the_set_value_as_given(text):
-    assert config([f"deploy.smoke_expect={text}"]).deploy.smoke_expect == text
-    assert config([f"deploy.smoke_prompt={text}"]).deploy.smoke_prompt == text
+    assert config([f"mlflow.experiment={text}"]).mlflow.experiment == text
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ STEPS = step_modules()
 
 def test_discovery_finds_the_steps():
     # a guard against a discovery that silently finds nothing (the help test would then pass vacuously)
-    assert {"stage_data", "validate_data", "train", "evaluate", "register", "deploy"} <= set(STEPS)
+    assert {"stage_data", "validate_data", "train", "evaluate", "register", "promote"} <= set(STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,11 @@ def phases(facts):
 def test_a_succeeded_local_run_has_every_task_with_its_phase_needs_and_step(tmp_path):
     _, facts = facts_of(tmp_path, "succeeded", run_id="r1")
     assert facts.name == NAME and facts.title.startswith("LoRA fine-tune of")
-    assert phases(facts) == {
+    # The rollout's other tasks have no node in this made-up run folder: Pending.
+    assert {k: v for k, v in phases(facts).items() if v != "Pending"} == {
         **{("main", t): "Succeeded" for t in ("champion", "stage-data", "validate-data", "train", "evaluate")},
         ("main", "register"): "Succeeded",
-        ("main", "deploy"): "Succeeded",
+        ("main", "promote"): "Succeeded",
         ("exit", "report"): "Running",
     }
     tasks = {t.name: t for t in facts.tasks}
@@ -42,7 +43,9 @@ def test_a_succeeded_local_run_has_every_task_with_its_phase_needs_and_step(tmp_
     assert [t.name for t in c.evaluation_tasks(facts)] == ["evaluate"]
     assert [t.name for t in c.validation_tasks(facts)] == ["validate-data"]
     assert [t.name for t in c.registration_tasks(facts)] == ["register"]
-    assert [t.name for t in c.rollout_tasks(facts)] == ["deploy"]
+    assert {"serve-champion", "load-candidate", "analyze-10", "promote", "finish-rollout"} <= {
+        t.name for t in c.rollout_tasks(facts)
+    }
 
 
 def test_the_exit_handlers_workflow_status_wins_over_the_status_phase(tmp_path):
@@ -57,7 +60,7 @@ def test_a_failed_run_keeps_failed_and_omitted_tasks_with_their_messages(tmp_pat
     tasks = {t.name: t for t in facts.tasks}
     assert tasks["evaluate"].phase == "Failed" and "MLflow down" in tasks["evaluate"].message
     assert tasks["evaluate"].outputs == {}
-    assert tasks["deploy"].phase == "Omitted" and tasks["deploy"].started_at is None
+    assert tasks["promote"].phase == "Omitted" and tasks["promote"].started_at is None
     assert facts.phase == "Failed"
 
 

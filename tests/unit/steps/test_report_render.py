@@ -14,7 +14,7 @@ from tests.report_runs import HOSTILE, NOW, curves, make_run, page_of
 
 def test_a_succeeded_run_shows_dag_curves_metrics_samples_validation_and_version(tmp_path):
     text = page_of(tmp_path, "succeeded", runs=[curves()], ended=[EndedRun("r1", "llama-lora-t3st1", "FINISHED")])
-    assert text.count("<g class='task'") == 8  # 7 main tasks + the report
+    assert text.count("<g class='task'") == 25  # 23 main tasks (7 + the rollout's 16) + finish-rollout and report
     assert "data-phase='Running'" in text  # the exit handler's own task, still running
     assert text.count("<polyline class='series'") == 2  # loss and learning rate
     assert "<svg class='chart bars'" in text and "gate PASSED" in text
@@ -24,7 +24,7 @@ def test_a_succeeded_run_shows_dag_curves_metrics_samples_validation_and_version
     assert "2 of 2 checks passed" in text
     assert "r1</code> llama-lora-t3st1 \u2192 <b>FINISHED" in text
     assert "registered <b><a href='http://mlflow.example.com/#/models/llama-lora/versions/3'>version 3</a>" in text
-    assert "<h3>deploy" in text and "http://127.0.0.1:8000/v1/chat/completions" in text
+    assert "<h3>promote" in text
     assert "<script" not in text and "http-equiv='Content-Security-Policy'" in text
 
 
@@ -56,7 +56,7 @@ def test_a_pipeline_without_training_or_evaluation_still_gets_its_dag_and_output
     main["dag"]["tasks"] = [t for t in main["dag"]["tasks"] if t["name"] in ("champion", "stage-data")]
     facts = collect(workflow)
     text = render(Page(facts=facts, now=NOW, training_tasks=training_tasks(facts)))
-    assert text.count("<g class='task'") == 3
+    assert text.count("<g class='task'") == 4  # the two kept + the exit handler's finish-rollout and report
     assert "this pipeline has no training task" in text and "Evaluation" not in text
     assert "dataset_digest" in text and "sha256:d1" in text
 
