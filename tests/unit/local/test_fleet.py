@@ -1,12 +1,22 @@
 """The local fleet's bookkeeping: addresses mapped only where a whole value is one, objects it refuses."""
 
-import threading
-
 import pytest
-from pipelines.core import serving
-from pipelines.core.config import load_config
-from pipelines.local import resources
-from pipelines.local.serving import FleetError, LocalFleet, _Process
+import yaml
+
+from eksflow.local import handlers, resources  # handlers registers the fleet's kinds
+from eksflow.local.fleet import FleetError, LocalFleet, _Process
+from pipelines.serving import objects as serving
+from tests.flagship import config
+
+assert handlers  # imported for the kinds it registers
+
+
+def load_config(_path=None, overrides=()):
+    return config(overrides)
+
+
+def running() -> str:
+    return ""  # the run is not stopping
 
 PROXY = "http://llama-lora-proxy.argo.svc.cluster.local:4000"
 
@@ -17,7 +27,7 @@ def fleet(tmp_path):
     cfg = load_config()
     for obj in serving.proxy_objects(cfg):
         if obj["kind"] != "Deployment":
-            fleet.apply(obj, obj["kind"], threading.Event())
+            fleet.apply(obj, obj["kind"], running)
     # What a started proxy looks like to the fleet (no process: these tests only map addresses).
     labels = serving.proxy_deployment(cfg)["spec"]["template"]["metadata"]["labels"]
     fleet._processes["llama-lora-proxy"] = _Process("llama-lora-proxy", "litellm", None, 41234, labels, tmp_path)
@@ -55,7 +65,7 @@ def test_argv_items_map_their_value_only(fleet):
 def test_objects_without_a_process_say_what_they_are_here(fleet):
     cfg = load_config()
     pdb = serving.disruption_budget(cfg, "x", "vllm", 1)
-    assert "nothing to protect" in fleet.apply(pdb, "pdb", threading.Event())
+    assert "nothing to protect" in fleet.apply(pdb, "pdb", running)
     assert fleet.task_env() == {"EKSFLOW_ROUTES_FILE": str(fleet.routes_file)}
 
 
@@ -63,7 +73,7 @@ def test_a_gpu_deployment_is_refused_here_with_the_way_out(fleet):
     cfg = load_config(None, ["serving.instance_type=g5.xlarge"])
     deployment = serving.vllm_deployment(cfg, "f", "/fsx/models/m")
     with pytest.raises(FleetError, match=r"asks for 1 nvidia.com/gpu.*serving.instance_type=m6i.4xlarge") as caught:
-        fleet.apply(deployment, "vllm", threading.Event())
+        fleet.apply(deployment, "vllm", running)
     assert caught.value.retriable is False
 
 
@@ -71,13 +81,22 @@ def test_a_second_engine_in_one_run_is_refused(fleet, tmp_path):
     fleet._processes["engine-a"] = _Process("engine-a", "vllm", None, 1, {}, tmp_path)
     deployment = serving.vllm_deployment(load_config(), "engine-b", "/fsx/models/m")
     with pytest.raises(FleetError, match="two engines stall each other"):
-        fleet.apply(deployment, "vllm", threading.Event())
+        fleet.apply(deployment, "vllm", running)
 
 
 def test_an_unknown_deployment_is_refused_before_the_run():
     deployment = serving.proxy_deployment(load_config())
     deployment["spec"]["template"]["spec"]["containers"][0]["command"] = ["nginx"]
-    import yaml
-
     with pytest.raises(resources.ResourceError, match="only as a vLLM engine"):
         resources.describe(yaml.safe_dump(deployment), "proxy")
+
+
+def test_the_proxy_without_a_database_declares_the_slots_on_the_runs_engine(fleet, tmp_path):
+    fleet._engine_port = 45678
+    folder = fleet._proxy_folder("llama-lora-proxy", {})
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert [d["model_info"]["id"] for d in config["model_list"]] == ["llama-lora-blue", "llama-lora-green"]
+    assert {d["litellm_params"]["api_base"] for d in config["model_list"]} == {"http://127.0.0.1:45678/v1"}
+    assert "database_url" not in config["general_settings"]
+    assert config["litellm_settings"]["callbacks"] == ["litellm_routes.handler"]
+    assert (folder / "litellm_routes.py").is_file()

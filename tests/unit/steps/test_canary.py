@@ -10,7 +10,7 @@ from steps import canary
 from steps.common import litellm_proxy
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
-from steps.evaluate import Threshold, gate
+from steps.evaluate.gate import Threshold, gate
 
 
 def args(tmp_path: Path, **extra) -> canary.Args:
