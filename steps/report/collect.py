@@ -250,7 +250,7 @@ def registration_tasks(facts: RunFacts) -> list[Task]:
 
 
 def rollout_tasks(facts: RunFacts) -> list[Task]:
-    """Tasks that serve, promote or roll back a version (fleet, serve, candidate, shift, canary, promote, rollout...)."""
+    """Tasks that serve, promote or roll back a version (fleet, serve, candidate, shift, canary, promote, ...)."""
     return [t for t in facts.tasks if ROLLOUT_WORDS.search(t.name) or ROLLOUT_WORDS.search(t.step)]
 
 
