@@ -18,6 +18,7 @@ def load_config(_path=None, overrides=()):
 def running() -> str:
     return ""  # the run is not stopping
 
+
 PROXY = "http://llama-lora-proxy.argo.svc.cluster.local:4000"
 
 
