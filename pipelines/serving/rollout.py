@@ -198,3 +198,21 @@ def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
     fleet = fleet_name(cfg.name, cfg.base_model)
     model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
     return [*objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
+
+
+def rollout_pipeline(cfg: ServingConfig) -> Pipeline:
+    """Roll out an already registered version (workflow parameter `model_version`) on the fleet of `base_model`.
+
+    The same tasks as a pipeline's last stage, without training: to retry a rollout, or to roll a version out on
+    a fleet again. Its canary compares with the served champion; `evaluate`'s comparison is not re-checked.
+    """
+    with Pipeline(
+        cfg,
+        title=f"roll out {cfg.model_name}",
+        description="fleet -> load candidate -> canary steps -> promote",
+        parameters={"model_version": "", "base_model": cfg.base_model},
+    ) as p:
+        rollout(cfg, model_version=p.parameters.model_version, base_model=p.parameters.base_model)
+        with p.on_exit():
+            finish_rollout(cfg)
+    return p

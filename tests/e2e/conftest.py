@@ -2,7 +2,7 @@
 
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the rollout scenarios) adopt one engine started once
-for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own (pipelines/local/serving.py).
+for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own (eksflow/local/fleet.py).
 The flagship run and `serve` start their own engines, before this one exists (test_local_run.py runs first).
 """
 

@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 import pytest
-from pipelines.core.config import load_config
-from pipelines.core.rollout import rollout_workflow
-from pipelines.core.templates import manifest
-from pipelines.local import run_workflow
 
+from eksflow.local import run_workflow
+from eksflow.templates import manifest
+from pipelines.serving.rollout import rollout_pipeline
 from steps import register
 from steps.common import litellm_proxy, rollout, tracking, vllm
 from steps.common.base_model import DEMO_MODEL
 from tests.e2e.processes import serving_processes
+from tests.flagship import config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,11 +121,11 @@ class Run:
     """A rollout workflow running in a thread, and where to look at it."""
 
     def __init__(self, state: Path, model_cache: Path, version: str, *overrides: str) -> None:
-        cfg = load_config(None, [f"storage.model_cache={model_cache}", *overrides])
+        cfg = config([f"storage.model_cache={model_cache}", *overrides])
         self.state = state
         self.known = set((state / "runs").glob("*")) if (state / "runs").exists() else set()
         self.result = None
-        workflow = manifest(rollout_workflow(cfg))
+        workflow = manifest(rollout_pipeline(cfg))
 
         def execute() -> None:
             self.result = run_workflow(workflow, state, cwd=ROOT, parameters={"model_version": version})
@@ -211,7 +211,7 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     analysis = run.node("analyze-10")
     assert analysis["phase"] == "Failed" and "served_gap" in analysis["message"], analysis
     assert {run.node(t)["phase"] for t in ("shift-50", "analyze-50", "promote")} == {"Omitted"}
-    assert outputs(run.node("onExit"))["phase"] == "Degraded"
+    assert outputs(run.node("onExit.finish-rollout"))["phase"] == "Degraded"
     # RO1: champion unchanged, answering during the analysis and after it.
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
