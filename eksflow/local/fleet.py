@@ -52,9 +52,11 @@ from typing import Any
 import yaml
 
 from eksflow.local.display import log_tail
+from eksflow.local.model import ResourceTemplate, Workflow
 from eksflow.local.paths import PathMap
 from eksflow.local.process import ProcessTracker
 from eksflow.local.resources import LocalJob, ResourceError
+from eksflow.local.substitution import PLACEHOLDER, REFERENCE
 
 FLEET_KINDS = {("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"), ("policy/v1", "PodDisruptionBudget")}
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
@@ -391,6 +393,28 @@ class LocalFleet:
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         shutil.copyfile(CALLBACK, folder / CALLBACK.name)
         return folder
+
+
+def restarted(workflow: Workflow) -> set[str]:
+    """Main tasks a resumed run runs again: those applying a serving object, and every task after one.
+
+    The fleet's processes ended with the earlier try; its objects must be applied again, and the tasks that used
+    the fleet (loaded adapters, moved weights) ran against processes that are gone.
+    """
+    tasks = workflow.dag(workflow.entrypoint).tasks
+    found = set()
+    for name, task in tasks.items():
+        template = workflow.templates.get(task.template)
+        if isinstance(template, ResourceTemplate):
+            manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest)) or {}
+            if (manifest.get("apiVersion"), manifest.get("kind")) in FLEET_KINDS:
+                found.add(name)
+    grown = True
+    while grown:  # every task that needs one of them, directly or not
+        after = {name for name, task in tasks.items() if set(task.needs()) & found} - found
+        found |= after
+        grown = bool(after)
+    return found
 
 
 def _container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:

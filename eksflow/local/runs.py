@@ -24,6 +24,7 @@ from rich.console import Console
 from eksflow.local import process
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.executor import RunSettings, execute_run, run_workflow
+from eksflow.local.fleet import restarted
 from eksflow.local.manifest import effective_parameters, parse_manifest, plain_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.paths import PathMap
@@ -338,13 +339,16 @@ def _rerun(
     history = list(status.get("overrides", []))
     if overrides:
         history.append({"at": now(), "parameters": overrides})
+    # A serving fleet lived only as long as the earlier try: its objects, and what used them, run again.
+    again = restarted(workflow)
+    kept = {key: node for key, node in read_nodes(document, folder.path).items() if key not in again}
     return execute_run(
         workflow,
         folder,
         name=document.get("metadata", {}).get("name", folder.name),
         uid=document.get("metadata", {}).get("uid"),
         parameters=parameters,
-        kept=read_nodes(document, folder.path),  # the book reuses what Succeeded, with everything under it
+        kept=kept,  # the book reuses what Succeeded, with everything under it
         settings=settings,
         started_at=status.get("startedAt"),
         overrides=history,

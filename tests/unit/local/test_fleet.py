@@ -101,3 +101,13 @@ def test_the_proxy_without_a_database_declares_the_slots_on_the_runs_engine(flee
     assert "database_url" not in config["general_settings"]
     assert config["litellm_settings"]["callbacks"] == ["litellm_routes.handler"]
     assert (folder / "litellm_routes.py").is_file()
+
+
+def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():
+    from eksflow.local.fleet import restarted
+    from eksflow.local.manifest import parse_manifest
+    from tests.flagship import rendered
+
+    again = restarted(parse_manifest(rendered()))
+    assert {"vllm", "proxy-config", "serve-champion", "load-candidate", "analyze-100", "promote"} <= again
+    assert not again & {"champion", "stage-data", "train", "evaluate", "register", "prepare-fleet"}
