@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_flagship_reports_from_its_exit_handler_with_the_workflow_outcome():
     spec = rendered()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
-    assert [t["name"] for t in templates[spec["onExit"]]["dag"]["tasks"]] == ["report"]
+    # After the rollout's exit task, whatever its outcome, so the page shows a rollback.
+    exit_tasks = {t["name"]: t for t in templates[spec["onExit"]]["dag"]["tasks"]}
+    assert list(exit_tasks) == ["finish-rollout", "report"]
+    assert exit_tasks["report"]["depends"].startswith("(finish-rollout.Succeeded || finish-rollout.Skipped ||")
     args = templates["report"]["container"]["args"]
     assert "--workflow-status={{workflow.status}}" in args and "--workflow-name={{workflow.name}}" in args
     assert templates["report"]["container"]["command"] == ["python", "-m", "steps.report"]
