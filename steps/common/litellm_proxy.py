@@ -17,7 +17,7 @@ How the weights change, and why there are two ways:
   request (5:5 gave 53/47; no restart). The file callback is used: no request to the public name fails during a
   weight change, a change applies from the next request, and the write is one atomic rename. It sets LiteLLM's
   per-request `_router_weights` field, internal to the pinned 1.110.2, so tests/e2e/test_rollout.py measures
-  the shares from the responses and fails if an upgrade breaks it. The local fleet (pipelines/local/serving.py)
+  the shares from the responses and fails if an upgrade breaks it. The local fleet (eksflow/local/fleet.py)
   hands the file's path to the proxy and, as EKSFLOW_ROUTES_FILE, to every step: a step that has it writes the
   file; a step without it (the cluster) uses the management API.
 """
