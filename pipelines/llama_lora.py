@@ -140,7 +140,6 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             base_model=p.parameters.base_model,
             start_after=staged,  # the engine loads while the model trains
             start_when=staged.changed,
-            candidate_after=registered,
             max_new_tokens=cfg.evaluate.max_new_tokens,
         )
         with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page
