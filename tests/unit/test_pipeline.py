@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field
 
-from eksflow import Pipeline, PipelineConfig, PipelineError, StepArgs, task
+from eksflow import Pipeline, PipelineConfig, PipelineError, StepArgs, ended, task
 from eksflow.pipeline import Item, Ref
 from eksflow.templates import PATH_ARGS_ANNOTATION, manifest
 
@@ -187,6 +187,16 @@ def test_exit_handler_sees_the_workflow_status():
     assert rendered["spec"]["onExit"] == "exit-handler"
     assert template(rendered, "cleanup")["container"]["args"][1] == "--note={{workflow.status}}"
     assert "cleanup" in dag(rendered, "exit-handler")
+
+
+def test_after_ended_waits_for_a_task_whatever_its_outcome():
+    def body(p):
+        with p.on_exit():
+            first = task(use, task_name="rollback", path="p", note=p.workflow_status)
+            task(use, task_name="page", path="p", note="x", after=ended(first))
+
+    page = dag(build(body), "exit-handler")["page"]
+    assert page["depends"] == "(rollback.Succeeded || rollback.Skipped || rollback.Failed || rollback.Errored)"
 
 
 def test_task_outside_a_pipeline_is_an_error():
