@@ -52,8 +52,8 @@ from typing import Any
 import yaml
 
 from eksflow.local.display import log_tail
-from eksflow.local.model import ResourceTemplate, Workflow
-from eksflow.local.paths import PathMap
+from eksflow.local.model import PathRules, ResourceTemplate, Workflow
+from eksflow.local.paths import PathMap, map_argv
 from eksflow.local.process import ProcessTracker
 from eksflow.local.resources import LocalJob, ResourceError
 from eksflow.local.substitution import PLACEHOLDER, REFERENCE
@@ -170,7 +170,8 @@ class LocalFleet:
         template = (manifest.get("spec") or {}).get("template") or {}
         labels = {str(k): str(v) for k, v in ((template.get("metadata") or {}).get("labels") or {}).items()}
         paths = self._mounts(template.get("spec") or {}, container, name)
-        args = [paths.to_host(a) for a in container.get("args") or []]
+        # Every value that is a container path as a whole, alone or after `--flag=` (as the old per-value rule).
+        args = map_argv(["", *(str(a) for a in container.get("args") or [])], paths, PathRules(None, None))[1:]
         env = self._env(container, where, adopted=role == "vllm" and bool(os.environ.get(ADOPT_ENV)))
         log = self.run_dir / "logs" / f"fleet-{name}.log"
         model = next((a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")), "")
