@@ -107,6 +107,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
         "evaluate": "Succeeded",
         "register": "Succeeded",
         "deploy": "Succeeded",
+        "onExit": "Succeeded",  # the exit handler's DAG node, as Argo names it
         "onExit.report": "Succeeded",
     }
     train_log = (run_dir / "logs" / "train.log").read_text()

@@ -73,13 +73,11 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
         "evaluate.thresholds=[{metric: eval_loss, op: '<=', value: 100.0}]",
     )
     assert checked.returncode == 0, checked.stderr[-3000:]
-    regressed = run(
+    regressed = run(  # the same store and volume: the adapter's artifacts live on this run's FSx
         "champion_check",
-        state / "strict",
+        state,
         *models,
         *TINY,
-        "--set",
-        f"mlflow.tracking_uri={uri}",
         "--set",
         "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",
     )
