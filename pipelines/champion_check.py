@@ -7,6 +7,7 @@ The champion's adapter comes from the registry (alias `champion`), the data is s
 flagship's, and `evaluate` scores the champion (and its base model) against the same thresholds a new model must
 meet. `record-check` writes the outcome on the model version (tags check.*), and when it no longer meets them the
 `alert` task fails the workflow with one line a notification can carry (also `record-check`'s `summary` output).
+The exit handler writes the run's report (steps.report), whatever the outcome.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from eksflow import Pipeline, PipelineConfig, main, name_field, retry, task
 from eksflow.config import MlflowSettings
 from pipelines.llama_lora import BIG
-from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
+from steps import alert, evaluate, fetch_champion, record_check, report, stage_data, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
 from steps.validate_data import ValidateSettings
@@ -72,6 +73,15 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
             **mlflow,
         )
         task(alert, message=recorded.summary, when=recorded.regressed, retry_strategy=retry(0))
+        with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
+            task(
+                report,
+                workflow_name=p.workflow_name,
+                workflow_status=p.workflow_status,
+                report_dir=p.run_dir,
+                mlflow_ui_url=cfg.mlflow.ui_url,
+                **mlflow,
+            )
     return p
 
 

@@ -6,7 +6,8 @@
 Each grid point (LoRA rank x learning rate) is one iteration of a fan-out (Argo withItems): its own training run in
 its own folder, then its own evaluation against the thresholds (and the champion). `select-best` ranks those that
 passed by `evaluate.champion_metric`; the winner is registered (alias `challenger`), and nothing is when none
-passed. The other sections are the flagship's (pipelines/llama_lora.py).
+passed. The other sections are the flagship's (pipelines/llama_lora.py). The exit handler writes the run's report
+(steps.report) and ends its MLflow runs, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import Field
 from eksflow import Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
 from eksflow.pipeline import Item
 from pipelines.llama_lora import BIG, LlamaLoraConfig
-from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
+from steps import evaluate, register, report, select_best, stage_data, train, train_neuron, validate_data
 
 
 class SweepSettings(Settings):
@@ -138,6 +139,15 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             **model,
             **mlflow,
         )
+        with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
+            task(
+                report,
+                workflow_name=p.workflow_name,
+                workflow_status=p.workflow_status,
+                report_dir=p.run_dir,
+                mlflow_ui_url=cfg.mlflow.ui_url,
+                **mlflow,
+            )
     return p
 
 

@@ -24,6 +24,12 @@ from steps.train.state import METRICS_FILE
 RUN_ID_FILE = "mlflow_run_id"
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 class PreemptedError(Exception):
     """SIGTERM arrived; a checkpoint was committed and the step should exit with EXIT_PREEMPTED."""
 
@@ -35,6 +41,8 @@ def run(args: Args) -> Outputs:
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
     if args.launcher == "mpi" and mpi.ranks_from_env() is None:
         raise StepInputError("--launcher=mpi runs as a rank of mpirun: `mpirun -np N python -m steps.train ...`")
+    if args.use_gpu and not _cuda_available():
+        raise StepInputError("--use-gpu=true, but this machine has no CUDA GPU; train on CPU with --use-gpu=false")
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     cache_folder, pad_token_id = prepare_cache(args, model_dir)  # before Ray starts; bad data exits 2 here
     args.output_dir.mkdir(parents=True, exist_ok=True)

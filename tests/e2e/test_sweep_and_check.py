@@ -56,6 +56,8 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
     assert found["select-best"]["name"] in ("r4-lr0.001", "r8-lr0.001")
     assert found["select-best"]["reason"].startswith(found["select-best"]["name"] + " is best by exact_match: ")
     version = found["register"]["model_version"]
+    (page,) = (state / "runs").glob("lora-sweep-*/report.html")  # the exit handler's report, every candidate on it
+    assert all(f"r{rank}-lr0.001" in page.read_text() for rank in (4, 8))
 
     # a rollout would promote it; here the alias is set directly, as `rollback` or an operator would
     sys.path.insert(0, str(ROOT))
@@ -73,17 +75,16 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
         "evaluate.thresholds=[{metric: eval_loss, op: '<=', value: 100.0}]",
     )
     assert checked.returncode == 0, checked.stderr[-3000:]
-    regressed = run(
+    regressed = run(  # the same store and volume: the adapter's artifacts live on this run's FSx
         "champion_check",
-        state / "strict",
+        state,
         *models,
         *TINY,
-        "--set",
-        f"mlflow.tracking_uri={uri}",
         "--set",
         "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",
     )
     assert regressed.returncode == 1
+    assert len(list((state / "runs").glob("champion-check-*/report.html"))) == 2  # a failed run is reported too
     assert f"llama-lora version {version} REGRESSED" in regressed.stderr
     tags = tracking.client(uri).get_model_version("llama-lora", version).tags
     assert tags["check.passed"] == "false" and "exact_match" in tags["check.reason"]

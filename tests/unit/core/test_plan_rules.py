@@ -127,7 +127,7 @@ def test_plan_and_the_train_step_resolve_with_one_memory_model(monkeypatch, over
     assert rows["train: strategy"].startswith(strategy)
     step_side = original(settings, **kw)  # what the step resolves for a model with these counts on these devices
     assert rows["train: memory per worker"].startswith(f"~{step_side.memory_bytes / 1024**3:.1f} GiB")
-    assert step_side.strategy in rows["strategy"]
+    assert step_side.strategy in rows["train: strategy"]
 
 
 def test_a_counted_model_and_plans_estimate_of_it_agree():

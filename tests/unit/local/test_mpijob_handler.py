@@ -1,5 +1,6 @@
 """An MPIJob runs here as its launcher's mpirun, every worker pod being this host (eksflow/local/mpijob.py)."""
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,8 @@ import pytest
 import yaml
 
 from eksflow.local import LocalExecutorError
-from eksflow.local.executor import parse_manifest
+from eksflow.local.manifest import parse_manifest
+from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.mpijob import mpirun
 from eksflow.local.resources import describe, nvidia_gpus
 from tests.unit.local.test_resources import FSX_MOUNT, FSX_VOLUME, container, phases, rendered, resource, run, workflow
@@ -110,19 +112,26 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
 @pytest.mark.skipif(nvidia_gpus()[0] >= 8, reason="this machine has the GPUs the rendered MPIJob asks for")
 def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(tmp_path: Path) -> None:
     parsed = parse_manifest(rendered("cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"))
-    assert sorted(parsed.resources) == ["train"] and "train-outputs" in parsed.containers
-    job = describe(parsed.resources["train"].manifest, "train")
+    assert sorted(n for n, t in parsed.templates.items() if isinstance(t, ResourceTemplate)) == ["train"]
+    assert isinstance(parsed.templates["train-outputs"], ContainerTemplate)
+    template = parsed.templates["train"]
+    assert isinstance(template, ResourceTemplate)
+    job = describe(template.manifest, "train")
     assert job.kind == "MPIJob" and job.argv[0] == "mpirun" and "--launcher=mpi" in job.argv
     (workers,) = [d for d in job.devices if d.group == "Worker"]
     assert (workers.resource, workers.pods, workers.per_pod) == ("nvidia.com/gpu", 1, 8)
     manifest = workflow(
         [("train", None), ("collect", "train")],
-        [resource("train", parsed.resources["train"].manifest), container("collect", ["true"])],
+        # the task outputs it takes (the staged dataset) as literals: this workflow has no stage task
+        [
+            resource("train", re.sub(r"\{\{inputs\.parameters\.\w+\}\}", "/fsx/x", template.manifest)),
+            container("collect", ["true"]),
+        ],
         arguments={"parameters": [{"name": "base_model", "value": "smollm2-135m-instruct"}]},
     )
     result = run(manifest, tmp_path)
     train = result.nodes["train"]
-    assert phases(result) == {"train": "Failed", "collect": "Omitted"}
+    assert phases(result) == {"train": "Failed", "collect": "Omitted"}, train.message
     assert train.message.startswith("the MPIJob needs 8 NVIDIA GPUs (Worker: 1 pod x 8 nvidia.com/gpu), this machine")
     assert "\n" not in train.message and train.message.endswith("or `submit` to a cluster")
     assert not (result.run_dir / "logs" / "train.log").exists()  # mpirun never started

@@ -9,6 +9,7 @@ import time
 
 import boto3
 import pytest
+import torch
 
 from eksflow.runtime.args import StepInputError
 from steps.common import checkpoints, lease
@@ -144,7 +145,8 @@ def test_durable_copy_outage_never_raises_into_training(tmp_path, s3_env):
     assert "step-00000002" in errors[0]
 
 
-def test_deepspeed_is_refused_as_bad_input_before_anything_starts(tmp_path, capsys):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_this_machine_lacks_is_refused_as_bad_input_before_anything_starts(tmp_path, capsys):
     assert train.main([*step_argv(tmp_path, "wf-1"), "--strategy=deepspeed", "--use-gpu=true"]) == 2
-    assert "strategy=fsdp" in capsys.readouterr().err  # names what to use instead
+    assert "--use-gpu=false" in capsys.readouterr().err  # names what to use instead
     assert not (tmp_path / "out").exists()  # no lease, no checkpoint folder, no Ray
