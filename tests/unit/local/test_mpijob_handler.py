@@ -13,7 +13,17 @@ from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.mpijob import mpirun
 from eksflow.local.resources import describe, nvidia_gpus
-from tests.unit.local.test_resources import FSX_MOUNT, FSX_VOLUME, container, phases, rendered, resource, run, workflow
+from tests.unit.local.test_resources import (
+    FSX_MOUNT,
+    FSX_VOLUME,
+    container,
+    fleet_object,
+    phases,
+    rendered,
+    resource,
+    run,
+    workflow,
+)
 
 # Each rank writes what it sees into argv[1]/<rank>: the world, rank 0's address, an env value from each pod.
 RANK_REPORT = """
@@ -112,7 +122,8 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
 @pytest.mark.skipif(nvidia_gpus()[0] >= 8, reason="this machine has the GPUs the rendered MPIJob asks for")
 def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(tmp_path: Path) -> None:
     parsed = parse_manifest(rendered("cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"))
-    assert sorted(n for n, t in parsed.templates.items() if isinstance(t, ResourceTemplate)) == ["train"]
+    jobs = [n for n, t in parsed.templates.items() if isinstance(t, ResourceTemplate) and not fleet_object(t)]
+    assert jobs == ["train"]  # besides the serving fleet's objects
     assert isinstance(parsed.templates["train-outputs"], ContainerTemplate)
     template = parsed.templates["train"]
     assert isinstance(template, ResourceTemplate)
