@@ -9,7 +9,8 @@
 
 RunResult.resumable says whether to suggest `--resume` (not after a bad-input failure, exit 2); RunInterrupted
 (Ctrl-C, SIGTERM, SIGHUP) carries `exit_code` (128 + signal). Modules: executor.py (driving a run), runs.py (the
-verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.py, process.py, status.py.
+verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.py, process.py, status.py,
+fleet.py (a run's serving objects: vLLM and LiteLLM processes for the run's lifetime).
 """
 
 from eksflow.local.errors import LocalExecutorError, RunInterrupted
