@@ -64,7 +64,9 @@ class Images(Settings):
 class StorageSettings(Settings):
     """Shared storage: the FSx for Lustre claim every step mounts."""
 
-    fsx_claim: str = Field("fsx-claim", pattern=K8S_NAME, description="PersistentVolumeClaim of the FSx volume")
+    fsx_claim: str = Field(
+        "fsx-claim", pattern=K8S_NAME, max_length=253, description="PersistentVolumeClaim of the FSx volume"
+    )
     fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$", description="where every pod mounts it")
     model_cache: str = Field("/fsx/models", description="converted/copied base models, shared by runs")
 
@@ -77,7 +79,9 @@ class MlflowSettings(Settings):
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
     )
     model_name: str = Field(
-        "", pattern=r"^$|^[\w.\-]+$", description="registered model name; empty: the pipeline's name"
+        "",
+        pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$",
+        description="registered model name; empty: the pipeline's name",
     )
     ui_url: str = Field(
         "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
@@ -95,7 +99,7 @@ class ClusterSettings(Settings):
         "(MPI Operator MPIJob, mpirun over worker pods); Trainium always runs torchrun in a Volcano Job",
     )
     scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
-    queue: str = Field("eksflow", pattern=K8S_NAME, description="Kueue LocalQueue or Volcano Queue name")
+    queue: str = Field("eksflow", pattern=K8S_NAME, max_length=63, description="Kueue LocalQueue or Volcano Queue name")
     spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
     zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
     rayjob_backoff_limit: int = Field(
@@ -118,8 +122,10 @@ class PipelineConfig(Settings):
     """The base of every pipeline's config: where it runs and what it shares. Pipelines add their own sections."""
 
     name: str = name_field("eksflow")
-    namespace: str = Field("argo", pattern=K8S_NAME, description="Kubernetes namespace of the workflow")
-    service_account: str = Field("eksflow-pipeline", pattern=K8S_NAME, description="pods' service account (IRSA)")
+    namespace: str = Field("argo", pattern=K8S_NAME, max_length=63, description="Kubernetes namespace of the workflow")
+    service_account: str = Field(
+        "eksflow-pipeline", pattern=K8S_NAME, max_length=253, description="pods' service account (IRSA)"
+    )
     active_deadline_seconds: int = Field(24 * 3600, ge=60, description="the whole workflow's time limit")
     memoize: bool = Field(
         True, description="reuse a task's outputs when its step, settings and input data equal an earlier success"

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eksflow.cli import config_type
 from eksflow.config import ConfigError, load_config
@@ -99,3 +100,24 @@ def used_names(workflow: dict) -> set[str]:
 
 def test_no_command_ran():
     assert not Path("/tmp/eksflow-pwn").exists()
+
+
+def test_a_workflow_too_big_for_the_api_server_is_refused_before_it_runs():
+    """Every setting within its own limit, together over the API server's object limit: one line, nothing runs."""
+    from eksflow.cli import MAX_MANIFEST_BYTES, checked_manifest
+    from eksflow.pipeline import PipelineError
+    from pipelines.llama_lora import LlamaLoraConfig, build
+
+    long_text = "x" * 60_000
+    overrides: list[str] = []
+    for key in text_keys(load_config(LlamaLoraConfig, None, [])):
+        try:
+            build(load_config(LlamaLoraConfig, None, [*overrides, f"{key}={long_text}"]))
+        except (ConfigError, PipelineError):
+            continue  # a field whose own rules (or its step's) refuse such text
+        overrides.append(f"{key}={long_text}")
+    pipeline = build(load_config(LlamaLoraConfig, None, overrides))
+    assert len(overrides) >= 5
+    with pytest.raises(ConfigError, match=r"^the workflow is [\d,]+ bytes, over the [\d,]+ the Kubernetes API server"):
+        checked_manifest(pipeline)
+    assert len(yaml.safe_dump(manifest(pipeline)).encode()) > MAX_MANIFEST_BYTES

@@ -1,5 +1,6 @@
 """retryStrategy decisions: policy, expression, backoff with cap, maxDuration counted from the first attempt."""
 
+import importlib
 import time
 
 import pytest
@@ -55,3 +56,27 @@ def test_max_duration_counts_from_the_first_attempt() -> None:
     delay, why = next_delay(strategy, 0, failed(), time.monotonic() - 3600, SCOPE)
     assert delay is None
     assert why == "; not retried: backoff.maxDuration=60s (counted from the first attempt's start) reached"
+
+
+@pytest.mark.parametrize("pipeline", ["llama_lora", "lora_sweep", "champion_check"])
+def test_every_rendered_retry_still_retries_a_step_that_fails_after_hours(pipeline: str) -> None:
+    """A step preempted after hours of training is what retries exist for: no strategy may have run out of time."""
+    from eksflow.cli import config_type
+    from eksflow.config import load_config
+    from eksflow.local.parse_templates import parse_retry
+    from eksflow.templates import manifest
+
+    module = importlib.import_module(f"pipelines.{pipeline}")
+    workflow = manifest(module.build(load_config(config_type(module.build), None, [])))
+    strategies = {t["name"]: t["retryStrategy"] for t in workflow["spec"]["templates"] if t.get("retryStrategy")}
+    assert strategies
+    ten_hours_ago = time.monotonic() - 10 * 3600
+    for name, raw in strategies.items():
+        assert "maxDuration" not in (raw.get("backoff") or {}), name
+        strategy = parse_retry(raw, name)
+        if strategy is None or strategy.limit == 0:
+            continue  # a task that must not repeat (an alert, a canary analysis)
+        preempted = failed(143, Phase.FAILED if strategy.policy != "OnError" else Phase.ERROR)
+        delay, why = next_delay(strategy, 0, preempted, ten_hours_ago, SCOPE)
+        assert delay is not None and why == "", f"{name}: {why}"
+        assert next_delay(strategy, 0, failed(2), ten_hours_ago, SCOPE)[0] is None or strategy.policy == "Always", name
