@@ -26,11 +26,22 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         (["render", "--set", 'mlflow.experiment=x {{=sprig.env("HOME")}}'], "config error: mlflow.experiment: holds"),
         (["render", "-o", "/nonexistent/d/x.yaml"], "config error: -o /nonexistent/d/x.yaml: cannot write it"),
         (["render", "--kind", "CronWorkflow", "--cron", "61 3 * * *"], "config error: --cron '61 3 * * *':"),
+        (["schedule", "--cron", "60 3 * * 1"], "config error: --cron '60 3 * * 1': minute 60 is above 59"),
         (["run", "--set", "data.source=" + "a" * 300], "config error: data.source: 'aaaaaaaa"),
         (["run", "--set", "data.source=/no/such/dataset"], "config error: data.source: '/no/such/dataset' does not"),
         (["run", "--config", "/no/such.yaml"], "config error: --config /no/such.yaml: file not found"),
     ],
-    ids=["bad-yaml", "python-tag", "argo-expression", "output-folder", "cron", "long-source", "no-source", "no-config"],
+    ids=[
+        "bad-yaml",
+        "python-tag",
+        "argo-expression",
+        "output-folder",
+        "cron",
+        "schedule-cron",
+        "long-source",
+        "no-source",
+        "no-config",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, first_line, tmp_path):
     done = cli(*args, "--state-dir", str(tmp_path)) if args[0] == "run" else cli(*args)
