@@ -238,7 +238,7 @@ def test_bad_config_exits_2_before_anything_runs(tmp_path, override, expected):
 
 
 @pytest.mark.slow
-def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env):
+def test_dataset_from_s3_runs_through_the_pipeline(tmp_path, model_cache, s3_env, adopt_engine):
     """The flagship with `data.source=s3://...` against a real local S3 server (moto_server)."""
     import boto3
 
