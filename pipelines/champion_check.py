@@ -16,8 +16,8 @@ from typing import Any
 
 from eksflow import Pipeline, PipelineConfig, main, name_field, retry, task
 from eksflow.config import MlflowSettings
-from pipelines.llama_lora import BIG
-from steps import alert, evaluate, fetch_champion, record_check, report, stage_data, validate_data
+from pipelines.llama_lora import BIG, run_report
+from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
 from steps.validate_data import ValidateSettings
@@ -74,14 +74,7 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
         )
         task(alert, message=recorded.summary, when=recorded.regressed, retry_strategy=retry(0))
         with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
-            task(
-                report,
-                workflow_name=p.workflow_name,
-                workflow_status=p.workflow_status,
-                report_dir=p.run_dir,
-                mlflow_ui_url=cfg.mlflow.ui_url,
-                **mlflow,
-            )
+            run_report(p, cfg)
     return p
 
 

@@ -16,11 +16,24 @@ Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
-from eksflow import Pipeline, Resources, config_hash, distributed, ended, gauges, main, name_field, task
+from eksflow import (
+    Pipeline,
+    PipelineConfig,
+    Resources,
+    TaskRef,
+    config_hash,
+    distributed,
+    ended,
+    gauges,
+    main,
+    name_field,
+    task,
+)
 from eksflow.config import MlflowSettings
 from pipelines.serving.objects import ServingConfig
 from pipelines.serving.rollout import finish_rollout, rollout
@@ -32,6 +45,19 @@ from steps.train import TrainSettings
 from steps.validate_data import ValidateSettings
 
 BIG = Resources(cpu_request=2, memory_request="8Gi")  # a model in memory: evaluate, register
+
+
+def run_report(p: Pipeline, cfg: PipelineConfig, after: TaskRef | Sequence[TaskRef] = ()) -> TaskRef:
+    """The exit handler's report task (every pipeline here has one): the run's HTML page, its MLflow runs ended."""
+    return task(
+        report,
+        after=after,
+        workflow_name=p.workflow_name,
+        workflow_status=p.workflow_status,
+        report_dir=p.run_dir,
+        mlflow_ui_url=cfg.mlflow.ui_url,
+        tracking_uri=cfg.mlflow.tracking_uri,
+    )
 
 
 class LlamaLoraConfig(ServingConfig):
@@ -143,16 +169,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             max_new_tokens=cfg.evaluate.max_new_tokens,
         )
         with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page
-            finished = finish_rollout(cfg)
-            task(
-                report,
-                after=ended(finished),
-                workflow_name=p.workflow_name,
-                workflow_status=p.workflow_status,
-                report_dir=p.run_dir,
-                mlflow_ui_url=cfg.mlflow.ui_url,
-                **mlflow,
-            )
+            run_report(p, cfg, after=ended(finish_rollout(cfg)))
     return p
 
 

@@ -18,8 +18,8 @@ from pydantic import Field
 
 from eksflow import Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
 from eksflow.pipeline import Item
-from pipelines.llama_lora import BIG, LlamaLoraConfig
-from steps import evaluate, register, report, select_best, stage_data, train, train_neuron, validate_data
+from pipelines.llama_lora import BIG, LlamaLoraConfig, run_report
+from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
 
 
 class SweepSettings(Settings):
@@ -140,14 +140,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             **mlflow,
         )
         with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
-            task(
-                report,
-                workflow_name=p.workflow_name,
-                workflow_status=p.workflow_status,
-                report_dir=p.run_dir,
-                mlflow_ui_url=cfg.mlflow.ui_url,
-                **mlflow,
-            )
+            run_report(p, cfg)
     return p
 
 
