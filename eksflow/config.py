@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from eksflow.pipeline import kind_of
 from eksflow.profiles import PROFILES
-from eksflow.runtime.args import Settings
+from eksflow.runtime.args import Location, Settings
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
@@ -68,13 +68,13 @@ class StorageSettings(Settings):
         "fsx-claim", pattern=K8S_NAME, max_length=253, description="PersistentVolumeClaim of the FSx volume"
     )
     fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$", description="where every pod mounts it")
-    model_cache: str = Field("/fsx/models", description="converted/copied base models, shared by runs")
+    model_cache: Location = Field("/fsx/models", description="converted/copied base models, shared by runs")
 
 
 class MlflowSettings(Settings):
     """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
 
-    tracking_uri: str = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
+    tracking_uri: Location = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
     experiment: str = Field(
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
     )

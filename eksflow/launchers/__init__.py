@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import yaml
 from hera.workflows import Container, Parameter, Resource, Resources, RetryStrategy
 from hera.workflows import models as m
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig
 from eksflow.launchers import jobs, mpijob
+from eksflow.manifests import manifest_text
 from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, When, step_name
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Settings
@@ -249,7 +249,7 @@ def _resource(
         success_condition=success,
         failure_condition=failure,
         retry_strategy=retry,
-        manifest=yaml.safe_dump(manifest, sort_keys=False),
+        manifest=manifest_text(manifest),  # parameters as JSON-encoding expressions, never as text
         metrics=metrics,
         inputs=[Parameter(name=i) for i in inputs] or None,
     )

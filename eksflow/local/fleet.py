@@ -56,7 +56,8 @@ from eksflow.local.model import PathRules, ResourceTemplate, Workflow
 from eksflow.local.paths import PathMap, map_argv
 from eksflow.local.process import ProcessTracker
 from eksflow.local.resources import LocalJob, ResourceError
-from eksflow.local.substitution import PLACEHOLDER, REFERENCE
+from eksflow.local.substitution import PLACEHOLDER
+from eksflow.manifests import REFERENCE
 
 FLEET_KINDS = {("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"), ("policy/v1", "PodDisruptionBudget")}
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"

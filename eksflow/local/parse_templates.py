@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from eksflow.local import resources
+from eksflow.local import expression_tags, resources
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.fields import FieldReader, duration_s, go_duration_s
 from eksflow.local.model import (
@@ -19,7 +19,8 @@ from eksflow.local.model import (
     Retry,
 )
 from eksflow.local.paths import path_rules
-from eksflow.local.substitution import PLACEHOLDER, REFERENCE
+from eksflow.local.substitution import PLACEHOLDER
+from eksflow.manifests import REFERENCE
 
 RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
 RESOURCE_ACTIONS = ("create", "apply")  # both make the job run; get/patch/delete act on an object that is not here
@@ -248,6 +249,12 @@ def parse_resource(template: Mapping[str, Any], where: str) -> ResourceTemplate:
             f"{at}.action {action!r} is not supported locally; only {' and '.join(RESOURCE_ACTIONS)} run a job here"
         )
     manifest = fields.text(resource.get("manifest"), f"{at}.manifest")
+    try:
+        for reference in REFERENCE.findall(manifest):
+            if reference.startswith("="):
+                expression_tags.check(reference[1:])
+    except expression_tags.ExpressionTagError as exc:
+        raise LocalExecutorError(f"{at}.manifest: {exc}") from None
     try:
         job = resources.describe(REFERENCE.sub(PLACEHOLDER, manifest), f"{at}.manifest")
     except resources.ResourceError as exc:

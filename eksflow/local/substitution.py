@@ -12,16 +12,16 @@ fan-out node is named `task(index:item)`, a mapping item as `key:value` pairs so
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
-REFERENCE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+from eksflow.local import expression_tags
+from eksflow.local.gojson import go_json
+from eksflow.manifests import REFERENCE
+
 TASK_REFERENCE = re.compile(r"\{\{\s*tasks\.([\w\-]+)\.")
 PLACEHOLDER = "eksflow-placeholder"  # stands in for every {{...}} when a manifest is checked before the run
-_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 class UnresolvedError(Exception):
@@ -31,37 +31,6 @@ class UnresolvedError(Exception):
 def substitute(text: str, lookup: Callable[[str], str]) -> str:
     """Replace every `{{ ref }}` in ONE pass: a substituted value is never scanned again."""
     return REFERENCE.sub(lambda m: lookup(m.group(1)), text)
-
-
-def go_json(value: Any) -> str:
-    """`value` as Go's json.Marshal writes it: compact, sorted keys, HTML characters escaped, Go's numbers."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return _go_float(value)
-    if isinstance(value, str):
-        encoded = json.dumps(value, ensure_ascii=False)
-        return "".join(_HTML_ESCAPES.get(c, c) for c in encoded)
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{go_json(str(k))}:{go_json(value[k])}" for k in sorted(value)) + "}"
-    if isinstance(value, Sequence):
-        return "[" + ",".join(go_json(v) for v in value) + "]"
-    raise TypeError(f"not a JSON value: {value!r}")
-
-
-def _go_float(value: float) -> str:
-    if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{value!r} is not a JSON number")
-    magnitude = abs(value)
-    if magnitude != 0 and (magnitude < 1e-6 or magnitude >= 1e21):
-        text = repr(value)  # shortest round-trip digits in exponent form, as Go's 'e' with precision -1
-        mantissa, _, exponent = text.partition("e")
-        sign, digits = exponent[0], exponent[1:].lstrip("0") or "0"
-        return f"{mantissa}e{sign}{digits}"  # Go cleans e-07 to e-7
-    text = format(Decimal(repr(value)), "f")  # the same digits, positional ('f' with precision -1)
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def item_text(value: Any) -> str:
@@ -156,6 +125,11 @@ class Scope:
 
     def lookup(self, ref: str) -> str:
         """The value of one reference; raises UnresolvedError naming it."""
+        if ref.startswith("="):  # an expression tag: the variables it names are these same references
+            try:
+                return expression_tags.evaluate(ref[1:], self.lookup)
+            except expression_tags.ExpressionTagError as exc:
+                raise UnresolvedError(str(exc)) from None
         head, _, rest = ref.partition(".")
         if head == "workflow" and rest in self.workflow:
             return self.workflow[rest]

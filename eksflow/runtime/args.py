@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from eksflow.runtime.outputs import write_outputs
@@ -32,7 +32,16 @@ class _LocationMarker:
         return "Location"
 
 
-Location = Annotated[str, _LocationMarker()]  # mapped to a host folder by the local executor, like a Path
+def _no_control_characters(value: str) -> str:
+    # A newline in a path is never a real folder name, and every tool downstream (a vLLM `--model=`, a shell in a
+    # user's script, a log line) would read it as a second item.
+    if bad := sorted({repr(c) for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0}):
+        raise ValueError(f"a path or URI cannot hold control characters ({', '.join(bad)}); rename it")
+    return value
+
+
+# Mapped to a host folder by the local executor, like a Path.
+Location = Annotated[str, _LocationMarker(), AfterValidator(_no_control_characters)]
 
 
 def is_location(field: FieldInfo) -> bool:

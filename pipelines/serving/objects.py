@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 
 from eksflow import PipelineConfig, profiles
 from eksflow.profiles import Profile
-from eksflow.runtime.args import Settings
+from eksflow.runtime.args import Location, Settings
 from steps.canary import CanarySettings
 from steps.common import litellm_proxy, rollout, vllm
 
@@ -95,7 +95,7 @@ class ServingSettings(Settings):
 class ServingConfig(PipelineConfig):
     """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary."""
 
-    base_model: str = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
+    base_model: Location = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
     serving: ServingSettings = ServingSettings()
     canary: CanarySettings = CanarySettings()
 

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hera.workflows import Parameter, Resource, Resources
 from hera.workflows import models as m
 
 from eksflow import Pipeline, Ref, TaskRef, retry, task
+from eksflow.manifests import manifest_text
 from eksflow.pipeline import When
 from pipelines.serving import objects
 from pipelines.serving.objects import ServingConfig
@@ -76,7 +76,7 @@ def _apply(
     template = Resource(
         name=name,
         action="apply",
-        manifest=yaml.safe_dump(dict(manifest), sort_keys=False),
+        manifest=manifest_text(manifest),  # fleet and model_dir as JSON-encoding expressions, never as text
         success_condition=DEPLOYMENT_READY if ready else None,
         inputs=[Parameter(name=i) for i in inputs] or None,
     )

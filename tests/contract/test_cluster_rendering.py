@@ -10,6 +10,7 @@ import yaml
 from eksflow.cli import apply_variant
 from eksflow.launchers.jobs import RAYJOB_FAILURE, RAYJOB_SUCCESS
 from eksflow.templates import cron_workflow, workflow_template
+from tests.argo_substitution import manifest_object, resource_objects
 from tests.flagship import config, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +57,7 @@ CORE_API_VERSIONS = ("v1", "apps/v1", "policy/v1")  # the serving fleet: validat
 
 def resources(workflow):
     """(template name, parsed manifest) of every resource template."""
-    return [
-        (t["name"], yaml.safe_load(t["resource"]["manifest"])) for t in workflow["spec"]["templates"] if "resource" in t
-    ]
+    return list(resource_objects(workflow).items())
 
 
 def embedded(workflow):
@@ -93,7 +92,7 @@ def test_rayjob_follows_kueue_and_its_status():
     assert train["resource"]["successCondition"] == RAYJOB_SUCCESS
     assert train["resource"]["failureCondition"] == RAYJOB_FAILURE
     assert train["resource"]["setOwnerReference"] is True
-    job = yaml.safe_load(train["resource"]["manifest"])
+    job = manifest_object(train)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "eksflow"
     assert job["spec"]["suspend"] is True
     assert job["spec"]["shutdownAfterJobFinishes"] is True and job["spec"]["ttlSecondsAfterFinished"] == 600

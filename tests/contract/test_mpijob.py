@@ -4,11 +4,11 @@ from the profile, within the retry budget, and followed by Argo through conditio
 import re
 
 import pytest
-import yaml
 
 from eksflow import plan
 from eksflow.config import ConfigError
 from eksflow.launchers import mpijob
+from tests.argo_substitution import manifest_object
 from tests.contract.test_cluster_rendering import VARIANTS, errors, render
 from tests.flagship import config, pipeline
 
@@ -21,7 +21,7 @@ REQUIREMENT = re.compile(r"^\s*(?P<key>\S+?)\s*(?P<op>==|!=|=|>|<)\s*(?P<value>\
 def job_of(name):
     workflow = render(VARIANTS[name])
     (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
-    return train, yaml.safe_load(train["resource"]["manifest"])
+    return train, manifest_object(train)
 
 
 @pytest.mark.parametrize("name", MPIJOB_VARIANTS)

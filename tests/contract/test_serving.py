@@ -17,6 +17,7 @@ from eksflow.pipeline import EXIT_HANDLER
 from pipelines.serving import objects as serving
 from pipelines.serving.rollout import gitops_objects
 from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
+from tests.argo_substitution import resource_objects
 from tests.flagship import config, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,14 +28,7 @@ GPU_PROFILES = {"g5.xlarge": 1, "g6.xlarge": 1, "g6.12xlarge": 4, "p4d.24xlarge"
 
 def fleet_manifests(workflow):
     """The serving objects the workflow applies, with their input parameters filled like Argo would."""
-    found = {}
-    for template in workflow["spec"]["templates"]:
-        if "resource" in template:
-            text = re.sub(
-                r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: SAMPLE[m.group(1)], template["resource"]["manifest"]
-            )
-            found[template["name"]] = yaml.safe_load(text)
-    return found
+    return resource_objects(workflow, lambda name: SAMPLE[name.removeprefix("inputs.parameters.")])
 
 
 def load_config(_path=None, overrides=()):
@@ -194,9 +188,8 @@ def test_the_local_executor_takes_the_serving_objects_as_fleet_objects(workflow)
     assert parsed.on_exit is not None
     fleet = sorted(
         name
-        for name, t in parsed.templates.items()
-        if isinstance(t, ResourceTemplate)
-        and tuple(yaml.safe_load(t.manifest)[k] for k in ("apiVersion", "kind")) in FLEET_KINDS
+        for name, obj in resource_objects(workflow).items()
+        if isinstance(parsed.templates[name], ResourceTemplate) and (obj["apiVersion"], obj["kind"]) in FLEET_KINDS
     )
     assert fleet == ["proxy", "proxy-config", "proxy-pdb", "proxy-service", "vllm", "vllm-pdb", "vllm-service"]
 

@@ -13,6 +13,8 @@ from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.mpijob import mpirun
 from eksflow.local.resources import describe, nvidia_gpus
+from eksflow.local.substitution import PLACEHOLDER
+from eksflow.manifests import REFERENCE
 from tests.unit.local.test_resources import (
     FSX_MOUNT,
     FSX_VOLUME,
@@ -127,7 +129,7 @@ def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(t
     assert isinstance(parsed.templates["train-outputs"], ContainerTemplate)
     template = parsed.templates["train"]
     assert isinstance(template, ResourceTemplate)
-    job = describe(template.manifest, "train")
+    job = describe(REFERENCE.sub(PLACEHOLDER, template.manifest), "train")
     assert job.kind == "MPIJob" and job.argv[0] == "mpirun" and "--launcher=mpi" in job.argv
     (workers,) = [d for d in job.devices if d.group == "Worker"]
     assert (workers.resource, workers.pods, workers.per_pod) == ("nvidia.com/gpu", 1, 8)
@@ -135,7 +137,7 @@ def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(t
         [("train", None), ("collect", "train")],
         # the task outputs it takes (the staged dataset) as literals: this workflow has no stage task
         [
-            resource("train", re.sub(r"\{\{inputs\.parameters\.\w+\}\}", "/fsx/x", template.manifest)),
+            resource("train", re.sub(r"\binputs\.parameters\.\w+", '"/fsx/x"', template.manifest)),
             container("collect", ["true"]),
         ],
         arguments={"parameters": [{"name": "base_model", "value": "smollm2-135m-instruct"}]},

@@ -16,6 +16,8 @@ from eksflow.local.fleet import FLEET_KINDS
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.resources import nvidia_gpus
+from eksflow.local.substitution import PLACEHOLDER
+from eksflow.manifests import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[3]
 FSX_VOLUME = {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}
@@ -311,7 +313,7 @@ def test_unsupported_resource_templates_are_rejected_up_front(tmp_path: Path, mu
 
 
 def fleet_object(template: ResourceTemplate) -> bool:
-    manifest = yaml.safe_load(template.manifest)
+    manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest))
     return (manifest["apiVersion"], manifest["kind"]) in FLEET_KINDS
 
 

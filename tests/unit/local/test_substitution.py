@@ -4,12 +4,12 @@ from typing import Any
 
 import pytest
 
+from eksflow.local.gojson import go_json
 from eksflow.local.substitution import (
     Scope,
     UnresolvedError,
     aggregate,
     aggregate_maps,
-    go_json,
     iteration_name,
     parse_items,
 )

@@ -1,0 +1,212 @@
+"""SE1: a hostile value in any parameter that reaches a resource manifest leaves the object's shape unchanged.
+
+Argo substitutes a resource template's manifest as text and then parses it as YAML, so a value with a quote and a
+newline could add `hostPID: true` or an initContainer to a RayJob's head pod. eksflow writes every reference there
+as a JSON-encoding expression tag (eksflow/manifests.py). For every resource template of every pipeline, profile
+kind, launcher and scheduler (derived from the config, so a new one is covered without editing this file), each
+parameter the template reads gets each value of a hostile corpus; the manifest is substituted as Argo's controller
+does it (tests/argo_substitution.py) and as the local executor does it, and both parse to an object of the same
+shape as with a benign value, holding the hostile value intact.
+"""
+
+import importlib
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from eksflow.cli import config_type
+from eksflow.config import ClusterSettings, load_config
+from eksflow.local.substitution import Scope
+from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
+from eksflow.profiles import VARIANT_DEFAULTS
+from eksflow.templates import manifest
+from pipelines.llama_lora import LlamaLoraConfig
+from pipelines.serving.rollout import rollout_pipeline
+from tests.argo_substitution import substitute, unresolved
+
+GENERATED = {"workflow.name": "llama-lora-abc12", "workflow.uid": "0-1", "workflow.namespace": "argo", "retries": "0"}
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
+LAUNCHERS = get_args(ClusterSettings.model_fields["launcher"].annotation)
+SCHEDULERS = get_args(ClusterSettings.model_fields["scheduler"].annotation)
+INIT_CONTAINER = (
+    "x'\n    initContainers:\n    - name: pwn\n      image: alpine\n"
+    '      command: ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "sh"]\n    hostPID: true\n  z: \''
+)
+CORPUS = {
+    "single-quote": "it's",
+    "double-quote": 'say "hi"',
+    "newline": "a\nb",
+    "crlf-tab": "a\r\n\tb",
+    "colon-space": "key: value",
+    "dash-space": "- item",
+    "brace": "{",
+    "braces-brackets": "}]{[",
+    "hostpid": "x'\nhostPID: true\n",
+    "init-container": INIT_CONTAINER,
+    "yaml-specials": "&anchor *alias !!python/object/apply:os.system ['id'] | > % @ ` #comment",
+    "json-escapes": '\\"\\n\\u0041 </script> & <',
+    "unicode": "é \u2028 \u2029 \U0001f600",
+    "expr-syntax": '" + workflow.name + "',
+    "trailing-backslash": "end\\",
+    "64KiB": "A" * 65536,
+}
+
+
+def renders() -> dict[str, dict[str, Any]]:
+    """Every workflow a pipeline renders: each pipeline x profile kind x launcher x scheduler, and the rollout."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, kind, launcher, scheduler in itertools.product(PIPELINES, VARIANT_DEFAULTS, LAUNCHERS, SCHEDULERS):
+        build = importlib.import_module(f"pipelines.{name}").build
+        overrides = [
+            f"cluster.instance_type={VARIANT_DEFAULTS[kind]}",
+            f"cluster.launcher={launcher}",
+            f"cluster.scheduler={scheduler}",
+        ]
+        found[f"{name}-{kind}-{launcher}-{scheduler}"] = manifest(
+            build(load_config(config_type(build), None, overrides))
+        )
+    found["rollout"] = manifest(rollout_pipeline(load_config(LlamaLoraConfig)))
+    return found
+
+
+RENDERS = renders()
+CASES: dict[tuple[str, str], dict[str, Any]] = {}  # one case per distinct template, named by its first render
+for _render, _workflow in RENDERS.items():
+    for _template in _workflow["spec"]["templates"]:
+        if "resource" in _template and _template not in CASES.values():
+            CASES[_render, _template["name"]] = _template
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the corpus parses 64 KiB values many times
+
+
+def parameters_read(template: dict[str, Any]) -> list[str]:
+    """The dotted names of the parameters a resource template's manifest reads."""
+    text = template["resource"]["manifest"]
+    names = set(re.findall(r"\b((?:workflow|inputs)\.parameters\.\w+)", text))
+    return sorted(names)
+
+
+def shape(value: Any) -> Any:
+    """The structure of a parsed object: keys, list lengths and leaf types, without the leaf values."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
+
+
+def leaves(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in leaves(item, f"{path}.{key}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in leaves(item, f"{path}[{i}]").items()}
+    return {path: value}
+
+
+def locally(template: dict[str, Any], values: dict[str, str]) -> Any:
+    """The object the local executor builds: its Scope substitutes the manifest text, then YAML parses it."""
+    workflow = {k.removeprefix("workflow."): v for k, v in values.items() if k.startswith("workflow.")}
+    inputs = {k.removeprefix("inputs.parameters."): v for k, v in values.items() if k.startswith("inputs.parameters.")}
+    generated = {k.removeprefix("workflow."): v for k, v in GENERATED.items() if k.startswith("workflow.")}
+    scope = Scope({**generated, **workflow}, inputs, retries=int(GENERATED["retries"]))
+    return yaml.load(scope.substitute(template["resource"]["manifest"]), Loader=LOADER)
+
+
+def both_ways(template: dict[str, Any], values: dict[str, str]) -> Any:
+    """The object after Argo's substitution, checked equal to the local executor's."""
+
+    def value(name: str) -> str:
+        return values[name] if name in values else GENERATED.get(name, unresolved(name))
+
+    argo = yaml.load(substitute(template, value)["resource"]["manifest"], Loader=LOADER)
+    assert locally(template, {n: value(n) for n in parameters_read(template)}) == argo
+    return argo
+
+
+def test_every_kind_of_resource_template_is_among_the_cases():
+    assert any("RayJob" in t["resource"]["manifest"] for t in CASES.values())
+    assert any("MPIJob" in t["resource"]["manifest"] for t in CASES.values())
+    assert any("batch.volcano.sh" in t["resource"]["manifest"] for t in CASES.values())
+    assert any("PodGroup" in t["resource"]["manifest"] for t in CASES.values())
+    assert any("kind: Deployment" in t["resource"]["manifest"] for t in CASES.values())
+
+
+@pytest.mark.parametrize("case", sorted(CASES), ids=lambda c: f"{c[0]}:{c[1]}")
+def test_no_parameter_is_written_into_manifest_text(case):
+    text = CASES[case]["resource"]["manifest"]
+    plain = sorted({ref for ref in REFERENCE.findall(text) if not ref.startswith("=")} - SAFE_REFERENCES)
+    assert plain == [], f"{case}: plain tags in the manifest text; write the object through manifest_text()"
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if parameters_read(CASES[c])), ids=lambda c: f"{c[0]}:{c[1]}")
+def test_a_hostile_parameter_leaves_the_object_unchanged(case):
+    template = CASES[case]
+    benign = both_ways(template, {})
+    benign_shape, benign_leaves = shape(benign), leaves(benign)
+    for parameter, (label, hostile) in itertools.product(parameters_read(template), CORPUS.items()):
+        attacked = both_ways(template, {parameter: hostile})
+        assert shape(attacked) == benign_shape, f"{case}: {parameter}={label} changed the object's shape"
+        changed = {path: value for path, value in leaves(attacked).items() if benign_leaves[path] != value}
+        assert changed, f"{case}: {parameter} does not reach the object"
+        assert all(isinstance(v, str) and hostile in v for v in changed.values()), (
+            f"{case}: {parameter}={label} changed fields other than the ones it fills: {sorted(changed)}"
+        )
+
+
+def test_every_committed_resource_template_is_covered():
+    covered = {(t["name"], t["resource"]["manifest"]) for t in CASES.values()}
+    committed = [
+        template
+        for path in sorted((ROOT / "workflow-templates").glob("*.yaml"))
+        for document in yaml.safe_load_all(path.read_text())
+        if document and "templates" in document.get("spec", {})
+        for template in document["spec"]["templates"]
+        if "resource" in template
+    ]
+    assert committed, "workflow-templates/ holds no resource template: has `make templates` changed?"
+    missing = sorted(t["name"] for t in committed if (t["name"], t["resource"]["manifest"]) not in covered)
+    assert missing == [], f"resource templates in workflow-templates/ that no render here produces: {missing}"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"kind": "X", "metadata": {"{{inputs.parameters.k}}": "v"}},
+        {"kind": "X", "spec": {"a": "{{=sprig.env('HOME')}}"}},
+    ],
+    ids=["reference-in-key", "expression-given"],
+)
+def test_what_cannot_travel_as_data_is_refused_when_the_pipeline_is_built(obj):
+    with pytest.raises(ValueError, match=r"key cannot hold a reference|already holds an expression"):
+        manifest_text(obj)
+
+
+def python(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_run_with_a_newline_in_the_base_model_folder_is_refused_naming_the_field(tmp_path):
+    folder = tmp_path / "model\n--api-key=attacker-chosen --trust-remote-code"
+    folder.mkdir()
+    config = tmp_path / "hostile.yaml"
+    config.write_text(yaml.safe_dump({"base_model": str(folder)}))
+    state = tmp_path / "state"
+    done = python(str(ROOT / "pipelines" / "llama_lora.py"), "run", "--config", str(config), "--state-dir", str(state))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("config error: base_model: "), done.stderr
+    assert "control characters" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not state.exists()  # refused before anything ran
+
+
+def test_a_step_refuses_a_newline_in_a_location_argument(tmp_path):
+    args = ["--base-model=x\n--api-key=y", "--pipeline=p", "--namespace=n", f"--model-cache-dir={tmp_path}"]
+    done = python("-m", "steps.prepare_fleet", *args, f"--outputs-dir={tmp_path / 'out'}")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: --base-model: ") and "control characters" in done.stderr
+    assert not (tmp_path / "out").exists()
