@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,7 @@ class _Run:
         self.overrides = overrides
         self.phase = Phase.RUNNING
         self.message = ""
+        self.outcome: tuple[Phase, str] = (Phase.RUNNING, "")  # the workflow's phase and message once it has ended
         self.finished_at: str | None = None
         self.abort = threading.Event()
         self.abort_reason = ""
@@ -348,10 +349,12 @@ class _Run:
                 self._start_watchdog()
                 self.display.note(f"workflow {self.name}: {self.folder.path}")
                 self.write_status()
-                self._run_entrypoint()
+                self._guarded(self._run_entrypoint)
                 if self.signalled is None and self.wf.on_exit is not None:
-                    self._run_exit_handler(self.wf.on_exit)
-                with self.book.lock:
+                    on_exit = self.wf.on_exit
+                    self._guarded(lambda: self._run_exit_handler(on_exit))
+                with self.book.lock:  # like Argo, the workflow stays Running until its exit handler has ended
+                    self.phase, self.message = self.outcome
                     self.finished_at = now()
                     self.write_status()
             except BaseException as exc:
@@ -381,6 +384,27 @@ class _Run:
             self.name, self.phase, self.message, self.folder.path, self.book.snapshot(), dict(self.parameters)
         )
 
+    def _guarded(self, part: Callable[[], None]) -> None:
+        """Run one part of the workflow (the entrypoint, the exit handler); an executor bug fails the run, in one line.
+
+        Its tasks are stopped, every node left unfinished is settled (Error, or Omitted if it never started), and
+        the run goes on to its exit handler, so status.json never claims Running for a run that has ended.
+        """
+        try:
+            part()
+        except Exception as exc:
+            reason = f"local executor error: {type(exc).__name__}: {exc}"
+            self.stop(reason)
+            for thread in list(self.threads.values()):
+                thread.join(KILL_GRACE_S + 5)
+            with self.book.lock:
+                for key, node in list(self.book.nodes.items()):
+                    if node.phase is Phase.PENDING:
+                        self.book.set(key, Phase.OMITTED, f"not run: {reason}")
+                    elif not node.phase.fulfilled:
+                        self.book.set(key, Phase.ERROR, reason)
+                self.outcome = (Phase.FAILED, short(reason))
+
     def _run_entrypoint(self) -> None:
         entry = self.wf.dag(self.wf.entrypoint)
         inputs = dag_inputs(entry, self.parameters)
@@ -390,18 +414,18 @@ class _Run:
         with self.book.lock:
             phase, origin = self.scheduler.outcome(root)
             if self.abort.is_set():
-                self.phase, self.message = Phase.FAILED, self.abort_reason
+                self.outcome = (Phase.FAILED, self.abort_reason)
             elif phase.failed_or_error and origin is not None:
                 node = self.book[origin]
-                self.phase, self.message = phase, f"child {node.name!r} failed: {node.message}"
+                self.outcome = (phase, f"child {node.name!r} failed: {node.message}")
             else:
-                self.phase = Phase.SUCCEEDED
+                self.outcome = (Phase.SUCCEEDED, "")
             self.write_status()
 
     def _run_exit_handler(self, on_exit: DagTemplate) -> None:
         # The handler runs after a deadline too, so it gets a fresh stop signal (Ctrl-C still stops it).
         self.abort = threading.Event()
-        scope = Scope({**self.values, "status": str(self.phase)})
+        scope = Scope({**self.values, "status": str(self.outcome[0])})
         with self.book.lock:
             handler = self.scheduler.begin(on_exit, "", None, scope)
         self._drive(handler, None)
@@ -409,8 +433,8 @@ class _Run:
             phase, origin = self.scheduler.outcome(handler)
             if phase.failed_or_error and origin is not None and self.signalled is None:
                 node = self.book[origin]
-                self.phase = Phase.FAILED
-                self.message = "; ".join(m for m in (self.message, f"onExit {node.name!r} failed: {node.message}") if m)
+                failed = f"onExit {node.name!r} failed: {node.message}"
+                self.outcome = (Phase.FAILED, "; ".join(m for m in (self.outcome[1], failed) if m))
 
 
 def execute_run(

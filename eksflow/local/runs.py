@@ -339,8 +339,9 @@ def _rerun(
     history = list(status.get("overrides", []))
     if overrides:
         history.append({"at": now(), "parameters": overrides})
-    # A serving fleet lived only as long as the earlier try: its objects, and what used them, run again.
-    again = restarted(workflow)
+    # A serving fleet lived only as long as the earlier try: its objects, and what used them, run again. So does
+    # the exit handler, as Argo runs onExit again on every retry: its nodes of the earlier try are not kept.
+    again = restarted(workflow) | set(workflow.on_exit.tasks if workflow.on_exit else ())
     kept = {key: node for key, node in read_nodes(document, folder.path).items() if key not in again}
     return execute_run(
         workflow,
