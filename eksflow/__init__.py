@@ -17,6 +17,7 @@ Authoring a pipeline (imports hera; never imported by steps):
 
 Writing a step (light: what a step image needs):
     Settings, StepArgs, Location, run_step, Progress, StepInputError (exit 2), StepFailedError (exit 1)
+    task_metric     declare a function of your module a task metric that `evaluate.task_metrics` may name
 
 Names load on first use, so `from eksflow import StepArgs` in a step never imports hera or the authoring layer.
 """
@@ -49,6 +50,7 @@ _PUBLIC = {
     "StepInputError": "eksflow.runtime.args",
     "StepFailedError": "eksflow.runtime.args",
     "Progress": "eksflow.runtime.outputs",
+    "task_metric": "eksflow.runtime.metrics",
 }
 __all__ = [
     "ConfigError",
@@ -73,6 +75,7 @@ __all__ = [
     "retry",
     "run_step",
     "task",
+    "task_metric",
 ]
 
 if TYPE_CHECKING:
@@ -83,6 +86,7 @@ if TYPE_CHECKING:
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
+    from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress
     from eksflow.templates import gauges, retry, task
 

@@ -41,7 +41,7 @@ from eksflow.runtime.args import Location, Settings, StepArgs
 from steps.common import tracking
 from steps.common.base_model import default_cache_dir
 from steps.evaluate.gate import LOSS_METRICS, Threshold, metric_names
-from steps.evaluate.metrics import check_name
+from steps.evaluate.metrics import resolve
 
 
 class EvaluateSettings(Settings):
@@ -50,7 +50,8 @@ class EvaluateSettings(Settings):
     task_metrics: tuple[str, ...] = Field(
         ("exact_match", "contains", "rouge_l"),
         min_length=1,
-        description="how answers are scored: exact_match, contains, json_match, rouge_l, or 'module:function'",
+        description="how answers are scored: exact_match, contains, json_match, rouge_l, or 'module:function' declared "
+        "with @eksflow.runtime.task_metric",
     )
     thresholds: tuple[Threshold, ...] = Field(
         (Threshold(metric="exact_match", value=0.6), Threshold(metric="exact_match_gain", value=0.2)),
@@ -75,7 +76,10 @@ class EvaluateSettings(Settings):
     @field_validator("task_metrics")
     @classmethod
     def _known_task_metrics(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(check_name(name) for name in names)
+        # Resolved here, so the pipeline (render, run, submit) and the step refuse the same names, before anything runs.
+        for name in names:
+            resolve(name)
+        return names
 
     @model_validator(mode="after")
     def _one_way_to_subset(self) -> EvaluateSettings:

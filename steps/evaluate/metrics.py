@@ -6,9 +6,13 @@ Built in (`evaluate.task_metrics`):
     json_match   both parse as JSON and are equal as values (key order and spacing do not matter); 0 when the
                  answer is not JSON; NaN for a row whose reference is not JSON, so it is left out of the mean
     rouge_l      ROUGE-L F1 over whitespace tokens: partial credit for free text (summaries, rewrites)
-A user's own metric is given by import path, `package.module:function`, a function (answer, reference) -> float
-in [0, 1] (NaN leaves the row out); the module must be importable by the evaluate step (e.g. in the project's
-steps package).
+A user's own metric is named `package.module:function`: a function (answer, reference) -> float in [0, 1] (NaN
+leaves the row out) that its module declares with `@eksflow.runtime.task_metric`. The config is text, so a name
+is trusted only that far: the module is imported (which runs its top level, as any import does), and the name is
+refused unless the module declared that very function, with a signature that takes (answer, reference). Nothing
+is called to check it. Standard-library modules are refused before any import: no metric lives there. The module
+must be importable where the config is validated (render, run, submit) and in the evaluate step's image (e.g. the
+project's steps package).
 
 A task metric's value on the eval set is the mean over the rows it scores; no row scored gives NaN, which every
 threshold fails closed on.
@@ -17,13 +21,22 @@ threshold fails closed on.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
+import numbers
 import re
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 
-Metric = Callable[[str, str], float]
+from eksflow.runtime.metrics import Metric, declared
+
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+HOW_TO_DECLARE = (
+    "a custom metric is a function of your own module marked with @eksflow.runtime.task_metric, taking "
+    "(answer, reference) and returning a float in [0, 1]"
+)
 
 
 def exact_match(answer: str, reference: str) -> float:
@@ -68,36 +81,69 @@ BUILT_IN: dict[str, Metric] = {
 }
 
 
-def check_name(name: str) -> str:
-    """`name` when it is a built-in metric or an import path; ValueError naming the choices otherwise."""
-    if name in BUILT_IN or IMPORT_PATH.fullmatch(name):
-        return name
-    raise ValueError(
-        f"unknown task metric {name!r}: use one of {', '.join(BUILT_IN)} or your own as 'package.module:function'"
-    )
-
-
 def resolve(name: str) -> Metric:
-    """The function scoring metric `name` (a user's is imported here, in the evaluate step)."""
+    """The function scoring metric `name`: a built-in, or a function its module declared with @task_metric.
+
+    ValueError saying what is wrong with the name and how to declare a metric otherwise.
+    """
     if name in BUILT_IN:
         return BUILT_IN[name]
-    module_name, _, attribute = check_name(name).partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as err:
+    if not IMPORT_PATH.fullmatch(name):
         raise ValueError(
-            f"task metric {name!r} cannot be imported ({err}); is its module in the step's image?"
+            f"unknown task metric {name!r}: use one of {', '.join(BUILT_IN)} or your own as 'package.module:function'"
+        )
+    module_name, _, attribute = name.partition(":")
+    if module_name.partition(".")[0] in sys.stdlib_module_names:
+        raise ValueError(f"task metric {name!r} is in the standard library; {HOW_TO_DECLARE}")
+    module = _import(name, module_name)
+    function = declared(name)
+    # The module's own attribute, read without getattr (a module __getattr__ would run code): it must be the
+    # declared function itself, not a name rebound to something else after the decorator ran.
+    exposed: object = vars(module).get(attribute)
+    if function is None or exposed is not function:
+        raise ValueError(f"task metric {name!r} is not declared a metric by {module_name}; {HOW_TO_DECLARE}")
+    _check_signature(name, function)
+    return function
+
+
+def _import(name: str, module_name: str) -> ModuleType:
+    """The module metric `name` lives in; ValueError when it is missing or its import fails."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module_name + ".").startswith(err.name + "."):
+            raise ValueError(
+                f"task metric {name!r}: no module {module_name!r} on the path; is it in the project's steps package "
+                "(and so in the step's image)?"
+            ) from err
+        raise ValueError(f"task metric {name!r}: importing {module_name} failed: {err}") from err
+    except Exception as err:  # the user's module top level raised: bad config, said in one line, not a traceback
+        raise ValueError(f"task metric {name!r}: importing {module_name} failed: {type(err).__name__}: {err}") from err
+
+
+def _check_signature(name: str, function: Metric) -> None:
+    """ValueError unless `function` can be called as function(answer, reference) and returns (not awaits) a value."""
+    if inspect.iscoroutinefunction(function) or inspect.isgeneratorfunction(function):
+        raise ValueError(f"task metric {name!r} is a coroutine or generator function; {HOW_TO_DECLARE}")
+    try:
+        inspect.signature(function).bind("answer", "reference")
+    except TypeError as err:
+        raise ValueError(
+            f"task metric {name!r} cannot be called as {name.partition(':')[2]}(answer, reference) ({err}); "
+            f"{HOW_TO_DECLARE}"
         ) from err
-    if not callable(function):
-        raise ValueError(f"task metric {name!r} is not a function")
-    return function  # type: ignore[no-any-return]
 
 
 def score(metric: Metric, answers: Sequence[str], references: Sequence[str]) -> float:
     """Mean of `metric` over the rows it scores (NaN rows left out); NaN when it scores none."""
-    values = []
+    values: list[float] = []
     for answer, reference in zip(answers, references, strict=True):
-        value = float(metric(answer, reference))
+        raw = metric(answer, reference)
+        if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
+            raise ValueError(
+                f"a task metric returned {raw!r}; it must return a float in [0, 1] (or NaN to skip the row)"
+            )
+        value = float(raw)
         if math.isnan(value):
             continue
         if not 0.0 <= value <= 1.0:

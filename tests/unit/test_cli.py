@@ -30,6 +30,14 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         (["run", "--set", "data.source=" + "a" * 300], "config error: data.source: 'aaaaaaaa"),
         (["run", "--set", "data.source=/no/such/dataset"], "config error: data.source: '/no/such/dataset' does not"),
         (["run", "--config", "/no/such.yaml"], "config error: --config /no/such.yaml: file not found"),
+        (
+            ["render", "--set", 'evaluate.task_metrics=["exact_match","os:system"]'],
+            "config error: evaluate.task_metrics:",
+        ),
+        (
+            ["run", "--set", 'evaluate.task_metrics=["exact_match","shutil:copyfile"]'],
+            "config error: evaluate.task_metrics:",
+        ),
     ],
     ids=[
         "bad-yaml",
@@ -41,6 +49,8 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         "long-source",
         "no-source",
         "no-config",
+        "metric-os-system",
+        "metric-copyfile",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, first_line, tmp_path):
