@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from eksflow.runtime.outputs import write_outputs
+from eksflow.runtime.shown import shown
 
 EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
 EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
@@ -118,13 +119,13 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
         outputs = run(args)
     except ValidationError as err:
         for line in _error_lines(err):
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {shown(line)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except StepInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {shown(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except StepFailedError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except StepFailedError as err:  # steps.alert's message among them: one line the Argo UI shows as is
+        print(f"error: {shown(str(err))}", file=sys.stderr)
         return EXIT_FAILED
     write_outputs(args.outputs_dir, outputs)
     return 0
