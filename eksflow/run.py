@@ -71,7 +71,8 @@ def execute(
             result = run_workflow(rendered, state_dir, **settings)
     except RunInterrupted as stopped:
         console.print(
-            f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
+            shown(f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}"),
+            markup=False,
             highlight=False,
             soft_wrap=True,
         )
@@ -108,9 +109,10 @@ def print_result(result: RunResult, console: Console) -> int:
     if report is not None:
         console.print(shown(f"report: {report}"), markup=False, highlight=False, soft_wrap=True)
     if result.resumable:
-        console.print(f"resume with: --resume {result.name}")
+        console.print(shown(f"resume with: --resume {result.name}"), markup=False, highlight=False)
     elif result.bad_input:
-        console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
+        line = f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run"
+        console.print(shown(line), markup=False, highlight=False, soft_wrap=True)
     return 0 if result.phase is Phase.SUCCEEDED else EXIT_FAILED
 
 
