@@ -119,13 +119,13 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
         outputs = run(args)
     except ValidationError as err:
         for line in _error_lines(err):
-            print(f"error: {shown(line)}", file=sys.stderr)
+            _print_error(line)
         return EXIT_BAD_INPUT
     except StepInputError as err:
-        print(f"error: {shown(str(err))}", file=sys.stderr)
+        _print_error(str(err))
         return EXIT_BAD_INPUT
-    except StepFailedError as err:  # steps.alert's message among them: one line the Argo UI shows as is
-        print(f"error: {shown(str(err))}", file=sys.stderr)
+    except StepFailedError as err:
+        _print_error(str(err))
         return EXIT_FAILED
     write_outputs(args.outputs_dir, outputs)
     return 0
@@ -183,6 +183,11 @@ def _default(field: FieldInfo) -> str:
         return "default computed at run time"
     text = encode(value)
     return f"default {text!r}" if len(text) <= 200 else f"default {text[:197]!r}..."
+
+
+def _print_error(text: str) -> None:
+    """`error: <text>` on stderr, each line through `shown` (a report's lines stay lines; nothing else acts)."""
+    print("error: " + "\n".join(shown(line) for line in text.split("\n")), file=sys.stderr)
 
 
 def _error_lines(err: ValidationError) -> list[str]:
