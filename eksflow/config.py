@@ -75,7 +75,10 @@ class StorageSettings(Settings):
 class MlflowSettings(Settings):
     """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
 
-    tracking_uri: str = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
+    tracking_uri: str = Field(
+        "sqlite:////fsx/mlflow/mlflow.db",
+        description="http(s)://server or sqlite:///path, without credentials (MLflow reads MLFLOW_TRACKING_TOKEN)",
+    )
     experiment: str = Field(
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
     )
