@@ -23,8 +23,8 @@ def workflow_name_problem(name: str) -> str:
         return ""
     quoted = repr(name) if len(name) <= _SHOWN else f"{name[:_SHOWN]!r}... ({len(name)} characters)"
     return (
-        f"{quoted} is not a workflow name: lowercase letters, digits, '-' and '.', starting and ending with a letter or "
-        f"digit, at most {MAX_WORKFLOW_NAME} characters (`list` shows the runs)"
+        f"{quoted} is not a workflow name: lowercase letters, digits, '-' and '.', starting and ending with a "
+        f"letter or digit, at most {MAX_WORKFLOW_NAME} characters (`list` shows the runs)"
     )
 
 
