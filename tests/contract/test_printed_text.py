@@ -154,3 +154,13 @@ def test_alert_prints_its_message_as_one_escaped_line(capsys):
     assert len(err.strip().splitlines()) == 1
     assert_clean(err)
     assert MARKUP in err
+
+
+def test_a_log_line_holding_the_token_prints_it_redacted(server, capsys, monkeypatch):
+    token = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0.c2ln"
+    monkeypatch.setenv("ARGO_TOKEN", token)
+    line = json.dumps({"result": {"podName": "p", "content": f"debug: Authorization: Bearer {token}"}})
+    server.route("GET", f"/api/v1/workflows/argo/{NAME}/log", Reply(chunks=[f"{line}\n".encode()]))
+    _, printed = cli(capsys, ["logs", NAME])
+    assert "debug: Authorization: Bearer ***" in printed
+    assert token not in printed
