@@ -2,9 +2,12 @@
 
 Connection settings follow the argo CLI: ARGO_SERVER (host:port), ARGO_TOKEN (sent verbatim as the Authorization
 header; a bare token gets the `Bearer ` prefix), ARGO_NAMESPACE, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY and
-ARGO_BASE_HREF. Every request has a connect and a read timeout (EKSFLOW_ARGO_CONNECT_TIMEOUT and
-EKSFLOW_ARGO_READ_TIMEOUT, in seconds), so a server that accepts the connection and never answers is an error,
-not a hang. An answer that is not the JSON the API defines (a proxy's or SSO page's HTML, `{}`) is an error too.
+ARGO_BASE_HREF. A credential goes in ARGO_TOKEN only: a user, password or token inside ARGO_SERVER or
+ARGO_BASE_HREF, and a token holding a control character, are refused (ArgoSettingError, bad input) without being
+printed; every error line has the token and any other credential redacted (eksflow.runtime.shown). Every request
+has a connect and a read timeout (EKSFLOW_ARGO_CONNECT_TIMEOUT and EKSFLOW_ARGO_READ_TIMEOUT, in seconds), so a
+server that accepts the connection and never answers is an error, not a hang. An answer that is not the JSON the
+API defines (a proxy's or SSO page's HTML, `{}`) is an error too.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 import requests
 from urllib3.exceptions import InsecureRequestWarning, ProtocolError, ReadTimeoutError
 
+from eksflow.runtime.shown import printable, redact, url_credential
+
 CONNECT_TIMEOUT_S = 10.0  # a reachable server accepts in milliseconds; 10 s covers a cold port-forward
 READ_TIMEOUT_S = 60.0  # the server's own calls to the Kubernetes API answer in seconds; a minute means it is stuck
 EXPLAIN = {
@@ -39,6 +44,10 @@ _TAG = re.compile(r"<[^>]*>")
 
 class ArgoServerError(Exception):
     """A request the Argo Server refused or could not answer; the message is one line saying what to check."""
+
+
+class ArgoSettingError(ArgoServerError):
+    """Bad input, refused before any request: a connection setting (ARGO_SERVER, ARGO_TOKEN, ...), a run name."""
 
 
 class StreamIdleError(ArgoServerError):
@@ -67,7 +76,7 @@ class ArgoServer:
                 base_href=env.get("ARGO_BASE_HREF", ""),
             ),
             namespace=namespace or env.get("ARGO_NAMESPACE") or "argo",
-            token=env.get("ARGO_TOKEN", ""),
+            token=_token(env.get("ARGO_TOKEN", "")),
             verify=env.get("ARGO_INSECURE_SKIP_VERIFY") != "true",
             connect_timeout_s=_seconds(env, "EKSFLOW_ARGO_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S),
             read_timeout_s=_seconds(env, "EKSFLOW_ARGO_READ_TIMEOUT", READ_TIMEOUT_S),
@@ -194,7 +203,15 @@ class ArgoServer:
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
-        """Every failure of the request as one ArgoServerError line; never a traceback."""
+        """Every failure of the request as one ArgoServerError line, the token redacted; never a traceback."""
+        try:
+            with self._explained():
+                yield
+        except ArgoServerError as err:  # a server may echo the Authorization header in its error body
+            raise type(err)(redact(str(err), [self.token])) from None
+
+    @contextmanager
+    def _explained(self) -> Iterator[None]:
         try:
             yield
         except requests.exceptions.SSLError as err:
@@ -239,9 +256,20 @@ class ArgoServer:
 
 
 def server_url(server: str, *, secure: bool, base_href: str = "") -> str:
-    """`host:port` (as ARGO_SERVER holds it) -> `https://host:port/<base href>/`."""
+    """`host:port` (as ARGO_SERVER holds it) -> `https://host:port/<base href>/`; a credential in either is refused."""
     if not server:
-        raise ArgoServerError("no Argo Server: set ARGO_SERVER=host:port or pass --argo-server")
+        raise ArgoSettingError("no Argo Server: set ARGO_SERVER=host:port or pass --argo-server")
+    # a base href is a path: read as the path of a URL, its query is checked like the server's
+    settings = {
+        "ARGO_SERVER (--argo-server)": server if "://" in server else f"http://{server}",
+        "ARGO_BASE_HREF (--argo-base-href)": f"http://argo/{base_href.lstrip('/')}",
+    }
+    for name, url in settings.items():
+        if found := url_credential(url):
+            raise ArgoSettingError(
+                f"{name} holds a credential ({found}), which error lines and links would show; "
+                'give the server as host:port and the token in ARGO_TOKEN (e.g. ARGO_TOKEN="$(argo auth token)")'
+            )
     url = server if "://" in server else f"{'https' if secure else 'http'}://{server}"
     href = base_href.strip("/")
     return url.rstrip("/") + "/" + (f"{href}/" if href else "")
@@ -296,7 +324,19 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ArgoServerError(f"{name}={raw!r} is not a number of seconds, e.g. {name}={default:g}") from None
+        raise ArgoSettingError(f"{name}={raw!r} is not a number of seconds, e.g. {name}={default:g}") from None
     if not 0 < value <= 3600:
-        raise ArgoServerError(f"{name}={raw!r} must be between 0 and 3600 seconds, e.g. {name}={default:g}")
+        raise ArgoSettingError(f"{name}={raw!r} must be between 0 and 3600 seconds, e.g. {name}={default:g}")
     return value
+
+
+def _token(raw: str) -> str:
+    """ARGO_TOKEN without surrounding whitespace; refused, never echoed, when a control character is inside it."""
+    token = raw.strip()
+    if printable(token) != token:
+        position = next(i for i, char in enumerate(token) if printable(char) != char)
+        raise ArgoSettingError(
+            f"ARGO_TOKEN holds a control character (a line break?) at position {position}, which no HTTP header "
+            'can carry; set it to the token alone, e.g. ARGO_TOKEN="$(argo auth token)"'
+        )
+    return token

@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 import requests
 
-from eksflow.argo_client import ArgoServer, ArgoServerError, StreamIdleError, workflow_object
+from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError, StreamIdleError, workflow_object
+from eksflow.names import workflow_name_problem
 
 PIPELINE_LABEL = "eksflow.dev/pipeline"  # set on every workflow eksflow renders (eksflow.templates)
 DONE = ("Succeeded", "Failed", "Error")
@@ -342,8 +343,8 @@ def _get(server: ArgoServer, name: str, session: requests.Session | None) -> dic
 
 
 def _workflow_path(server: ArgoServer, name: str) -> str:
-    if not name or "/" in name:
-        raise ArgoServerError(f"{name!r} is not a workflow name; `list` shows the runs")
+    if problem := workflow_name_problem(name):
+        raise ArgoSettingError(problem)
     return f"workflows/{_segment(server.namespace)}/{_segment(name)}"
 
 

@@ -26,6 +26,7 @@ from rich.markup import escape
 from eksflow.config import ConfigError, PipelineConfig, load_config
 from eksflow.pipeline import Pipeline, PipelineError
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
+from eksflow.runtime.shown import shown
 from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
 
 EXIT_FAILED = 1
@@ -152,13 +153,15 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
         print_plan(check(pipeline), Console())
         if args.command == "plan":
             return 0
-        from eksflow.submit import SubmitError, submit
+        from eksflow.submit import ArgoSettingError, SubmitError, submit
 
         rendered = checked_manifest(pipeline)
         try:
             return submit(rendered, args, console)
+        except ArgoSettingError as err:
+            raise ConfigError(str(err)) from None
         except SubmitError as err:
-            console.print(f"[red]submit failed:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+            console.print(f"[red]submit failed:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
             return EXIT_FAILED
     from eksflow.run import run_locally
 
@@ -234,4 +237,4 @@ def check_schedule(cron: str | None, timezone: str | None) -> None:
 
 def _problems(console: Console, label: str, text: str) -> None:
     for line in text.splitlines():
-        console.print(f"[red]{label}:[/red] {escape(line)}", highlight=False, soft_wrap=True)
+        console.print(f"[red]{label}:[/red] {escape(shown(line))}", highlight=False, soft_wrap=True)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from eksflow.pipeline import kind_of
 from eksflow.profiles import PROFILES
 from eksflow.runtime.args import Location, Settings
+from eksflow.runtime.shown import redact, url_setting_problem
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
@@ -74,7 +75,10 @@ class StorageSettings(Settings):
 class MlflowSettings(Settings):
     """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
 
-    tracking_uri: Location = Field("sqlite:////fsx/mlflow/mlflow.db", description="http(s)://server or sqlite:///path")
+    tracking_uri: Location = Field(
+        "sqlite:////fsx/mlflow/mlflow.db",
+        description="http(s)://server or sqlite:///path, without credentials (MLflow reads MLFLOW_TRACKING_TOKEN)",
+    )
     experiment: str = Field(
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
     )
@@ -188,7 +192,7 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
         elif isinstance(e.get("input"), dict) and e["type"] == "value_error":  # a rule across a section's fields
             lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {key}.<field>=<value>")
         else:
-            got = _shorten(repr(e.get("input")))
+            got = _shorten(redact(repr(e.get("input"))))  # a refused URL may hold a password: never echo it
             lines.append(f"{key}: {e['msg']} (got {got}); fix it with --set {key}=<value> or in the --config file")
     return lines
 
@@ -220,7 +224,7 @@ def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
     except yaml.YAMLError as err:
         where = getattr(err, "problem", None) or "not valid YAML"
         raise ConfigError(
-            f"--set {key}: {where} in {_shorten(repr(value))}; quote text, e.g. --set '{key}=\"...\"'"
+            f"--set {key}: {where} in {_shorten(redact(repr(value)))}; quote text, e.g. --set '{key}=\"...\"'"
         ) from None
 
 
@@ -265,6 +269,8 @@ def _text_problems(value: object, key: str = "") -> Iterator[tuple[str, str]]:
             yield key, "holds a NUL character, which no command-line argument can carry; remove it"
         if len(value.encode()) > MAX_TEXT_BYTES:
             yield key, f"{len(value.encode())} bytes of text; at most {MAX_TEXT_BYTES} (put large content in a file)"
+        if problem := url_setting_problem(key, value):
+            yield key, problem
 
 
 def _valid_keys(config_type: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
 from eksflow.pipeline import Pipeline
+from eksflow.runtime.shown import shown
 
 if TYPE_CHECKING:
     from eksflow.local import RunResult
@@ -60,22 +61,24 @@ def execute(
 ) -> int:
     """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
     from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
+    from eksflow.local.runs import run_folder
 
     settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console, "memoize": memoize}
     try:
-        if resume:
-            result = resume_workflow(state_dir / "runs" / resume, manifest=rendered, **settings)
+        if resume is not None:  # `--resume ""` names no run: refused, never a fresh run
+            result = resume_workflow(run_folder(state_dir, resume).path, manifest=rendered, **settings)
         else:
             result = run_workflow(rendered, state_dir, **settings)
     except RunInterrupted as stopped:
         console.print(
-            f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}",
+            shown(f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}"),
+            markup=False,
             highlight=False,
             soft_wrap=True,
         )
         return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
     except LocalExecutorError as err:
-        console.print(f"[red]cannot run locally:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        console.print(f"[red]cannot run locally:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     return print_result(result, console)
 
@@ -89,24 +92,27 @@ def print_result(result: RunResult, console: Console) -> int:
     for key, node in view.nodes.items():
         cached = " (memoized: outputs of an earlier run)" if node.memoization and node.memoization.hit else ""
         console.print(
-            f"[bold]{escape(node.display_name)}[/bold] {node.phase}{cached}"
-            + (f": {escape(node.message)}" if node.message else ""),
+            f"[bold]{escape(shown(node.display_name))}[/bold] {node.phase}{cached}"
+            + (f": {escape(shown(node.message))}" if node.message else ""),
             highlight=False,
         )
         for name, value in view.host_outputs(key).items():
-            shown = value if len(value) <= 160 else value[:157] + "..."
-            console.print(f"    {name} = {escape(shown)}", highlight=False, soft_wrap=True)
+            short = value if len(value) <= 160 else value[:157] + "..."
+            console.print(shown(f"    {name} = {short}"), markup=False, highlight=False, soft_wrap=True)
     colour = "green" if result.phase is Phase.SUCCEEDED else "red"
     console.print(
-        f"\nworkflow {result.name} [{colour}]{result.phase}[/{colour}]  (run folder: {result.run_dir})", soft_wrap=True
+        f"\nworkflow {escape(shown(result.name))} [{colour}]{result.phase}[/{colour}]  "
+        f"(run folder: {escape(shown(str(result.run_dir)))})",
+        soft_wrap=True,
     )
     report = report_path(result.run_dir)
     if report is not None:
-        console.print(f"report: {report}", highlight=False, soft_wrap=True)
+        console.print(shown(f"report: {report}"), markup=False, highlight=False, soft_wrap=True)
     if result.resumable:
-        console.print(f"resume with: --resume {result.name}")
+        console.print(shown(f"resume with: --resume {result.name}"), markup=False, highlight=False)
     elif result.bad_input:
-        console.print(f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run")
+        line = f"{', '.join(result.bad_input)} failed on bad input (exit 2): fix it, then start a new run"
+        console.print(shown(line), markup=False, highlight=False, soft_wrap=True)
     return 0 if result.phase is Phase.SUCCEEDED else EXIT_FAILED
 
 

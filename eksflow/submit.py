@@ -3,7 +3,9 @@
 Connection settings follow the argo CLI: ARGO_SERVER (host:port), ARGO_TOKEN (sent verbatim as the Authorization
 header; a bare token gets the `Bearer ` prefix), ARGO_NAMESPACE, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY and
 ARGO_BASE_HREF, each also a flag of the same name. Every answer other than the created Workflow (an error status,
-HTML from a proxy, `{}`, no answer within the timeouts) ends in one SubmitError line: see eksflow.argo_client.
+HTML from a proxy, `{}`, no answer within the timeouts) ends in one SubmitError line: see eksflow.argo_client; a
+setting that cannot work is an ArgoSettingError (bad input). What the server answers is printed through
+eksflow.runtime.shown: names and messages cannot carry terminal escapes or rich markup, nor show a token.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 import requests
 from rich.console import Console
 
-from eksflow.argo_client import ArgoServer, ArgoServerError, server_url, workflow_object
+from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError, server_url, workflow_object
+from eksflow.runtime.shown import shown
 
-__all__ = ["DONE", "POLL_S", "SubmitError", "server_url", "submit"]
+__all__ = ["DONE", "POLL_S", "ArgoSettingError", "SubmitError", "server_url", "submit"]
 
 DONE = ("Succeeded", "Failed", "Error")
 POLL_S = 5.0
@@ -37,7 +40,8 @@ def submit(manifest: Mapping[str, Any], options: argparse.Namespace, console: Co
         body = {"namespace": namespace, "workflow": dict(manifest)}
         answer = server.call("POST", f"workflows/{namespace}", body=body, session=session)
         name = workflow_object(answer, server.url, "the submission")["metadata"]["name"]
-        console.print(f"submitted {namespace}/{name}: {server.url}workflows/{namespace}/{name}", soft_wrap=True)
+        link = f"{server.url}workflows/{namespace}/{name}"
+        console.print(f"submitted {shown(f'{namespace}/{name}')}: {shown(link)}", markup=False, soft_wrap=True)
         if not options.watch:
             return 0
         seen: dict[str, str] = {}
@@ -50,11 +54,13 @@ def submit(manifest: Mapping[str, Any], options: argparse.Namespace, console: Co
                 if node.get("type") == "Pod" and seen.get(node_id) != node.get("phase"):
                     seen[node_id] = node.get("phase") or ""
                     message = node.get("message")
-                    console.print(f"  {label}: {node.get('phase')}" + (f" ({message})" if message else ""))
+                    line = f"  {label}: {node.get('phase')}" + (f" ({message})" if message else "")
+                    console.print(shown(line), markup=False, highlight=False, soft_wrap=True)
             phase = status.get("phase")
             if phase in DONE:
                 message = status.get("message")
-                console.print(f"workflow {name} {phase}" + (f": {message}" if message else ""))
+                line = f"workflow {name} {phase}" + (f": {message}" if message else "")
+                console.print(shown(line), markup=False, highlight=False, soft_wrap=True)
                 return 0 if phase == "Succeeded" else 1
             time.sleep(POLL_S)
 

@@ -7,7 +7,9 @@
     python pipelines/llama_lora.py resubmit llama-lora-x7k2p
 
 Local runs (in --state-dir) by default; the Argo Server's when ARGO_SERVER is set (or --argo-server is given),
-with the argo CLI's connection settings. Bad input exits 2, a run that fails exits 1, one line each.
+with the argo CLI's connection settings. Bad input exits 2, a run that fails exits 1, one line each. A run name is
+a workflow name (eksflow.names), never a path. Everything printed from a run or a server's answer (names,
+messages, outputs, log lines) goes through eksflow.runtime.shown: no terminal escapes, no rich markup, no token.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from eksflow.config import ConfigError
+from eksflow.runtime.shown import shown
 from eksflow.submit import add_connection_options
 
 EXIT_FAILED = 1
@@ -93,20 +97,20 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
             out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
             view = local.load_run(args.state_dir, args.name)
             out.print(
-                f"[bold]{escape(view.name)}[/bold] {view.phase}" + (f": {escape(view.message)}" if view.message else "")
+                f"[bold]{escape(shown(view.name))}[/bold] {view.phase}"
+                + (f": {escape(shown(view.message))}" if view.message else ""),
+                highlight=False,
             )
-            out.print(f"run folder: {view.run_dir}", highlight=False, soft_wrap=True)
+            out.print(shown(f"run folder: {view.run_dir}"), markup=False, highlight=False, soft_wrap=True)
             for key, node in view.nodes.items():
                 duration = _seconds(_span(node.started_at, node.finished_at))
                 cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
-                out.print(
-                    f"  {escape(node.display_name)}  {node.phase}  {duration}{cached}"
-                    + (f"  {escape(node.message)}" if node.message else ""),
-                    highlight=False,
-                    soft_wrap=True,
+                line = f"  {node.display_name}  {node.phase}  {duration}{cached}" + (
+                    f"  {node.message}" if node.message else ""
                 )
+                out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
                 for name, value in view.host_outputs(key).items():
-                    out.print(f"      {name} = {escape(_short(value))}", highlight=False, soft_wrap=True)
+                    out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
             return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED
         if args.command == "logs":
             return _local_logs(args, console)
@@ -134,14 +138,14 @@ def _local_logs(args: argparse.Namespace, console: Console) -> int:
             lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
         prefix = f"{task}: " if not args.task else ""
         for line in lines:
-            sys.stdout.write(f"{prefix}{line}\n")
+            sys.stdout.write(shown(f"{prefix}{line}") + "\n")
             sys.stdout.flush()
     return 0
 
 
 def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], console: Console) -> int:
     from eksflow import argo_server
-    from eksflow.argo_client import ArgoServer, ArgoServerError
+    from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError
 
     try:
         server = ArgoServer.from_options(args)
@@ -156,30 +160,33 @@ def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str],
         if args.command == "get":
             out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
             detail = argo_server.get_workflow(server, args.name)
-            out.print(f"[bold]{escape(detail.summary.name)}[/bold] {detail.summary.phase}", highlight=False)
+            out.print(
+                f"[bold]{escape(shown(detail.summary.name))}[/bold] {escape(shown(detail.summary.phase))}",
+                highlight=False,
+            )
             for task in detail.tasks:
-                out.print(
-                    f"  {escape(task.name)}  {task.phase}  {_seconds(_span(task.started, task.finished))}"
-                    + (f"  {escape(task.message)}" if task.message else ""),
-                    highlight=False,
-                    soft_wrap=True,
+                line = f"  {task.name}  {task.phase}  {_seconds(_span(task.started, task.finished))}" + (
+                    f"  {task.message}" if task.message else ""
                 )
+                out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
                 for name, value in task.outputs.items():
-                    out.print(f"      {name} = {escape(_short(value))}", highlight=False, soft_wrap=True)
+                    out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
             return 0 if detail.summary.phase == "Succeeded" else EXIT_FAILED
         if args.command == "logs":
-            for line in argo_server.workflow_logs(server, args.name, args.task, follow=args.follow):
-                sys.stdout.write(f"{line.task}: {line.content}\n" if not args.task else f"{line.content}\n")
+            for entry in argo_server.workflow_logs(server, args.name, args.task, follow=args.follow):
+                sys.stdout.write(shown(f"{entry.task}: {entry.content}" if not args.task else entry.content) + "\n")
                 sys.stdout.flush()
             return 0
         if args.command == "retry":
             argo_server.retry_workflow(server, args.name, parameters)
         else:
             argo_server.resubmit_workflow(server, args.name, parameters)
-        console.print(f"{args.command}: {args.name} sent to {server.url}", highlight=False)
+        console.print(shown(f"{args.command}: {args.name} sent to {server.url}"), markup=False, highlight=False)
         return 0
+    except ArgoSettingError as err:
+        raise ConfigError(str(err)) from None
     except ArgoServerError as err:
-        console.print(f"[red]{args.command} failed:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        console.print(f"[red]{args.command} failed:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
         return EXIT_FAILED
 
 
@@ -189,7 +196,7 @@ def _table(console: Console, header: list[str], rows: Iterable[list[str]]) -> No
     for column in table.columns:
         column.no_wrap = True
     for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
+        table.add_row(*(Text(shown(cell)) for cell in row))
     out = Console()
     if not out.is_terminal:
         out = Console(width=1000)

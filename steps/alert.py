@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from eksflow.runtime.args import StepArgs, StepFailedError, run_step
+from eksflow.runtime.shown import printable
 
 
 class Args(StepArgs):
@@ -27,8 +28,8 @@ class Outputs(BaseModel):
 
 
 def run(args: Args) -> Outputs:
-    """Fail with the message."""
-    raise StepFailedError(args.message)
+    """Fail with the message, as one line: a line break in it would print a second, forged `error:` line."""
+    raise StepFailedError(printable(args.message))
 
 
 def main(argv: list[str] | None = None) -> int:

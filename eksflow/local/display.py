@@ -1,4 +1,8 @@
-"""What a local run shows: a live table of task phases on a terminal, one plain line per phase change elsewhere."""
+"""What a local run shows: a live table of task phases on a terminal, one plain line per phase change elsewhere.
+
+Task names, messages, progress and log lines are a step's text: each is shown as rich Text (never markup) through
+eksflow.runtime.shown, so a message cannot move the cursor, retitle the terminal or style itself.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from rich.text import Text
 
 from eksflow.local.phase import Phase
 from eksflow.local.status import NodeStatus, NodeType, parse_time
+from eksflow.runtime.shown import shown
 
 LOG_TAIL_LINES = 20
 _PHASE_STYLES = {
@@ -130,12 +135,12 @@ class TaskDisplay:
         by_key = {node.name: node for node in nodes}
         for depth, node in in_tree_order(nodes):
             table.add_row(
-                "  " * depth + node.display_name,
+                Text("  " * depth + shown(node.display_name)),
                 Text(str(node.phase), style=_PHASE_STYLES.get(node.phase, "")),
-                progress_text(node, by_key),
+                Text(shown(progress_text(node, by_key))),
                 node_duration(node),
                 str(node.retries) if node.retries else "",
-                Text(_short(message_text(node))),
+                Text(shown(_short(message_text(node)))),
             )
         return table
 
@@ -154,13 +159,13 @@ class TaskDisplay:
             if tail:
                 self._print(f"--- last {len(tail)} lines of {node.log} ---")
                 for text in tail:
-                    self._print(Text(text, style="dim"))
+                    self._print(text, style="dim")
 
     def note(self, text: str) -> None:
         """Print a line that is not about one task (workflow start and end)."""
         self._print(text)
 
-    def _print(self, line: str | Text) -> None:
+    def _print(self, line: str, style: str = "") -> None:
         # After SIGHUP the terminal may be gone; the run must still stop cleanly and record its status.
         with contextlib.suppress(OSError):
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.console.print(Text(shown(line), style=style), highlight=False, soft_wrap=True)

@@ -29,6 +29,7 @@ from eksflow.local.parse_templates import (
     parse_volumes,
 )
 from eksflow.local.substitution import TASK_REFERENCE
+from eksflow.names import generate_name_problem, workflow_name_problem
 
 # Keys that only shape scheduling or security on a cluster; a local process has nothing to apply them to.
 _CLUSTER_ONLY_SPEC = frozenset({
@@ -51,6 +52,9 @@ def parse_manifest(manifest: Mapping[str, Any]) -> Workflow:
     generate_name = fields.optional_text(metadata, "generateName", "metadata")
     if not name and not generate_name:
         raise LocalExecutorError("metadata.name or metadata.generateName is required")
+    # the run's folder is named after it: only names the verbs accept (eksflow.names) are ever made
+    if problem := workflow_name_problem(name) if name else generate_name_problem(generate_name or ""):
+        raise LocalExecutorError(f"metadata: {problem}")
     labels = {str(k): str(v) for k, v in fields.mapping(metadata.get("labels"), "metadata.labels").items()}
     spec = fields.mapping(manifest.get("spec"), "spec")
     used = {"entrypoint", "arguments", "templates", "onExit", "parallelism", "activeDeadlineSeconds", "volumes"}

@@ -31,6 +31,8 @@ from eksflow.local.paths import PathMap
 from eksflow.local.phase import Phase
 from eksflow.local.rundir import RunFolder
 from eksflow.local.status import NodeStatus, RunResult, now, parse_time, read_nodes, read_parameters
+from eksflow.names import workflow_name_problem
+from eksflow.runtime.shown import shown
 
 PIPELINE_LABEL = "eksflow.dev/pipeline"
 RESUBMITTED_FROM = "workflows.argoproj.io/resubmitted-from-workflow"  # the label `argo resubmit` sets
@@ -84,7 +86,9 @@ def runs_dir(state_dir: Path) -> Path:
 
 
 def run_folder(state_dir: Path, name: str) -> RunFolder:
-    """The folder of run `name`; LocalExecutorError naming the runs there if there is none."""
+    """The folder of run `name`; LocalExecutorError if `name` is no run name or there is no such run."""
+    if problem := workflow_name_problem(name):  # a name, never a path: `../x` or `/abs` would leave runs_dir
+        raise LocalExecutorError(problem)
     folder = RunFolder(runs_dir(state_dir) / name)
     if not (folder.status.exists() and folder.manifest.exists()):
         known = sorted(p.name for p in runs_dir(state_dir).glob("*") if (p / "status.json").exists())
@@ -186,7 +190,8 @@ def find_node(view: RunView, task: str) -> str:
         return matches[0]
     known = ", ".join(view.nodes) or "none"
     what = "several nodes" if matches else "no node"
-    raise LocalExecutorError(f"{what} of run {view.name!r} is called {task!r}; give one of: {known}")
+    asked = repr(task) if len(task) <= 60 else f"{task[:60]!r}... ({len(task)} characters)"
+    raise LocalExecutorError(f"{what} of run {view.name!r} is called {asked}; give one of: {known}")
 
 
 def task_log(state_dir: Path, name: str, task: str) -> Path:
@@ -291,7 +296,8 @@ def resume_workflow(
         stopped = process.stop_orphans(sorted(orphans))
         if console is not None and stopped:
             pids = ", ".join(f"{pid} ({orphans[pid]})" for pid in stopped)
-            console.print(f"stopped task processes the previous executor left running: {pids}", highlight=False)
+            line = f"stopped task processes the previous executor left running: {pids}"
+            console.print(shown(line), markup=False, highlight=False)
     saved, document = folder.read()
     saved_parameters = read_parameters(document)
     changes = changed_inputs(saved, saved_parameters, manifest, parameters)

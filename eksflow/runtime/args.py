@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.fields import FieldInfo
 
 from eksflow.runtime.outputs import write_outputs
+from eksflow.runtime.shown import shown
 
 EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
 EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
@@ -127,13 +128,13 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
         outputs = run(args)
     except ValidationError as err:
         for line in _error_lines(err):
-            print(f"error: {line}", file=sys.stderr)
+            _print_error(line)
         return EXIT_BAD_INPUT
     except StepInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        _print_error(str(err))
         return EXIT_BAD_INPUT
     except StepFailedError as err:
-        print(f"error: {err}", file=sys.stderr)
+        _print_error(str(err))
         return EXIT_FAILED
     write_outputs(args.outputs_dir, outputs)
     return 0
@@ -191,6 +192,11 @@ def _default(field: FieldInfo) -> str:
         return "default computed at run time"
     text = encode(value)
     return f"default {text!r}" if len(text) <= 200 else f"default {text[:197]!r}..."
+
+
+def _print_error(text: str) -> None:
+    """`error: <text>` on stderr, each line through `shown` (a report's lines stay lines; nothing else acts)."""
+    print("error: " + "\n".join(shown(line) for line in text.split("\n")), file=sys.stderr)
 
 
 def _error_lines(err: ValidationError) -> list[str]:

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eksflow.runtime.args import StepFailedError
+from eksflow.runtime.args import StepFailedError, StepInputError
+from eksflow.runtime.shown import shown, url_setting_problem
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -82,6 +83,8 @@ def configure(tracking_uri: str) -> None:
     """Point MLflow's tracking and registry at `tracking_uri`, with bounded client retries and timeouts."""
     import mlflow
 
+    if problem := url_setting_problem("tracking_uri", tracking_uri):  # the config refuses it; argv may still carry it
+        raise StepInputError(f"--tracking-uri {problem}")
     for name, value in CLIENT_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     db = sqlite_path(tracking_uri)
@@ -341,4 +344,4 @@ def _first_line(err: BaseException) -> str:
 
 
 def _warn(what: str, err: BaseException) -> None:
-    print(f"warning: {what}: {_first_line(err)}", file=sys.stderr, flush=True)
+    print(shown(f"warning: {what}: {_first_line(err)}"), file=sys.stderr, flush=True)

@@ -203,3 +203,112 @@ def test_the_cli_exits_1_with_one_line(fake, capsys, reply, expected):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("submit failed:") and expected in err
+
+
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXBheWxvYWQ.c2lnbmF0dXJl"  # a service-account-token-shaped secret
+
+
+def _echo_authorization(status: int, content_type: str):
+    """A server that repeats the request's Authorization header in its answer, as some proxies' error pages do."""
+
+    def reply(request):
+        header = request.headers.get("Authorization", "")
+        if content_type == "application/json":
+            return Reply(status, {"code": 16, "message": f"token rejected: Authorization: {header}"})
+        return Reply(
+            status, f"<html><p>denied for {header}</p><pre>{request.headers}</pre></html>".encode(), content_type
+        )
+
+    return reply
+
+
+@pytest.mark.parametrize("token", [TOKEN, f"Bearer {TOKEN}"], ids=["bare", "with-scheme"])
+@pytest.mark.parametrize(
+    ("status", "content_type"),
+    [(401, "application/json"), (500, "text/html"), (200, "text/html"), (302, "text/plain")],
+    ids=["401-json", "500-html", "200-html", "302-text"],
+)
+def test_a_server_echoing_the_authorization_header_never_prints_the_token(
+    fake, capsys, monkeypatch, token, status, content_type
+):
+    monkeypatch.setenv("ARGO_TOKEN", token)
+    fake.route(*CREATE, _echo_authorization(status, content_type))
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, ["submit", "--argo-server", fake.address, "--no-secure"])
+    out, err = capsys.readouterr()
+    assert fake.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"  # it was sent, and echoed
+    assert exit_info.value.code == 1
+    assert len(err.strip().splitlines()) == 1 and err.startswith("submit failed:")
+    for part in TOKEN.split("."):
+        assert part not in out + err
+
+
+def test_a_workflow_answer_echoing_the_token_in_node_messages_never_prints_it(fake, capsys, monkeypatch):
+    monkeypatch.setenv("ARGO_TOKEN", TOKEN)
+    nodes = {"n1": {"id": "n1", "displayName": "train", "type": "Pod", "phase": "Failed", "message": f"sent {TOKEN}"}}
+    fake.route(*CREATE, Reply(200, workflow("llama-lora-x7k2p", "Running")))
+    fake.route(
+        "GET",
+        "/api/v1/workflows/argo/llama-lora-x7k2p",
+        Reply(200, workflow("llama-lora-x7k2p", "Failed", message=f"Bearer {TOKEN}", nodes=nodes)),
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, ["submit", "--argo-server", fake.address, "--no-secure", "--watch"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 1
+    assert "train: Failed (sent ***)" in err
+    assert TOKEN not in out + err
+
+
+@pytest.mark.parametrize(
+    "token",
+    [f"{TOKEN}\nX-Injected: 1", f"Bearer {TOKEN}\r\nX-Injected: 1", f"{TOKEN}\x1b[2J", f"a\x7f{TOKEN}"],
+    ids=["newline", "crlf", "escape", "del"],
+)
+def test_a_token_holding_a_control_character_is_refused_unprinted(fake, capsys, monkeypatch, token):
+    monkeypatch.setenv("ARGO_TOKEN", token)
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, ["submit", "--argo-server", fake.address, "--no-secure"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert err.startswith("config error: ARGO_TOKEN holds a control character") and len(err.splitlines()) == 1
+    assert fake.requests == []
+    for part in TOKEN.split("."):
+        assert part not in out + err
+
+
+def test_a_token_read_whole_from_a_file_is_sent_without_its_line_break(fake, monkeypatch):
+    monkeypatch.setenv("ARGO_TOKEN", f"Bearer {TOKEN}\n")
+    fake.route(*CREATE, Reply(200, workflow("llama-lora-x7k2p")))
+    assert submit(MANIFEST, options(fake.address), Console(stderr=True)) == 0
+    assert fake.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+CREDENTIAL_SETTINGS = {
+    "server-userinfo": ({"ARGO_SERVER": "admin:hunter22@{address}"}, "ARGO_SERVER (--argo-server)"),
+    "server-url-userinfo": ({"ARGO_SERVER": "http://admin:hunter22@{address}"}, "ARGO_SERVER (--argo-server)"),
+    "server-token-query": ({"ARGO_SERVER": "http://{address}/?token=hunter22"}, "ARGO_SERVER (--argo-server)"),
+    "base-href-query": (
+        {"ARGO_SERVER": "{address}", "ARGO_BASE_HREF": "/argo/?access_token=hunter22"},
+        "ARGO_BASE_HREF (--argo-base-href)",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", [["submit"], ["list"], ["get", "llama-lora-x7k2p"]], ids=lambda c: c[0])
+@pytest.mark.parametrize(("settings", "named"), CREDENTIAL_SETTINGS.values(), ids=CREDENTIAL_SETTINGS.keys())
+def test_a_credential_in_the_server_settings_is_refused_in_one_line(
+    fake, capsys, monkeypatch, command, settings, named
+):
+    monkeypatch.setenv("ARGO_SECURE", "false")
+    monkeypatch.setenv("ARGO_TOKEN", TOKEN)
+    for variable, value in settings.items():
+        monkeypatch.setenv(variable, value.format(address=fake.address))
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, command)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert err.startswith(f"config error: {named} holds a credential") and len(err.splitlines()) == 1
+    assert "ARGO_TOKEN" in err
+    assert "hunter22" not in out + err and TOKEN not in out + err
+    assert fake.requests == []  # nothing sent, so no Basic auth in place of the token

@@ -109,7 +109,7 @@ def test_missing_server_is_explained(monkeypatch, capsys):
     monkeypatch.delenv("ARGO_SERVER", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         main(build, ["submit"])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2  # a setting that cannot work is bad input, like a bad config
     assert "ARGO_SERVER" in capsys.readouterr().err
 
 

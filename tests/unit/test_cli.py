@@ -1,5 +1,6 @@
 """The pipeline CLI as users meet it: every bad input is one line and exit 2, `config` round-trips, no tracebacks."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -7,6 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from eksflow.cli import config_type, main
+from eksflow.config_docs import rows
+from pipelines.llama_lora import build as flagship_build
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGSHIP = ROOT / "pipelines" / "llama_lora.py"
@@ -79,3 +84,41 @@ def test_config_lists_keys_and_gives_a_json_schema():
     assert "| train.learning_rate | float | 0.001 | peak learning rate |" in keys.stdout.splitlines()
     schema = json.loads(cli("config", "--schema").stdout)
     assert "train" in schema["properties"] and schema["additionalProperties"] is False
+
+
+def in_process(build, capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, list(argv))
+    out, err = capsys.readouterr()
+    return int(exit_info.value.code or 0), out, err
+
+
+def test_a_password_in_the_tracking_uri_is_refused_naming_the_supported_way(capsys):
+    code, out, err = in_process(
+        flagship_build, capsys, "render", "--set", "mlflow.tracking_uri=https://user:hunter22@host"
+    )
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("config error: mlflow.tracking_uri: holds a credential")
+    assert "MLFLOW_TRACKING_TOKEN" in err and "hunter22" not in out + err
+
+
+CREDENTIAL_URLS = {
+    "userinfo": "https://admin:hunter22@host.example.com/x",
+    "token-query": "https://host.example.com/x?access_token=hunter22",
+    "presigned": "s3://bucket/data.jsonl?X-Amz-Signature=hunter22&X-Amz-Credential=AKIA",
+}
+
+
+@pytest.mark.parametrize("url", CREDENTIAL_URLS.values(), ids=CREDENTIAL_URLS.keys())
+@pytest.mark.parametrize("pipeline", ["llama_lora", "lora_sweep", "champion_check"])
+def test_no_text_setting_of_any_pipeline_takes_a_credential_in_a_url(capsys, pipeline, url):
+    build = importlib.import_module(f"pipelines.{pipeline}").build
+    for key, kind, _, _ in rows(config_type(build)):
+        if kind not in ("str", "location"):
+            continue
+        code, out, err = in_process(build, capsys, "render", "--set", f"{key}={url}")
+        assert code == 2, f"{pipeline} {key} accepted {url}"
+        section, _, field = key.rpartition(".")
+        named = err.startswith(f"config error: {key}") or (err.startswith(f"config error: {section}:") and field in err)
+        assert len(err.splitlines()) == 1 and named, err
+        assert "hunter22" not in out + err
