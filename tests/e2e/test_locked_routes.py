@@ -15,6 +15,7 @@ import ast
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,7 @@ def app_routes(engine: SharedEngine) -> set[tuple[str, str]]:
 
 def test_every_route_of_the_real_engine_refuses_a_request_without_the_key(shared_engine):
     base = shared_engine.url  # it generates with the key (wait_ready sends it)
+    started = time.monotonic()  # what this test adds to a session whose engine already runs
     key = shared_engine.api_key
     schema = requests.get(f"{base}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=30)
     assert schema.status_code == 200
@@ -78,4 +80,4 @@ def test_every_route_of_the_real_engine_refuses_a_request_without_the_key(shared
     assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, api_key=key, max_tokens=2).ok
     assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, max_tokens=2).status == 401
     assert vllm.base_model_card(base, api_key=key) is not None
-    print(f"\n{len(routes)} routes; open without the key: {sorted(OPEN)}")
+    print(f"\n{len(routes)} routes refused without the key but {sorted(OPEN)}; {time.monotonic() - started:.1f} s")
