@@ -27,6 +27,7 @@ import os
 import re
 import secrets
 import shlex
+import stat
 import sys
 from pathlib import Path
 
@@ -50,7 +51,9 @@ class Args(vllm.EngineSettings, StepArgs):
     )
     alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")
     version: str = Field("", pattern=r"^([1-9][0-9]*)?$", description="version number; overrides --alias")
-    host: str = Field("127.0.0.1", description="listen address; 0.0.0.0 exposes the server to the network")
+    host: str = Field(
+        "127.0.0.1", description="listen address, an IP or a host name; 0.0.0.0 exposes the server to the network"
+    )
     port: int = Field(8000, ge=1, le=65535, description="listen port")
     serve_dir: Path = Field(
         Path.home() / ".cache" / "eksflow" / "serve", description="folder registered adapters are downloaded into"
@@ -126,13 +129,17 @@ def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
 
 
 def api_key(serve_dir: Path) -> str:
-    """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`."""
+    """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`.
+
+    A key file that others could read (group or other permission bits) is replaced: that key may have leaked.
+    """
     path = serve_dir / KEY_FILE
     if path.is_file():
-        path.chmod(0o600)  # a copy made readable by others is tightened, not trusted as is
         key = path.read_text(encoding="utf-8").strip()
-        if key:
+        if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
             return key
+        if key:
+            print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
         path.unlink()
     serve_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(32)

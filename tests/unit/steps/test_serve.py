@@ -32,13 +32,14 @@ def test_a_bad_host_exits_2_with_one_line_before_anything_runs(tmp_path, capsys,
     assert list(tmp_path.iterdir()) == []  # no registry opened, no key made, no engine started
 
 
-def test_the_key_is_made_once_kept_0600_and_reused(tmp_path):
+def test_the_key_is_made_once_kept_0600_reused_and_replaced_if_others_could_read_it(tmp_path):
     key = serve.api_key(tmp_path / "serve")
     path = tmp_path / "serve" / serve.KEY_FILE
     assert len(key) >= 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert serve.api_key(tmp_path / "serve") == key  # a restart keeps the key clients were given
-    path.chmod(0o644)
-    assert serve.api_key(tmp_path / "serve") == key and stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.chmod(0o644)  # readable by others: it may have leaked
+    replaced = serve.api_key(tmp_path / "serve")
+    assert replaced != key and stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_the_curl_line_sends_the_key():
