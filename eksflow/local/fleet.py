@@ -23,7 +23,7 @@ the executor creates with the run and stops when the run ends. The fleet does he
   route.
 - $EKSFLOW_VLLM_URL (an engine already running on this machine, e.g. a test session's): the vLLM Deployment
   adopts it instead of starting a second engine, after checking that it serves the same base model folder with
-  runtime LoRA loading; it is not stopped with the run. Its API key, if any, is $EKSFLOW_VLLM_API_KEY.
+  runtime LoRA loading; it is not stopped with the run. Its API key is $EKSFLOW_VLLM_API_KEY.
 - Secrets: each key a Deployment reads (env secretKeyRef) gets a random value for the run, written as a file to
   the run volume named after the Secret, which is where a step mounting that Secret (a volume of the same name)
   reads it; DATABASE_URL is left out. The files are deleted when the fleet stops.
