@@ -69,8 +69,8 @@ class Args(vllm.EngineSettings, StepArgs):
             labels = host.split(".")
             if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
                 raise ValueError(
-                    f"{host[:80]!r} is neither an IP address nor a host name (RFC 1123: dot-separated labels of "
-                    "letters, digits and inner hyphens, 63 characters each); e.g. --host=127.0.0.1"
+                    "neither an IP address nor a host name (RFC 1123: dot-separated labels of letters, digits and "
+                    "inner hyphens, 63 characters each); e.g. --host=127.0.0.1"
                 ) from None
         return host
 
