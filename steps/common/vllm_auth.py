@@ -45,8 +45,9 @@ class RequireKey:
         key = os.environ.get(KEY_ENV, "")
         if not key:
             raise KeyMissingError(
-                f"{KEY_ENV} is empty, so every route of this vLLM server would answer anyone; set it (the serving "
-                f"Secret's vllm-api-key in the cluster) or start the engine without --middleware={MIDDLEWARE}"
+                f"{KEY_ENV} is empty, so every route of this vLLM server would answer anyone: set it in the "
+                "engine's environment (in the cluster: the serving Secret's vllm-api-key; make serve and the local "
+                "fleet make one)"
             )
         self.app = app
         self._digest = hashlib.sha256(key.encode()).digest()
