@@ -92,7 +92,7 @@ docs: $(STAMP) ## regenerate docs/configuration.md from the pipelines' config mo
 check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh render (CI)
 	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed
 
-serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL) (after a successful `make run`)
+serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL), keyed (.eksflow/serve/api-key; after `make run`)
 	$(BIN)/python -m steps.serve --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
 

@@ -7,7 +7,8 @@ OpenAI-compatible chat API on 127.0.0.1; one server runs at a time (two engines 
 alternating per round so drift on a shared machine hits both alike:
     vllm           `python -m vllm.entrypoints.openai.api_server` from .venv-vllm with the fleet's flags
                    (steps.common.vllm.engine_args: --enforce-eager, bfloat16 on CPU, LoRA enabled); it binds its
-                   compute to one core and keeps the other for its API server
+                   compute to one core and keeps the other for its API server; every route asks for a key
+                   (steps.common.vllm_auth), one made for the bench and sent with every request
     transformers   `transformers serve <folder>` from .venv (transformers[serving]) with OMP_NUM_THREADS=1: one
                    compute thread, like vLLM's one bound core
 For each server and round it measures the time from process start to the first answer (the model load included),
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -36,6 +38,10 @@ sys.path.insert(0, str(REPO))
 
 from steps.common import vllm  # noqa: E402  (bench scripts run from a checkout, like the steps)
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
+from steps.common.vllm_auth import KEY_ENV  # noqa: E402
+
+KEY = secrets.token_urlsafe(32)  # the vLLM engine's, for this bench's lifetime
+HEADERS = {"Authorization": f"Bearer {KEY}"}  # transformers serve ignores it
 
 SERVERS = ("vllm", "transformers")
 
@@ -52,7 +58,10 @@ def command(kind: str, model_dir: Path, port: int) -> tuple[list[str], dict[str,
     if kind == "vllm":
         settings = vllm.EngineSettings()
         args = [*vllm.engine_args(str(model_dir), "base", port, settings), "--host=127.0.0.1"]
-        return [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args], vllm.engine_env(settings, cpu=True)
+        return [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args], {
+            **vllm.engine_process_env(vllm.engine_env(settings, cpu=True)),
+            KEY_ENV: KEY,
+        }
     cli = str(Path(sys.executable).with_name("transformers"))
     return [cli, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)], {"OMP_NUM_THREADS": "1"}
 
@@ -61,7 +70,7 @@ def served_model(base_url: str) -> str:
     """The model id the server answers to (transformers serve names it by the folder's path)."""
     import requests
 
-    return str(requests.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"])
+    return str(requests.get(f"{base_url}/v1/models", headers=HEADERS, timeout=30).json()["data"][0]["id"])
 
 
 def ask(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
@@ -75,7 +84,7 @@ def ask(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
         "max_tokens": max_tokens,
     }
     try:
-        response = requests.post(f"{base_url}/v1/chat/completions", json=request, timeout=600)
+        response = requests.post(f"{base_url}/v1/chat/completions", json=request, headers=HEADERS, timeout=600)
         return int(response.json()["usage"]["completion_tokens"]) if response.status_code == 200 else 0
     except (requests.RequestException, ValueError, KeyError, TypeError):
         return 0

@@ -106,9 +106,10 @@ def _run(args: Args) -> Outputs:
 
 def _retire(args: Args, name: str) -> None:
     """Drain the former champion's adapter and unload it (the slot holds no traffic: its weight is 0)."""
-    if not vllm.drain(args.vllm_url, name, timeout_s=args.drain_timeout_s):
+    key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
+    if not vllm.drain(args.vllm_url, name, api_key=key, timeout_s=args.drain_timeout_s):
         rollout.log(f"warning: {name} still had requests after {args.drain_timeout_s} s; unloading it anyway")
-    vllm.unload_adapter(args.vllm_url, name, api_key=rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE))
+    vllm.unload_adapter(args.vllm_url, name, api_key=key)
     rollout.log(f"former champion's adapter {name} drained and unloaded")
 
 

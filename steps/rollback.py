@@ -97,7 +97,7 @@ def _reroute(args: Args, restored: str, bad: str) -> None:
     rollout.tag_version(args.tracking_uri, args.model_name, restored, {rollout.SLOT_TAG: slot})
     if bad_slot is not None:
         bad_name = litellm_proxy.slot_id(args.model_name, bad_slot)
-        vllm.drain(args.vllm_url, bad_name, timeout_s=args.drain_timeout_s)
+        vllm.drain(args.vllm_url, bad_name, api_key=key, timeout_s=args.drain_timeout_s)
         vllm.unload_adapter(args.vllm_url, bad_name, api_key=key)
     rollout.log(f"v{restored} serves all of {args.model_name!r} from {name}")
 

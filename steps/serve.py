@@ -10,6 +10,10 @@ under the registered model's name, so a request for model "llama-lora" answers w
 model answers as "<name>-base". The adapter is checked (rank, base model) before the engine starts: bad input
 exits 2 without starting anything.
 
+Every route asks for the API key (steps/common/vllm_auth.py), runtime LoRA loading included: the key is made once
+(`secrets.token_urlsafe`), kept in <serve dir>/api-key (mode 0600, reused at every start), given to the engine in
+its environment (never argv) and shown in the curl line. `--host` is an IP address or an RFC 1123 host name.
+
 Outputs (one file each under --outputs-dir, when the server stops):
     endpoint        the chat completions URL that was served
     model_version   the version that was served
@@ -17,18 +21,25 @@ Outputs (one file each under --outputs-dir, when the server stops):
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import re
+import secrets
 import shlex
+import stat
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
-from steps.common import rollout, tracking, vllm
+from steps.common import rollout, tracking, vllm, vllm_auth
 from steps.common.base_model import default_cache_dir, resolve_model
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
+KEY_FILE = "api-key"  # in --serve-dir: the engine's key, reused across restarts
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123: digits may lead
 
 
 class Args(vllm.EngineSettings, StepArgs):
@@ -40,12 +51,28 @@ class Args(vllm.EngineSettings, StepArgs):
     )
     alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")
     version: str = Field("", pattern=r"^([1-9][0-9]*)?$", description="version number; overrides --alias")
-    host: str = Field("127.0.0.1", description="listen address; 0.0.0.0 exposes the server to the network")
+    host: str = Field(
+        "127.0.0.1", description="listen address, an IP or a host name; 0.0.0.0 exposes the server to the network"
+    )
     port: int = Field(8000, ge=1, le=65535, description="listen port")
     serve_dir: Path = Field(
         Path.home() / ".cache" / "eksflow" / "serve", description="folder registered adapters are downloaded into"
     )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are converted")
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, host: str) -> str:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            labels = host.split(".")
+            if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+                raise ValueError(
+                    "neither an IP address nor a host name (RFC 1123: dot-separated labels of letters, digits and "
+                    "inner hyphens, 63 characters each); e.g. --host=127.0.0.1"
+                ) from None
+        return host
 
 
 class Outputs(BaseModel):
@@ -70,11 +97,18 @@ def run(args: Args) -> Outputs:
         f"--lora-modules={args.model_name}={adapter}",
     ]
     log_path = args.serve_dir / f"vllm-{args.model_name}-v{version}.log"
-    base_url = f"http://{args.host}:{args.port}"
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
+    base_url = f"http://{host}:{args.port}"
+    key = api_key(args.serve_dir)
+    env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
     print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
-    with vllm.engine(engine_args, vllm.engine_env(args, cpu=True), log_path=log_path) as process:
-        vllm.wait_ready(base_url, args.model_name, timeout_s=args.startup_timeout_s, process=process, log_path=log_path)
-        print(usage(base_url, args.model_name), flush=True)
+    with vllm.engine(engine_args, env, log_path=log_path) as process:
+        vllm.wait_ready(
+            base_url, args.model_name, api_key=key, timeout_s=args.startup_timeout_s, process=process,
+            log_path=log_path,
+        )  # fmt: skip
+        print(usage(base_url, args.model_name, key), flush=True)
+        print(f"the API key is in {args.serve_dir / KEY_FILE}", file=sys.stderr)
         try:
             code = process.wait()
         except KeyboardInterrupt:
@@ -94,8 +128,29 @@ def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
     return str(found.version)
 
 
-def usage(base_url: str, model: str) -> str:
-    """The URL and a curl command that talks to the served adapter."""
+def api_key(serve_dir: Path) -> str:
+    """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`.
+
+    A key file that others could read (group or other permission bits) is replaced: that key may have leaked.
+    """
+    path = serve_dir / KEY_FILE
+    if path.is_file():
+        key = path.read_text(encoding="utf-8").strip()
+        if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
+            return key
+        if key:
+            print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
+        path.unlink()
+    serve_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    return key
+
+
+def usage(base_url: str, model: str, key: str) -> str:
+    """The URL and a curl command, with the key, that talks to the served adapter."""
     request = {
         "model": model,
         "messages": [
@@ -109,7 +164,8 @@ def usage(base_url: str, model: str) -> str:
         "temperature": 0,
     }
     url = f"{base_url}/v1/chat/completions"
-    curl = f"curl -s {url} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(request))}"
+    auth = shlex.quote(f"Authorization: Bearer {key}")
+    curl = f"curl -s {url} -H {auth} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(request))}"
     return f"serving {model} at {base_url} with vLLM (OpenAI-compatible; Ctrl-C stops)\n\n  {curl}\n"
 
 

@@ -18,9 +18,12 @@ the executor creates with the run and stops when the run ends. The fleet does he
   it allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>; free
   text is never rewritten.
 - v1 ConfigMap: its data, for the Deployment that mounts it. policy/v1 PodDisruptionBudget: nothing to protect.
+- networking.k8s.io/v1 NetworkPolicy: recorded (`policies`, and its spec in logs/fleet-<name>.log), not enforced:
+  that takes the cluster's CNI. Here every process listens on 127.0.0.1 only, and vLLM asks for its key on every
+  route.
 - $EKSFLOW_VLLM_URL (an engine already running on this machine, e.g. a test session's): the vLLM Deployment
   adopts it instead of starting a second engine, after checking that it serves the same base model folder with
-  runtime LoRA loading; it is not stopped with the run. Its API key, if any, is $EKSFLOW_VLLM_API_KEY.
+  runtime LoRA loading; it is not stopped with the run. Its API key is $EKSFLOW_VLLM_API_KEY.
 - Secrets: each key a Deployment reads (env secretKeyRef) gets a random value for the run, written as a file to
   the run volume named after the Secret, which is where a step mounting that Secret (a volume of the same name)
   reads it; DATABASE_URL is left out. The files are deleted when the fleet stops.
@@ -59,7 +62,13 @@ from eksflow.local.resources import LocalJob, ResourceError
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
 
-FLEET_KINDS = {("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"), ("policy/v1", "PodDisruptionBudget")}
+FLEET_KINDS = {
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+}
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 ROUTES_FILE_ENV = "EKSFLOW_ROUTES_FILE"
 CALLBACK = Path(__file__).with_name("litellm_routes.py")
@@ -119,6 +128,7 @@ class LocalFleet:
     _processes: dict[str, _Process] = field(default_factory=dict)
     _services: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)  # name -> (port, selector)
     _config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # NetworkPolicies applied, by name
     _secrets: dict[tuple[str, str], str] = field(default_factory=dict)  # (Secret, key) -> this run's value
     _engine_port: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -147,6 +157,17 @@ class LocalFleet:
                 return f"Service {name}:{port}: a local address, http://127.0.0.1:<port of the process it selects>"
             if kind == "PodDisruptionBudget":
                 return f"PodDisruptionBudget {name}: no evictions happen on this machine; nothing to protect"
+            if kind == "NetworkPolicy":
+                self.policies[name] = dict(manifest)
+                note = (
+                    f"NetworkPolicy {name}: recorded, not enforced here (enforcing it needs the cluster's CNI); "
+                    "the fleet listens on 127.0.0.1 only and vLLM asks for its key on every route"
+                )
+                log = self.run_dir / "logs" / f"fleet-{name}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a", encoding="utf-8") as out:
+                    out.write(f"{note}\n{json.dumps(manifest.get('spec') or {}, sort_keys=True)}\n")
+                return note
             if name in self._processes and self._processes[name].alive():
                 return f"Deployment {name} is already running here: unchanged"
             process = self._start(manifest, name, where)

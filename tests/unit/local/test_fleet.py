@@ -111,3 +111,15 @@ def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():
     again = restarted(parse_manifest(rendered()))
     assert {"vllm", "proxy-config", "serve-champion", "load-candidate", "analyze-100", "promote"} <= again
     assert not again & {"champion", "stage-data", "train", "evaluate", "register", "prepare-fleet"}
+
+
+def test_a_network_policy_is_recorded_with_a_note_that_the_cni_enforces_it(fleet, tmp_path):
+    cfg = load_config()
+    for policy in serving.network_policies(cfg):
+        job = resources.describe(yaml.safe_dump(policy), "policy")  # a kind the local executor takes
+        assert job.fleet_object == policy
+        note = fleet.apply(policy, "policy", running)
+        name = policy["metadata"]["name"]
+        assert "not enforced here" in note and "CNI" in note
+        assert fleet.policies[name] == policy
+        assert note in (tmp_path / "run" / "logs" / f"fleet-{name}.log").read_text()

@@ -1,0 +1,83 @@
+"""Every route of a real vLLM engine refuses a request without its key; with the key it generates (SE2).
+
+vLLM 0.32's `--api-key` guards /v1, /v2, /inference and /cohere only; on an engine with just that, POST /adapters
+loaded an adapter and POST /invocations generated for anyone. The engines eksflow starts load
+steps.common.vllm_auth, which asks for the key everywhere but GET /health. The routes are read from the running
+server (/openapi.json, fetched with the key) and from the app vLLM builds for the engine's args and supported
+tasks (tests/e2e/vllm_app_routes.py: the routes the schema leaves out), so a route a vLLM upgrade adds is
+checked too. Runs on the session's shared engine (conftest.py), after test_local_run.py (file order: that file
+starts its own engine before the shared one exists) and before test_rollout.py, which kills it last.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from steps.common import vllm
+from tests.e2e.conftest import BASE_NAME, SharedEngine
+
+pytestmark = pytest.mark.slow
+ROUTES_SCRIPT = Path(__file__).with_name("vllm_app_routes.py")
+OPEN = {("GET", "/health")}  # the liveness probe (the kubelet sends no key)
+# Routes an unguarded engine must never serve: adapters loaded or unloaded, text generated.
+DANGEROUS = {
+    ("POST", "/adapters"),
+    ("DELETE", "/adapters/{adapter_name}"),
+    ("POST", "/invocations"),
+    ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+}
+
+
+def app_routes(engine: SharedEngine) -> set[tuple[str, str]]:
+    """(method, path) of every route of the app the engine's server built (its args, env and supported tasks)."""
+    found = re.findall(r"Supported tasks: (.+)$", engine.log.read_text(errors="replace"), re.MULTILINE)
+    assert found, f"no 'Supported tasks' line in {engine.log}"
+    tasks = list(ast.literal_eval(found[-1].strip()))
+    result = subprocess.run(
+        [vllm.vllm_python(), str(ROUTES_SCRIPT), json.dumps(tasks), *engine.args],
+        env=engine.env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {(method, path) for method, path in json.loads(result.stdout.strip().splitlines()[-1])}
+
+
+def test_every_route_of_the_real_engine_refuses_a_request_without_the_key(shared_engine):
+    base = shared_engine.url  # it generates with the key (wait_ready sends it)
+    started = time.monotonic()  # what this test adds to a session whose engine already runs
+    key = shared_engine.api_key
+    schema = requests.get(f"{base}/openapi.json", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert schema.status_code == 200
+    documented = {(m.upper(), path) for path, ops in schema.json()["paths"].items() for m in ops}
+    routes = app_routes(shared_engine)
+    assert documented <= routes, documented - routes  # the app built here is the one serving
+    assert routes >= DANGEROUS, DANGEROUS - routes  # runtime LoRA updating is on: its routes exist
+    refused: dict[tuple[str, str], list[int]] = {}
+    wrong = [{}, {"Authorization": "Bearer not-the-key"}, {"Authorization": key}, {"Authorization": f"Basic {key}"}]
+    for method, path in sorted(routes - OPEN):
+        url = base + re.sub(r"\{[^}/]+\}", "x", path)
+        statuses = [requests.request(method, url, headers=h, json={}, timeout=60).status_code for h in wrong]
+        if statuses != [401] * len(wrong):
+            refused[(method, path)] = statuses
+    assert refused == {}, f"answered without the key: {refused}"
+    assert requests.get(f"{base}/health", timeout=30).status_code == 200  # liveness needs no key
+    assert requests.get(f"{base}/no-such-route", timeout=30).status_code == 401  # not even a 404 without the key
+    # With the key: generation, and the adapter listing the rollout reads.
+    assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, api_key=key, max_tokens=2).ok
+    assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, max_tokens=2).status == 401
+    assert vllm.base_model_card(base, api_key=key) is not None
+    print(f"\n{len(routes)} routes refused without the key but {sorted(OPEN)}; {time.monotonic() - started:.1f} s")
