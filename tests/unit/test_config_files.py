@@ -1,0 +1,56 @@
+"""A --config file is bounded: its size, its aliases once expanded, and each key given once (YAML keeps the last)."""
+
+from pathlib import Path
+
+import pytest
+
+from eksflow.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from pipelines.llama_lora import LlamaLoraConfig
+
+# 9 levels of 9 aliases: 700 bytes that expand to 9^9 values (the "billion laughs" of YAML).
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
+
+
+def refused(tmp_path: Path, text: str | bytes) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as err:
+        load_config(LlamaLoraConfig, path)
+    message = str(err.value)
+    assert message.startswith(f"--config {path}: ") and "\n" not in message
+    return message
+
+
+def test_an_endless_file_is_refused_without_reading_it_all():
+    with pytest.raises(ConfigError, match=r"^--config /dev/zero: more than 1024 KiB"):
+        load_config(LlamaLoraConfig, Path("/dev/zero"))
+
+
+def test_a_file_over_the_size_limit_is_refused(tmp_path):
+    assert "more than 1024 KiB" in refused(tmp_path, "# " + "x" * MAX_CONFIG_BYTES + "\n")
+
+
+def test_an_alias_bomb_is_refused_before_validation(tmp_path):
+    assert len(ALIAS_BOMB) < 800
+    assert "once its aliases (*name) are expanded" in refused(tmp_path, ALIAS_BOMB)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("train:\n  max_steps: 10\ntrain:\n  learning_rate: 0.1\n", "'train' is given twice (lines 1 and 3)"),
+        ("train:\n  max_steps: 10\n  max_steps: 20\n", "'max_steps' is given twice (lines 2 and 3)"),
+    ],
+    ids=["section", "field"],
+)
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path, text, key):
+    assert key in refused(tmp_path, text)
+
+
+def test_merge_keys_and_aliases_within_bounds_still_load(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  <<: &defaults {max_steps: 7, learning_rate: 0.002}\n  max_steps: 9\n")
+    cfg = load_config(LlamaLoraConfig, path)
+    assert (cfg.train.max_steps, cfg.train.learning_rate) == (9, 0.002)  # a key over a merged one is no duplicate
