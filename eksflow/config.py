@@ -184,7 +184,9 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
     """One line per problem: `train.learning_rate: Input should be greater than 0 (got -1); fix: ...`."""
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        # `sweep.ranks[0]`: the item is named, and the fix sets the field that holds it (--set takes no index)
+        field_key = ".".join(str(p) for p in e["loc"] if isinstance(p, str))
+        key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
         if e["type"] == "extra_forbidden":
             parent = ".".join(str(p) for p in e["loc"][:-1])
             lines.append(
@@ -195,7 +197,9 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
             lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {key}.<field>=<value>")
         else:
             got = _shorten(redact(repr(e.get("input"))))  # a refused URL may hold a password: never echo it
-            lines.append(f"{key}: {e['msg']} (got {got}); fix it with --set {key}=<value> or in the --config file")
+            lines.append(
+                f"{key}: {e['msg']} (got {got}); fix it with --set {field_key}=<value> or in the --config file"
+            )
     return lines
 
 

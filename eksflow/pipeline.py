@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import re
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,6 +93,7 @@ class Ref:
     label: str  # what a message calls it, e.g. `stage-data.dataset_dir`
     producer: TaskRef | None = None  # the task whose success the value needs
     dag: _Dag | None = None  # where `argo` is valid; None: anywhere in the workflow
+    values: tuple[Any, ...] | None = None  # every value it takes, when known as the pipeline is built (fan-out items)
 
     def __truediv__(self, part: str | Ref) -> Ref:
         """A path below this one: `p.run_dir / "data"`, `p.run_dir / "candidates" / item.name`.
@@ -184,23 +186,32 @@ class _Dag:
 class Item:
     """The current item of a fan-out: `item.rank` for a key of an object item, `item.value` for a scalar item."""
 
-    def __init__(self, kinds: Mapping[str, Kind], value_kind: Kind, where: str, scope: _Dag | None) -> None:
+    def __init__(
+        self,
+        kinds: Mapping[str, Kind],
+        value_kind: Kind,
+        where: str,
+        scope: _Dag | None,
+        items: Sequence[Any] | None = None,
+    ) -> None:
         self._kinds = dict(kinds)
         self._value_kind = value_kind
         self._where = where
         self._scope = scope
+        self._items = None if items is None else tuple(items)  # None: a withParam list, known when it runs
 
     @property
     def value(self) -> Ref:
         """The whole item (`{{item}}`)."""
-        return Ref("{{item}}", self._value_kind, "item", dag=self._scope)
+        return Ref("{{item}}", self._value_kind, "item", dag=self._scope, values=self._items)
 
     def __getattr__(self, key: str) -> Ref:
         if key.startswith("_"):
             raise AttributeError(key)
         if self._kinds and key not in self._kinds:
             raise PipelineError(f"{self._where}: the items have no key {key!r}; keys: {', '.join(self._kinds)}")
-        return Ref(f"{{{{item.{key}}}}}", self._kinds.get(key, "any"), f"item.{key}", dag=self._scope)
+        values = None if self._items is None else tuple(item[key] for item in self._items)
+        return Ref(f"{{{{item.{key}}}}}", self._kinds.get(key, "any"), f"item.{key}", dag=self._scope, values=values)
 
 
 _current: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("eksflow_pipeline", default=None)
@@ -495,6 +506,15 @@ class _Parameters:
 
 
 def _item_of(items: Sequence[Any], where: str, scope: _Dag | None) -> Item:
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        try:  # Argo's withItems is JSON: NaN and Infinity are not JSON numbers
+            text = json.dumps(item, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise PipelineError(f"{where}: item {index} ({item!r}) is not a JSON value: {err}") from None
+        if text in seen:  # the same work twice, and the same folders for both
+            raise PipelineError(f"{where}: items {seen[text]} and {index} are the same ({item!r}); give each once")
+        seen[text] = index
     first = items[0]
     if isinstance(first, Mapping):
         keys = set(first)
@@ -502,8 +522,8 @@ def _item_of(items: Sequence[Any], where: str, scope: _Dag | None) -> Item:
             if not isinstance(other, Mapping) or set(other) != keys:
                 raise PipelineError(f"{where}: every item must be an object with the keys {sorted(keys)}")
         kinds = {key: kind_of(type(first[key])) for key in first}
-        return Item(kinds, "json", where, scope)
-    return Item({}, kind_of(type(first)), where, scope)
+        return Item(kinds, "json", where, scope, items)
+    return Item({}, kind_of(type(first)), where, scope, items)
 
 
 def literal_problem(value: object) -> str | None:

@@ -239,6 +239,13 @@ def arguments(
             target = kind_of(field.annotation)
             if not accepts(target, value.kind):
                 raise PipelineError(f"{where}: argument {field_name} takes {target}, but {value.label} is {value.kind}")
+            for known in value.values or ():  # fan-out items: each must pass the step's rules, as a literal does
+                try:
+                    _adapter(field).validate_python(known)
+                except ValidationError as err:
+                    raise PipelineError(
+                        f"{where}: argument {field_name}={known!r} (from {value.label}): {err.errors()[0]['msg']}"
+                    ) from None
             if value.producer is None and value.dag is None:
                 rendered[field_name] = value.argo
             else:

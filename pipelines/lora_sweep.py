@@ -12,9 +12,9 @@ passed. The other sections are the flagship's (pipelines/llama_lora.py). The exi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from eksflow import Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
 from eksflow.pipeline import Item
@@ -25,9 +25,21 @@ from steps import evaluate, register, select_best, stage_data, train, train_neur
 class SweepSettings(Settings):
     """The grid: every rank with every learning rate."""
 
-    ranks: tuple[int, ...] = Field((8, 16), min_length=1, description="LoRA ranks (alpha = 2 x rank)")
-    learning_rates: tuple[float, ...] = Field((1e-3,), min_length=1, description="peak learning rates")
+    ranks: tuple[Annotated[int, Field(ge=1)], ...] = Field((8, 16), description="LoRA ranks (alpha = 2 x rank)")
+    learning_rates: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...] = Field(
+        (1e-3,), description="peak learning rates"
+    )
     parallelism: int = Field(1, ge=1, description="candidates trained at the same time")
+
+    @field_validator("ranks", "learning_rates")
+    @classmethod
+    def _each_once(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if not values:
+            raise ValueError("no value; give at least one")
+        # Two equal grid points would train the same candidate twice, into the same folder.
+        if repeated := sorted({v for v in values if values.count(v) > 1}):
+            raise ValueError(f"{', '.join(f'{v:g}' for v in repeated)} given more than once; list each value once")
+        return values
 
 
 class LoraSweepConfig(LlamaLoraConfig):
