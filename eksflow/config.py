@@ -15,6 +15,7 @@ anything is rendered: a value reaches its step byte-identical or not at all.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -31,6 +32,7 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
 # ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
 MAX_TEXT_BYTES = 64 * 1024
+IMAGE_REFERENCE = re.compile(r"[a-z0-9][\w.\-/:]*(@sha256:[0-9a-f]{64})?")  # an image name: no space, quote, newline
 MAX_CONFIG_BYTES = 1024 * 1024  # a config file; the largest real one is a few KiB
 MAX_CONFIG_NODES = 100_000  # values in a config file with its aliases expanded (a 700-byte alias bomb has millions)
 
@@ -58,6 +60,8 @@ class Images(Settings):
     @field_validator("*")
     @classmethod
     def _pinned(cls, image: str) -> str:
+        if not IMAGE_REFERENCE.fullmatch(image):
+            raise ValueError(f"{image!r} is not an image reference (registry/repository:tag or @sha256:<digest>)")
         name = image.rsplit("/", 1)[-1]
         if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
             raise ValueError(f"image {image!r} is not pinned; use repo:tag (not latest) or repo@sha256:<digest>")
@@ -220,6 +224,9 @@ def field_at(config_type: type[BaseModel], key: str) -> Any | None:
     return found
 
 
+_SCALAR_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
 def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
     """A `--set` value as the field at `key` takes it: text as given, anything else parsed as YAML."""
     field = field_at(config_type, key)
@@ -228,10 +235,12 @@ def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
     try:
         return yaml.safe_load(value) if value else ""
     except yaml.YAMLError as err:
+        shown = _shorten(redact(repr(value)))
+        kind = kind_of(field.annotation) if field is not None else "any"
+        if kind in _SCALAR_WORDS:  # no quoting makes a number of it
+            raise ConfigError(f"--set {key}: takes {_SCALAR_WORDS[kind]}, got {shown}") from None
         where = getattr(err, "problem", None) or "not valid YAML"
-        raise ConfigError(
-            f"--set {key}: {where} in {_shorten(redact(repr(value)))}; quote text, e.g. --set '{key}=\"...\"'"
-        ) from None
+        raise ConfigError(f"--set {key}: {where} in {shown}; quote text, e.g. --set '{key}=\"...\"'") from None
 
 
 class _ConfigLoader(yaml.SafeLoader):

@@ -65,6 +65,11 @@ CANARY_METRICS = (
 REPORT_ARTIFACTS = "canary"
 
 
+def step_label(percent: float) -> str:
+    """The canary step's name in its tasks (shift-<label>, analyze-<label>): 10.0 -> '10', 2.5 -> '2-5'."""
+    return f"{percent:g}".replace(".", "-")
+
+
 class CanarySettings(Settings):
     """Canary steps and their analysis (config section `canary`)."""
 
@@ -97,6 +102,11 @@ class CanarySettings(Settings):
     def _increasing_to_100(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
         if any(not 0 < w <= 100 for w in weights) or list(weights) != sorted(set(weights)) or weights[-1] != 100:
             raise ValueError(f"weights must increase within (0, 100] and end at 100, e.g. (10, 50, 100); got {weights}")
+        labels = [step_label(w) for w in weights]
+        if same := sorted({f"{w!r}" for w, label in zip(weights, labels, strict=True) if labels.count(label) > 1}):
+            raise ValueError(
+                f"weights {', '.join(same)} would name the same canary step; give weights that differ within 6 digits"
+            )
         return weights
 
     @field_validator("thresholds", "champion_thresholds")

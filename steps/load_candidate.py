@@ -76,16 +76,22 @@ def check_candidate(args: Args) -> Path:
     return adapter
 
 
+def champion_moved(compared: str | None, current: str | None) -> str:
+    """Why the candidate may not load: the champion it was compared with is no longer the champion (RO4)."""
+    was = f"compared with v{compared}" if compared else "compared with no champion"
+    now = f"is now v{current}" if current else "is now unset"
+    return (
+        f"champion moved: the candidate was {was}, `champion` {now} (another rollout promoted meanwhile); "
+        "rerun the pipeline to evaluate against the new champion (RO4)"
+    )
+
+
 def _run(args: Args) -> Outputs:
     adapter = check_candidate(args)
     state = rollout.read_state(args.state_file)
     current = rollout.champion_version(args.tracking_uri, args.model_name)
     if current != state.champion_version or (args.evaluated_champion and args.evaluated_champion != current):
-        compared = args.evaluated_champion or state.champion_version or "none"
-        raise StepFailedError(
-            f"champion moved: the candidate was compared with v{compared}, `champion` is now v{current or 'unset'} "
-            "(another rollout promoted meanwhile); rerun the pipeline to evaluate against the new champion (RO4)"
-        )
+        raise StepFailedError(champion_moved(args.evaluated_champion or state.champion_version, current))
     slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
     name = litellm_proxy.slot_id(args.model_name, slot)
     api_key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)

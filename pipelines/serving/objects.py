@@ -31,6 +31,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from eksflow import PipelineConfig, profiles
+from eksflow.config import IMAGE_REFERENCE
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
 from steps.canary import CanarySettings
@@ -91,6 +92,8 @@ class ServingSettings(Settings):
     @field_validator("proxy_image")
     @classmethod
     def _reviewed(cls, image: str) -> str:
+        if not IMAGE_REFERENCE.fullmatch(image):
+            raise ValueError(f"{image!r} is not an image reference (registry/repository:tag or @sha256:<digest>)")
         tag = re.split(r"[:@]", image.rsplit("/", 1)[-1], maxsplit=1)[-1]
         if "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or tag == "latest"):
             raise ValueError(f"proxy image {image!r} is not pinned; use repo:version or repo@sha256:<digest>")

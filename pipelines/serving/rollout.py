@@ -41,11 +41,6 @@ ANALYSIS_RESOURCES = Resources(cpu_request=1, memory_request="2Gi", memory_limit
 ANSWER_TOKENS = 32  # the analysis' answer cap when evaluate's is 0 (from the references, a tokenizer the probe lacks)
 
 
-def percent_name(percent: float) -> str:
-    """10.0 -> '10', 2.5 -> '2-5' (task names are kebab-case)."""
-    return f"{percent:g}".replace(".", "-")
-
-
 def _fleet_args(cfg: ServingConfig) -> dict[str, Any]:
     """What every rollout step gets: the registry, the Services, the adapters' folder, the state file, the keys."""
     p = Pipeline.current()
@@ -167,7 +162,7 @@ def rollout(
                 **fleet,
                 vllm_url=prepared.vllm_url,
                 percent=percent,
-                task_name=f"shift-{percent_name(percent)}",
+                task_name=f"shift-{canary.step_label(percent)}",
                 after=previous,
             ),
         )
@@ -181,7 +176,7 @@ def rollout(
                 percent=percent,
                 report_dir=Pipeline.current().run_dir / "reports",
                 max_new_tokens=max_new_tokens or ANSWER_TOKENS,
-                task_name=f"analyze-{percent_name(percent)}",
+                task_name=f"analyze-{canary.step_label(percent)}",
                 resources=ANALYSIS_RESOURCES,
                 # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
                 retry_strategy=retry(0),

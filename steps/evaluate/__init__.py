@@ -70,7 +70,10 @@ class EvaluateSettings(Settings):
     )
     champion_metric: str = Field("exact_match", description="tuned metric compared with the champion's score")
     champion_margin: float = Field(
-        0.0, ge=0.0, description="how much the challenger must beat the champion by (0: no regression allowed)"
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="how much the challenger must beat the champion by (0: no regression allowed)",
     )
 
     @field_validator("task_metrics")

@@ -7,7 +7,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from eksflow.runtime.args import Settings
 
@@ -27,11 +27,19 @@ class Threshold(Settings):
 
     metric: str
     op: Literal[">=", ">", "<=", "<"] = ">="
-    value: float
+    value: float = Field(allow_inf_nan=False)
 
     def describe(self) -> str:
         """`exact_match >= 0.6`."""
         return f"{self.metric} {self.op} {self.value:g}"
+
+
+def distinct_prefixes(first: str, second: str, length: int = 12) -> tuple[str, str]:
+    """Two digests shortened for a message (`sha256:` dropped), each long enough that they read differently."""
+    first, second = first.removeprefix("sha256:"), second.removeprefix("sha256:")
+    while first[:length] == second[:length] and length < max(len(first), len(second)):
+        length += 4
+    return first[:length], second[:length]
 
 
 class Champion(BaseModel):
@@ -84,13 +92,14 @@ def champion_gate(
     if champion is None:
         return ChampionCheck(applied=False, passed=True, reason="no champion yet: thresholds only")
     if champion.eval_set_digest != eval_set_digest:
+        theirs, ours = distinct_prefixes(champion.eval_set_digest, eval_set_digest)
         return ChampionCheck(
             applied=False,
             passed=True,
             version=champion.version,
             reason=(
-                f"champion v{champion.version} was scored on eval set {champion.eval_set_digest[:12] or '(unknown)'}, "
-                f"this run on {eval_set_digest[:12]}: not comparable, thresholds only"
+                f"champion v{champion.version} was scored on eval set {theirs or '(unknown)'}, "
+                f"this run on {ours}: not comparable, thresholds only"
             ),
         )
     recorded = champion.scores.get(metric)

@@ -54,3 +54,25 @@ def test_merge_keys_and_aliases_within_bounds_still_load(tmp_path):
     path.write_text("train:\n  <<: &defaults {max_steps: 7, learning_rate: 0.002}\n  max_steps: 9\n")
     cfg = load_config(LlamaLoraConfig, path)
     assert (cfg.train.max_steps, cfg.train.learning_rate) == (9, 0.002)  # a key over a merged one is no duplicate
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("serving.proxy_image=docker.litellm.ai/berriai/litellm-database:1.110.2\nx", "is not an image reference"),
+        ("images.steps=ghcr.io/x/y:1\n  hostPID: true", "is not an image reference"),
+        ("canary.weights=[10.0000001, 10.0000002, 100]", "would name the same canary step"),
+        ("evaluate.champion_margin=.inf", "finite number"),
+    ],
+    ids=["proxy-image-newline", "image-newline", "weights-one-task-name", "infinite-margin"],
+)
+def test_settings_that_would_break_a_manifest_or_a_task_name_are_refused(setting, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(LlamaLoraConfig, None, [setting])
+
+
+def test_a_number_field_given_an_expression_says_it_takes_a_number():
+    with pytest.raises(
+        ConfigError, match=r"^--set train.max_steps: takes a whole number, got '\{\{workflow.name\}\}'$"
+    ):
+        load_config(LlamaLoraConfig, None, ["train.max_steps={{workflow.name}}"])

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from steps.evaluate import EvaluateSettings
-from steps.evaluate.gate import Champion, Threshold, champion_gate, combine, gate
+from steps.evaluate.gate import Champion, Threshold, champion_gate, combine, distinct_prefixes, gate
 from steps.evaluate.report import render_table
 from steps.evaluate.step import eval_set_digest
 
@@ -130,8 +130,22 @@ def test_champion_on_another_eval_set_is_named_in_the_reason():
     check = champion_gate(
         {"exact_match": 0.9}, champion(digest="sha256:" + "b" * 64), "sha256:" + "a" * 64, "exact_match", 0
     )
-    assert "champion v3 was scored on eval set sha256:bbbbb" in check.reason
+    assert "champion v3 was scored on eval set bbbbbbbbbbbb, this run on aaaaaaaaaaaa" in check.reason
     assert "not comparable, thresholds only" in check.reason
+
+
+def test_two_eval_set_digests_in_a_message_never_read_the_same():
+    first, second = "sha256:" + "ab" * 10 + "1" * 44, "sha256:" + "ab" * 10 + "2" * 44
+    assert distinct_prefixes(first, second) == ("ab" * 10 + "1111", "ab" * 10 + "2222")
+    assert distinct_prefixes("sha256:" + "a" * 64, "") == ("a" * 12, "")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=str)
+def test_a_threshold_or_margin_that_is_no_finite_number_is_refused(value):
+    with pytest.raises(ValidationError, match="finite number"):
+        Threshold(metric="exact_match", value=value)
+    with pytest.raises(ValidationError, match=r"finite number|greater than or equal"):
+        EvaluateSettings(champion_margin=value)
 
 
 def test_eval_set_digest_is_the_file_sha256_and_marks_subsets(tmp_path):

@@ -125,3 +125,17 @@ def test_serve_refuses_a_bad_adapter_before_starting_vllm(tmp_path, registry, ca
     assert serve.main(argv) == 2
     assert "adapter rank 32 exceeds the engine's max LoRA rank 16" in capsys.readouterr().err
     assert not list((tmp_path / "serve").glob("vllm-*.log"))  # the engine never started
+
+
+@pytest.mark.parametrize(
+    ("compared", "current", "expected"),
+    [
+        (None, "2", "the candidate was compared with no champion, `champion` is now v2"),
+        ("1", None, "the candidate was compared with v1, `champion` is now unset"),
+        ("1", "2", "the candidate was compared with v1, `champion` is now v2"),
+    ],
+    ids=["no-champion-then", "no-champion-now", "moved"],
+)
+def test_a_moved_champion_is_explained_without_a_vnone(compared, current, expected):
+    message = load_candidate.champion_moved(compared, current)
+    assert expected in message and "vnone" not in message and "vNone" not in message
