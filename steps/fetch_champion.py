@@ -51,6 +51,7 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Resolve alias `champion` and download its adapter."""
+    tracking.require_registry(args.tracking_uri)
     champion = tracking.alias_version(args.tracking_uri, args.model_name, tracking.CHAMPION)
     if champion is None:
         raise StepInputError(

@@ -49,6 +49,7 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Serve `previous` (with a fleet), then swap the aliases."""
+    tracking.require_registry(args.tracking_uri)
     previous = tracking.alias_version(args.tracking_uri, args.model_name, tracking.PREVIOUS)
     if previous is None:
         raise StepInputError(

@@ -120,6 +120,7 @@ def registered_version(tracking_uri: str, model_name: str, version: str) -> Mode
     """A registered version; StepInputError naming --model-version when the registry has no such version."""
     from mlflow.exceptions import MlflowException
 
+    tracking.require_registry(tracking_uri)
     with tracking.errors(tracking_uri, f"reading {model_name} version {version}"):
         try:
             return tracking.client(tracking_uri).get_model_version(model_name, version)

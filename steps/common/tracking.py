@@ -130,6 +130,20 @@ def client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
+def require_registry(tracking_uri: str) -> None:
+    """Refuse a sqlite registry that does not exist (StepInputError), before anything would create it.
+
+    A step that reads what earlier runs registered (a rollback, a check of the champion, serving a version) must not
+    start an empty registry at a mistyped path and then report the version missing.
+    """
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        raise StepInputError(
+            f"--tracking-uri: no MLflow database at {db} ({tracking_uri}); check the path: this step reads what "
+            "earlier runs registered there (`sqlite:////abs/path.db` is absolute, `sqlite:///rel.db` relative)"
+        )
+
+
 def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a `sqlite:///` URI (`sqlite:////abs/path.db` is absolute), else None."""
     if not tracking_uri.startswith(SQLITE_PREFIX):

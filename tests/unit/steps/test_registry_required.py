@@ -1,0 +1,37 @@
+"""Steps that read what earlier runs registered refuse a sqlite registry that does not exist, creating nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("steps.rollback", ["--model-name=llama-lora"]),
+        ("steps.fetch_champion", ["--model-name=llama-lora", "--dest-dir={tmp}/adapter"]),
+        ("steps.serve", ["--model-name=llama-lora", "--serve-dir={tmp}/serve", "--model-cache-dir={tmp}/models"]),
+    ],
+    ids=["rollback", "fetch-champion", "serve"],
+)
+def test_a_mistyped_sqlite_registry_is_refused_in_one_line(tmp_path, module, args):
+    db = tmp_path / "typo" / "mlflow.db"
+    argv = [a.format(tmp=tmp_path) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", module, *argv, f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: --tracking-uri: no MLflow database at {db} (sqlite:///{db}); check the path: this step reads what "
+        "earlier runs registered there (`sqlite:////abs/path.db` is absolute, `sqlite:///rel.db` relative)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no empty registry, no folders
