@@ -69,14 +69,28 @@ def errors(tracking_uri: str, doing: str) -> Iterator[None]:
     """Turn any MLflow or HTTP failure inside the block into one TrackingError line naming the server."""
     import requests
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import OperationalError
 
     try:
         yield
+    except OperationalError as err:  # a sqlite store: raised by SQLAlchemy, unwrapped by MLflow
+        raise database_error(tracking_uri, doing, err) from err
     except (MlflowException, requests.RequestException) as err:
         raise TrackingError(
             f"MLflow at {tracking_uri} failed while {doing}: {_first_line(err)}; check that the tracking server is "
             "up and reachable, then rerun (the step is idempotent)"
         ) from err
+
+
+def database_error(tracking_uri: str, doing: str, err: BaseException) -> TrackingError:
+    """One line for a failing sqlite store, naming its file; a lock held past SQLite's busy timeout says so."""
+    where = sqlite_path(tracking_uri) or tracking_uri
+    if "locked" in str(err):  # pysqlite waits 5 s for a lock before it gives up: that is the brief retry
+        return TrackingError(
+            f"MLflow database {where} is locked by another process (waited for it) while {doing}; rerun once "
+            "that process (another run, an `mlflow ui` writing to it) is done"
+        )
+    return TrackingError(f"MLflow database {where} failed while {doing}: {_first_line(err)}")
 
 
 def configure(tracking_uri: str) -> None:
@@ -105,6 +119,7 @@ def _initialize_sqlite(tracking_uri: str, db: Path) -> None:
     import fcntl
 
     from mlflow import MlflowClient
+    from sqlalchemy.exc import OperationalError
 
     if tracking_uri in _initialized:
         return
@@ -114,6 +129,8 @@ def _initialize_sqlite(tracking_uri: str, db: Path) -> None:
             opened = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             opened.search_experiments(max_results=1)
             opened.search_registered_models(max_results=1)
+        except OperationalError as err:
+            raise database_error(tracking_uri, "opening it", err) from err
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     _initialized.add(tracking_uri)

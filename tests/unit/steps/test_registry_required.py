@@ -1,5 +1,6 @@
 """Steps that read what earlier runs registered refuse a sqlite registry that does not exist, creating nothing."""
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,27 @@ def test_a_mistyped_sqlite_registry_is_refused_in_one_line(tmp_path, module, arg
         "earlier runs registered there (`sqlite:////abs/path.db` is absolute, `sqlite:///rel.db` relative)"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no empty registry, no folders
+
+
+def test_a_locked_registry_fails_in_one_line_naming_the_database(tmp_path):
+    from steps.common import tracking
+
+    db = tmp_path / "mlflow.db"
+    tracking.client(f"sqlite:///{db}").search_registered_models()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing: no reader gets in
+    try:
+        args = ["--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}"]
+        done = subprocess.run(
+            [sys.executable, "-m", "steps.rollback", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        holder.close()
+    assert done.returncode == 1, done.stderr  # retryable: the lock goes away
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: MLflow database {db} is locked by another process"), line
