@@ -76,6 +76,16 @@ def check_candidate(args: Args) -> Path:
     return adapter
 
 
+def progressing_tags(slot: str, workflow_name: str) -> dict[str, str]:
+    """The version's tags as its canary starts: every rollout tag set anew, so none tells of an earlier rollout."""
+    return {
+        rollout.SLOT_TAG: slot,
+        rollout.PHASE_TAG: "Progressing",
+        rollout.REASON_TAG: f"canary started by {workflow_name}",
+        rollout.WORKFLOW_TAG: workflow_name,
+    }
+
+
 def champion_moved(compared: str | None, current: str | None) -> str:
     """Why the candidate may not load: the champion it was compared with is no longer the champion (RO4)."""
     was = f"compared with v{compared}" if compared else "compared with no champion"
@@ -105,7 +115,7 @@ def _run(args: Args) -> Outputs:
         args.tracking_uri,
         args.model_name,
         args.model_version,
-        {rollout.SLOT_TAG: slot, rollout.PHASE_TAG: "Progressing", rollout.WORKFLOW_TAG: args.workflow_name},
+        progressing_tags(slot, args.workflow_name),
     )
     rollout.write_state(
         args.state_file,

@@ -139,3 +139,11 @@ def test_serve_refuses_a_bad_adapter_before_starting_vllm(tmp_path, registry, ca
 def test_a_moved_champion_is_explained_without_a_vnone(compared, current, expected):
     message = load_candidate.champion_moved(compared, current)
     assert expected in message and "vnone" not in message and "vNone" not in message
+
+
+def test_a_version_rolled_out_again_gets_a_reason_of_this_rollout():
+    from steps.common import rollout
+
+    tags = load_candidate.progressing_tags("green", "llama-lora-x1")
+    assert tags[rollout.PHASE_TAG] == "Progressing"
+    assert tags[rollout.REASON_TAG] == "canary started by llama-lora-x1"  # not a previous rollout's failure
