@@ -8,8 +8,9 @@ config section that declares `local_problems()` (a step's settings, e.g. a datas
 from __future__ import annotations
 
 import argparse
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,29 @@ def run_locally(
     problems = local_problems(pipeline.cfg)
     if problems:
         raise ConfigError("\n".join(problems))
-    return execute(rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize)
+    config = pipeline.cfg.model_dump(mode="json")
+    given = bool(args.config or args.overrides or args.variant)  # else a resume keeps the run's own inputs
+    return execute(
+        rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize, config=config,
+        inputs_given=given,
+    )  # fmt: skip
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs, as `key (old -> new)`."""
+    changed = []
+    for key in sorted(set(saved) | set(new)):
+        old, value = saved.get(key), new.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            changed += config_changes(old, value, f"{prefix}{key}.")
+        elif old != value:
+            changed.append(f"{prefix}{key} ({_short(old)} -> {_short(value)})")
+    return changed
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def execute_env(root: Path) -> dict[str, str]:
@@ -58,17 +81,33 @@ def execute(
     *,
     root: Path,
     memoize: bool = True,
+    config: Mapping[str, Any] | None = None,
+    inputs_given: bool = True,
 ) -> int:
-    """Run the manifest with the local executor (or resume run `resume`) and print what each task produced."""
+    """Run the manifest with the local executor (or resume run `resume`) and print what each task produced.
+
+    A resume with no inputs given (`inputs_given` False: no --config, --set or --variant) keeps the run's own
+    manifest and parameters, as `argo retry` does; with inputs, it is refused if they differ from the run's.
+    """
     from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
     from eksflow.local.runs import run_folder
 
     settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console, "memoize": memoize}
     try:
         if resume is not None:  # `--resume ""` names no run: refused, never a fresh run
-            result = resume_workflow(run_folder(state_dir, resume).path, manifest=rendered, **settings)
+            folder = run_folder(state_dir, resume)
+            saved = folder.read_config()
+            if not inputs_given:
+                result = resume_workflow(folder.path, **settings)
+            elif saved is not None and config is not None and (changed := config_changes(saved, config)):
+                raise LocalExecutorError(
+                    f"run {resume!r} started with other settings: {', '.join(changed)}; resume without --config/--set "
+                    "to keep its own, re-run failed tasks with new parameter values (retry), or start a new run"
+                )
+            else:
+                result = resume_workflow(folder.path, manifest=rendered, **settings)
         else:
-            result = run_workflow(rendered, state_dir, **settings)
+            result = run_workflow(rendered, state_dir, config=config, **settings)
     except RunInterrupted as stopped:
         console.print(
             shown(f"interrupted: workflow {stopped.name} stopped; resume with: --resume {stopped.name}"),

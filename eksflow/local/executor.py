@@ -479,8 +479,12 @@ def run_workflow(
     console: Console | None = None,
     parameters: Mapping[str, str] | None = None,
     memoize: bool = True,
+    config: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run a compiled Workflow manifest here; its folder is `state_dir/runs/<workflow name>/`.
+
+    `config` is the pipeline config the manifest was built from (kept beside it: a resume names the settings
+    that differ from it).
 
     Ctrl-C, SIGTERM or SIGHUP stops the running tasks, records the run as Failed "interrupted" and raises
     RunInterrupted (as does resume_workflow); the run can then be resumed. `memoize=False` runs every task even
@@ -499,5 +503,7 @@ def run_workflow(
         )
     folder.make()
     folder.write_manifest(plain)
+    if config is not None:
+        folder.write_config(config)
     settings = RunSettings(cwd, dict(env or {}), console, memoize)
     return execute_run(workflow, folder, name=name, uid=None, parameters=values, kept={}, settings=settings)

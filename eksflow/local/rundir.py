@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -86,6 +86,7 @@ class RunFolder:
         self.path = path
         self.name = path.name
         self.manifest = path / "manifest.yaml"
+        self.config = path / "config.json"  # the pipeline config the manifest was built from, when the CLI gave it
         self.status = path / "status.json"
         self.owner = path / "owner.json"
         self.lock_path = path / "owner.lock"
@@ -111,6 +112,18 @@ class RunFolder:
         """Keep the manifest as given."""
         text = yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
         self.manifest.write_text(text, encoding="utf-8")
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """Keep the config the manifest was built from: a resume with other settings names the keys that differ."""
+        atomic_write(self.config, json.dumps(config, sort_keys=True))
+
+    def read_config(self) -> dict[str, Any] | None:
+        """The recorded config, or None (a run started without one, or before configs were recorded)."""
+        try:
+            loaded = json.loads(self.config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
 
     def read(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The saved manifest and status.json; LocalExecutorError if the folder is not a run's."""

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -130,3 +131,35 @@ def test_the_argo_verbs_on_finished_failed_and_running_runs(tmp_path):
     finally:
         slow.communicate(timeout=120)
     assert slow.returncode == 0
+
+
+def test_a_run_started_with_a_config_resumes_with_its_own_inputs(tmp_path):
+    state = tmp_path / "state"
+    config = tmp_path / "grace.yaml"
+    config.write_text("who: Grace\ngreeting:\n  pause_s: 2\n")
+    started = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.hello", "run", "--state-dir", str(state), "--config", str(config)],
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((state / "runs").glob("*/tasks/*/progress")):
+        time.sleep(0.2)  # a greeting has started
+    started.send_signal(signal.SIGTERM)
+    _, stderr = started.communicate(timeout=120)
+    assert started.returncode == 143, stderr
+    advice = next(line for line in stderr.splitlines() if "resume with: --resume" in line)
+    name = advice.rsplit(" ", 1)[-1]
+
+    run_again = ["-m", "pipelines.hello", "run", "--state-dir", str(state), "--resume", name]
+    changed = cli(*run_again, "--config", str(config), "--set", "who=Ada")
+    assert changed.returncode == 2
+    assert f'run {name!r} started with other settings: who ("Grace" -> "Ada")' in changed.stderr
+
+    same = cli(*run_again, "--config", str(config), "--set", "greeting.pause_s=30")
+    assert same.returncode == 2 and "greeting.pause_s (2.0 -> 30.0)" in same.stderr
+    resumed = cli(*run_again)  # the command it printed
+    assert resumed.returncode == 0, resumed.stderr
+    assert "line = Hello, Grace! / Bonjour, Grace!" in resumed.stderr
