@@ -105,7 +105,7 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
             for key, node in view.nodes.items():
                 duration = _seconds(_span(node.started_at, node.finished_at))
                 cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
-                line = f"  {node.display_name}  {node.phase}  {duration}{cached}" + (
+                line = f"  {local.node_label(view, key)}  {node.phase}  {duration}{cached}" + (
                     f"  {node.message}" if node.message else ""
                 )
                 out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
@@ -128,15 +128,15 @@ def _local_logs(args: argparse.Namespace, console: Console) -> int:
     from eksflow import local
 
     view = local.load_run(args.state_dir, args.name)
-    tasks = [args.task] if args.task else [n.display_name for n in view.nodes.values() if n.log is not None]
-    for task in tasks:
-        path = local.task_log(args.state_dir, args.name, task)
+    keys = local.find_nodes(view, args.task) if args.task else [k for k, n in view.nodes.items() if n.log is not None]
+    for key in keys:  # a fanned-out task: every iteration's log, each line labelled with its item
+        path = local.task_log(args.state_dir, args.name, key)
         lines: Iterable[str]
         if args.follow:
-            lines = local.follow_task_log(args.state_dir, args.name, task)
+            lines = local.follow_task_log(args.state_dir, args.name, key)
         else:
             lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-        prefix = f"{task}: " if not args.task else ""
+        prefix = f"{local.node_label(view, key)}: " if len(keys) > 1 or not args.task else ""
         for line in lines:
             sys.stdout.write(shown(f"{prefix}{line}") + "\n")
             sys.stdout.flush()

@@ -5,6 +5,7 @@
     retry_run(state_dir, name, parameters, cwd=, ...) / resubmit_run(state_dir, name, parameters, cwd=, ...)
     list_runs(state_dir) -> [RunSummary]; load_run(state_dir, name) -> RunView
     task_log(state_dir, name, task) -> Path; follow_task_log(...) / follow_log(path, done=) -> lines
+    find_nodes(view, task) -> [node key] (every iteration of a fanned-out task); node_label(view, key)
     changed_inputs(saved_manifest, saved_parameters, manifest, parameters) -> InputChanges
 
 RunResult.resumable says whether to suggest `--resume` (not after a bad-input failure, exit 2); RunInterrupted
@@ -21,10 +22,12 @@ from eksflow.local.runs import (
     RunSummary,
     RunView,
     changed_inputs,
+    find_nodes,
     follow_log,
     follow_task_log,
     list_runs,
     load_run,
+    node_label,
     resubmit_run,
     resume_workflow,
     retry_run,
@@ -43,10 +46,12 @@ __all__ = [
     "RunSummary",
     "RunView",
     "changed_inputs",
+    "find_nodes",
     "follow_log",
     "follow_task_log",
     "list_runs",
     "load_run",
+    "node_label",
     "resubmit_run",
     "resume_workflow",
     "retry_run",

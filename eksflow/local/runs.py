@@ -181,17 +181,32 @@ def _host_paths(manifest: dict[str, Any], folder: RunFolder) -> dict[str, PathMa
     return maps
 
 
-def find_node(view: RunView, task: str) -> str:
-    """The node key of `task`: a key, or a display name that names one node; LocalExecutorError otherwise."""
+def find_nodes(view: RunView, task: str) -> list[str]:
+    """The node keys `task` names: a key, or a task's name (every iteration of a fanned-out task); at least one."""
     if task in view.nodes:
-        return task
+        return [task]
     matches = [k for k, n in view.nodes.items() if n.display_name == task]
-    if len(matches) == 1:
-        return matches[0]
-    known = ", ".join(view.nodes) or "none"
-    what = "several nodes" if matches else "no node"
+    if matches:
+        return matches
+    known = ", ".join(dict.fromkeys(n.display_name for n in view.nodes.values())) or "none"
     asked = repr(task) if len(task) <= 60 else f"{task[:60]!r}... ({len(task)} characters)"
-    raise LocalExecutorError(f"{what} of run {view.name!r} is called {asked}; give one of: {known}")
+    raise LocalExecutorError(f"no node of run {view.name!r} is called {asked}; give one of: {known}")
+
+
+def find_node(view: RunView, task: str) -> str:
+    """The one node key `task` names; LocalExecutorError when it names none or several (a fanned-out task)."""
+    keys = find_nodes(view, task)
+    if len(keys) > 1:
+        labels = ", ".join(node_label(view, k) for k in keys)
+        raise LocalExecutorError(f"{task!r} names {len(keys)} nodes of run {view.name!r}: {labels}; give its key")
+    return keys[0]
+
+
+def node_label(view: RunView, key: str) -> str:
+    """How a verb names a node: its task's name, with the iteration or DAG it is part of (`train [candidate(0:r8)]`)."""
+    name = view.nodes[key].display_name
+    scope = key.removesuffix(f".{name}") if key.endswith(f".{name}") else key if key != name else ""
+    return f"{name} [{scope}]" if scope else name
 
 
 def task_log(state_dir: Path, name: str, task: str) -> Path:
