@@ -138,6 +138,10 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
         pipeline_name = str(config_type(build).model_fields["name"].default)
         return run_verb(args, pipeline_name, project_root(build), console)
     cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
+    if args.command == "run":  # local paths mean the caller's folder; tasks run in the project's
+        from eksflow.run import localized
+
+        cfg = localized(cfg, Path.cwd())
     if args.command == "config":
         from eksflow.config_docs import print_config
 

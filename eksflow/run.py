@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -20,14 +20,29 @@ from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
 from eksflow.pipeline import Pipeline
+from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
 
 if TYPE_CHECKING:
     from eksflow.local import RunResult
-from eksflow.runtime.rundir import report_path
+
+M = TypeVar("M", bound=BaseModel)
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+
+def localized(model: M, base: Path) -> M:
+    """`model` with every section that declares `localized(base)` (relative paths made absolute) replaced."""
+    updates: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            resolve = getattr(value, "localized", None)
+            local = localized(resolve(base) if callable(resolve) else value, base)
+            if local is not value:
+                updates[name] = local
+    return model.model_copy(update=updates) if updates else model
 
 
 def local_problems(cfg: PipelineConfig) -> list[str]:

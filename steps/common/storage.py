@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -19,6 +20,36 @@ from steps.common.s3errors import s3_errors
 
 class UnsafeKeyError(StepInputError):
     """An object key that would land outside the folder it is copied into."""
+
+
+S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")  # AWS's bucket naming rules (lower case, 3-63)
+ACCEPTED = "a dataset folder, file:///absolute/path or s3://bucket/prefix"
+
+
+def location_problem(uri: str) -> str | None:
+    """Why `uri` is not a location a step can read (checked before anything runs: no I/O), or None."""
+    if not uri.strip():
+        return f"is empty; give {ACCEPTED}"
+    if uri != uri.strip():
+        return "has spaces around it; remove them"
+    parsed = urlparse(uri)
+    if uri.startswith("s3://"):
+        if not S3_BUCKET.fullmatch(parsed.netloc) or ".." in parsed.netloc:
+            rule = "3-63 lower-case letters, digits, '.' and '-'"
+            return f"names no valid bucket ({parsed.netloc!r}: {rule}); give {ACCEPTED}"
+        if parsed.query or parsed.fragment or "?" in uri or "#" in uri:
+            return "holds a query or fragment; give s3://bucket/prefix"
+        parts = parsed.path.lstrip("/").split("/")
+        if any(part in (".", "..") for part in parts) or "" in parts[:-1]:
+            return "has '.', '..' or empty parts in its key; give the object's or prefix's own key"
+        return None
+    if uri.startswith("file://"):
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            return "is not file:///absolute/path (a file URI has three slashes and an absolute path)"
+        return None
+    if "://" in uri:
+        return f"has a scheme eksflow does not read; give {ACCEPTED}"
+    return None
 
 
 def is_s3(uri: str) -> bool:

@@ -41,9 +41,10 @@ Outputs (one file each under --outputs-dir):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from eksflow.runtime.args import Location, Settings, StepArgs
 
@@ -64,6 +65,25 @@ class StageSettings(Settings):
         description="FSx path where a data repository association exposes the s3:// source (e.g. /fsx/dra/dates): "
         "files are read there, checked against the S3 listing, never downloaded; empty: download from S3",
     )
+
+    @field_validator("source")
+    @classmethod
+    def _readable(cls, source: str) -> str:
+        from steps.common.storage import location_problem  # light: no cloud library
+
+        if problem := location_problem(source):
+            raise ValueError(problem)
+        return source
+
+    def localized(self, base: Path) -> StageSettings:
+        """These settings with a relative local source made absolute against `base` (the folder `run` started in).
+
+        Tasks run in the project's folder, not the caller's: a relative path must mean the caller's `mydata`,
+        checked and staged from the same place, and recorded absolute in the run.
+        """
+        if "://" in self.source or Path(self.source).is_absolute():
+            return self
+        return self.model_copy(update={"source": os.path.abspath(base / self.source)})
 
     def local_problems(self) -> list[str]:
         """`field: problem` when the source cannot exist on this machine (asked by `run` before anything starts)."""
