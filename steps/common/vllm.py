@@ -36,6 +36,7 @@ import re
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -394,7 +395,13 @@ def vllm_python() -> str:
 def engine(
     args: Sequence[str], env: Mapping[str, str], *, log_path: Path, python: str | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Start `python -m vllm.entrypoints.openai.api_server <args>` in its own session; always stop it."""
+    """Start `python -m vllm.entrypoints.openai.api_server <args>` in its own session; always stop it.
+
+    Whoever starts the engine owns its whole process tree: SIGTERM and SIGHUP end the owner as Ctrl-C does
+    (KeyboardInterrupt), so the engine is stopped with it instead of being left serving, re-parented to init.
+    """
+    import signal
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -404,10 +411,21 @@ def engine(
             env=engine_process_env(env),
             start_new_session=True,  # Ctrl-C reaches us only; we stop the engine's whole process group
         )
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield process
     finally:
+        for number in previous:  # a second signal must not cut the stopping short
+            signal.signal(number, signal.SIG_IGN)
         stop(process)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def engine_process_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,0 +1,55 @@
+"""Whatever starts a vLLM engine owns its whole process tree: SIGTERM of the owner stops the engine and its
+children (`make serve` stopped by a supervisor left the engine serving, re-parented to PID 1)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+# Stands in for vLLM's API server: writes its PID and its child's (the engine core), then serves forever.
+FAKE_ENGINE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.environ["FAKE_PIDS"], "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(600)
+"""
+OWNER = """
+import sys, time
+from pathlib import Path
+from steps.common import vllm
+with vllm.engine([], {}, log_path=Path(sys.argv[1]), python=sys.executable):
+    time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone for our purpose
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_sigterm_of_the_owner_stops_the_engine_and_its_children(tmp_path):
+    package = tmp_path / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", package):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_ENGINE)
+    pids_file = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(tmp_path))), "FAKE_PIDS": str(pids_file)}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "engine.log")], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 60
+    while not (pids_file.is_file() and pids_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    engine, core = (int(p) for p in pids_file.read_text().split())
+    owner.send_signal(signal.SIGTERM)
+    owner.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while (alive(engine) or alive(core)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(engine) and not alive(core), "the engine outlived the process that started it"
