@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -162,6 +162,8 @@ def _run(args: Args) -> Outputs:
     metrics = analyse(args, state, live, probes, probe_errors)
     rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
     passed, reason = gate(metrics, rules)
+    if not passed and probe_errors["candidate"] == len(probes) and (down := vllm.engine_down(args.vllm_url)):
+        reason = f"{down}; {reason}"  # the cause first: every metric failing after it is its effect
     report = write_report(args, state, metrics, rules, passed, reason, live, probes)
     _log_to_mlflow(args, state.candidate_version, metrics, report)
     if not passed:
@@ -246,8 +248,8 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
 
         with ThreadPoolExecutor(args.concurrency) as pool:
             answers = list(pool.map(ask, probes))
-        for probe, answer in zip(probes, answers, strict=True):
-            score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else 0.0
+        for probe, answer in zip(probes, answers, strict=True):  # no answer, no score: NaN, never a 0 that averages
+            score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else math.nan
             setattr(probe, role, answer.text if answer.ok else f"<error: {answer.error or answer.status}>")
             setattr(probe, f"{role}_score", score)
             errors[role] += not answer.ok
@@ -261,8 +263,10 @@ def analyse(
     answered = [a for a in live if a.ok]
     candidate_id = litellm_proxy.slot_id(args.model_name, state.candidate_slot or "blue")
     share = sum(a.served_by == candidate_id for a in answered) / len(answered) if answered else math.nan
-    served = statistics.fmean(p.candidate_score for p in probes)
-    evaluated = statistics.fmean(p.evaluated for p in probes)
+    # Scores only from probes that were answered: a metric with no answer behind it is missing (fails closed).
+    scored = [p for p in probes if math.isfinite(p.candidate_score)]
+    served = _mean(p.candidate_score for p in scored)
+    evaluated = _mean(p.evaluated for p in scored)
     metrics = {
         "served_score": served,
         "evaluated_score": evaluated,
@@ -273,13 +277,19 @@ def analyse(
         "share_z": share_z(share, state.percent / 100, len(answered)),
     }
     if state.champion_slot is not None:
-        champion = statistics.fmean(p.champion_score for p in probes)
+        both = [p for p in scored if math.isfinite(p.champion_score)]
         metrics.update(
-            champion_score=champion,
-            score_vs_champion=served - champion,
+            champion_score=_mean(p.champion_score for p in probes if math.isfinite(p.champion_score)),
+            score_vs_champion=_mean(p.candidate_score - p.champion_score for p in both),
             champion_error_rate=errors["champion"] / len(probes),
         )
     return {k: round(v, 6) if math.isfinite(v) else v for k, v in metrics.items()}
+
+
+def _mean(values: Iterable[float]) -> float:
+    """The mean, NaN for no value (a metric with nothing behind it)."""
+    found = list(values)
+    return statistics.fmean(found) if found else math.nan
 
 
 def share_z(share: float, weight: float, n: int) -> float:

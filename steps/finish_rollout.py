@@ -11,9 +11,13 @@ version is tagged rollout.phase=Degraded with the reason (the failing step's own
 is reported and skipped; the tags are always written. A run that never loaded a candidate (the gate failed,
 training was skipped) has nothing to undo.
 
+After a rollback it asks the champion for a real answer and says whether it is serving: an engine that died takes
+the champion down with the candidate, and routing back then restores no service.
+
 Outputs (one file each under --outputs-dir):
-    phase    Healthy, Degraded, or empty when no candidate was rolled out
-    reason   why
+    phase             Healthy, Degraded, or empty when no candidate was rolled out
+    reason            why
+    champion_serving  after a rollback to a champion: true if it answered, false if not; empty otherwise
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Outputs(BaseModel):
 
     phase: str
     reason: str
+    champion_serving: str = ""  # after a rollback: "true" when the champion answered a generation, else "false"
 
 
 def run(args: Args) -> Outputs:
@@ -66,9 +71,28 @@ def run(args: Args) -> Outputs:
         {rollout.PHASE_TAG: "Degraded", rollout.REASON_TAG: reason},
     )
     rollout.write_state(args.state_file, state.model_copy(update={"phase": "Degraded", "percent": 0.0}))
-    champion = f"champion v{state.champion_version}" if state.champion_version else "no champion"
-    rollout.log(f"rolled back v{state.candidate_version} (Degraded): {reason}; traffic on {champion}")
-    return Outputs(phase="Degraded", reason=reason)
+    rolled = f"rolled back v{state.candidate_version} (Degraded): {reason}"
+    if state.champion_slot is None or not state.champion_version:
+        rollout.log(f"{rolled}; no champion to serve")
+        return Outputs(phase="Degraded", reason=reason)
+    serving = champion_serving(vllm_url, litellm_proxy.slot_id(args.model_name, state.champion_slot), key)
+    champion = f"champion v{state.champion_version}"
+    if serving:
+        rollout.log(f"{rolled}; traffic on {champion}, which answers")
+    else:
+        down = vllm.engine_down(vllm_url) if vllm_url else "no fleet address"
+        rollout.log(
+            f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({down or 'no answer'}): in the "
+            "cluster its Deployment restarts the engine; here, bring the champion back with `make serve`"
+        )
+    return Outputs(phase="Degraded", reason=reason, champion_serving=str(serving).lower())
+
+
+def champion_serving(vllm_url: str, champion: str, key: str) -> bool:
+    """Whether the champion's adapter answers a real generation after the rollback (the engine may be dead)."""
+    if not vllm_url:
+        return False
+    return vllm.chat(vllm_url, champion, vllm.READY_PROMPT, api_key=key, max_tokens=2, timeout_s=30).ok
 
 
 def main(argv: list[str] | None = None) -> int:

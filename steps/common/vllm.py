@@ -287,6 +287,19 @@ def chat(
     return Answer(200, text, latency, served_by)
 
 
+def engine_down(base_url: str, timeout_s: float = 5) -> str:
+    """Why the engine at `base_url` is not running ("" when its liveness route answers 200)."""
+    import requests
+
+    try:
+        response = requests.get(f"{base_url}/health", timeout=timeout_s)
+    except requests.RequestException as err:
+        return f"the vLLM engine at {base_url} does not answer ({type(err).__name__}): it died or is unreachable"
+    if response.status_code != 200:
+        return f"the vLLM engine at {base_url} is unhealthy (/health answered {response.status_code})"
+    return ""
+
+
 def load_adapter(base_url: str, name: str, path: Path, *, api_key: str = "") -> None:
     """Load (or reload) adapter `name` from `path`; an adapter already loaded under the name is replaced."""
     if name in loaded_adapters(base_url, api_key=api_key):

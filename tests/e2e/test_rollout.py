@@ -211,7 +211,8 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     analysis = run.node("analyze-10")
     assert analysis["phase"] == "Failed" and "served_gap" in analysis["message"], analysis
     assert {run.node(t)["phase"] for t in ("shift-50", "analyze-50", "promote")} == {"Omitted"}
-    assert outputs(run.node("onExit.finish-rollout"))["phase"] == "Degraded"
+    finished = outputs(run.node("onExit.finish-rollout"))
+    assert finished["phase"] == "Degraded" and finished["champion_serving"] == "true"
     # RO1: champion unchanged, answering during the analysis and after it.
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
@@ -235,7 +236,10 @@ def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_proces
     os.killpg(engine.pid, signal.SIGKILL)
     result = run.finish()
     assert result.phase == "Failed"
-    assert run.node("analyze-10")["phase"] == "Failed" and run.node("promote")["phase"] == "Omitted"
+    analysis = run.node("analyze-10")
+    assert analysis["phase"] == "Failed" and run.node("promote")["phase"] == "Omitted"
+    assert "does not answer" in analysis["message"], analysis  # the engine's death is named, not just its effects
+    assert outputs(run.node("onExit.finish-rollout"))["champion_serving"] == "false"  # it shared the dead engine
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert rollout.version_tags(registry, MODEL, "4")[rollout.PHASE_TAG] == "Degraded"
     engine.wait(60)

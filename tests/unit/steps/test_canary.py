@@ -1,13 +1,14 @@
 """The canary analysis's pure parts: settings, probe rows, metrics, routing tolerance, the report table."""
 
 import math
+import socket
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from steps import canary
-from steps.common import litellm_proxy
+from steps import canary, finish_rollout
+from steps.common import litellm_proxy, vllm
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
 from steps.evaluate.gate import Threshold, gate
@@ -154,3 +155,27 @@ def test_the_local_fleet_names_a_routes_file_else_the_management_api(monkeypatch
 
     with pytest.raises(StepInputError, match="no LiteLLM master key"):
         litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000")
+
+
+def test_metrics_from_probes_that_all_errored_are_missing_and_fail_closed(tmp_path):
+    a = args(tmp_path)
+    state = RolloutState(
+        champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=10
+    )
+    probes = [
+        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=math.nan, champion_score=math.nan)
+        for i in range(4)
+    ]
+    metrics = canary.analyse(a, state, live([""] * 8), probes, {"candidate": 4, "champion": 4})
+    for name in ("served_score", "served_gap", "champion_score", "score_vs_champion", "candidate_share"):
+        assert math.isnan(metrics[name]), name  # nothing answered: no score, not a 0 that passes
+    passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
+    assert not passed and "score_vs_champion" in reason and "served_gap" in reason
+
+
+def test_a_dead_engine_is_named(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert vllm.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
+    assert not finish_rollout.champion_serving(closed, "llama-lora-blue", "key")
