@@ -263,6 +263,37 @@ def arguments(
     return to_argv(rendered), inputs
 
 
+def parameter_problems(workflow: Mapping[str, Any], values: Mapping[str, str]) -> list[str]:
+    """Why new workflow parameter values (`retry -p`, `resubmit -p`) would fail the steps that take them.
+
+    Each value is checked as the Args field of every step template that takes the parameter whole as a flag
+    (`--base-model={{workflow.parameters.base_model}}`): the same rules the config applies, before a run starts.
+    """
+    import importlib
+
+    declared = {p.get("name") for p in workflow.get("spec", {}).get("arguments", {}).get("parameters", [])}
+    problems = [f"-p {name}: the workflow has no parameter {name!r}" for name in values if name not in declared]
+    for template in workflow.get("spec", {}).get("templates", []):
+        command = (template.get("container") or {}).get("command") or []
+        if command[:2] != ["python", "-m"] or len(command) < 3:
+            continue
+        try:
+            args_type = importlib.import_module(command[2]).Args
+        except (ImportError, AttributeError):
+            continue  # not a step of this project: its own image checks it
+        for item in template["container"].get("args") or []:
+            option, _, value = str(item).partition("=")
+            name = value.removeprefix("{{workflow.parameters.").removesuffix("}}")
+            field = args_type.model_fields.get(option.removeprefix("--").replace("-", "_"))
+            if name not in values or value != f"{{{{workflow.parameters.{name}}}}}" or field is None:
+                continue
+            try:
+                _adapter(field).validate_python(values[name])
+            except ValidationError as err:
+                problems.append(f"-p {name}={values[name]!r}: {command[2]} {option}: {err.errors()[0]['msg']}")
+    return list(dict.fromkeys(problems))
+
+
 def _adapter(field: FieldInfo) -> TypeAdapter[Any]:
     """Validates a value as the field would, constraints (ge, pattern, ...) included."""
     annotation: Any = field.annotation

@@ -82,7 +82,9 @@ def run_verb(args: argparse.Namespace, pipeline: str, root: Path, console: Conso
 
 def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], root: Path, console: Console) -> int:
     from eksflow import local
+    from eksflow.local.runs import run_folder
     from eksflow.run import execute_env, print_result
+    from eksflow.templates import parameter_problems
 
     try:
         if args.command == "list":
@@ -115,6 +117,9 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
         if args.command == "logs":
             return _local_logs(args, console)
         settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console}
+        saved, _ = run_folder(args.state_dir, args.name).read()
+        if problems := parameter_problems(saved, parameters):  # checked before a new run starts, as `run` is
+            raise ConfigError("\n".join(problems))
         if args.command == "retry":
             result = local.retry_run(args.state_dir, args.name, parameters, **settings)
         else:

@@ -163,3 +163,19 @@ def test_a_run_started_with_a_config_resumes_with_its_own_inputs(tmp_path):
     resumed = cli(*run_again)  # the command it printed
     assert resumed.returncode == 0, resumed.stderr
     assert "line = Hello, Grace! / Bonjour, Grace!" in resumed.stderr
+
+
+def test_new_parameter_values_are_checked_by_the_steps_rules_before_a_new_run(tmp_path):
+    state = tmp_path / "state"
+    done = cli("-m", "pipelines.hello", "run", "--state-dir", str(state), "--set", "second_language=xx")
+    assert done.returncode == 1  # greet-fr fails: a run to retry
+    (name,) = [p.name for p in (state / "runs").iterdir()]
+    for command, parameter, why in [
+        ("retry", "who=", "-p who='': steps.greet --name: String should have at least 1 character"),
+        ("resubmit", "who=", "-p who='': steps.greet --name: String should have at least 1 character"),
+        ("retry", "nobody=1", "-p nobody: the workflow has no parameter 'nobody'"),
+    ]:
+        refused = verb(command, name, "-p", parameter, state=state)
+        assert refused.returncode == 2, refused.stderr
+        assert why in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert [p.name for p in (state / "runs").iterdir()] == [name]  # no new run started
