@@ -32,7 +32,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         (["render", "-o", "/nonexistent/d/x.yaml"], "config error: -o /nonexistent/d/x.yaml: cannot write it"),
         (["render", "--kind", "CronWorkflow", "--cron", "61 3 * * *"], "config error: --cron '61 3 * * *':"),
         (["schedule", "--cron", "60 3 * * 1"], "config error: --cron '60 3 * * 1': minute 60 is above 59"),
-        (["run", "--set", "data.source=" + "a" * 300], "config error: data.source: 'aaaaaaaa"),
+        (["run", "--set", "data.source=" + "a" * 300], f"config error: data.source: '{ROOT}/aaaaaaaa"),  # made absolute
         (["run", "--set", "data.source=/no/such/dataset"], "config error: data.source: '/no/such/dataset' does not"),
         (["run", "--config", "/no/such.yaml"], "config error: --config /no/such.yaml: file not found"),
         (
