@@ -12,8 +12,6 @@ shape as with a benign value, holding the hostile value intact.
 import importlib
 import itertools
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -29,6 +27,7 @@ from eksflow.templates import manifest
 from pipelines.llama_lora import LlamaLoraConfig
 from pipelines.serving.rollout import rollout_pipeline
 from tests.argo_substitution import substitute, unresolved
+from tests.commands import python
 
 GENERATED = {"workflow.name": "llama-lora-abc12", "workflow.uid": "0-1", "workflow.namespace": "argo", "retries": "0"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,10 +184,6 @@ def test_every_committed_resource_template_is_covered():
 def test_what_cannot_travel_as_data_is_refused_when_the_pipeline_is_built(obj):
     with pytest.raises(ValueError, match=r"key cannot hold a reference|already holds an expression"):
         manifest_text(obj)
-
-
-def python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_a_run_with_a_newline_in_the_base_model_folder_is_refused_naming_the_field(tmp_path):

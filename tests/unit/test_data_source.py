@@ -1,18 +1,13 @@
 """`data.source`: one rule on both sides. A relative path is the caller's folder's, recorded absolute in the run;
 a malformed URI is refused with exit 2 before anything runs."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from eksflow.config import load_config
 from eksflow.run import localized
 from eksflow.templates import manifest
 from pipelines.llama_lora import LlamaLoraConfig, build
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.commands import ROOT, python
 
 
 @pytest.mark.parametrize(
@@ -29,21 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ids=["empty", "no-bucket", "bad-bucket", "dot-dot", "empty-part", "relative-file-uri", "other-scheme"],
 )
 def test_a_malformed_source_is_refused_before_anything_runs(tmp_path, source, why):
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "pipelines" / "llama_lora.py"),
-            "run",
-            "--set",
-            f"data.source={source}",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    flagship = str(ROOT / "pipelines" / "llama_lora.py")
+    done = python(
+        flagship, "run", "--set", f"data.source={source}", "--state-dir", str(tmp_path / "state"), cwd=tmp_path
     )
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
@@ -61,19 +44,6 @@ def test_a_relative_source_means_the_callers_folder_and_is_recorded_absolute(tmp
 
 
 def test_the_step_refuses_the_same_sources(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "steps.stage_data",
-            "--source=s3://Bad_Bucket!/x",
-            f"--dest-dir={tmp_path / 'd'}",
-            f"--outputs-dir={tmp_path / 'out'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    folders = [f"--dest-dir={tmp_path / 'd'}", f"--outputs-dir={tmp_path / 'out'}"]
+    done = python("-m", "steps.stage_data", "--source=s3://Bad_Bucket!/x", *folders)
     assert done.returncode == 2 and "names no valid bucket" in done.stderr, done.stderr

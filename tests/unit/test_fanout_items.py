@@ -1,16 +1,11 @@
 """Fan-out items are checked when the pipeline is built: each passes the step's own Args rules, is a JSON value,
 and is given once. The sweep's grid says which setting is wrong before anything renders."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, task
+from tests.commands import ROOT, python
 from tests.unit.test_pipeline import MakeArgs, make
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def fan_out(items: list) -> None:
@@ -53,14 +48,7 @@ def test_items_within_the_rules_build():
     ids=["zero", "negative", "huge", "nan", "inf", "negative-lr", "duplicate", "empty"],
 )
 def test_a_bad_grid_is_refused_in_one_line_before_anything_renders(setting, first_line):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "pipelines" / "lora_sweep.py"), "render", "--set", setting],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = python(str(ROOT / "pipelines" / "lora_sweep.py"), "render", "--set", setting)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr.startswith(first_line), done.stderr

@@ -1,13 +1,10 @@
 """Steps that read what earlier runs registered refuse a sqlite registry that does not exist, creating nothing."""
 
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.commands import python
 
 
 @pytest.mark.parametrize(
@@ -22,14 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_a_mistyped_sqlite_registry_is_refused_in_one_line(tmp_path, module, args):
     db = tmp_path / "typo" / "mlflow.db"
     argv = [a.format(tmp=tmp_path) for a in args]
-    done = subprocess.run(
-        [sys.executable, "-m", module, *argv, f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = python("-m", module, *argv, f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: --tracking-uri: no MLflow database at {db} (sqlite:///{db}); check the path: this step reads what "
@@ -47,14 +37,7 @@ def test_a_locked_registry_fails_in_one_line_naming_the_database(tmp_path):
     holder.execute("BEGIN EXCLUSIVE")  # another process writing: no reader gets in
     try:
         args = ["--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}"]
-        done = subprocess.run(
-            [sys.executable, "-m", "steps.rollback", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = python("-m", "steps.rollback", *args)
     finally:
         holder.close()
     assert done.returncode == 1, done.stderr  # retryable: the lock goes away
