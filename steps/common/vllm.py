@@ -194,6 +194,13 @@ def check_adapter(spec: AdapterSpec, max_lora_rank: int, base_dir: Path, field: 
                 f"the served base model {base_dir.name} has {have} (the adapter names base "
                 f"{spec.base_model!r}); serve it on its own base model, or retrain it on this one"
             )
+    # Same shapes, another model (a sibling fine-tune of one architecture): the folder PEFT recorded names it. Both
+    # sides resolve a base model reference to the same folder name (steps.common.base_model), wherever the cache is.
+    if spec.base_model and Path(spec.base_model).name != base_dir.name:
+        raise StepInputError(
+            f"{field}: the adapter was trained on {spec.base_model!r} (its adapter_config.json "
+            f"base_model_name_or_path), the engine serves {base_dir.name}; serve it on its own base model"
+        )
 
 
 def base_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:

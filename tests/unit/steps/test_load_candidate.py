@@ -1,13 +1,15 @@
 """Bad input to the rollout exits 2 naming the field, before any server is asked (no fleet runs in these tests)."""
 
+import json
 import shutil
 import socket
 from pathlib import Path
 
 import pytest
 
+from eksflow.runtime.args import StepInputError
 from steps import load_candidate, register, serve
-from steps.common import tracking
+from steps.common import tracking, vllm
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 NOBODY = "http://127.0.0.1:{port}"  # a closed port: a step that asked a server would fail with exit 1, not 2
@@ -147,3 +149,16 @@ def test_a_version_rolled_out_again_gets_a_reason_of_this_rollout():
     tags = load_candidate.progressing_tags("green", "llama-lora-x1")
     assert tags[rollout.PHASE_TAG] == "Progressing"
     assert tags[rollout.REASON_TAG] == "canary started by llama-lora-x1"  # not a previous rollout's failure
+
+
+def test_an_adapter_recorded_on_another_base_model_of_the_same_shapes_is_refused(tmp_path):
+    base = resolve_model(DEMO_MODEL, default_cache_dir())
+    recorded = adapter(base, tmp_path / "adapter", 4)
+    config = json.loads((recorded / "adapter_config.json").read_text())
+    assert Path(config["base_model_name_or_path"]).name == base.name  # what PEFT records: the folder trained on
+    spec = vllm.read_adapter(recorded, "--model-version")
+    vllm.check_adapter(spec, 16, base, "--model-version=1")  # its own base: served
+    config["base_model_name_or_path"] = "/fsx/models/smollm2-135m-instruct-sibling"
+    (recorded / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(StepInputError, match=r"trained on '/fsx/models/smollm2-135m-instruct-sibling'"):
+        vllm.check_adapter(vllm.read_adapter(recorded, "--model-version"), 16, base, "--model-version=1")
