@@ -156,7 +156,11 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     version = outputs(status["register"])["model_version"]
     # Deployed through vLLM: no champion yet, so every canary step gave the candidate all traffic and passed.
     assert outputs(status["promote"])["champion_version"] == version
-    assert outputs(status["onExit.finish-rollout"]) == {"phase": "Healthy", "reason": "promoted"}
+    assert outputs(status["onExit.finish-rollout"]) == {
+        "phase": "Healthy",
+        "reason": "promoted",
+        "champion_serving": "",
+    }
     for percent in (10, 50, 100):
         report = json.loads(
             (Path(outputs(status[f"analyze-{percent}"])["report"].replace("/fsx", str(fsx(tmp_path))))).read_text()
@@ -178,8 +182,10 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert page.read_text().count("<polyline class='series'") >= 2  # loss and learning rate
     assert training_run(tmp_path, outputs(status["train"])["mlflow_run_id"]).info.status == "FINISHED"
 
-    # The manifest that ran is the one `render` prints, and lineage reached the registry.
-    rendered = pipeline("render", state_dir=tmp_path, model_cache=model_cache)
+    # The manifest that ran is the one `render` prints (for the data folder `run` resolved from the caller's
+    # folder: data/demo as an absolute path), and lineage reached the registry.
+    source = f"data.source={ROOT / 'data' / 'demo'}"
+    rendered = pipeline("render", "--set", source, state_dir=tmp_path, model_cache=model_cache)
     assert yaml.safe_load((run_dir / "manifest.yaml").read_text()) == yaml.safe_load(rendered.stdout)
     (registered,) = registered_versions(tmp_path)
     assert registered.tags["workflow_name"] == run_dir.name
