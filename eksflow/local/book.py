@@ -132,10 +132,23 @@ class NodeBook:
         with self.changed:
             self._tell(None)
 
+    def wake(self) -> None:
+        """Something outside the book changed (the node has room again): the scheduler passes again at once."""
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
     def running_pods(self) -> int:
-        """Pods running now, everywhere in the run (what spec.parallelism limits)."""
+        """Pods created and not ended, everywhere in the run (what spec.parallelism limits, as Argo counts them).
+
+        Pending ones count: they wait for room on the node.
+        """
         with self.lock:
-            return sum(n.type is NodeType.POD and n.phase is Phase.RUNNING for n in self.nodes.values())
+            return sum(
+                n.type is NodeType.POD
+                and (n.phase is Phase.RUNNING or (n.phase is Phase.PENDING and n.started_at is not None))
+                for n in self.nodes.values()
+            )
 
     def snapshot(self) -> dict[str, NodeStatus]:
         """A copy of every node, safe to hand out."""

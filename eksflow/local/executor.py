@@ -39,6 +39,7 @@ from eksflow.local.handlers import TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
 from eksflow.local.model import DagTemplate, Mount, Workflow
+from eksflow.local.node import Node, Requests, Ticket, machine, template_requests
 from eksflow.local.phase import Phase
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
 from eksflow.local.retry import Attempt, next_delay
@@ -65,6 +66,7 @@ class RunSettings:
     env: Mapping[str, str]
     console: Console | None
     memoize: bool = True
+    node: Requests | None = None  # the size of the node pods are placed on; None: this machine (node.py)
 
 
 class _Run:
@@ -106,6 +108,7 @@ class _Run:
         self.values |= {f"parameters.{k}": v for k, v in parameters.items()}
         self.display = TaskDisplay(settings.console, lambda: list(self.book.nodes.values()))
         self.book = NodeBook(kept, on_change=self._changed)
+        self.node = Node(settings.node or machine(), on_release=self.book.wake)
         self.owner = folder.claim(None)
         self.writer = LatestWriter(compact_json)  # status.json and owner.json, off the tasks' path
         self.watchdog: subprocess.Popen[bytes] | None = None
@@ -125,7 +128,7 @@ class _Run:
     def _changed(self, node: NodeStatus | None) -> None:
         """Called under the book's lock after every change: status.json and the display follow."""
         self.write_status()
-        if node is not None and node.phase is not Phase.PENDING:
+        if node is not None and (node.phase is not Phase.PENDING or node.message):  # a Pending one's reason
             self.display.phase_changed(node)
 
     def write_status(self) -> None:
@@ -231,24 +234,38 @@ class _Run:
     # -- pods ------------------------------------------------------------------------------------------------
 
     def _start_pod(self, unit: Unit) -> None:
+        """Create the pod: Pending until the node has room for it (the pass's `node.schedule` decides)."""
+        ticket = self._ask_node(unit, 0)
         self.book.set(
-            unit.key, Phase.RUNNING, "", retries=0, exit_code=None, outputs={}, progress=None, finished_at=None
-        )
-        thread = threading.Thread(target=self._pod_thread, args=(unit,), name=f"task-{unit.key}", daemon=True)
+            unit.key, Phase.PENDING, "", retries=0, exit_code=None, outputs={}, progress=None, finished_at=None,
+            started_at=now(),
+        )  # fmt: skip
+        thread = threading.Thread(target=self._pod_thread, args=(unit, ticket), name=f"task-{unit.key}", daemon=True)
         self.threads[unit.key] = thread
         thread.start()
 
-    def _pod_thread(self, unit: Unit) -> None:
+    def _ask_node(self, unit: Unit, attempt: int) -> Ticket:
+        asked, lasting = template_requests(unit.template, Scope(unit.values, unit.inputs, retries=attempt))
+        return self.node.request(unit.key, asked, lasting=lasting)
+
+    def _placed(self, key: str, ticket: Ticket) -> bool:
+        """Wait until the node has room for `ticket`'s pod, shown Pending with the reason; False if the run stops."""
+        if not self.node.wait(ticket, self.stop_reason, lambda reason: self.book.set(key, Phase.PENDING, reason)):
+            return False
+        self.book.set(key, Phase.RUNNING, ticket.reason)
+        return True
+
+    def _pod_thread(self, unit: Unit, ticket: Ticket) -> None:
         try:
-            result = self._attempts(unit)
+            result = self._attempts(unit, ticket)
         except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
             result = Attempt(Phase.ERROR, None, f"local executor error: {exc!r}", 0.0)
         self.book.set(unit.key, result.phase, result.message, exit_code=result.exit_code, outputs=result.outputs)
         if result.phase is Phase.SUCCEEDED:
             self.scheduler.save_memo(unit)
 
-    def _attempts(self, unit: Unit) -> Attempt:
-        """Every attempt of a pod, retried per its retryStrategy."""
+    def _attempts(self, unit: Unit, ticket: Ticket) -> Attempt:
+        """Every attempt of a pod, each placed on the node first, retried per its retryStrategy."""
         template = unit.template
         handler = handler_for(template)
         task_dir = self.folder.task_dir(unit.key)
@@ -269,7 +286,14 @@ class _Run:
                 stop_reason=self.stop_reason,
             )
             (task_dir / "progress").unlink(missing_ok=True)
+            if attempt:
+                ticket = self._ask_node(unit, attempt)
+                self.book.wake()
+            if not self._placed(unit.key, ticket):
+                return Attempt(Phase.FAILED, None, f"not started: {self.stop_reason()}", 0.0)
             result = handler.run(template, ctx)
+            if not (ticket.lasting and result.phase is Phase.SUCCEEDED):
+                self.node.release(ticket)  # a Deployment's pod that runs keeps its share until the run ends
             if result.phase is Phase.SUCCEEDED or self.abort.is_set():
                 return result
             delay, why_not = next_delay(template.retry, attempt, result, first_start, scope)
@@ -335,6 +359,7 @@ class _Run:
             with self.book.changed:
                 version = self.book.version
                 self.scheduler.advance(run)
+                self.node.schedule()  # after every task this pass could start has asked for its place
                 if run.done:
                     return
                 if version == self.book.version:

@@ -93,6 +93,9 @@ class ContainerTemplate(Template):
     env: tuple[tuple[str, str], ...]
     mounts: tuple[Mount, ...]
     paths: PathRules
+    # cpu and memory the pod requests (its limits where it gives no request), as written: a {{...}} reference is
+    # substituted for each attempt; what the local node admits it by (node.py)
+    requests: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

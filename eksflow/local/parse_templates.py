@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from eksflow.local import expression_tags, resources
+from eksflow.local import expression_tags, node, resources
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.fields import FieldReader, duration_s, go_duration_s
 from eksflow.local.model import (
@@ -33,9 +33,8 @@ CLUSTER_ONLY_TEMPLATE = frozenset({
     "serviceAccountName", "synchronization", "tolerations",
 })  # fmt: skip
 _CLUSTER_ONLY_CONTAINER = frozenset({
-    "image", "imagePullPolicy", "lifecycle", "livenessProbe", "ports", "readinessProbe", "resources",
-    "securityContext", "startupProbe", "stdin", "stdinOnce", "terminationMessagePath", "terminationMessagePolicy",
-    "tty",
+    "image", "imagePullPolicy", "lifecycle", "livenessProbe", "ports", "readinessProbe", "securityContext",
+    "startupProbe", "stdin", "stdinOnce", "terminationMessagePath", "terminationMessagePolicy", "tty",
 })  # fmt: skip
 HINTS = {
     "script": "use a container template (parameters as argv items, never spliced into source)",
@@ -194,7 +193,9 @@ def parse_container(
     """A container template."""
     container = fields.mapping(template["container"], f"{where}.container")
     at = f"{where}.container"
-    fields.check_keys(container, at, {"name", "command", "args", "env", "volumeMounts"}, _CLUSTER_ONLY_CONTAINER)
+    fields.check_keys(
+        container, at, {"name", "command", "args", "env", "volumeMounts", "resources"}, _CLUSTER_ONLY_CONTAINER
+    )
     command = tuple(fields.text(c, f"{at}.command[{i}]") for i, c in enumerate(container.get("command") or []))
     if not command:
         raise LocalExecutorError(f"{at}.command is required locally: the image's entrypoint is unknown here")
@@ -226,7 +227,28 @@ def parse_container(
         env=fields.env(container, at),
         mounts=tuple(mounts),
         paths=path_rules(template_annotations(template, where)),
+        requests=_requests(container, at),
     )
+
+
+def _requests(container: Mapping[str, Any], at: str) -> tuple[tuple[str, str], ...]:
+    """The container's cpu and memory requests as written, a missing request taken from its limit (Kubernetes)."""
+    resources = fields.mapping(container.get("resources"), f"{at}.resources")
+    sections = {key: fields.mapping(resources.get(key), f"{at}.resources.{key}") for key in ("requests", "limits")}
+    found = []
+    for name in ("cpu", "memory"):
+        section = "requests" if name in sections["requests"] else "limits"
+        value = sections[section].get(name)
+        if value is None:
+            continue
+        text = str(value)
+        if not REFERENCE.search(text):  # a quantity the API server would refuse fails now, before anything runs
+            try:
+                node.quantity(value, name)
+            except node.QuantityError as exc:
+                raise LocalExecutorError(f"{at}.resources.{section}.{name}: {exc}") from None
+        found.append((name, text))
+    return tuple(found)
 
 
 def parse_resource(template: Mapping[str, Any], where: str) -> ResourceTemplate:

@@ -70,7 +70,10 @@ class DagRun:
 
 
 class Scheduler:
-    """Advances a run's DAGs; pods are handed to `start_pod`, which must set their node Running at once."""
+    """Advances a run's DAGs; pods go to `start_pod`, which must mark their node started at once.
+
+    Started: Running, or Pending with a start time while it waits for room on the node.
+    """
 
     def __init__(
         self,
