@@ -208,7 +208,3 @@ def _main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

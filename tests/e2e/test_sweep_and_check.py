@@ -33,9 +33,9 @@ def outputs(state: Path, pipeline: str) -> dict[str, dict[str, str]]:
     }
 
 
-def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tmp_path):
+def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tmp_path, model_cache):
     state = tmp_path / "state"
-    models = ["--set", f"storage.model_cache={tmp_path / 'models'}"]
+    models = ["--set", f"storage.model_cache={model_cache}"]  # the session's converted base model
     swept = run(
         "lora_sweep",
         state,
