@@ -416,7 +416,7 @@ def render_table(
         f"canary at {percent:g}%: candidate v{state.candidate_version} ({state.candidate_slot}), champion {champion}",
         "",
         "live traffic served by: " + ", ".join(f"{k} {v}" for k, v in sorted(served_by.items())),
-        *(f"{line}  " for line in evidence),
+        *(part for line in evidence for part in ("", line)),
         "",
         "| rule | actual | result |",
         "|---|---|---|",

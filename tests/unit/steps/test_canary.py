@@ -1,5 +1,6 @@
 """The canary analysis's pure parts: settings, probe rows, metrics, routing tolerance, the report table."""
 
+import json
 import math
 import socket
 from pathlib import Path
@@ -238,3 +239,20 @@ def test_a_dead_engine_is_named(tmp_path):
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert vllm.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
     assert not finish_rollout.champion_serving(closed, "llama-lora-blue", "key")
+
+
+def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, capsys):
+    a = args(tmp_path, percent=50)
+    state = RolloutState(
+        champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=50
+    )
+    sizing = canary_sizing.live_requests(0.5, a.share_tolerance, 4.0)
+    asked = {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(16, 1)}
+    metrics = {"error_rate": 0.0}
+    path = canary.write_report(a, state, metrics, [], True, "ok", sizing, live(["llama-lora-green"]), [], asked)
+    report = json.loads(path.read_text())
+    assert report["live_traffic"]["sized"].startswith("64 live requests: a share off by 0.25 from 50% reaches")
+    assert report["probes_asked"]["candidate"] == {"sent": 0, "errors": 0, "reused_from": "analyze-10"}
+    table = path.with_suffix(".md").read_text()
+    assert "live traffic: 64 live requests" in table
+    assert "probes: candidate reused from analyze-10, champion 16 sent (1 failed)" in table
