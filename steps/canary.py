@@ -4,19 +4,25 @@ r"""Canary analysis: does the served candidate behave at its current share of tr
         --tracking-uri=... --vllm-url=... --proxy-url=... --state-file=...
 
 Two kinds of traffic, both real requests to the running fleet:
-- live traffic through the proxy: `traffic_requests` chat requests to the public model name, `concurrency` at a
-  time, `traffic_max_tokens` each; which slot answered is read from each response's x-litellm-model-id header;
+- live traffic through the proxy: chat requests to the public model name, `concurrency` at a time,
+  `traffic_max_tokens` each; which slot answered is read from each response's x-litellm-model-id header. Their
+  number is sized per step from `share_tolerance`, the step's weight and the share_z limit of the rules
+  (steps/common/canary_sizing.py: 24, 64 and 34 requests at 10, 50 and 100 % by default); the report states it
+  and the bound it came from;
 - the probe set: the first `probe_rows` rows of the held-out split as `evaluate` scored them for this version
   (its report in the version's MLflow run holds each row's prompt, reference and score), sent straight to the
   candidate's adapter and, when one is served, to the champion's (greedy, the evaluation's token budget). The
-  live traffic uses the same prompts.
+  live traffic uses the same prompts. Each model answers them once per rollout: a later step reuses the answers
+  while the engine, the adapter and the prompts are unchanged (steps/common/probe_cache.py), else asks again.
 
 Metrics (declarative rules like evaluate.thresholds, the same code: steps.evaluate.gate; missing or NaN fails):
     served_score          the task metric (exact match by default) of the served candidate on the probe rows
     evaluated_score       what `evaluate` measured for this version on the same rows (its report's per-row scores)
     served_gap            |served_score - evaluated_score|: a wrong adapter, base model or chat template shows
                           here (RO3); bfloat16 serving vs float32 evaluation flips a row now and then
-    error_rate            failed or empty answers / requests, live traffic and candidate probes together
+    error_rate            failed or empty answers / requests sent by this step: its live traffic and the
+                          candidate probes it sent (reused probe answers are no request: a set is reused
+                          only if every probe was answered in the step that sent it)
     p95_latency_s         95th percentile of the live requests' latency through the proxy
     candidate_share       share of the live requests the candidate's slot answered
     share_z               |candidate_share - weight| in binomial standard errors, sqrt(w (1 - w) / n): the
@@ -24,6 +30,7 @@ Metrics (declarative rules like evaluate.thresholds, the same code: steps.evalua
                           100 % any deviation is infinite
     champion_score, score_vs_champion   the champion on the same probes, and candidate - champion
                                         (champion_thresholds, applied only when a champion is served)
+    champion_error_rate   failed champion probes / champion probes sent by this step (0 for a reused set)
 
 Writes canary-<percent>.json and .md to --report-dir and to the candidate's MLflow run (artifacts canary/,
 metrics canary_<percent>_<name>). Exits 1 naming the failing rule (the exit handler then rolls back), 2 for bad
@@ -37,13 +44,15 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError, run_step
-from steps.common import litellm_proxy, rollout, tracking, vllm
+from steps.common import canary_sizing, litellm_proxy, probe_cache, rollout, tracking, vllm
+from steps.common.canary_sizing import Sizing
 from steps.common.rollout import FleetArgs, RolloutState
 from steps.evaluate.gate import COMPARISONS, Threshold, gate
 from steps.evaluate.metrics import resolve
@@ -76,7 +85,12 @@ class CanarySettings(Settings):
     weights: tuple[float, ...] = Field(
         (10.0, 50.0, 100.0), min_length=1, description="the candidate's share at each step, percent; ends at 100"
     )
-    traffic_requests: int = Field(40, ge=1, description="live requests through the proxy per analysis")
+    share_tolerance: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="deviation of the candidate's routed share a step must detect: sizes its live requests",
+    )
     concurrency: int = Field(4, ge=1, le=64, description="live requests in flight at once")
     traffic_max_tokens: int = Field(8, ge=1, description="answer length of a live request (routing, errors, latency)")
     probe_rows: int = Field(16, ge=1, description="held-out rows sent to candidate and champion")
@@ -117,6 +131,19 @@ class CanarySettings(Settings):
                 raise ValueError(f"unknown canary metric {rule.metric!r}; known: {', '.join(CANARY_METRICS)}")
         return rules
 
+    @model_validator(mode="after")
+    def _traffic_within_reach(self) -> CanarySettings:
+        z = canary_sizing.share_z_limit(self.thresholds)
+        for w in self.weights:
+            sizing = canary_sizing.live_requests(w / 100, self.share_tolerance, z)
+            if sizing.requests > canary_sizing.MAX_LIVE_REQUESTS:
+                raise ValueError(
+                    f"share_tolerance={self.share_tolerance:g} with share_z <= {z:g} needs {sizing.bound:.0f} live "
+                    f"requests at the {w:g}% step, more than {canary_sizing.MAX_LIVE_REQUESTS}; give a larger "
+                    "share_tolerance"
+                )
+        return self
+
 
 class Args(CanarySettings, FleetArgs):
     """Canary settings, the fleet, and what this analysis checks against."""
@@ -146,6 +173,15 @@ class Probe(BaseModel):
     champion_score: float = math.nan
 
 
+@dataclass(frozen=True)
+class Asked:
+    """How one model's probe answers came at this step: sent now, or reused from the step that sent them."""
+
+    sent: int  # probes sent by this step (0 when reused)
+    errors: int  # of those, failed or empty
+    reused_from: str = ""  # the step whose answers were reused
+
+
 def run(args: Args) -> Outputs:
     """Send live traffic and the probe set, compute the metrics, apply the rules, report."""
     with rollout.recording_failures(args.state_file, f"{STEP}-{args.percent:g}"):
@@ -157,14 +193,18 @@ def _run(args: Args) -> Outputs:
     if state.candidate_slot is None or not state.candidate_version:
         raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
     probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
-    live = send_live_traffic(args, [p.prompt for p in probes])
-    probe_errors = send_probes(args, state, probes)
-    metrics = analyse(args, state, live, probes, probe_errors)
+    sizing = canary_sizing.live_requests(
+        state.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)
+    )
+    rollout.log(f"canary at {state.percent:g}%: {sizing.describe()}")
+    live = send_live_traffic(args, [p.prompt for p in probes], sizing.requests)
+    asked = send_probes(args, state, probes)
+    metrics = analyse(args, state, live, probes, asked)
     rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
     passed, reason = gate(metrics, rules)
-    if not passed and probe_errors["candidate"] == len(probes) and (down := vllm.engine_down(args.vllm_url)):
+    if not passed and (down := vllm.engine_down(args.vllm_url)):
         reason = f"{down}; {reason}"  # the cause first: every metric failing after it is its effect
-    report = write_report(args, state, metrics, rules, passed, reason, live, probes)
+    report = write_report(args, state, metrics, rules, passed, reason, sizing, live, probes, asked)
     _log_to_mlflow(args, state.candidate_version, metrics, report)
     if not passed:
         raise StepFailedError(
@@ -208,8 +248,8 @@ def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "e
     return probes
 
 
-def send_live_traffic(args: Args, prompts: Sequence[str]) -> list[vllm.Answer]:
-    """`traffic_requests` requests to the public name through the proxy, `concurrency` at a time."""
+def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vllm.Answer]:
+    """`count` requests to the public name through the proxy, `concurrency` at a time."""
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
 
     def one(i: int) -> vllm.Answer:
@@ -223,41 +263,58 @@ def send_live_traffic(args: Args, prompts: Sequence[str]) -> list[vllm.Answer]:
         )
 
     with ThreadPoolExecutor(args.concurrency) as pool:
-        return list(pool.map(one, range(args.traffic_requests)))
+        return list(pool.map(one, range(count)))
 
 
-def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[str, int]:
-    """Ask the candidate's (and the champion's) adapter every probe; fill in answers and scores; count failures."""
+def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[str, Asked]:
+    """The candidate's (and the champion's) answer and score on every probe, from the probe cache or asked.
+
+    A model is asked unless the rollout's probe cache holds its answers for the same engine, adapter and prompts.
+    """
     key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
-    targets = {"candidate": state.candidate_slot, "champion": state.champion_slot}
-    errors = {"candidate": 0, "champion": 0}
-    for role, slot in targets.items():
+    cache_file = probe_cache.cache_path(args.state_file)
+    cache = probe_cache.read(cache_file)
+    prompts = [p.prompt for p in probes]
+    models = {
+        "candidate": (state.candidate_slot, state.candidate_version),
+        "champion": (state.champion_slot, state.champion_version),
+    }
+    asked: dict[str, Asked] = {}
+    for role, (slot, version) in models.items():
         if slot is None:
             continue
         name = litellm_proxy.slot_id(args.model_name, slot)
-
-        def ask(probe: Probe, name: str = name) -> vllm.Answer:
-            return vllm.chat(
-                args.vllm_url,
-                name,
-                probe.prompt,
-                api_key=key,
-                max_tokens=args.max_new_tokens,
-                timeout_s=args.request_timeout_s,
-            )
-
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            answers = list(pool.map(ask, probes))
+        model = probe_cache.model_key(args.vllm_url, key, name, version, prompts, args.max_new_tokens)
+        before = probe_cache.engine_requests(args.vllm_url, key) if model else None
+        if model and (entry := probe_cache.lookup(cache, model, before)):
+            answers = [vllm.Answer(200, text, 0.0) for text in entry.answers]
+            asked[role] = Asked(sent=0, errors=0, reused_from=entry.step)
+            rollout.log(f"{role} {name}: probe answers reused from {entry.step} (same engine, adapter, prompts)")
+        else:
+            answers = _ask(args, key, name, prompts)
+            asked[role] = Asked(sent=len(answers), errors=sum(not a.ok for a in answers))
+            probe_cache.remember(cache_file, model, key, before, f"{STEP}-{args.percent:g}", answers)
         for probe, answer in zip(probes, answers, strict=True):  # no answer, no score: NaN, never a 0 that averages
             score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else math.nan
             setattr(probe, role, answer.text if answer.ok else f"<error: {answer.error or answer.status}>")
             setattr(probe, f"{role}_score", score)
-            errors[role] += not answer.ok
-    return errors
+    return asked
+
+
+def _ask(args: Args, key: str, name: str, prompts: Sequence[str]) -> list[vllm.Answer]:
+    """Every prompt to the adapter served as `name`, straight to the engine, `concurrency` at a time."""
+
+    def one(prompt: str) -> vllm.Answer:
+        return vllm.chat(
+            args.vllm_url, name, prompt, api_key=key, max_tokens=args.max_new_tokens, timeout_s=args.request_timeout_s
+        )
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        return list(pool.map(one, prompts))
 
 
 def analyse(
-    args: Args, state: RolloutState, live: Sequence[vllm.Answer], probes: Sequence[Probe], errors: Mapping[str, int]
+    args: Args, state: RolloutState, live: Sequence[vllm.Answer], probes: Sequence[Probe], asked: Mapping[str, Asked]
 ) -> dict[str, float]:
     """The canary metrics (see the module docstring); NaN where there is nothing to measure."""
     answered = [a for a in live if a.ok]
@@ -265,23 +322,25 @@ def analyse(
     share = sum(a.served_by == candidate_id for a in answered) / len(answered) if answered else math.nan
     # Scores only from probes that were answered: a metric with no answer behind it is missing (fails closed).
     scored = [p for p in probes if math.isfinite(p.candidate_score)]
+    candidate = asked["candidate"]
     served = _mean(p.candidate_score for p in scored)
     evaluated = _mean(p.evaluated for p in scored)
     metrics = {
         "served_score": served,
         "evaluated_score": evaluated,
         "served_gap": abs(served - evaluated),
-        "error_rate": (len(live) - len(answered) + errors["candidate"]) / (len(live) + len(probes)),
-        "p95_latency_s": _percentile([a.latency_s for a in live if a.status], 0.95),
+        "error_rate": (len(live) - len(answered) + candidate.errors) / (len(live) + candidate.sent),
+        "p95_latency_s": _percentile([a.latency_s for a in live if a.status], canary_sizing.PERCENTILE),
         "candidate_share": share,
         "share_z": share_z(share, state.percent / 100, len(answered)),
     }
     if state.champion_slot is not None:
         both = [p for p in scored if math.isfinite(p.champion_score)]
+        champion = asked["champion"]
         metrics.update(
             champion_score=_mean(p.champion_score for p in probes if math.isfinite(p.champion_score)),
             score_vs_champion=_mean(p.candidate_score - p.champion_score for p in both),
-            champion_error_rate=errors["champion"] / len(probes),
+            champion_error_rate=champion.errors / champion.sent if champion.sent else 0.0,
         )
     return {k: round(v, 6) if math.isfinite(v) else v for k, v in metrics.items()}
 
@@ -308,8 +367,10 @@ def write_report(
     rules: Sequence[Threshold],
     passed: bool,
     reason: str,
+    sizing: Sizing,
     live: Sequence[vllm.Answer],
     probes: Sequence[Probe],
+    asked: Mapping[str, Asked],
 ) -> Path:
     """canary-<percent>.json (everything) and .md (the table), in --report-dir; prints the table."""
     args.report_dir.mkdir(parents=True, exist_ok=True)
@@ -326,12 +387,14 @@ def write_report(
         "champion": {"version": state.champion_version, "slot": state.champion_slot},
         "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()},
         "rules": [{**r.model_dump(), "actual": metrics.get(r.metric)} for r in rules],
-        "live_traffic": {"requests": len(live), "served_by": served_by},
+        "live_traffic": {"requests": len(live), "sized": sizing.describe(), "served_by": served_by},
+        "probes_asked": {role: asdict(a) for role, a in asked.items()},
         "probes": [p.model_dump() for p in probes],
     }
     json_path = stem.with_suffix(".json")
     json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    table = render_table(args.percent, state, metrics, rules, passed, reason, served_by)
+    evidence = [f"live traffic: {sizing.describe()}", "probes: " + describe_asked(asked)]
+    table = render_table(args.percent, state, metrics, rules, passed, reason, served_by, evidence)
     stem.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     print(table)
     return json_path
@@ -345,13 +408,15 @@ def render_table(
     passed: bool,
     reason: str,
     served_by: Mapping[str, int],
+    evidence: Sequence[str] = (),
 ) -> str:
-    """The markdown summary: traffic split, every rule with its value, the decision."""
+    """The markdown summary: traffic split, what was sent and why, every rule with its value, the decision."""
     champion = f"v{state.champion_version} ({state.champion_slot})" if state.champion_slot else "none served"
     lines = [
         f"canary at {percent:g}%: candidate v{state.candidate_version} ({state.candidate_slot}), champion {champion}",
         "",
         "live traffic served by: " + ", ".join(f"{k} {v}" for k, v in sorted(served_by.items())),
+        *(part for line in evidence for part in ("", line)),
         "",
         "| rule | actual | result |",
         "|---|---|---|",
@@ -364,6 +429,14 @@ def render_table(
     lines += ["", ", ".join(f"{k} = {metrics[k]:.4f}" for k in others)]
     lines += ["", f"analysis: {'PASSED' if passed else 'FAILED'} ({reason})"]
     return "\n".join(lines)
+
+
+def describe_asked(asked: Mapping[str, Asked]) -> str:
+    """`candidate 16 sent (0 failed), champion reused from analyze-10`."""
+    return ", ".join(
+        f"{role} reused from {a.reused_from}" if a.reused_from else f"{role} {a.sent} sent ({a.errors} failed)"
+        for role, a in asked.items()
+    )
 
 
 def _log_to_mlflow(args: Args, version: str, metrics: Mapping[str, float], report: Path) -> None:

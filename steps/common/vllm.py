@@ -343,16 +343,21 @@ def _models(base_url: str, api_key: str) -> list[dict[str, Any]]:
         raise ServingError(f"GET {base_url}/v1/models failed: {err}") from err
 
 
-def busy_adapters(base_url: str, *, api_key: str = "") -> set[str]:
-    """Adapters with requests running or waiting right now, from the newest vllm:lora_requests_info sample."""
+def metrics_text(base_url: str, *, api_key: str = "") -> str:
+    """The engine's Prometheus metrics (GET /metrics), as text."""
     import requests
 
     try:
         response = requests.get(f"{base_url}/metrics", headers=_auth(api_key), timeout=30)
         response.raise_for_status()
-        text = response.text
     except requests.RequestException as err:
         raise ServingError(f"GET {base_url}/metrics failed: {err}") from err
+    return response.text
+
+
+def busy_adapters(base_url: str, *, api_key: str = "") -> set[str]:
+    """Adapters with requests running or waiting right now, from the newest vllm:lora_requests_info sample."""
+    text = metrics_text(base_url, api_key=api_key)
     newest: tuple[float, set[str]] = (-1.0, set())
     # vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} <unix time>
     for line in text.splitlines():

@@ -170,11 +170,19 @@ def outputs(node: dict) -> dict:
 
 
 def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache, registry, adopt_engine):
-    run = Run(state, model_cache, "2", "canary.traffic_requests=100")
+    # A tighter tolerance than the default (36, 100, 44 live requests): this test is what sees a LiteLLM upgrade
+    # break the weights.
+    run = Run(state, model_cache, "2", "canary.share_tolerance=0.2")
     result = run.finish()
     assert result.phase == "Succeeded", result.message
-    for percent in (10, 50, 100):
+    for percent, requests in ((10, 36), (50, 100), (100, 44)):
         report = run.report(percent)
+        assert report["live_traffic"]["requests"] == requests, report["live_traffic"]
+        assert report["live_traffic"]["sized"].startswith(f"{requests} live requests: "), report["live_traffic"]
+        # Each model answers the probes once: the first step asks both, the later ones reuse (same engine, adapters).
+        for asked in (report["probes_asked"][role] for role in ("candidate", "champion")):
+            fresh = (asked["sent"] > 0, asked["errors"], asked["reused_from"])
+            assert fresh == ((True, 0, "") if percent == 10 else (False, 0, "analyze-10")), (percent, asked)
         served_by = report["live_traffic"]["served_by"]
         assert set(served_by) <= {"llama-lora-blue", "llama-lora-green"}, served_by  # no failed request
         n = sum(served_by.values())
@@ -228,7 +236,7 @@ def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_proces
 ):
     """RO2. Last in the module: it kills the shared engine (conftest restarts it for any later user)."""
     before = serving_processes()
-    run = Run(state, model_cache, "4", "canary.traffic_requests=400")
+    run = Run(state, model_cache, "4", "canary.share_tolerance=0.06")  # 400 live requests at 10 %: still sending
     run.wait_for("analyze-10", "Running")
     time.sleep(2)  # the analysis is sending its traffic
     engine = adopt_engine.process

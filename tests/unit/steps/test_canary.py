@@ -1,5 +1,6 @@
 """The canary analysis's pure parts: settings, probe rows, metrics, routing tolerance, the report table."""
 
+import json
 import math
 import socket
 from pathlib import Path
@@ -8,10 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from steps import canary, finish_rollout
-from steps.common import litellm_proxy, vllm
+from steps.common import canary_sizing, litellm_proxy, vllm
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
 from steps.evaluate.gate import Threshold, gate
+
+SENT = {"candidate": canary.Asked(sent=4, errors=0), "champion": canary.Asked(sent=4, errors=0)}
 
 
 def args(tmp_path: Path, **extra) -> canary.Args:
@@ -39,6 +42,62 @@ def test_weights_must_increase_to_100(weights):
 def test_rules_name_known_metrics_only():
     with pytest.raises(ValidationError, match="unknown canary metric 'latency'"):
         canary.CanarySettings(thresholds=(Threshold(metric="latency", op="<=", value=1),))
+
+
+@pytest.mark.parametrize(
+    ("weight", "tolerance", "requests"),
+    [
+        (0.1, 0.25, 24),  # 4^2 * 0.1 * 0.9 / 0.25^2 = 23.04
+        (0.5, 0.25, 64),  # 4^2 * 0.25 / 0.0625, exactly: not 65 from rounding
+        (1.0, 0.25, 34),  # ln(6.33e-5) / ln(0.75) = 33.6
+        (0.1, 0.3, 20),  # the bound asks 16: the p95 floor
+        (0.5, 0.2, 100),
+        (1.0, 0.05, 189),
+    ],
+)
+def test_live_requests_follow_from_the_share_bound(weight, tolerance, requests):
+    sizing = canary_sizing.live_requests(weight, tolerance, 4.0)
+    assert sizing.requests == requests
+    if weight < 1:  # a share off by the tolerance reaches the z limit with n requests, not with n - 1
+        assert canary.share_z(weight + tolerance, weight, sizing.requests) >= 4.0 - 1e-9 or requests == 20
+        assert canary.share_z(weight + tolerance, weight, sizing.requests - 1) < 4.0 or requests == 20
+    else:  # a router sending the tolerance elsewhere goes unseen no more often than a correct one fails at z = 4
+        assert (1 - tolerance) ** sizing.requests <= math.erfc(4 / math.sqrt(2)) < (1 - tolerance) ** (requests - 1)
+    assert f"{requests} live requests" in sizing.describe()
+
+
+def test_default_canary_sizes_each_step_and_says_why():
+    settings = canary.CanarySettings()
+    z = canary_sizing.share_z_limit(settings.thresholds)
+    assert z == 4.0
+    sized = [canary_sizing.live_requests(w / 100, settings.share_tolerance, z) for w in settings.weights]
+    assert [s.requests for s in sized] == [24, 64, 34]
+    assert "n >= 4^2 * 0.1 * 0.9 / 0.25^2 = 23.04" in sized[0].describe()
+    assert "(1 - 0.25)^n <= 6.3e-05, the normal tail at 4" in sized[2].describe()
+
+
+def test_without_a_share_rule_the_floor_alone_sizes_the_traffic():
+    rules = (Threshold(metric="share_z", op=">=", value=1.0), Threshold(metric="error_rate", op="<=", value=0))
+    assert canary_sizing.share_z_limit(rules) is None
+    sizing = canary_sizing.live_requests(0.5, 0.25, None)
+    assert sizing.requests == canary_sizing.MIN_LIVE_REQUESTS == 20 and "no share_z rule" in sizing.describe()
+    strict = (Threshold(metric="share_z", op="<=", value=4.0), Threshold(metric="share_z", op="<", value=3.0))
+    assert canary_sizing.share_z_limit(strict) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"share_tolerance": 0}, "greater than 0"),
+        ({"share_tolerance": 1}, "less than 1"),
+        ({"share_tolerance": 0.01}, "needs 14400 live requests at the 10% step, more than 10000"),
+        ({"thresholds": ({"metric": "share_z", "op": "<=", "value": 40},)}, "needs inf live requests at the 100%"),
+        ({"traffic_requests": 40}, "traffic_requests\n  Extra inputs are not permitted"),
+    ],
+)
+def test_canary_traffic_settings_are_validated(settings, match):
+    with pytest.raises(ValidationError, match=match):
+        canary.CanarySettings.model_validate(settings)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +147,7 @@ def test_metrics_of_a_healthy_step_pass_the_default_rules(tmp_path):
         for i in range(4)
     ]
     traffic = live(["llama-lora-green"] * 4 + ["llama-lora-blue"] * 36)
-    metrics = canary.analyse(a, state, traffic, probes, {"candidate": 0, "champion": 0})
+    metrics = canary.analyse(a, state, traffic, probes, SENT)
     assert metrics["candidate_share"] == 0.1 and metrics["share_z"] == 0.0
     assert metrics["served_gap"] == 0.0 and metrics["error_rate"] == 0.0 and metrics["score_vs_champion"] == 0.0
     assert gate(metrics, [*a.thresholds, *a.champion_thresholds])[0]
@@ -104,7 +163,7 @@ def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
         for i in range(4)
     ]
     traffic = live(["llama-lora-green", "llama-lora-blue"] * 20 + [""])  # one request timed out
-    metrics = canary.analyse(a, state, traffic, probes, {"candidate": 0, "champion": 0})
+    metrics = canary.analyse(a, state, traffic, probes, SENT)
     passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
     assert not passed
     assert "served_gap = 1.0000 fails served_gap <= 0.125" in reason
@@ -116,7 +175,7 @@ def test_without_a_champion_there_are_no_champion_metrics(tmp_path):
     state = RolloutState(candidate_version="1", candidate_slot="blue", percent=100)
     probes = [canary.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0)]
     metrics = canary.analyse(
-        args(tmp_path, percent=100), state, live(["llama-lora-blue"] * 3), probes, {"candidate": 0, "champion": 0}
+        args(tmp_path, percent=100), state, live(["llama-lora-blue"] * 3), probes, {"candidate": canary.Asked(1, 0)}
     )
     assert "champion_score" not in metrics and metrics["share_z"] == 0.0
 
@@ -166,7 +225,8 @@ def test_metrics_from_probes_that_all_errored_are_missing_and_fail_closed(tmp_pa
         canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=math.nan, champion_score=math.nan)
         for i in range(4)
     ]
-    metrics = canary.analyse(a, state, live([""] * 8), probes, {"candidate": 4, "champion": 4})
+    failed = {"candidate": canary.Asked(sent=4, errors=4), "champion": canary.Asked(sent=4, errors=4)}
+    metrics = canary.analyse(a, state, live([""] * 8), probes, failed)
     for name in ("served_score", "served_gap", "champion_score", "score_vs_champion", "candidate_share"):
         assert math.isnan(metrics[name]), name  # nothing answered: no score, not a 0 that passes
     passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
@@ -179,3 +239,20 @@ def test_a_dead_engine_is_named(tmp_path):
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert vllm.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
     assert not finish_rollout.champion_serving(closed, "llama-lora-blue", "key")
+
+
+def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, capsys):
+    a = args(tmp_path, percent=50)
+    state = RolloutState(
+        champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=50
+    )
+    sizing = canary_sizing.live_requests(0.5, a.share_tolerance, 4.0)
+    asked = {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(16, 1)}
+    metrics = {"error_rate": 0.0}
+    path = canary.write_report(a, state, metrics, [], True, "ok", sizing, live(["llama-lora-green"]), [], asked)
+    report = json.loads(path.read_text())
+    assert report["live_traffic"]["sized"].startswith("64 live requests: a share off by 0.25 from 50% reaches")
+    assert report["probes_asked"]["candidate"] == {"sent": 0, "errors": 0, "reused_from": "analyze-10"}
+    table = path.with_suffix(".md").read_text()
+    assert "live traffic: 64 live requests" in table
+    assert "probes: candidate reused from analyze-10, champion 16 sent (1 failed)" in table

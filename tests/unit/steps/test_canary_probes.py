@@ -1,0 +1,181 @@
+"""Probe answers asked once per model and reused across canary steps while nothing they depend on changed."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from steps import canary
+from steps.common import probe_cache, vllm
+from steps.common.rollout import RolloutState
+from steps.common.vllm import Answer
+
+STATE = RolloutState(champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green")
+
+
+class Engine:
+    """A fake vLLM engine: its models list, its finished-request counter, and the chat requests it got."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.adapters = {}
+        for slot, version in (("blue", "1"), ("green", "2")):
+            folder = tmp_path / "adapters" / f"v{version}"
+            folder.mkdir(parents=True)
+            (folder / "adapter_config.json").write_text("{}")
+            (folder / "adapter_model.safetensors").write_bytes(f"weights of v{version}".encode())
+            self.adapters[f"llama-lora-{slot}"] = str(folder)
+        self.finished = 100.0
+        self.asked: list[str] = []
+        self.failing = False
+        monkeypatch.setattr(vllm, "base_model_card", lambda url, api_key="": {"id": "base", "root": "/m"})
+        monkeypatch.setattr(vllm, "loaded_adapters", lambda url, api_key="": dict(self.adapters))
+        monkeypatch.setattr(vllm, "metrics_text", self.metrics)
+        monkeypatch.setattr(vllm, "chat", self.chat)
+
+    def metrics(self, url: str, api_key: str = "") -> str:
+        half = self.finished / 2
+        return (
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="base"}} {half}\n'
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="base"}} {half}\n'
+        )
+
+    def chat(self, url: str, model: str, prompt: str, **kwargs: object) -> Answer:
+        self.asked.append(model)
+        if self.failing:
+            return Answer(0, "", 1.0, error="timeout")
+        self.finished += 1
+        return Answer(200, f"{model} says {prompt}", 0.1)
+
+    def restart(self) -> None:
+        self.finished = 3.0  # a new engine counts from 0; adapters reloaded from the same folders
+
+
+def step(
+    tmp_path: Path, percent: float = 10, prompts: tuple[str, ...] = ("p0", "p1", "p2"), **extra
+) -> tuple[dict[str, canary.Asked], list[canary.Probe]]:
+    args = canary.Args.model_validate(
+        {
+            "model_name": "llama-lora",
+            "tracking_uri": "sqlite:///x.db",
+            "vllm_url": "http://127.0.0.1:1",
+            "proxy_url": "http://127.0.0.1:2",
+            "serving_dir": tmp_path / "adapters",
+            "state_file": tmp_path / "rollout" / "state.json",
+            "secrets_dir": tmp_path / "secrets",
+            "percent": percent,
+            "report_dir": tmp_path / "reports",
+            **extra,
+        }
+    )
+    probes = [canary.Probe(prompt=p, reference=f"llama-lora-green says {p}", evaluated=1.0) for p in prompts]
+    return canary.send_probes(args, STATE, probes), probes
+
+
+def test_each_model_answers_once_and_later_steps_reuse_its_answers(tmp_path, monkeypatch):
+    engine = Engine(tmp_path, monkeypatch)
+    first, _ = step(tmp_path, 10)
+    assert first == {"candidate": canary.Asked(3, 0), "champion": canary.Asked(3, 0)} and len(engine.asked) == 6
+    again, probes = step(tmp_path, 50)
+    assert len(engine.asked) == 6, "nothing changed: no probe is sent again"
+    assert again == {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(0, 0, "analyze-10")}
+    assert [p.candidate_score for p in probes] == [1.0, 1.0, 1.0]  # scored from the kept answers, as when sent
+    assert probes[0].champion == "llama-lora-blue says p0"
+    assert canary.describe_asked(again) == "candidate reused from analyze-10, champion reused from analyze-10"
+    assert not list((tmp_path / "rollout").glob(".*tmp"))  # written in one rename
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "restart",  # the same adapters reloaded into a new engine
+        "reloaded elsewhere",  # the candidate's name now serves another folder
+        "other weights",  # the files behind the candidate's folder changed
+        "other prompts",
+        "other answer cap",
+    ],
+)
+def test_a_change_the_answers_depend_on_asks_the_candidate_again(tmp_path, monkeypatch, change):
+    engine = Engine(tmp_path, monkeypatch)
+    step(tmp_path, 10)
+    green = Path(engine.adapters["llama-lora-green"])
+    extra: dict[str, object] = {}
+    prompts = ("p0", "p1", "p2")
+    if change == "restart":
+        engine.restart()
+    elif change == "reloaded elsewhere":
+        other = tmp_path / "elsewhere"
+        other.mkdir()
+        for f in green.iterdir():
+            (other / f.name).write_bytes(f.read_bytes())
+        engine.adapters["llama-lora-green"] = str(other)
+    elif change == "other weights":
+        (green / "adapter_model.safetensors").write_bytes(b"retrained")
+    elif change == "other prompts":
+        prompts = ("p0", "p1", "q2")
+    else:
+        extra["max_new_tokens"] = 64
+    engine.asked.clear()
+    asked, _ = step(tmp_path, 50, prompts, **extra)
+    assert asked["candidate"] == canary.Asked(3, 0), change
+    assert "llama-lora-green" in engine.asked
+
+
+def test_failed_answers_are_never_kept(tmp_path, monkeypatch):
+    engine = Engine(tmp_path, monkeypatch)
+    engine.failing = True
+    first, probes = step(tmp_path, 10)
+    assert first["candidate"] == canary.Asked(3, 3) and probes[0].candidate.startswith("<error")
+    assert not probe_cache.cache_path(tmp_path / "rollout" / "state.json").exists()
+    engine.failing = False
+    again, _ = step(tmp_path, 50)
+    assert again["candidate"] == canary.Asked(3, 0)
+
+
+def test_an_unreadable_engine_means_no_reuse_and_nothing_kept(tmp_path, monkeypatch):
+    engine = Engine(tmp_path, monkeypatch)
+
+    def down(url: str, api_key: str = "") -> str:
+        raise vllm.ServingError("GET /metrics failed")
+
+    monkeypatch.setattr(vllm, "metrics_text", down)
+    step(tmp_path, 10)
+    step(tmp_path, 50)
+    assert len(engine.asked) == 12
+    assert not probe_cache.cache_path(tmp_path / "rollout" / "state.json").exists()
+
+
+def test_a_corrupt_cache_is_ignored_with_a_note_then_replaced(tmp_path, monkeypatch, capsys):
+    engine = Engine(tmp_path, monkeypatch)
+    cache = probe_cache.cache_path(tmp_path / "rollout" / "state.json")
+    cache.parent.mkdir(parents=True)
+    cache.write_text('{"entries": [{"key": ')  # half a file
+    asked, _ = step(tmp_path, 10)
+    assert asked["candidate"] == canary.Asked(3, 0) and len(engine.asked) == 6
+    assert "ignoring the probe answers" in capsys.readouterr().err
+    assert {e["step"] for e in json.loads(cache.read_text())["entries"]} == {"analyze-10"}
+
+
+def test_reused_probes_are_no_requests_in_error_rate(tmp_path):
+    a = canary.Args.model_validate(
+        {
+            "model_name": "llama-lora",
+            "tracking_uri": "sqlite:///x.db",
+            "vllm_url": "",
+            "proxy_url": "",
+            "serving_dir": tmp_path,
+            "state_file": tmp_path / "state.json",
+            "percent": 50,
+            "report_dir": tmp_path,
+        }
+    )
+    state = STATE.model_copy(update={"percent": 50})
+    probes = [canary.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)] * 4
+    live = [Answer(200, "ok", 0.1, "llama-lora-green"), Answer(0, "", 9.0, error="timeout")] * 10
+    reused = {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(0, 0, "analyze-10")}
+    metrics = canary.analyse(a, state, live, probes, reused)
+    assert metrics["error_rate"] == 0.5  # 10 failed of the 20 live requests: the kept answers are not requests
+    assert metrics["champion_error_rate"] == 0.0
+    sent = {"candidate": canary.Asked(4, 0), "champion": canary.Asked(4, 2)}
+    metrics = canary.analyse(a, state, live, probes, sent)
+    assert metrics["error_rate"] == pytest.approx(10 / 24) and metrics["champion_error_rate"] == 0.5
