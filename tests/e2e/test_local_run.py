@@ -165,7 +165,9 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
         report = json.loads(
             (Path(outputs(status[f"analyze-{percent}"])["report"].replace("/fsx", str(fsx(tmp_path))))).read_text()
         )
-        assert report["passed"] and report["live_traffic"]["served_by"] == {"llama-lora-blue": 40}
+        # No champion: each step is the candidate at 100 %, sized to see a 0.25 leak at z = 4 (34 requests).
+        assert report["passed"] and report["live_traffic"]["served_by"] == {"llama-lora-blue": 34}
+        assert report["probes_asked"]["candidate"]["reused_from"] == ("" if percent == 10 else "analyze-10")
         assert report["metrics"]["served_gap"] <= 0.125  # served == evaluated on the probe rows (RO3)
     assert "vllm.entrypoints.openai.api_server" in (run_dir / "logs" / f"fleet-{fleet_name(status)}.log").read_text()
 
