@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eksflow-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
-# Serving runs in virtualenvs of its own: vLLM's pins (transformers<5.20, fastapi<0.137, setuptools==78.1.1, numba)
+# Serving runs in virtualenvs of its own: vLLM's pins (transformers<5.20, fastapi<0.137, setuptools==78.1.1)
 # clash with the training stack, and the LiteLLM proxy is another process (another image in the cluster).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.eksflow-installed

