@@ -134,6 +134,10 @@ def main() -> None:
     big_n, big_mib = map(int, opts.big.split("x"))
     datasets = {"small": (small_n, small_kib << 10), "big": (big_n, big_mib << 20)}
 
+    if not (BIN / "aws").exists():
+        raise SystemExit(
+            f"no `aws` next to {sys.executable}: install the peer with `{BIN / 'pip'} install -e '.[bench]'`"
+        )
     root = Path(tempfile.mkdtemp(prefix="eksflow-bench-stage-"))
     proc, url = start_moto(root / "moto.log")
     try:
