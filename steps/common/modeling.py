@@ -54,29 +54,89 @@ def collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     }
 
 
+def shared_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row shares, leaving each row at least its last token of its own.
+
+    The chat template's system turn and an instruction common to the eval set are the same tokens in every
+    prompt: they are run through the model once and their keys and values reused by every row. Every row keeps
+    one token so that each row has a forward of its own, whose logits give its first answer token.
+    """
+    if not rows:
+        return 0
+    first, limit = rows[0], min(len(r) for r in rows) - 1
+    n = 0
+    while n < limit and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
+def prefix_cache(model: Any, ids: Sequence[int]) -> Any:
+    """The key/value cache of `ids` (one row), to be copied for each batch that starts with them."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if ids:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([list(ids)], device=model.device), cache=cache, use_cache=True)
+    return cache
+
+
+def batch_cache(cache: Any, rows: int) -> Any:
+    """A copy of a one-row `prefix_cache` for `rows` rows (the model appends to the cache it is given)."""
+    import copy
+
+    batch = copy.deepcopy(cache)
+    batch.batch_repeat_interleave(rows)
+    return batch
+
+
 def generate(
     model: Any, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, batch_size: int, max_new_tokens: int
 ) -> tuple[list[str], int]:
-    """Greedy answers for `prompts`, batched with left padding (deterministic for given weights).
+    """Greedy answers for `prompts`, batched (deterministic for given weights).
+
+    The prompts' shared leading tokens (`shared_prefix`) are computed once; each row's own tokens follow them,
+    left-padded to the batch's longest, and the padding is masked out (the positions count real tokens only, so a
+    row's answer is the one it would get alone, up to float rounding). Prompts are batched by length, so that a
+    batch pads little, and the answers returned in the order of `prompts`.
 
     Returns the answers and how many of them reached `max_new_tokens` without their end-of-sequence token.
     """
     import torch
 
-    tokenizer.padding_side = "left"
-    answers: list[str] = []
+    from steps.common.encoding import prompt_texts
+
+    rows: list[list[int]] = tokenizer(prompt_texts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
+    shared = shared_prefix(rows)
+    prefix = rows[0][:shared] if rows else []
+    cache = prefix_cache(model, prefix)
+    pad = tokenizer.pad_token_id
+    answers: dict[int, str] = {}
     cut = 0
-    for start in range(0, len(prompts), batch_size):
-        texts = [prompt_text(tokenizer, p) for p in prompts[start : start + batch_size]]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-        with torch.no_grad():
-            out = model.generate(
-                **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )
-        width = batch["input_ids"].shape[1]
-        for row in out:
-            new = row[width:]
-            ended = bool((new == tokenizer.eos_token_id).any()) or bool((new == tokenizer.pad_token_id).any())
+    order = by_length(rows)
+    for start in range(0, len(order), batch_size):
+        part = order[start : start + batch_size]
+        own = [rows[i][shared:] for i in part]
+        width = max(len(r) for r in own)
+        input_ids = torch.tensor([prefix + [pad] * (width - len(r)) + r for r in own], device=model.device)
+        mask = torch.tensor([[1] * shared + [0] * (width - len(r)) + [1] * len(r) for r in own], device=model.device)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            cache=batch_cache(cache, len(part)),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+        for i, row in zip(part, out, strict=True):
+            new = row[input_ids.shape[1] :]
+            ended = bool((new == tokenizer.eos_token_id).any()) or bool((new == pad).any())
             cut += int(len(new) >= max_new_tokens and not ended)
-            answers.append(str(tokenizer.decode(new, skip_special_tokens=True)).strip())
-    return answers, cut
+            answers[i] = str(tokenizer.decode(new, skip_special_tokens=True)).strip()
+    return [answers[i] for i in range(len(prompts))], cut
+
+
+def by_length(rows: Sequence[Sequence[int]]) -> list[int]:
+    """Indices of `rows` from the shortest to the longest (ties in their order): batches of similar lengths."""
+    return sorted(range(len(rows)), key=lambda i: len(rows[i]))

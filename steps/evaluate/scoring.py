@@ -37,7 +37,7 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
 
     metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(compute_threads())
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,10 +46,23 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
     print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
     # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
-    with Progress(4 * len(examples), "evaluate") as progress:
+    with Progress(4 * len(examples), "evaluate") as progress, torch.inference_mode():
         base = _score(model, tokenizer, examples, args, limit, progress)
-        tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).eval()
+        # Merged into the base weights (in place: the base model is scored already): unmerged, every adapted
+        # projection costs two more matmuls per token, which on CPU is most of a decode step's time.
+        tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).merge_and_unload()
         return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit, progress)}
+
+
+def compute_threads() -> int:
+    """Torch's intra-op threads: OMP_NUM_THREADS when set, else one.
+
+    Decoding runs hundreds of small matmuls per token, each ending in a barrier of all threads. On the demo's two
+    cores, shared with the vLLM engine and other steps, two threads made a 16-row decode matmul 15x slower than one
+    (the barrier waits for a descheduled thread) and a whole evaluate 4-8x slower (bench/README.md); one thread
+    never waits. `os.cpu_count()` is also the node's count in a container, not the pod's CPU limit.
+    """
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "") or 1))
 
 
 def metric_functions(args: Args) -> dict[str, Metric]:
@@ -112,7 +125,7 @@ def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], ar
         # as encode_example(..., 4096) makes them: cut to 4096 tokens, prompt tokens not scored
         encoded = [(row[:4096], ([IGNORE_INDEX] * n + row[n:])[:4096]) for row, n in zip(ids, prompt_lens, strict=True)]
         batch = {k: v.to(model.device) for k, v in collate(encoded, 0).items()}
-        with torch.no_grad():
+        with torch.inference_mode():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         labels = batch["labels"][:, 1:]
         losses = torch.nn.functional.cross_entropy(
