@@ -58,7 +58,7 @@ def compute_threads() -> int:
     """Torch's intra-op threads: OMP_NUM_THREADS when set, else one.
 
     Decoding runs hundreds of small matmuls per token, each ending in a barrier of all threads. On the demo's two
-    cores, shared with the vLLM engine and other steps, two threads made a 16-row decode matmul 15x slower than one
+    cores, shared with other processes, two threads made a 16-row decode matmul 15x slower than one
     (the barrier waits for a descheduled thread) and a whole evaluate 4-8x slower (bench/README.md); one thread
     never waits. `os.cpu_count()` is also the node's count in a container, not the pod's CPU limit.
     """
