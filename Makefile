@@ -64,7 +64,7 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
-test: setup browser ## unit, contract and e2e tests (the e2e ones run the real model, vLLM and LiteLLM on CPU: ~1 h on 2 cores)
+test: setup browser ## unit, contract and e2e tests (the e2e ones run the real model, vLLM and LiteLLM on CPU: ~55 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (seconds)
