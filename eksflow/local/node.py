@@ -70,10 +70,8 @@ class Requests:
 
     def short_of(self, free: Requests) -> list[str]:
         """The resources `free` has too little of for these requests ([] when they fit)."""
-        return [name for name, need, have in self._pairs(free) if need > have]
-
-    def _pairs(self, other: Requests) -> list[tuple[str, int, int]]:
-        return [("cpu", self.cpu_m, other.cpu_m), ("memory", self.memory, other.memory)]
+        pairs = (("cpu", self.cpu_m, free.cpu_m), ("memory", self.memory, free.memory))
+        return [name for name, need, have in pairs if need > have]
 
     def __str__(self) -> str:
         return f"cpu {cpu_text(self.cpu_m)}, memory {memory_text(self.memory)}"

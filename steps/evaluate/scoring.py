@@ -62,7 +62,8 @@ def compute_threads() -> int:
     (the barrier waits for a descheduled thread) and a whole evaluate 4-8x slower (bench/README.md); one thread
     never waits. `os.cpu_count()` is also the node's count in a container, not the pod's CPU limit.
     """
-    return max(1, int(os.environ.get("OMP_NUM_THREADS", "") or 1))
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows a list: "4,2"
+    return max(1, int(first)) if first.isdigit() else 1
 
 
 def metric_functions(args: Args) -> dict[str, Metric]:
