@@ -121,7 +121,7 @@ def main() -> int:
 
 def real_tokens(cache_dir: Path, settings: TrainSettings) -> list[int]:
     """The real tokens of each step of one worker: its examples' lengths, cut to max_seq_len (one micro-batch)."""
-    (folder,) = cache_dir.glob("tok-*")  # the one cache the loop built beside the train file
+    (folder,) = [p for p in cache_dir.glob("tok-*") if p.is_dir()]  # the loop's one cache (beside its lock file)
     lengths = token_cache.TokenCache.open(folder).lengths()
     rows = len(lengths)
     return [
