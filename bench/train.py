@@ -11,6 +11,9 @@ Same work per step as the peers: every example is longer than BENCH_SEQ tokens a
 is BENCH_MB x BENCH_SEQ real tokens (no padding), forward + backward + AdamW. The step's own extras stay in:
 gradient clipping, the LR schedule, progress reporting. The one checkpoint is taken after the last step and is
 not timed; the interval of a step is the time between the progress lines of consecutive steps.
+
+tokens_per_s counts real tokens, as the train step's own tokens_per_s does: each example's tokens up to the
+sequence length, padding left out (here none), read back from the token cache the loop trained from.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from steps.common import token_cache
 from steps.common.data import TRAIN_FILE
 from steps.train import TrainSettings
+from steps.train.data import batch_indices
 from steps.train.loop import LoopConfig, local_context, train_worker
 
 STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
@@ -98,12 +103,13 @@ def main() -> int:
             train_worker(loop, local_context(settings))
         finally:
             sys.stderr = clock.inner
+        tokens = real_tokens(Path(tmp) / token_cache.SUBDIR, settings)
     # marks[0] is the `0/M` line written just before the first batch; marks[i] the end of step i.
     intervals = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
     timed = intervals[warmup:]
-    median = statistics.median(timed)
     result = {
-        "tokens_per_s": mb * seq / median,
+        "tokens_per_s": statistics.median(n / s for n, s in zip(tokens[warmup:], timed, strict=True)),
+        "real_tokens_per_step": tokens[warmup:],
         "intervals": timed,
         "warmup_intervals": intervals[:warmup],
         "startup_s": clock.marks[0] - started,
@@ -111,6 +117,17 @@ def main() -> int:
     }
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def real_tokens(cache_dir: Path, settings: TrainSettings) -> list[int]:
+    """The real tokens of each step of one worker: its examples' lengths, cut to max_seq_len (one micro-batch)."""
+    (folder,) = [p for p in cache_dir.glob("tok-*") if p.is_dir()]  # the loop's one cache (beside its lock file)
+    lengths = token_cache.TokenCache.open(folder).lengths()
+    rows = len(lengths)
+    return [
+        sum(min(int(lengths[i]), settings.max_seq_len) for i in batch_indices(step, 0, 0, settings, 1, rows))
+        for step in range(settings.max_steps)
+    ]
 
 
 def _demo_model() -> str:

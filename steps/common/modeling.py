@@ -91,6 +91,24 @@ def batch_cache(cache: Any, rows: int) -> Any:
     return batch
 
 
+def next_token_targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the loss looks, as a causal LM's `logits_to_keep`: (keep, targets) for a batch of `labels`.
+
+    keep[b, t] is True where the token after position t, labels[b, t + 1], is learned (not IGNORE_INDEX); targets
+    holds those labels in row-major order, the order of the logits that `logits_to_keep=keep` returns. Their mean
+    cross-entropy is the loss transformers computes from `labels` (shifted the same way), while the projection onto
+    the vocabulary, the largest matmul of a small model, runs at the learned positions only, not also at every
+    prompt and padding position (most of them in short instruction data).
+    """
+    import torch
+
+    following = labels[:, 1:]
+    learned = following != IGNORE_INDEX
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = learned
+    return keep, following[learned]
+
+
 def generate(
     model: Any, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, batch_size: int, max_new_tokens: int
 ) -> tuple[list[str], int]:

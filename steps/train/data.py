@@ -9,7 +9,8 @@ epoch (numpy, ~10 ms at a million rows) and kept while the epoch lasts, so a mic
 whatever n is; the previous sampler shuffled a list of n indices for every example.
 
 Micro-batches come from a TokenCache (steps.common.token_cache), memory-mapped: a worker holds only the rows it
-batches. Padded (the default) gives exactly what `modeling.collate` gives for `modeling.encode_example`'s output.
+batches. Padded (the default) gives exactly what `modeling.collate` gives for `modeling.encode_example`'s output,
+its labels turned into `modeling.next_token_targets` (logits only where a token is learned).
 Packed (`pack_sequences`) puts the micro-batch's examples end to end in as few rows of at most max_seq_len tokens
 as fit, with position ids restarting at each example and attention kept inside it; the micro-batch holds the same
 examples and the loss averages over the same completion tokens, while less compute goes to padding when example
@@ -21,12 +22,12 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from eksflow.runtime.args import StepInputError
 from steps.common import token_cache
 from steps.common.data import TRAIN_FILE
-from steps.common.modeling import IGNORE_INDEX, collate
+from steps.common.modeling import IGNORE_INDEX, collate, next_token_targets
 from steps.train import Args, TrainSettings
 
 if TYPE_CHECKING:
@@ -110,6 +111,14 @@ def pack(examples: list[tuple[list[int], list[int]]], capacity: int, pad_id: int
     }
 
 
+class MicroBatch(NamedTuple):
+    """One micro-batch on its device: the loss is cross_entropy(model(**inputs).logits, targets)."""
+
+    inputs: dict[str, Any]  # the forward arguments, logits_to_keep among them (modeling.next_token_targets)
+    targets: Any  # torch.Tensor: the learned next token of each position that logits_to_keep marks
+    tokens: int  # real tokens: the examples' own tokens (prompt and completion), padding left out
+
+
 class MicroBatches:
     """Micro-batches of one rank from a token cache: the examples `batch_indices` picks, padded or packed."""
 
@@ -120,8 +129,8 @@ class MicroBatches:
         self.settings = settings
         self.pad_id = pad_id
 
-    def get(self, step: int, micro: int, rank: int, world: int, device: Any) -> tuple[dict[str, Any], int]:
-        """The forward arguments of one micro-batch on `device`, and its real (non-padding) token count."""
+    def get(self, step: int, micro: int, rank: int, world: int, device: Any) -> MicroBatch:
+        """Micro-batch `micro` of `rank` at optimizer step `step`, on `device`."""
         settings = self.settings
         indices = batch_indices(step, micro, rank, settings, world, self.cache.rows)
         examples = [truncated(*self.cache.example(i), settings.max_seq_len) for i in indices]
@@ -130,9 +139,13 @@ class MicroBatches:
             tensors = pack(examples, settings.max_seq_len, self.pad_id)
         else:
             tensors = collate(examples, self.pad_id)
-        # use_cache=False: training never reads a KV cache, and with one transformers ignores the position-id
-        # boundaries of packed rows (it looks for packing only when no cache is passed)
-        return {**{k: v.to(device) for k, v in tensors.items()}, "use_cache": False}, real
+        keep, targets = next_token_targets(tensors.pop("labels"))
+        inputs: dict[str, Any] = {k: v.to(device) for k, v in tensors.items()}
+        inputs["logits_to_keep"] = keep.to(device)
+        # training never reads a KV cache, and with one transformers ignores the position-id boundaries of packed
+        # rows (it looks for packing only when no cache is passed)
+        inputs["use_cache"] = False
+        return MicroBatch(inputs, targets.to(device), real)
 
 
 def prepare_cache(args: Args, model_dir: Path) -> tuple[Path, int]:

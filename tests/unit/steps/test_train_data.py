@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.common.modeling import collate, encode_example
+from steps.common.modeling import collate, encode_example, next_token_targets
 from steps.common.token_cache import ensure
 from steps.train import TrainSettings
 from steps.train.data import MicroBatches, batch_indices, epoch_order, first_position, pack
@@ -80,7 +80,7 @@ def test_padded_micro_batches_equal_the_per_example_encoding(tmp_path, tiny_toke
     settings = TrainSettings(micro_batch_size=4, max_seq_len=16, seed=2)  # 16 cuts the longer examples
     batches = MicroBatches(cache, settings, tiny_tokenizer.pad_token_id)
     for step in range(20):
-        batch, real = batches.get(step, 0, 1, 2, torch.device("cpu"))
+        batch = batches.get(step, 0, 1, 2, torch.device("cpu"))
         picked = batch_indices(step, 0, 1, settings, 2, 50)
         expected = collate(
             [
@@ -89,10 +89,48 @@ def test_padded_micro_batches_equal_the_per_example_encoding(tmp_path, tiny_toke
             ],
             tiny_tokenizer.pad_token_id,
         )
-        assert batch["use_cache"] is False
+        assert batch.inputs["use_cache"] is False
+        keep, targets = next_token_targets(expected.pop("labels"))
+        assert torch.equal(batch.inputs["logits_to_keep"], keep) and torch.equal(batch.targets, targets)
         for name, tensor in expected.items():
-            assert torch.equal(batch[name], tensor), name
-        assert real == int(expected["attention_mask"].sum())
+            assert torch.equal(batch.inputs[name], tensor), name
+        assert batch.tokens == int(expected["attention_mask"].sum())
+
+
+def test_next_token_targets_shift_the_labels():
+    import torch
+
+    labels = torch.tensor([[-100, -100, 5, 6, -100], [-100, 7, 8, 9, 10]])  # a padded row, then a full one
+    keep, targets = next_token_targets(labels)
+    assert keep.tolist() == [[False, True, True, False, False], [True, True, True, True, False]]
+    assert targets.tolist() == [5, 6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_logits_at_the_learned_positions_give_the_loss_of_labels(packed):
+    """cross_entropy(logits_to_keep=keep) is the loss transformers computes from the labels, gradients alike."""
+    import torch
+
+    generator = torch.Generator().manual_seed(3)
+    examples = []
+    for length, prompt in [(9, 4), (5, 2), (12, 6), (3, 1)]:
+        ids = torch.randint(2, 64, (length,), generator=generator).tolist()
+        examples.append((ids, [-100] * prompt + ids[prompt:]))
+    batch = pack(examples, capacity=16, pad_id=0) if packed else collate(examples, 0)
+    model = tiny_llama()
+    reference = model(**batch, use_cache=False).loss
+    reference.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    keep, targets = next_token_targets(batch["labels"])
+    logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+    assert logits.shape[0] == len(targets) < batch["input_ids"].numel()
+    loss = torch.nn.functional.cross_entropy(logits, targets)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(float(reference.detach()), abs=1e-6)
+    for p, grad in zip(model.parameters(), expected, strict=True):
+        assert torch.allclose(p.grad, grad, atol=1e-6)
 
 
 def test_pack_layout():
@@ -160,10 +198,10 @@ def test_packed_micro_batches_hold_the_same_examples(tmp_path, tiny_tokenizer):
     )
     cpu = torch.device("cpu")
     for step in range(10):
-        a, real_a = padded.get(step, 0, 0, 1, cpu)
-        b, real_b = packed.get(step, 0, 0, 1, cpu)
-        assert real_a == real_b == int(a["attention_mask"].sum())
-        assert b["input_ids"].shape[0] < a["input_ids"].shape[0] and b["input_ids"].shape[1] <= 40
-        real_ids = a["input_ids"][a["attention_mask"] == 1]
-        assert sorted(b["input_ids"][b["input_ids"] != 0].tolist()) == sorted(real_ids.tolist())
-        assert int((b["labels"] != -100).sum()) == int((a["labels"] != -100).sum())  # the same tokens learned
+        a, b = padded.get(step, 0, 0, 1, cpu), packed.get(step, 0, 0, 1, cpu)
+        a_ids, b_ids = a.inputs["input_ids"], b.inputs["input_ids"]
+        assert a.tokens == b.tokens == int(a.inputs["attention_mask"].sum())
+        assert b_ids.shape[0] < a_ids.shape[0] and b_ids.shape[1] <= 40
+        real_ids = a_ids[a.inputs["attention_mask"] == 1]
+        assert sorted(b_ids[b_ids != 0].tolist()) == sorted(real_ids.tolist())
+        assert sorted(b.targets.tolist()) == sorted(a.targets.tolist())  # the same tokens learned
