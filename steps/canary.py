@@ -32,6 +32,9 @@ Metrics (declarative rules like evaluate.thresholds, the same code: steps.evalua
                                         (champion_thresholds, applied only when a champion is served)
     champion_error_rate   failed champion probes / champion probes sent by this step (0 for a reused set)
 
+With no champion served, every step gives the candidate all traffic: a step below 100 % then passes at once,
+saying so, and the 100 % step is the one analysis.
+
 Writes canary-<percent>.json and .md to --report-dir and to the candidate's MLflow run (artifacts canary/,
 metrics canary_<percent>_<name>). Exits 1 naming the failing rule (the exit handler then rolls back), 2 for bad
 input (no evaluation report for the version, no probe rows).
@@ -192,6 +195,13 @@ def _run(args: Args) -> Outputs:
     state = rollout.read_state(args.state_file)
     if state.candidate_slot is None or not state.candidate_version:
         raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
+    if state.percent == 100 and args.percent < 100:
+        # No champion: the shift gave the candidate all traffic, the same as the last step, which measures it (as
+        # Argo Rollouts skips the steps of a first deploy). Measuring it at every step would say nothing more.
+        reason = f"no champion served: the candidate already takes all traffic; analyze-{step_label(100)} measures it"
+        rollout.log(reason)
+        rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
+        return Outputs(reason=reason, metrics={}, report="")
     probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
     sizing = canary_sizing.live_requests(
         state.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 API on 127.0.0.1 (moto_server, a dev dependency), started once per session."""
+"""Shared fixtures: a real S3 API on 127.0.0.1 (moto_server, a dev dependency), started once per session, and the
+session's model cache (the base model converted once for every run that needs it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One converted base model for every run of the session (a run converts it on first use)."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Endpoint URL of a moto S3 server for the whole session; each test makes its own bucket."""
     port = _free_port()
@@ -59,15 +66,27 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait()
 
 
+@pytest.fixture(scope="session")
+def s3_environment(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
+    """The environment that points boto3 at `s3_server` and away from any real AWS config (None: unset)."""
+    nothing = tmp_path_factory.mktemp("no-aws")
+    return {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(nothing / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(nothing / "credentials"),
+        **dict.fromkeys(("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION")),
+    }
+
+
 @pytest.fixture
-def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    """Point boto3 at `s3_server` for one test (and away from any real AWS config); returns the endpoint URL."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
+def s3_env(s3_server: str, s3_environment: dict[str, str | None], monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point boto3 at `s3_server` for one test; returns the endpoint URL."""
+    for name, value in s3_environment.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     return s3_server

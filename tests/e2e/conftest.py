@@ -1,4 +1,4 @@
-"""Session fixtures of the end-to-end tests: one converted base model, and one shared vLLM engine.
+"""Session fixtures of the end-to-end tests: one shared vLLM engine (the converted base model: tests/conftest.py).
 
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the rollout scenarios) adopt one engine started once
@@ -23,12 +23,6 @@ from steps.common import vllm, vllm_auth
 from steps.common.base_model import DEMO_MODEL, resolve_model
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
-
-
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One converted base model for every e2e run of the session."""
-    return tmp_path_factory.mktemp("models")
 
 
 class SharedEngine:
@@ -71,6 +65,11 @@ class SharedEngine:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def adoption(self) -> dict[str, str]:
+        """The environment that makes a run use this engine instead of starting its own (it may still load)."""
+        return {"EKSFLOW_VLLM_URL": self.address, "EKSFLOW_VLLM_API_KEY": self.api_key}
+
+    @property
     def url(self) -> str:
         """The engine's address, once it runs and generates."""
         base = self.address
@@ -96,6 +95,6 @@ def shared_engine(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture
 def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -> SharedEngine:
     """Make this test's runs use the shared engine instead of starting their own (it may still be loading)."""
-    monkeypatch.setenv("EKSFLOW_VLLM_URL", shared_engine.address)
-    monkeypatch.setenv("EKSFLOW_VLLM_API_KEY", shared_engine.api_key)
+    for name, value in shared_engine.adoption.items():
+        monkeypatch.setenv(name, value)
     return shared_engine

@@ -170,12 +170,12 @@ def outputs(node: dict) -> dict:
 
 
 def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache, registry, adopt_engine):
-    # A tighter tolerance than the default (36, 100, 44 live requests): this test is what sees a LiteLLM upgrade
-    # break the weights.
-    run = Run(state, model_cache, "2", "canary.share_tolerance=0.2")
+    # The default tolerance (24, 64, 34 live requests): this test is what sees a LiteLLM upgrade break the weights
+    # (a router that ignores them, sending all to one slot, is 8 standard errors off at 50 %).
+    run = Run(state, model_cache, "2")
     result = run.finish()
     assert result.phase == "Succeeded", result.message
-    for percent, requests in ((10, 36), (50, 100), (100, 44)):
+    for percent, requests in ((10, 24), (50, 64), (100, 34)):
         report = run.report(percent)
         assert report["live_traffic"]["requests"] == requests, report["live_traffic"]
         assert report["live_traffic"]["sized"].startswith(f"{requests} live requests: "), report["live_traffic"]

@@ -353,9 +353,9 @@ def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_
 
 @pytest.mark.slow
 @pytest.mark.skipif(nvidia_gpus()[0] >= 4, reason="this machine has the 4 GPUs the g5.12xlarge RayJob asks for")
-def test_gpu_workflow_runs_here_until_train_asks_for_gpus(tmp_path: Path) -> None:
+def test_gpu_workflow_runs_here_until_train_asks_for_gpus(tmp_path: Path, model_cache: Path) -> None:
     result = run_workflow(
-        rendered("cluster.instance_type=g5.12xlarge"),
+        rendered("cluster.instance_type=g5.12xlarge", f"storage.model_cache={model_cache}"),
         tmp_path / "state",
         cwd=ROOT,
         console=Console(file=io.StringIO()),

@@ -256,3 +256,17 @@ def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, 
     table = path.with_suffix(".md").read_text()
     assert "live traffic: 64 live requests" in table
     assert "probes: candidate reused from analyze-10, champion 16 sent (1 failed)" in table
+
+
+def test_without_a_champion_a_step_below_100_leaves_the_one_analysis_to_the_last_step(tmp_path):
+    """No champion: the shift gave the candidate all traffic, so analyze-10 sends nothing (the addresses are closed
+    ports) and writes no report; it records its stage and says why."""
+    from steps.common import rollout
+
+    a = args(tmp_path, percent=10)
+    rollout.write_state(a.state_file, RolloutState(candidate_version="1", candidate_slot="blue", percent=100))
+    out = canary.run(a)
+    assert out.reason == "no champion served: the candidate already takes all traffic; analyze-100 measures it"
+    assert out.metrics == {} and out.report == ""
+    assert not a.report_dir.exists()
+    assert rollout.read_state(a.state_file).stage == "analyze-10"
