@@ -79,6 +79,13 @@ class EngineSettings(Settings):
         True, description="skip torch.compile and CUDA graphs: ready in ~1-3 min on CPU instead of ~5; false on GPU"
     )
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache of the CPU build (VLLM_CPU_KVCACHE_SPACE), GiB")
+    cpu_block_size: int = Field(
+        32,
+        ge=32,
+        multiple_of=32,
+        description="KV cache block of the CPU build, tokens: prefixes are cached in whole blocks, and at vLLM's CPU "
+        "default (128) a short chat prompt never fills one",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of each GPU's memory vLLM takes")
     startup_timeout_s: int = Field(900, ge=30, description="seconds until the engine must answer a generation")
 
@@ -108,6 +115,8 @@ def engine_args(model_dir: str, served_name: str, port: int, settings: EngineSet
         args.append("--enforce-eager")
     if gpus:
         args += [f"--tensor-parallel-size={gpus}", f"--gpu-memory-utilization={settings.gpu_memory_utilization}"]
+    else:
+        args.append(f"--block-size={settings.cpu_block_size}")
     return args
 
 

@@ -74,6 +74,7 @@ def test_gpu_inference_profiles_request_gpus_tolerate_the_taint_and_mount_shm(in
     assert any(v["name"] == "dshm" and v["emptyDir"]["medium"] == "Memory" for v in pod["volumes"])
     assert f"--tensor-parallel-size={gpus}" in container["args"]
     assert "VLLM_CPU_KVCACHE_SPACE" not in {e["name"] for e in container["env"]}
+    assert not any(a.startswith("--block-size") for a in container["args"])  # the GPU build's own default
 
 
 def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generating_readiness_probe():
@@ -83,6 +84,7 @@ def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generat
     assert container["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]  # not the crashing CLI
     assert f"--model={SAMPLE['model_dir']}" in container["args"] and "--enable-lora" in container["args"]
     assert "--max-lora-rank=16" in container["args"] and "--max-loras=2" in container["args"]
+    assert "--block-size=32" in container["args"]  # the CPU build: a chat prompt's shared prefix fills a block
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]["value"] == "True"
     assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eksflow-serving", "key": "vllm-api-key"}
