@@ -64,11 +64,17 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
-test: setup browser ## unit, contract and e2e tests (the e2e ones run the real model, vLLM and LiteLLM on CPU: ~55 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu and not cluster" $(ARGS)
+# The unit and contract tests run on every core (pytest-xdist); the e2e ones (`slow`) after them, one at a time:
+# each drives the real model, vLLM and LiteLLM, which take the whole machine. Exit 5 is pytest's "no test
+# selected", e.g. ARGS naming only e2e tests for the first pass.
+FAST_TESTS := $(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8
 
-test-fast: $(STAMP) ## unit and contract tests only (seconds)
-	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow" $(ARGS)
+test: setup browser ## unit and contract tests, then the e2e ones (real model, vLLM and LiteLLM on CPU: ~NN min on 2 cores)
+	$(FAST_TESTS) $(ARGS) || [ $$? = 5 ]
+	$(BIN)/python -m pytest -m "slow and not gpu and not cluster" $(ARGS) || [ $$? = 5 ]
+
+test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
+	$(FAST_TESTS) $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .

@@ -44,6 +44,8 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
         "--set",
         "sweep.ranks=[4,8]",
         "--set",
+        "sweep.parallelism=2",  # both candidates at once: each trains on one worker, one core
+        "--set",
         "train.max_steps=2",
         "--set",
         "train.num_workers=1",
