@@ -69,7 +69,7 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 # selected", e.g. ARGS naming only e2e tests for the first pass.
 FAST_TESTS := $(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8
 
-test: setup browser ## unit and contract tests, then the e2e ones (real model, vLLM and LiteLLM on CPU: ~NN min on 2 cores)
+test: setup browser ## unit and contract tests, then the e2e ones (real model, vLLM and LiteLLM on CPU: ~30 min on 2 cores)
 	$(FAST_TESTS) $(ARGS) || [ $$? = 5 ]
 	$(BIN)/python -m pytest -m "slow and not gpu and not cluster" $(ARGS) || [ $$? = 5 ]
 
