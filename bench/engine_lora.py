@@ -1,0 +1,116 @@
+"""vLLM's CPU engine serving the base model and a LoRA adapter, at each KV cache block size compared.
+
+    .venv/bin/python bench/engine_lora.py [--block-sizes 128,32] [--requests 32] [--rounds 2]
+
+For each block size one engine starts with the fleet's flags (steps.common.vllm.engine_args, the block size
+replaced) on the demo base model, and loads an adapter of the demo's shape (LoRA r16 on q/k/v/o; random weights,
+which throughput does not depend on). Each round sends `--requests` chat requests, 4 at a time and 8 tokens each
+(the canary's live traffic), to the base model and to the adapter: once with one prompt repeated (the canary's
+live traffic repeats the probe prompts), once with every prompt different. Prints each batch's wall time and
+median latency, and the engine's prefix-cache hit rate at the end. One engine runs at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from steps.common import vllm, vllm_auth  # noqa: E402  (bench scripts run from a checkout, like the steps)
+from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
+
+PROMPT = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only.\nDate: July 4, {year}"
+HIT_RATE = re.compile(r"Prefix cache hit rate: ([0-9.]+)%")
+
+
+def make_adapter(model_dir: Path, out: Path) -> Path:
+    """A LoRA adapter of the demo's shape with random weights (PEFT's folder layout)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    config.init_lora_weights = False  # random A and B: the adapter changes the answers, as a trained one does
+    get_peft_model(model, config).save_pretrained(out)
+    return out
+
+
+def batch(url: str, model: str, key: str, requests: int, repeated: bool, seed: int) -> tuple[float, float]:
+    """(wall seconds, median latency) of `requests` chat requests, 4 in flight."""
+
+    def ask(i: int) -> vllm.Answer:
+        year = 1976 if repeated else 1000 + 100 * seed + i
+        return vllm.chat(url, model, PROMPT.format(year=year), api_key=key, max_tokens=8)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(requests)))
+    failed = [a for a in answers if not a.ok]
+    if failed:
+        raise SystemExit(f"{len(failed)} requests failed, e.g. {failed[0].error or failed[0].status}")
+    return time.monotonic() - started, statistics.median(a.latency_s for a in answers)
+
+
+def measure(block_size: int, model_dir: Path, adapter: Path, args: argparse.Namespace, log: Path) -> None:
+    """One engine at `block_size`: its start-up, then every round's batches, then its prefix-cache hit rate."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    settings = vllm.EngineSettings()
+    flags = [a for a in vllm.engine_args(str(model_dir), "base", port, settings) if not a.startswith("--block-size")]
+    key = secrets.token_urlsafe(16)
+    env = vllm.engine_process_env({**vllm.engine_env(settings, cpu=True), vllm_auth.KEY_ENV: key})
+    command = [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *flags, f"--block-size={block_size}", "--host=127.0.0.1"]
+    with open(log, "wb") as out:
+        engine = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        started = time.monotonic()
+        vllm.wait_ready(url, "base", api_key=key, timeout_s=900, process=engine, log_path=log)
+        print(f"block size {block_size}: ready in {time.monotonic() - started:.1f} s", flush=True)
+        vllm.load_adapter(url, "lora", adapter, api_key=key)
+        for round_ in range(args.rounds):
+            for repeated in (True, False):
+                for model in ("base", "lora"):
+                    wall, median = batch(url, model, key, args.requests, repeated, seed=2 * round_ + (model == "lora"))
+                    prompts = "one prompt" if repeated else "all different"
+                    print(
+                        f"  round {round_} {model:4s} {prompts:13s} {args.requests} requests in {wall:5.1f} s, "
+                        f"median latency {median:.2f} s",
+                        flush=True,
+                    )
+    finally:
+        vllm.stop(engine)
+    rates = HIT_RATE.findall(log.read_text(errors="replace"))
+    print(f"  prefix-cache hit rate at the end: {rates[-1] if rates else '?'}%", flush=True)
+
+
+def main() -> None:
+    """Parse the flags, make the adapter, measure each block size in turn."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--block-sizes", default="128,32", help="comma-separated KV cache block sizes (tokens)")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    model_dir = resolve_model(DEMO_MODEL, default_cache_dir())
+    with tempfile.TemporaryDirectory(prefix="engine-lora-") as tmp:
+        adapter = make_adapter(model_dir, Path(tmp) / "adapter")
+        for size in (int(s) for s in args.block_sizes.split(",")):
+            measure(size, model_dir, adapter, args, Path(tmp) / f"vllm-{size}.log")
+
+
+if __name__ == "__main__":
+    main()
