@@ -66,12 +66,14 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 
 # The unit and contract tests run on every core (pytest-xdist); the e2e ones (`slow`) after them, one at a time:
 # each drives the real model, vLLM and LiteLLM, which take the whole machine. Exit 5 is pytest's "no test
-# selected", e.g. ARGS naming only e2e tests for the first pass.
+# selected": fine for one pass (ARGS naming only e2e tests), an error for both.
 FAST_TESTS := $(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8
 
 test: setup browser ## unit and contract tests, then the e2e ones (real model, vLLM and LiteLLM on CPU: ~30 min on 2 cores)
-	$(FAST_TESTS) $(ARGS) || [ $$? = 5 ]
-	$(BIN)/python -m pytest -m "slow and not gpu and not cluster" $(ARGS) || [ $$? = 5 ]
+	@fast=0; $(FAST_TESTS) $(ARGS) || fast=$$?; [ $$fast = 0 ] || [ $$fast = 5 ] || exit $$fast; \
+	slow=0; $(BIN)/python -m pytest -m "slow and not gpu and not cluster" $(ARGS) || slow=$$?; \
+	[ $$slow = 0 ] || [ $$slow = 5 ] || exit $$slow; \
+	if [ $$fast = 5 ] && [ $$slow = 5 ]; then echo "make test: no test matches ARGS" >&2; exit 5; fi
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
 	$(FAST_TESTS) $(ARGS)
