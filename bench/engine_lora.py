@@ -2,12 +2,12 @@
 
     .venv/bin/python bench/engine_lora.py [--block-sizes 128,32] [--requests 32] [--rounds 2]
 
-For each block size one engine starts with the fleet's flags (steps.common.vllm.engine_args, the block size
-replaced) on the demo base model, and loads an adapter of the demo's shape (LoRA r16 on q/k/v/o; random weights,
-which throughput does not depend on). Each round sends `--requests` chat requests, 4 at a time and 8 tokens each
-(the canary's live traffic), to the base model and to the adapter: once with one prompt repeated (the canary's
-live traffic repeats the probe prompts), once with every prompt different. Prints each batch's wall time and
-median latency, and the engine's prefix-cache hit rate at the end. One engine runs at a time.
+For each block size one engine starts with the fleet's flags (steps.common.vllm.engine_args, with
+`serving.engine.cpu_block_size` set to it) on the demo base model, and loads an adapter of the demo's shape (LoRA
+r16 on q/k/v/o; random weights, which throughput does not depend on). Each round sends `--requests` chat requests,
+4 at a time and 8 tokens each (the canary's live traffic), to the base model and to the adapter: once with one
+prompt repeated (the canary's live traffic repeats the probe prompts), once with every prompt different. Prints
+each batch's wall time and median latency, and the engine's prefix-cache hit rate at the end. One engine runs at a time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from serve import free_port  # noqa: E402  (bench/serve.py, beside this script)
 
 from steps.common import vllm, vllm_auth  # noqa: E402  (bench scripts run from a checkout, like the steps)
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
@@ -66,14 +67,12 @@ def batch(url: str, model: str, key: str, requests: int, repeated: bool, seed: i
 
 def measure(block_size: int, model_dir: Path, adapter: Path, args: argparse.Namespace, log: Path) -> None:
     """One engine at `block_size`: its start-up, then every round's batches, then its prefix-cache hit rate."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    settings = vllm.EngineSettings()
-    flags = [a for a in vllm.engine_args(str(model_dir), "base", port, settings) if not a.startswith("--block-size")]
+    port = free_port()
+    settings = vllm.EngineSettings(cpu_block_size=block_size)
     key = secrets.token_urlsafe(16)
     env = vllm.engine_process_env({**vllm.engine_env(settings, cpu=True), vllm_auth.KEY_ENV: key})
-    command = [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *flags, f"--block-size={block_size}", "--host=127.0.0.1"]
+    flags = vllm.engine_args(str(model_dir), "base", port, settings)
+    command = [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *flags, "--host=127.0.0.1"]
     with open(log, "wb") as out:
         engine = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
