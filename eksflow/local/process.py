@@ -27,7 +27,9 @@ from typing import IO
 
 from eksflow.local.watchdog import session_members, signal_session, start_time, stop_sessions
 
-KILL_GRACE_S = 10.0  # SIGTERM -> SIGKILL, like a pod's terminationGracePeriodSeconds (Argo's default is 30)
+# SIGTERM -> SIGKILL: a pod's default terminationGracePeriodSeconds. A preempted train step finishes its step,
+# commits a checkpoint and stops Ray inside it; 10 s was too short for that on 2 busy cores (it was SIGKILLed).
+KILL_GRACE_S = 30.0
 _CHECK_S = 0.2  # how often a waiting task checks for a stop request or its deadline
 _PR_SET_PDEATHSIG = 1
 

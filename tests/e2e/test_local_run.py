@@ -40,6 +40,9 @@ FLAGSHIP_TASKS = (
 )  # fmt: skip
 
 
+FLAGSHIP_STEPS = 12
+
+
 def fsx(state_dir: Path) -> Path:
     return state_dir / "volumes" / "fsx-claim"
 
@@ -133,8 +136,10 @@ def wait_for(predicate, proc: subprocess.Popen[str], timeout_s: float) -> None:
 
 @pytest.mark.slow
 def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tmp_path, model_cache):
-    """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data."""
-    proc = start_run(state_dir=tmp_path, model_cache=model_cache)
+    """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data.
+
+    Half the default steps: 12 steps of 16 examples teach the date format (what is asserted), 24 polish it."""
+    proc = start_run("--set", f"train.max_steps={FLAGSHIP_STEPS}", state_dir=tmp_path, model_cache=model_cache)
     committed = lambda: any((tmp_path / "volumes").glob("fsx-claim/runs/*/train/checkpoints/step-*"))  # noqa: E731
     wait_for(committed, proc, timeout_s=1200)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends: the executor stops the train task (SIGTERM)
@@ -144,7 +149,8 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert nodes(run_dir)["train"]["phase"] == "Failed"
     assert f"--resume {run_dir.name}" in interrupted
 
-    result = pipeline("run", "--resume", run_dir.name, state_dir=tmp_path, model_cache=model_cache)
+    steps = f"train.max_steps={FLAGSHIP_STEPS}"  # the run's own setting, given again (others are refused)
+    result = pipeline("run", "--resume", run_dir.name, "--set", steps, state_dir=tmp_path, model_cache=model_cache)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     status = nodes(run_dir)
     assert {name: node["phase"] for name, node in status.items()} == {name: "Succeeded" for name in FLAGSHIP_TASKS}
@@ -197,7 +203,8 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert registered.tags["dataset_digest"] == dataset_digest
 
     # A scheduled run (retrain=if-data-changed) on the same data: nothing after validation runs.
-    again = pipeline("run", "--set", "retrain=if-data-changed", state_dir=tmp_path, model_cache=model_cache)
+    cron = ("--set", steps, "--set", "retrain=if-data-changed")
+    again = pipeline("run", *cron, state_dir=tmp_path, model_cache=model_cache)
     assert again.returncode == 0, again.stderr[-5000:]
     (second,) = [d for d in (tmp_path / "runs").iterdir() if d != run_dir]
     status = nodes(second)
