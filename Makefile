@@ -69,7 +69,7 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 # tests/conftest.py) while the other trains and runs the rest, each filling the other's idle time.
 FAST_TESTS := $(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8
 
-test: setup browser ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~20 min on 2 cores)
+test: setup browser ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~27 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)

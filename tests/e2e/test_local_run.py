@@ -195,7 +195,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     # The manifest that ran is the one `render` prints (for the data folder `run` resolved from the caller's
     # folder: data/demo as an absolute path), and lineage reached the registry.
     source = f"data.source={ROOT / 'data' / 'demo'}"
-    rendered = pipeline("render", "--set", source, state_dir=tmp_path, model_cache=model_cache)
+    rendered = pipeline("render", "--set", source, "--set", steps, state_dir=tmp_path, model_cache=model_cache)
     assert yaml.safe_load((run_dir / "manifest.yaml").read_text()) == yaml.safe_load(rendered.stdout)
     (registered,) = registered_versions(tmp_path)
     assert registered.tags["workflow_name"] == run_dir.name
