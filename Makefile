@@ -64,16 +64,14 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
-# The unit and contract tests run on every core (pytest-xdist). `make test` runs them and the e2e ones (`slow`) in
-# one session on at most two workers: one runs the e2e modules that start vLLM engines (ENGINE_MODULES in
-# tests/conftest.py) while the other trains and runs the rest, each filling the other's idle time.
-FAST_TESTS := $(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8
-
+# `make test` runs the unit, contract and e2e (`slow`) tests in one session on at most two pytest-xdist workers:
+# one runs the e2e modules that start vLLM engines (ENGINE_MODULES in tests/conftest.py) while the other trains and
+# runs the rest, each filling the other's idle time. `make test-fast` runs the unit and contract tests on every core.
 test: setup browser ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~27 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu and not cluster" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
-	$(FAST_TESTS) $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8 $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .

@@ -22,7 +22,7 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 # The e2e modules that start vLLM engines (tests/e2e/conftest.py): under pytest-xdist one worker runs all of them,
-# in this order, while the others take every other test one at a time.
+# in file order, while the others take every other test one at a time.
 ENGINE_MODULES = ("tests/e2e/test_local_run.py", "tests/e2e/test_locked_routes.py", "tests/e2e/test_rollout.py")
 STARTUP_TIMEOUT_S = 30.0
 

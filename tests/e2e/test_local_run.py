@@ -139,7 +139,8 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data.
 
     Half the default steps: 12 steps of 16 examples teach the date format (what is asserted), 24 polish it."""
-    proc = start_run("--set", f"train.max_steps={FLAGSHIP_STEPS}", state_dir=tmp_path, model_cache=model_cache)
+    steps = ("--set", f"train.max_steps={FLAGSHIP_STEPS}")  # every later command gives it again (others are refused)
+    proc = start_run(*steps, state_dir=tmp_path, model_cache=model_cache)
     committed = lambda: any((tmp_path / "volumes").glob("fsx-claim/runs/*/train/checkpoints/step-*"))  # noqa: E731
     wait_for(committed, proc, timeout_s=1200)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends: the executor stops the train task (SIGTERM)
@@ -149,8 +150,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert nodes(run_dir)["train"]["phase"] == "Failed"
     assert f"--resume {run_dir.name}" in interrupted
 
-    steps = f"train.max_steps={FLAGSHIP_STEPS}"  # the run's own setting, given again (others are refused)
-    result = pipeline("run", "--resume", run_dir.name, "--set", steps, state_dir=tmp_path, model_cache=model_cache)
+    result = pipeline("run", "--resume", run_dir.name, *steps, state_dir=tmp_path, model_cache=model_cache)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     status = nodes(run_dir)
     assert {name: node["phase"] for name, node in status.items()} == {name: "Succeeded" for name in FLAGSHIP_TASKS}
@@ -195,7 +195,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     # The manifest that ran is the one `render` prints (for the data folder `run` resolved from the caller's
     # folder: data/demo as an absolute path), and lineage reached the registry.
     source = f"data.source={ROOT / 'data' / 'demo'}"
-    rendered = pipeline("render", "--set", source, "--set", steps, state_dir=tmp_path, model_cache=model_cache)
+    rendered = pipeline("render", "--set", source, *steps, state_dir=tmp_path, model_cache=model_cache)
     assert yaml.safe_load((run_dir / "manifest.yaml").read_text()) == yaml.safe_load(rendered.stdout)
     (registered,) = registered_versions(tmp_path)
     assert registered.tags["workflow_name"] == run_dir.name
@@ -203,8 +203,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     assert registered.tags["dataset_digest"] == dataset_digest
 
     # A scheduled run (retrain=if-data-changed) on the same data: nothing after validation runs.
-    cron = ("--set", steps, "--set", "retrain=if-data-changed")
-    again = pipeline("run", *cron, state_dir=tmp_path, model_cache=model_cache)
+    again = pipeline("run", *steps, "--set", "retrain=if-data-changed", state_dir=tmp_path, model_cache=model_cache)
     assert again.returncode == 0, again.stderr[-5000:]
     (second,) = [d for d in (tmp_path / "runs").iterdir() if d != run_dir]
     status = nodes(second)
