@@ -1,21 +1,24 @@
-"""Session fixtures of the end-to-end tests: one shared vLLM engine (the converted base model: tests/conftest.py).
+"""Session fixtures of the end-to-end tests: one shared vLLM engine (the converted base model: tests/conftest.py)
+and one shared Ray cluster.
 
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
-are not about starting an engine (the gate, the S3 source, the rollout scenarios) adopt one engine started once
-for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own (eksflow/local/fleet.py).
-The flagship run and `serve` start their own engines, before this one exists (test_local_run.py runs its full run
-first; its later runs adopt the shared engine). Under pytest-xdist (`make test`: two workers) one worker runs the
-modules that start engines, in file order (ENGINE_MODULES, tests/conftest.py), so the session has one shared
-engine and two engines never load at once; the other worker trains meanwhile. Like every engine eksflow starts,
-it asks for its key on every route (steps/common/vllm_auth.py); runs that adopt it get the key as
-$EKSFLOW_VLLM_API_KEY.
-"""
+are not about starting an engine (the gate, the S3 source, the GPU variant, the rollout scenarios) adopt one
+engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own
+(eksflow/local/fleet.py). The flagship run and `serve` start their own engines, before this one exists
+(test_local_run.py runs its full run first; its later runs adopt the shared engine). Under pytest-xdist
+(`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
+tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker
+trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
+(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +104,70 @@ def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -
     for name, value in shared_engine.adoption.items():
         monkeypatch.setenv(name, value)
     return shared_engine
+
+
+class RayCluster:
+    """A one-node Ray cluster for the session (`ray start --head`), keyed by a token, on 127.0.0.1.
+
+    Standalone train runs join it through RAY_ADDRESS, the way the train step joins a KubeRay cluster, instead of
+    each starting and stopping a local Ray (its GCS, raylet, dashboard and agents: ~15 s of CPU a run here).
+    Pipeline runs keep starting their own, as their RayJob's head does."""
+
+    def __init__(self, log_dir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        self.address = f"127.0.0.1:{port}"
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        ray = Path(sys.executable).with_name("ray")
+        command = [
+            str(ray), "start", "--head", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+            f"--port={port}", "--num-cpus=2", "--dashboard-host=127.0.0.1", f"--object-store-memory={128 * 1024**2}",
+        ]  # fmt: skip
+        self.log = log_dir / "ray.log"
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
+            )
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        """Until a driver can connect (the GCS answers and the node registered)."""
+        deadline = time.monotonic() + timeout_s
+        probe = [sys.executable, "-c", f"import ray; ray.init(address={self.address!r}); ray.shutdown()"]
+        while subprocess.run(probe, env={**os.environ, **self.env}, capture_output=True, check=False).returncode:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start did not come up:\n{self.log.read_text(errors='replace')[-3000:]}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        """Stop the cluster and every process it started (`ray start --block` stops them on SIGTERM)."""
+        for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """The session's Ray cluster; `joined_ray` points a test's train runs at it."""
+    cluster = RayCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def joined_ray(ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> RayCluster:
+    """Make this test's `steps.train --launcher=ray` runs join the session's cluster (RAY_ADDRESS and its token)."""
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
+    for name, value in ray_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    return ray_cluster

@@ -4,6 +4,7 @@ Real components throughout: Ray Train (2 DDP workers), great-expectations, MLflo
 and the serving fleet: a real vLLM engine (the CPU build) and a real LiteLLM proxy, started by the run.
 """
 
+import io
 import json
 import os
 import shlex
@@ -15,7 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
+from eksflow.local import run_workflow
+from eksflow.local.resources import nvidia_gpus
+from tests import flagship
 from tests.e2e.processes import serving_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,3 +289,24 @@ def test_unmeetable_threshold_registers_and_deploys_nothing(gated_s3_run):
     assert outputs(status["evaluate"])["passed"] == "false"
     assert "fails exact_match >= 1.01" in result.stderr  # says why
     assert registered_versions(state) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(nvidia_gpus()[0] >= 4, reason="this machine has the 4 GPUs the g5.12xlarge RayJob asks for")
+def test_gpu_workflow_runs_here_until_train_asks_for_gpus(tmp_path, model_cache, adopt_engine):
+    """The g5.12xlarge variant stages and validates here; its RayJob is refused with the way out. Its fleet adopts
+    the session's engine: the engine is not what this run is about."""
+    result = run_workflow(
+        flagship.rendered(["cluster.instance_type=g5.12xlarge", f"storage.model_cache={model_cache}"]),
+        tmp_path / "state",
+        cwd=ROOT,
+        console=Console(file=io.StringIO()),
+    )
+    assert result.nodes["stage-data"].phase == "Succeeded"
+    assert result.nodes["validate-data"].phase == "Succeeded"
+    train = result.nodes["train"]
+    assert train.phase == "Failed"
+    assert train.message.startswith("the RayJob needs 4 NVIDIA GPUs (workerGroupSpecs[0] 'gpu': 1 pod x 4 ")
+    assert "`run --variant cpu`" in train.message
+    assert result.nodes["train-outputs"].phase == "Omitted"
+    assert result.phase == "Failed"

@@ -2,8 +2,8 @@
 
 Each trainer is `python -m steps.train --launcher=local`: the same loop Ray Train runs in its workers, in one
 process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
-runs 2 Ray Train workers (DDP and FSDP over gloo). Tiny settings: max_seq_len 64, micro-batch 2, a checkpoint
-every 2 steps.
+runs 2 Ray Train workers (DDP and FSDP over gloo) on the session's Ray cluster (tests/e2e/conftest.py). Tiny
+settings: max_seq_len 64, micro-batch 2, a checkpoint every 2 steps.
 """
 
 import json
@@ -199,11 +199,12 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     assert worst <= LOSS_TOLERANCE
 
 
-def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(dataset, tmp_path):
-    """Ray Train, 2 workers over gloo. FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both
-    workers through STOP_FILE, they agree on the stopping step, rank 0 commits the gathered full state and the step
-    exits 143; the FSDP retry continues exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's.
-    (A DDP checkpoint resuming under FSDP: the local SIGTERM test above.)"""
+def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(dataset, tmp_path, joined_ray):
+    """Ray Train, 2 workers over gloo, each run joining the session's Ray cluster as it joins a KubeRay cluster.
+    FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both workers through STOP_FILE, they agree
+    on the stopping step, rank 0 commits the gathered full state and the step exits 143; the FSDP retry continues
+    exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's. (A DDP checkpoint resuming under
+    FSDP: the local SIGTERM test above.)"""
     max_steps = 8
 
     def trainer(out: Path, strategy: str = "fsdp") -> Trainer:

@@ -45,7 +45,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, model_cache):
     """A tiny random Llama with the demo model's tokenizer, and a dataset of 40 examples."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -54,7 +54,7 @@ def workdir(tmp_path_factory):
     from steps.common.modeling import load_tokenizer
 
     root = tmp_path_factory.mktemp("zero")
-    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct"))
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct", model_cache))
     torch.manual_seed(0)
     shape = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -214,10 +214,12 @@ def test_resume_across_strategies_is_exact(references, workdir, tmp_path, saved,
     assert difference <= ZERO_TOLERANCE
 
 
-def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactly(references, workdir, tmp_path):
-    """Ray Train (2 workers, DeepSpeed adopting Ray's gloo group): SIGTERM to the driver, a Spot notice, reaches
-    the workers; they agree on a step, rank 0 commits the gathered ZeRO-3 state, the step exits 143; the retry
-    (here as an MPIJob) continues with the uninterrupted run's losses."""
+def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactly(
+    references, workdir, tmp_path, joined_ray
+):
+    """Ray Train (2 workers on the session's Ray cluster, DeepSpeed adopting Ray's gloo group): SIGTERM to the
+    driver, a Spot notice, reaches the workers; they agree on a step, rank 0 commits the gathered ZeRO-3 state, the
+    step exits 143; the retry (here as an MPIJob) continues with the uninterrupted run's losses."""
     out, progress = tmp_path / "train", tmp_path / "progress"
     command = [sys.executable, "-u", "-m", "steps.train", "--launcher=ray"]
     command += train_args(workdir, out, "deepspeed", 3)

@@ -15,7 +15,6 @@ from eksflow.local import LocalExecutorError, RunResult, run_workflow
 from eksflow.local.fleet import FLEET_KINDS
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
-from eksflow.local.resources import nvidia_gpus
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
 
@@ -349,22 +348,3 @@ def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_
         "Neuron cores need Trainium; run the cpu profile here (`run --variant cpu`) or `submit` to a cluster\n"
     )
     assert not (tmp_path / "state").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(nvidia_gpus()[0] >= 4, reason="this machine has the 4 GPUs the g5.12xlarge RayJob asks for")
-def test_gpu_workflow_runs_here_until_train_asks_for_gpus(tmp_path: Path, model_cache: Path) -> None:
-    result = run_workflow(
-        rendered("cluster.instance_type=g5.12xlarge", f"storage.model_cache={model_cache}"),
-        tmp_path / "state",
-        cwd=ROOT,
-        console=Console(file=io.StringIO()),
-    )
-    assert result.nodes["stage-data"].phase == "Succeeded"
-    assert result.nodes["validate-data"].phase == "Succeeded"
-    train = result.nodes["train"]
-    assert train.phase == "Failed"
-    assert train.message.startswith("the RayJob needs 4 NVIDIA GPUs (workerGroupSpecs[0] 'gpu': 1 pod x 4 ")
-    assert "`run --variant cpu`" in train.message
-    assert result.nodes["train-outputs"].phase == "Omitted"
-    assert result.phase == "Failed"
