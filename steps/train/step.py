@@ -164,8 +164,10 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
         local_cpus = None if address else max(os.cpu_count() or 1, settings.num_workers * settings.cpus_per_worker)
         # 128 MiB object store: training data travels as file paths, not Ray objects.
         # The dashboard process serves Ray's state API, which Ray Train's placement-group cleaner polls every second.
+        # "local": a Ray of its own, like a RayJob's head; without it ray.init joins any `ray start` cluster on the
+        # machine, and refuses num_cpus there.
         ray.init(
-            address=address,
+            address=address or "local",
             num_cpus=local_cpus,
             include_dashboard=None if address else True,
             dashboard_host="127.0.0.1",

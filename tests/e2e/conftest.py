@@ -139,6 +139,12 @@ class RayCluster:
                 raise RuntimeError(f"ray start did not come up:\n{self.log.read_text(errors='replace')[-3000:]}")
             time.sleep(1)
 
+    def join(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make the processes a test starts from now on join this cluster (RAY_ADDRESS and its token)."""
+        monkeypatch.setenv("RAY_ADDRESS", self.address)
+        for name, value in self.env.items():
+            monkeypatch.setenv(name, value)
+
     def stop(self) -> None:
         """Stop the cluster and every process it started (`ray start --block` stops them on SIGTERM)."""
         for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
@@ -166,8 +172,6 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
 
 @pytest.fixture
 def joined_ray(ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> RayCluster:
-    """Make this test's `steps.train --launcher=ray` runs join the session's cluster (RAY_ADDRESS and its token)."""
-    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
-    for name, value in ray_cluster.env.items():
-        monkeypatch.setenv(name, value)
+    """Make this test's `steps.train --launcher=ray` runs join the session's cluster."""
+    ray_cluster.join(monkeypatch)
     return ray_cluster

@@ -199,12 +199,15 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     assert worst <= LOSS_TOLERANCE
 
 
-def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(dataset, tmp_path, joined_ray):
-    """Ray Train, 2 workers over gloo, each run joining the session's Ray cluster as it joins a KubeRay cluster.
-    FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both workers through STOP_FILE, they agree
-    on the stopping step, rank 0 commits the gathered full state and the step exits 143; the FSDP retry continues
-    exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's. (A DDP checkpoint resuming under
-    FSDP: the local SIGTERM test above.)"""
+def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(
+    dataset, tmp_path, ray_cluster, monkeypatch
+):
+    """Ray Train, 2 workers over gloo. The reference run starts a Ray of its own beside the session's cluster (a
+    `ray start` on the machine, which a bare ray.init would join); the others join that cluster through RAY_ADDRESS,
+    as the step joins a KubeRay cluster. FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both
+    workers through STOP_FILE, they agree on the stopping step, rank 0 commits the gathered full state and the step
+    exits 143; the FSDP retry continues exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's.
+    (A DDP checkpoint resuming under FSDP: the local SIGTERM test above.)"""
     max_steps = 8
 
     def trainer(out: Path, strategy: str = "fsdp") -> Trainer:
@@ -221,6 +224,7 @@ def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matche
     assert "strategy: fsdp" in output
     reference = losses(output)
     assert reference[max_steps] < reference[min(reference)], f"FSDP loss did not decrease: {reference}"
+    ray_cluster.join(monkeypatch)
 
     out = tmp_path / "out"
     code, output = interrupt(trainer(out), after=2)
