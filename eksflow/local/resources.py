@@ -1,8 +1,8 @@
 """What the objects an Argo resource template creates become on this machine.
 
 - RayJob (ray.io/v1): its `spec.entrypoint` runs as a local process under `bash -c` (Ray's job manager runs an
-  entrypoint through a shell too) with the head container's env. The entrypoint starts Ray itself (`ray.init()`
-  without RAY_ADDRESS starts a local Ray), so nothing else is started. A job whose pods request NVIDIA GPUs or
+  entrypoint through a shell too) with the head container's env. The entrypoint starts Ray itself (`ray.init` with
+  no RAY_ADDRESS starts a local Ray), so nothing else is started. A job whose pods request NVIDIA GPUs or
   Neuron devices this machine lacks is refused before anything starts, with the way out.
 - PodGroup (scheduling.volcano.sh): gang admission by the Volcano scheduler; locally there is nothing to create.
 - MPIJob (kubeflow.org/v2beta1): the launcher's command (Open MPI's mpirun) as a local process, with every worker

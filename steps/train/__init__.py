@@ -2,10 +2,11 @@
 
     python -m steps.train --dataset-dir=/fsx/run/data --base-model=smollm2-135m-instruct --output-dir=/fsx/run/train
 
-Locally Ray starts in-process (`ray.init()`); inside a KubeRay RayJob the same entrypoint joins the cluster through
-RAY_ADDRESS. Every `checkpoint_every` steps rank 0 commits a checkpoint under <output_dir>/checkpoints (adapter,
-optimizer, scheduler, RNG, step; see steps.common.checkpoints); a rerun with the same output dir resumes from the
-newest verified checkpoint, and the data order is a pure function of (seed, step), so it continues exactly.
+Locally Ray starts in-process (`ray.init(address="local")`, never a `ray start` cluster it happens to find); inside
+a KubeRay RayJob the same entrypoint joins the cluster through RAY_ADDRESS. Every `checkpoint_every` steps rank 0
+commits a checkpoint under <output_dir>/checkpoints (adapter, optimizer, scheduler, RNG, step; see
+steps.common.checkpoints); a rerun with the same output dir resumes from the newest verified checkpoint, and the data
+order is a pure function of (seed, step), so it continues exactly.
 Checkpoints hold full (unsharded) state keyed by parameter name, whatever the strategy (`strategy`: DDP replicas,
 FSDP2 shards per decoder layer, or ZeRO partitions, gathered; see steps.common.strategies and steps.train.zero), so
 a run may resume under another strategy.
