@@ -1,5 +1,5 @@
-"""Session fixtures of the end-to-end tests: one shared vLLM engine (the converted base model: tests/conftest.py)
-and one shared Ray cluster.
+"""Shared fixtures of the end-to-end tests: one vLLM engine per session (the converted base model:
+tests/conftest.py) and one Ray cluster per module that trains with Ray.
 
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the GPU variant, the rollout scenarios) adopt one
@@ -9,7 +9,8 @@ engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL inst
 (`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
 tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker
 trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
-(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY."""
+(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. The standalone Ray Train
+runs of a module join one Ray cluster (`ray_cluster`)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -
 
 
 class RayCluster:
-    """A one-node Ray cluster for the session (`ray start --head`), keyed by a token, on 127.0.0.1.
+    """A one-node Ray cluster (`ray start --head`), keyed by a token, on 127.0.0.1.
 
     Standalone train runs join it through RAY_ADDRESS, the way the train step joins a KubeRay cluster, instead of
     each starting and stopping a local Ray (its GCS, raylet, dashboard and agents: ~15 s of CPU a run here).
@@ -146,8 +147,9 @@ class RayCluster:
             monkeypatch.setenv(name, value)
 
     def stop(self) -> None:
-        """Stop the cluster and every process it started (`ray start --block` stops them on SIGTERM)."""
-        for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        """Stop the cluster and every process in its group: SIGTERM, then SIGKILL after 5 s (`ray start --block`
+        takes ~34 s to stop its processes one by one; a test cluster has nothing to save)."""
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:
@@ -159,9 +161,11 @@ class RayCluster:
                 continue
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    """The session's Ray cluster; `joined_ray` points a test's train runs at it."""
+    """A Ray cluster for the module's Ray Train runs; `joined_ray` points a test's runs at it. Per module, not per
+    session: an idle cluster costs ~4 CPU seconds a minute (its dashboard, agents and idle workers), more over a
+    session than the start-ups it saves."""
     cluster = RayCluster(tmp_path_factory.mktemp("ray"))
     try:
         cluster.wait_ready()
@@ -172,6 +176,6 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
 
 @pytest.fixture
 def joined_ray(ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> RayCluster:
-    """Make this test's `steps.train --launcher=ray` runs join the session's cluster."""
+    """Make this test's `steps.train --launcher=ray` runs join the module's cluster."""
     ray_cluster.join(monkeypatch)
     return ray_cluster

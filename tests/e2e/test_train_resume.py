@@ -2,7 +2,7 @@
 
 Each trainer is `python -m steps.train --launcher=local`: the same loop Ray Train runs in its workers, in one
 process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
-runs 2 Ray Train workers (DDP and FSDP over gloo) on the session's Ray cluster (tests/e2e/conftest.py). Tiny
+runs 2 Ray Train workers (DDP and FSDP over gloo) on the module's Ray cluster (tests/e2e/conftest.py). Tiny
 settings: max_seq_len 64, micro-batch 2, a checkpoint every 2 steps.
 """
 
@@ -202,7 +202,7 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
 def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(
     dataset, tmp_path, ray_cluster, monkeypatch
 ):
-    """Ray Train, 2 workers over gloo. The reference run starts a Ray of its own beside the session's cluster (a
+    """Ray Train, 2 workers over gloo. The reference run starts a Ray of its own beside the module's cluster (a
     `ray start` on the machine, which a bare ray.init would join); the others join that cluster through RAY_ADDRESS,
     as the step joins a KubeRay cluster. FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both
     workers through STOP_FILE, they agree on the stopping step, rank 0 commits the gathered full state and the step

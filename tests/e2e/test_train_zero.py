@@ -217,7 +217,7 @@ def test_resume_across_strategies_is_exact(references, workdir, tmp_path, saved,
 def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactly(
     references, workdir, tmp_path, joined_ray
 ):
-    """Ray Train (2 workers on the session's Ray cluster, DeepSpeed adopting Ray's gloo group): SIGTERM to the
+    """Ray Train (2 workers on the module's Ray cluster, DeepSpeed adopting Ray's gloo group): SIGTERM to the
     driver, a Spot notice, reaches the workers; they agree on a step, rank 0 commits the gathered ZeRO-3 state, the
     step exits 143; the retry (here as an MPIJob) continues with the uninterrupted run's losses."""
     out, progress = tmp_path / "train", tmp_path / "progress"
