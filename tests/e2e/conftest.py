@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import pytest
 
 from steps.common import vllm, vllm_auth
 from steps.common.base_model import DEMO_MODEL, resolve_model
+from tests.e2e.processes import free_port
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
 
@@ -49,9 +48,7 @@ class SharedEngine:
         """Start the engine unless it runs; do not wait for it."""
         if self.process is not None and self.process.poll() is None:
             return
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         settings = vllm.EngineSettings()
         self.args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
         self.env = vllm.engine_process_env({**vllm.engine_env(settings, cpu=True), vllm_auth.KEY_ENV: self.api_key})
@@ -115,9 +112,7 @@ class RayCluster:
     Pipeline runs keep starting their own, as their RayJob's head does."""
 
     def __init__(self, log_dir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         self.address = f"127.0.0.1:{port}"
         self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         ray = Path(sys.executable).with_name("ray")
@@ -147,18 +142,9 @@ class RayCluster:
             monkeypatch.setenv(name, value)
 
     def stop(self) -> None:
-        """Stop the cluster and every process in its group: SIGTERM, then SIGKILL after 5 s (`ray start --block`
-        takes ~34 s to stop its processes one by one; a test cluster has nothing to save)."""
-        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        """Stop the cluster and every process in its group, SIGKILLed after 5 s (`ray start --block` takes ~34 s
+        to stop its processes one by one; a test cluster has nothing to save)."""
+        vllm.stop(self.process, grace_s=5)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from rich.console import Console
 from eksflow.local import run_workflow
 from eksflow.local.resources import nvidia_gpus
 from tests import flagship
-from tests.e2e.processes import serving_processes
+from tests.e2e.processes import free_port, serving_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines" / "llama_lora.py"
@@ -79,14 +79,6 @@ def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path)
         serve.send_signal(signal.SIGINT)  # Ctrl-C: the engine and its processes stop with it
         assert serve.wait(timeout=120) in (0, 130)
     assert serving_processes() <= before  # the engine and its core and worker processes are gone
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def only_run(state_dir: Path) -> Path:
