@@ -1,5 +1,11 @@
-"""The two other pipelines end to end on the real model: a LoRA sweep registers its best candidate, then the
-champion check re-evaluates that version, records the verdict on it, and fails loudly when it regressed."""
+"""The two other pipelines end to end: a LoRA sweep registers its best candidate, then the champion check
+re-evaluates that version, records the verdict on it, and fails loudly when it regressed.
+
+What these runs check is the pipelines' wiring (a fan-out of training jobs, selection, registration, the check's
+verdict and alert), not what a model learns (the flagship's test does), so they fine-tune the session's tiny random
+Llama (tests/e2e/conftest.py) against an eval-loss threshold any model meets, and the sweep's candidates train as
+MPIJobs (`cluster.launcher=mpijob`, mpirun on this machine): a fan-out of resource templates, without two local
+Ray clusters starting beside each other."""
 
 import json
 import subprocess
@@ -33,18 +39,20 @@ def outputs(state: Path, pipeline: str) -> dict[str, dict[str, str]]:
     }
 
 
-def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tmp_path, model_cache):
+def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tmp_path, tiny_llama):
     state = tmp_path / "state"
-    models = ["--set", f"storage.model_cache={model_cache}"]  # the session's converted base model
     swept = run(
         "lora_sweep",
         state,
-        *models,
+        "--set",
+        f"base_model={tiny_llama}",
         *TINY,
+        "--set",
+        "cluster.launcher=mpijob",
         "--set",
         "sweep.ranks=[4,8]",
         "--set",
-        "sweep.parallelism=2",  # both candidates at once: each trains on one worker, one core
+        "sweep.parallelism=2",  # both candidates at once: each trains as one rank, on one core
         "--set",
         "train.max_steps=2",
         "--set",
@@ -68,10 +76,9 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
     uri = f"sqlite:///{state / 'volumes' / 'fsx-claim' / 'mlflow' / 'mlflow.db'}"
     tracking.set_alias(tracking.client(uri), "llama-lora", tracking.CHAMPION, version)
 
-    checked = run(
+    checked = run(  # the champion's base model is the one its version was registered with
         "champion_check",
         state,
-        *models,
         *TINY,
         "--set",
         "evaluate.thresholds=[{metric: eval_loss, op: '<=', value: 100.0}]",
@@ -80,7 +87,6 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
     regressed = run(  # the same store and volume: the adapter's artifacts live on this run's FSx
         "champion_check",
         state,
-        *models,
         *TINY,
         "--set",
         "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",

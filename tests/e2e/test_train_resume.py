@@ -2,7 +2,8 @@
 
 Each trainer is `python -m steps.train --launcher=local`: the same loop Ray Train runs in its workers, in one
 process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
-runs 2 Ray Train workers (DDP and FSDP over gloo) on the module's Ray cluster (tests/e2e/conftest.py). Tiny
+runs 2 Ray Train workers (DDP and FSDP over gloo) on the module's Ray cluster, with the session's tiny random Llama
+(tests/e2e/conftest.py): what it checks is the strategies' exactness, which real weights only make slower. Tiny
 settings: max_seq_len 64, micro-batch 2, a checkpoint every 2 steps.
 """
 
@@ -56,6 +57,7 @@ class Trainer:
         progress: Path,
         launcher: str = "local",
         workers: int = 1,
+        base_model: str = "smollm2-135m-instruct",
         strategy: str = "auto",
         checkpoint_every: int = INTERVAL,
         checkpoint_every_minutes: float = 0.0,
@@ -67,7 +69,7 @@ class Trainer:
             "steps.train",
             f"--launcher={launcher}",
             f"--dataset-dir={dataset}",
-            "--base-model=smollm2-135m-instruct",
+            f"--base-model={base_model}",
             f"--output-dir={out}",
             f"--outputs-dir={out.parent / 'outputs'}",
             "--run-name=wf-test",
@@ -200,7 +202,7 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
 
 
 def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(
-    dataset, tmp_path, ray_cluster, monkeypatch
+    dataset, tmp_path, ray_cluster, monkeypatch, tiny_llama
 ):
     """Ray Train, 2 workers over gloo. The reference run starts a Ray of its own beside the module's cluster (a
     `ray start` on the machine, which a bare ray.init would join); the others join that cluster through RAY_ADDRESS,
@@ -208,11 +210,13 @@ def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matche
     workers through STOP_FILE, they agree on the stopping step, rank 0 commits the gathered full state and the step
     exits 143; the FSDP retry continues exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's.
     (A DDP checkpoint resuming under FSDP: the local SIGTERM test above.)"""
-    max_steps = 8
+    max_steps = 16  # ~0.5 s a step: Ray workers report progress every 2 s, and each interrupt must land mid-run
 
     def trainer(out: Path, strategy: str = "fsdp") -> Trainer:
         progress = tmp_path / f"progress-{out.name}"
-        return Trainer(dataset, out, max_steps, progress, launcher="ray", workers=2, strategy=strategy)
+        return Trainer(
+            dataset, out, max_steps, progress, launcher="ray", workers=2, strategy=strategy, base_model=str(tiny_llama)
+        )
 
     def interrupt(run: Trainer, after: int) -> tuple[int, str]:
         wait_for(lambda: run.done_steps() >= after, run.proc, timeout=300, poll=0.2)

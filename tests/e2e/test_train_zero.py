@@ -1,9 +1,9 @@
 """DeepSpeed ZeRO trains like DDP, checkpoints in the one format, and runs as an MPIJob and under Ray Train (CPU).
 
-Every run is the real train step on 2 CPU workers (gloo) with a tiny random Llama (the demo model's tokenizer,
-2 layers of width 64: real weights add nothing here), gradient accumulation 2, a checkpoint after every step
-whose metrics.json holds that step's loss averaged over the workers. The reference runs go through the local
-executor's MPIJob handler: the MPIJob that `cluster.launcher: mpijob` renders
+Every run is the real train step on 2 CPU workers (gloo) with the session's tiny random Llama (tests/e2e/conftest.py:
+the demo model's tokenizer, 2 layers of width 64; real weights add nothing here), gradient accumulation 2, a
+checkpoint after every step whose metrics.json holds that step's loss averaged over the workers. The reference runs
+go through the local executor's MPIJob handler: the MPIJob that `cluster.launcher: mpijob` renders
 (eksflow/launchers/mpijob.py), its launcher's `mpirun -np 2` run here with a local hostfile; the SIGTERM run goes
 through Ray Train, the default launcher.
 """
@@ -45,30 +45,10 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, model_cache):
-    """A tiny random Llama with the demo model's tokenizer, and a dataset of 40 examples."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from steps.common.base_model import resolve_model
-    from steps.common.modeling import load_tokenizer
-
+def workdir(tmp_path_factory, tiny_llama):
+    """The session's tiny random Llama (tests/e2e/conftest.py) and a dataset of 40 examples."""
     root = tmp_path_factory.mktemp("zero")
-    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct", model_cache))
-    torch.manual_seed(0)
-    shape = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(shape).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
+    shutil.copytree(tiny_llama, root / "model")
     (root / "data").mkdir()
     rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"{i} plus {i} is {2 * i}."} for i in range(40)]
     (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
