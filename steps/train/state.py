@@ -64,6 +64,12 @@ def save_checkpoint(
     )
 
 
+def read_metrics(folder: Path) -> dict[str, float]:
+    """The metrics saved with the checkpoint in `folder` (step, loss, learning_rate, tokens_per_s)."""
+    metrics: dict[str, float] = json.loads((folder / METRICS_FILE).read_text(encoding="utf-8"))
+    return metrics
+
+
 def load_adapter(folder: Path, model: Any) -> dict[str, Any]:
     """Load the checkpoint's adapter into the (not yet wrapped or sharded) PEFT model; return its trainer state."""
     import torch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -19,7 +18,7 @@ from steps.common.data import TRAIN_FILE
 from steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Outputs, TrainSettings, mpi
 from steps.train.data import prepare_cache
 from steps.train.loop import STOP_FILE, LoopConfig, local_context, sigterm_received, train_loop, train_worker
-from steps.train.state import METRICS_FILE
+from steps.train.state import read_metrics
 
 RUN_ID_FILE = "mlflow_run_id"
 
@@ -101,7 +100,7 @@ def _run_holding_lease(
         raise PreemptedError(f"SIGTERM: stopped after step {step}/{args.max_steps} with a committed checkpoint")
     if final is None or final.step < args.max_steps:
         raise RuntimeError(f"training ended without a final checkpoint in {loop.checkpoint_root}")
-    metrics = json.loads((final.path / METRICS_FILE).read_text(encoding="utf-8"))
+    metrics = read_metrics(final.path)
     return Outputs(
         adapter_dir=str(final.path / "adapter"),
         checkpoint_dir=str(final.path),

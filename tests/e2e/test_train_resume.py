@@ -21,6 +21,7 @@ import pytest
 
 from steps.common import checkpoints
 from steps.train import EXIT_PREEMPTED
+from steps.train.state import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 2
@@ -112,10 +113,7 @@ def losses(output: str) -> dict[int, float]:
 def committed_losses(out: Path) -> dict[int, float]:
     """Each committed checkpoint's step loss (averaged over the workers; a run logging every step), by step: what
     2 Ray workers record of every step, since they print at most one step every 2 s."""
-    return {
-        c.step: json.loads((c.path / "metrics.json").read_text())["loss"]
-        for c in checkpoints.committed(out / "checkpoints")
-    }
+    return {c.step: read_metrics(c.path)["loss"] for c in checkpoints.committed(out / "checkpoints")}
 
 
 def worst_difference(run: dict[int, float], reference: dict[int, float]) -> float:

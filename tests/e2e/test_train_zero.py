@@ -27,6 +27,7 @@ from eksflow.local import run_workflow
 from eksflow.local.mpijob import mpirun
 from steps.common import checkpoints
 from steps.train import EXIT_PREEMPTED
+from steps.train.state import read_metrics
 from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,10 +111,7 @@ def run_as_mpijob(state: Path, argv: list[str]):
 
 def losses(out: Path) -> dict[int, float]:
     """Each step's loss (mean over the workers) from its checkpoint's metrics."""
-    return {
-        c.step: json.loads((c.path / "metrics.json").read_text())["loss"]
-        for c in checkpoints.committed(out / "checkpoints")
-    }
+    return {c.step: read_metrics(c.path)["loss"] for c in checkpoints.committed(out / "checkpoints")}
 
 
 def worst(run: dict[int, float], reference: dict[int, float]) -> float:
