@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(PIP) install -q -e '.[llm,dev]' 2>&1 | grep -v '^WARNING: Location' || true
 	# pipelines/ and steps/ are this checkout's project, built with eksflow but not shipped in its distribution
 	# (a user's project keeps those names): this environment puts the checkout on the path, as PYTHONPATH=. would.
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"

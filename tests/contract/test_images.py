@@ -37,6 +37,8 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
         assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in text or (
             f"pip install {MAKEFILE_TORCH}" in text
         )
+        # `pip install .` is the authoring SDK only: the steps' runtime (torch, ray, mlflow, ...) is the llm extra
+        assert "pip install '.[llm]'" in text
 
 
 @pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "train"), ("trainium", "train_neuron")])

@@ -1,6 +1,7 @@
 """The dependency rules that keep eksflow easy to change, enforced rather than hoped for.
 
-- Rendering a pipeline (what `render`, `plan` and `submit` do) imports none of the heavy ML or cloud libraries.
+- The SDK (every module of eksflow/) and rendering a pipeline (what `render`, `plan` and `submit` do) import none
+  of the heavy ML or cloud libraries: `pip install eksflow` holds none (tests/contract/test_bare_install.py).
 - Steps import neither hera nor eksflow's authoring layer: a step image needs only eksflow.runtime.
 - A step's contract (what a pipeline imports to wire it) is light too.
 """
@@ -40,6 +41,15 @@ def test_rendering_a_pipeline_imports_nothing_heavy(pipeline):
         "built = p.build(load_config(config_type(p.build)))\n"
         "manifest(built); check(built)\n"
     )
+    assert sorted(set(loaded_after(code)) & set(HEAVY)) == []
+
+
+def test_no_module_of_the_sdk_imports_anything_heavy():
+    code = (
+        "import importlib, pkgutil, eksflow\n"
+        "for m in pkgutil.walk_packages(eksflow.__path__, 'eksflow.'):\n"
+        "    m.name == 'eksflow.local.litellm_routes' or importlib.import_module(m.name)\n"
+    )  # litellm_routes.py is copied beside the LiteLLM proxy's config and imported by that proxy only
     assert sorted(set(loaded_after(code)) & set(HEAVY)) == []
 
 
