@@ -7,7 +7,9 @@ Authoring a pipeline (imports hera; never imported by steps):
     task            add a task running a step module; its outputs are attributes of the result
     distributed     add a step that runs across workers (container, KubeRay RayJob or Volcano Job per profile)
     main            the pipeline file's command line: run, render, plan, submit, schedule, config
-    PipelineConfig  the base config every pipeline extends with its own sections; `name_field` for its name
+    PipelineConfig  the base config every pipeline extends with its own sections; `name_field` for its name,
+                    `image_field` for its steps' image
+    ClusterSettings the `cluster` section a pipeline with distributed steps declares
     config_hash     the lineage hash of a config
     gauges, retry   Prometheus gauges and a retry budget for a task
     Resources       CPU/memory requests of a task (Hera's)
@@ -42,6 +44,8 @@ _PUBLIC = {
     "ConfigError": "eksflow.config",
     "config_hash": "eksflow.config",
     "name_field": "eksflow.config",
+    "image_field": "eksflow.config",
+    "ClusterSettings": "eksflow.config",
     "Resources": "hera.workflows",
     "Settings": "eksflow.runtime.args",
     "StepArgs": "eksflow.runtime.args",
@@ -53,6 +57,7 @@ _PUBLIC = {
     "task_metric": "eksflow.runtime.metrics",
 }
 __all__ = [
+    "ClusterSettings",
     "ConfigError",
     "Location",
     "Pipeline",
@@ -70,6 +75,7 @@ __all__ = [
     "distributed",
     "ended",
     "gauges",
+    "image_field",
     "main",
     "name_field",
     "retry",
@@ -82,7 +88,7 @@ if TYPE_CHECKING:
     from hera.workflows import Resources
 
     from eksflow.cli import main
-    from eksflow.config import ConfigError, PipelineConfig, config_hash, name_field
+    from eksflow.config import ClusterSettings, ConfigError, PipelineConfig, config_hash, image_field, name_field
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step

@@ -23,7 +23,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from eksflow.config import ConfigError, PipelineConfig, load_config
+from eksflow.config import ConfigError, PipelineConfig, cluster_of, load_config
 from eksflow.pipeline import Pipeline, PipelineError
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
 from eksflow.runtime.shown import shown
@@ -174,9 +174,9 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
 
 def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:
     """`--variant gpu`: keep a configured instance type of that kind, otherwise use the variant's default."""
-    if variant is None or PROFILES[cfg.cluster.instance_type].kind == variant:
+    if variant is None or PROFILES[cluster_of(cfg).instance_type].kind == variant:
         return cfg
-    cluster = cfg.cluster.model_copy(update={"instance_type": VARIANT_DEFAULTS[variant]})  # type: ignore[index]
+    cluster = cluster_of(cfg).model_copy(update={"instance_type": VARIANT_DEFAULTS[variant]})  # type: ignore[index]
     return cfg.model_copy(update={"cluster": cluster})
 
 

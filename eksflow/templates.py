@@ -68,7 +68,11 @@ def retry(limit: int = 2, *, first_delay: str = "10s", max_delay: str = "5m") ->
     )
 
 
-STEP_RETRY = retry()
+def step_retry(cfg: PipelineConfig) -> RetryStrategy:
+    """The retry strategy of a step that sets none: the config's `retry` section."""
+    return retry(cfg.retry.limit, first_delay=cfg.retry.first_delay, max_delay=cfg.retry.max_delay)
+
+
 TASK_OPTIONS = frozenset(
     {"task_name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "memoize", "step"}
 )
@@ -83,7 +87,7 @@ def task(
     when: When | None = None,
     container_image: str | None = None,
     resources: Resources = SMALL,
-    retry_strategy: RetryStrategy = STEP_RETRY,
+    retry_strategy: RetryStrategy | None = None,
     prometheus: m.Metrics | None = None,
     memoize: Sequence[Ref | TaskRef] = (),
     **values: Any,
@@ -92,7 +96,8 @@ def task(
 
     `settings` (a config section) and `values` fill the step's Args; a value may be a literal or a Ref (another
     task's output, a workflow parameter, `p.run_dir / ...`). The other keywords are the task's own options (a
-    step whose Args has a field of one of these names is refused: rename the field).
+    step whose Args has a field of one of these names is refused: rename the field). Without `retry_strategy`
+    the config's `retry` section applies.
 
     `memoize` lists what, besides this task's own step code, settings and image, decides its result: content keys
     (task outputs that name data by digest, letters, digits and '-' only) and upstream tasks (their step code and
@@ -103,7 +108,7 @@ def task(
     name = task_name or step_name(step)
     args_type, outputs = contract(step)
     argv, inputs = arguments(args_type, name, settings, values)
-    image = container_image or pipeline.cfg.images.steps
+    image = container_image or pipeline.cfg.image
     fingerprint = template_fingerprint(step, image, argv, memoize, pipeline.parameter_values)
     memo, memo_inputs = memoization(pipeline.cfg, name, fingerprint, memoize)
     inputs = {**inputs, **memo_inputs}
@@ -118,12 +123,12 @@ def task(
             *output_artifacts(step),
         ],
         env=[
-            Env(name="HF_HUB_OFFLINE", value="1"),  # nothing downloads from a model hub at run time
+            *(Env(name=env_name, value=value) for env_name, value in pipeline.cfg.env.items()),
             Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
         ],
         volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=pipeline.cfg.storage.fsx_mount)],
         resources=resources,
-        retry_strategy=retry_strategy,
+        retry_strategy=retry_strategy or step_retry(pipeline.cfg),
         security_context=RESTRICTED,
         metrics=prometheus,
         annotations=path_annotation(args_type),
@@ -343,8 +348,10 @@ def workflow_shell(pipeline: Pipeline, templates: Sequence[Any]) -> Workflow:
                 persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name=cfg.storage.fsx_claim),
             )
         ],
-        pod_gc=m.PodGC(strategy="OnPodSuccess"),
-        ttl_strategy=m.TTLStrategy(seconds_after_success=7 * 24 * 3600, seconds_after_failure=14 * 24 * 3600),
+        pod_gc=m.PodGC(strategy=cfg.cleanup.pod_gc),
+        ttl_strategy=m.TTLStrategy(
+            seconds_after_success=cfg.cleanup.keep_succeeded_s, seconds_after_failure=cfg.cleanup.keep_failed_s
+        ),
         active_deadline_seconds=cfg.active_deadline_seconds,
         templates=list(templates),
     )

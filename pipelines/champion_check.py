@@ -14,20 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from eksflow import Pipeline, PipelineConfig, main, name_field, retry, task
-from eksflow.config import MlflowSettings
-from pipelines.llama_lora import BIG, run_report
+from eksflow import Pipeline, main, name_field, retry, task
+from pipelines.common import BIG, LlmPipelineConfig, run_report
 from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
 from steps.validate_data import ValidateSettings
 
 
-class ChampionCheckConfig(PipelineConfig):
+class ChampionCheckConfig(LlmPipelineConfig):
     """Where the fresh data is, and the thresholds the champion must still meet (the flagship's by default)."""
 
     name: str = name_field("champion-check")
-    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")
     data: StageSettings = StageSettings()
     validation: ValidateSettings = ValidateSettings()
     evaluate: EvaluateSettings = EvaluateSettings()

@@ -16,54 +16,27 @@ Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
-from eksflow import (
-    Pipeline,
-    PipelineConfig,
-    Resources,
-    TaskRef,
-    config_hash,
-    distributed,
-    ended,
-    gauges,
-    main,
-    name_field,
-    task,
-)
-from eksflow.config import MlflowSettings
+from eksflow import ClusterSettings, Pipeline, config_hash, distributed, ended, gauges, main, name_field, task
+from pipelines.common import BIG, run_report
 from pipelines.serving.objects import ServingConfig
 from pipelines.serving.rollout import finish_rollout, rollout
-from steps import champion, evaluate, register, report, stage_data, train, train_neuron, validate_data
+from steps import champion, evaluate, register, stage_data, train, train_neuron, validate_data
 from steps.champion import Retrain
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
 from steps.train import TrainSettings
 from steps.validate_data import ValidateSettings
 
-BIG = Resources(cpu_request=2, memory_request="8Gi")  # a model in memory: evaluate, register
-
-
-def run_report(p: Pipeline, cfg: PipelineConfig, after: TaskRef | Sequence[TaskRef] = ()) -> TaskRef:
-    """The exit handler's report task (every pipeline here has one): the run's HTML page, its MLflow runs ended."""
-    return task(
-        report,
-        after=after,
-        workflow_name=p.workflow_name,
-        workflow_status=p.workflow_status,
-        report_dir=p.run_dir,
-        mlflow_ui_url=cfg.mlflow.ui_url,
-        tracking_uri=cfg.mlflow.tracking_uri,
-    )
-
 
 class LlamaLoraConfig(ServingConfig):
     """The flagship's sections: each is the step's own Settings, so the pipeline and the step check the same rules.
 
-    From ServingConfig: base_model, serving (the vLLM fleet and LiteLLM proxy) and canary (weights, analysis).
+    From ServingConfig: base_model, serving (the vLLM fleet and LiteLLM proxy) and canary (weights, analysis); from
+    LlmPipelineConfig: mlflow and storage.model_cache (pipelines/common).
     """
 
     name: str = name_field("llama-lora")
@@ -72,7 +45,7 @@ class LlamaLoraConfig(ServingConfig):
         description="always, or if-data-changed: skip training when the champion was trained on the same data "
         "(scheduled runs pass if-data-changed)",
     )
-    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")
+    cluster: ClusterSettings = ClusterSettings()
     data: StageSettings = StageSettings()
     validation: ValidateSettings = ValidateSettings()
     train: TrainSettings = TrainSettings()

@@ -16,10 +16,14 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from eksflow import Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
+from eksflow import ClusterSettings, Location, Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
 from eksflow.pipeline import Item
-from pipelines.llama_lora import BIG, LlamaLoraConfig, run_report
+from pipelines.common import BIG, LlmPipelineConfig, base_model_field, run_report
 from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
+from steps.evaluate import EvaluateSettings
+from steps.stage_data import StageSettings
+from steps.train import TrainSettings
+from steps.validate_data import ValidateSettings
 
 
 class SweepSettings(Settings):
@@ -42,10 +46,16 @@ class SweepSettings(Settings):
         return values
 
 
-class LoraSweepConfig(LlamaLoraConfig):
-    """The flagship's sections plus the grid."""
+class LoraSweepConfig(LlmPipelineConfig):
+    """The flagship's data, training and evaluation sections, plus the grid; it registers into the flagship's model."""
 
     name: str = name_field("lora-sweep")
+    base_model: Location = base_model_field()
+    cluster: ClusterSettings = ClusterSettings()
+    data: StageSettings = StageSettings()
+    validation: ValidateSettings = ValidateSettings()
+    train: TrainSettings = TrainSettings()
+    evaluate: EvaluateSettings = EvaluateSettings()
     sweep: SweepSettings = SweepSettings()
 
 

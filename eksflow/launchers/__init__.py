@@ -25,7 +25,7 @@ from hera.workflows import Container, Parameter, Resource, Resources, RetryStrat
 from hera.workflows import models as m
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig
+from eksflow.config import PipelineConfig, cluster_of
 from eksflow.launchers import jobs, mpijob
 from eksflow.manifests import manifest_text
 from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, When, step_name
@@ -35,11 +35,11 @@ from eksflow.templates import (
     FSX_VOLUME,
     RESTRICTED,
     SMALL,
-    STEP_RETRY,
     arguments,
     contract,
     gauges,
     memoization,
+    step_retry,
     task,
     template_fingerprint,
 )
@@ -67,11 +67,12 @@ class Job:
 
     def attempts(self, cfg: PipelineConfig) -> int:
         """Most attempts the retry layers allow together: (Argo) x (the job's own retries) x (in-job retries)."""
+        cluster = cluster_of(cfg)
         if self.launcher == "container":
-            return int(str(STEP_RETRY.limit)) + 1
+            return cfg.retry.limit + 1
         argo = int(str(JOB_RETRY.limit)) + 1
         inner = 0 if self.launcher == "mpijob" else self.inner_retries  # mpirun has no in-job retry
-        return argo * (cfg.cluster.rayjob_backoff_limit + 1) * (inner + 1)
+        return argo * (cluster.rayjob_backoff_limit + 1) * (inner + 1)
 
 
 def layout(settings: Settings, profile: Profile, nodes: int) -> Settings:
@@ -113,16 +114,17 @@ def distributed(
     """
     pipeline = Pipeline.current()
     cfg = pipeline.cfg
+    cluster = cluster_of(cfg)
     name = task_name or step_name(step)
     missing = [f for f in LAYOUT_FIELDS if f not in type(settings).model_fields]
     if missing:
         raise PipelineError(f"distributed({step.__name__}): its settings need the worker layout fields {missing}")
-    profile = profiles.profile_for(cfg.cluster.instance_type)
+    profile = profiles.profile_for(cluster.instance_type)
     if profile.kind == "trainium" and neuron_step is None:
         raise PipelineError(f"distributed({step.__name__}): no neuron_step= for Trainium ({profile.instance_type})")
-    placed = layout(settings, profile, cfg.cluster.nodes)
+    placed = layout(settings, profile, cluster.nodes)
     launcher = {"cpu": "container", "gpu": "rayjob", "trainium": "volcano"}[profile.kind]
-    if cfg.cluster.launcher == "mpijob" and profile.kind != "trainium":  # Trainium + mpijob: refused by `plan`
+    if cluster.launcher == "mpijob" and profile.kind != "trainium":  # Trainium + mpijob: refused by `plan`
         launcher = "mpijob"
         args_type = contract(step)[0]
         if "launcher" not in args_type.model_fields:
@@ -170,7 +172,7 @@ def distributed(
             task_name=name,
             after=after,
             when=when,
-            container_image=cfg.images.train,
+            container_image=cluster.image,
             resources=Resources(cpu_request=workers, memory_request=f"{6 * workers}Gi"),
             prometheus=metrics,
             memoize=memoize,
@@ -179,12 +181,12 @@ def distributed(
         container = pipeline.templates[name]
         assert isinstance(container, Container)
         # Same placement as a job's pods: the profile's nodes, and Karpenter never consolidates a node under it.
-        container.node_selector = profiles.node_selector(profile, spot=cfg.cluster.spot, zone="")
+        container.node_selector = profiles.node_selector(profile, spot=cluster.spot, zone="")
         container.annotations = {**(container.annotations or {}), **profiles.DO_NOT_DISRUPT}
         return added
     args_type, outputs = contract(step)
     argv, inputs = arguments(args_type, name, placed, values, outputs_dir=jobs.outputs_dir(cfg, name))
-    fingerprint = template_fingerprint(step, cfg.images.train, argv, memoize, pipeline.parameter_values)
+    fingerprint = template_fingerprint(step, cluster.image, argv, memoize, pipeline.parameter_values)
     memo, memo_inputs = memoization(cfg, name, fingerprint, memoize)
     duration = gauges(
         cfg, **{f"{name.replace('-', '_')}_job_seconds": ("wall time of the job, queueing included", "{{duration}}")}
@@ -198,11 +200,11 @@ def distributed(
     elif launcher == "rayjob":
         manifest = jobs.rayjob(cfg, name, step.__name__, argv)
         success, failure = jobs.RAYJOB_SUCCESS, jobs.RAYJOB_FAILURE
-        if cfg.cluster.scheduler == "volcano":
+        if cluster.scheduler == "volcano":
             group = f"{name}-podgroup"
             previous = pipeline.add(
                 group,
-                _resource(group, jobs.podgroup(cfg, name, cfg.cluster.nodes + 1)),
+                _resource(group, jobs.podgroup(cfg, name, cluster.nodes + 1)),
                 step="Volcano PodGroup",
                 outputs={},
                 after=after,
@@ -260,14 +262,14 @@ def _collector(cfg: PipelineConfig, task_name: str, outputs: list[str], metrics:
     files = [f"{jobs.outputs_dir(cfg, task_name)}/{name}" for name in outputs]
     return Container(
         name=f"{task_name}-outputs",
-        image=cfg.images.steps,
+        image=cfg.image,
         command=["cat", *files],  # fails if the step did not write every output; logs them otherwise
         outputs=[
             Parameter(name=name, value_from=m.ValueFrom(path=path)) for name, path in zip(outputs, files, strict=True)
         ],
         volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
         resources=SMALL,
-        retry_strategy=STEP_RETRY,
+        retry_strategy=step_retry(cfg),
         security_context=RESTRICTED,
         metrics=metrics,
     )

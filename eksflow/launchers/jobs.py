@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig
+from eksflow.config import PipelineConfig, cluster_of
 from eksflow.profiles import Profile
 
 RAYJOB_SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
@@ -35,9 +35,10 @@ def outputs_dir(cfg: PipelineConfig, task: str) -> str:
 
 def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *, head: bool = False) -> dict[str, Any]:
     """A training pod: profile resources and placement, FSx + /dev/shm, service account, security context."""
+    cluster = cluster_of(cfg)
     container = {
         **container,
-        "image": cfg.images.train_neuron if profile.kind == "trainium" else cfg.images.train,
+        "image": cluster.neuron_image if profile.kind == "trainium" else cluster.image,
         "env": profiles.env(profile),
         "resources": profiles.resources(profile, head=head),
         "volumeMounts": profiles.volume_mounts(profile, cfg.storage.fsx_mount),
@@ -52,21 +53,22 @@ def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *
     if head:  # the head only coordinates: any on-demand CPU node, never a Spot node it could lose
         spec["nodeSelector"] = {profiles.CAPACITY_TYPE_LABEL: "on-demand"}
     else:
-        spec["nodeSelector"] = profiles.node_selector(profile, spot=cfg.cluster.spot, zone=cfg.cluster.zone)
+        spec["nodeSelector"] = profiles.node_selector(profile, spot=cluster.spot, zone=cluster.zone)
         if tolerations := profiles.tolerations(profile):
             spec["tolerations"] = tolerations
-    if cfg.cluster.scheduler == "volcano":
+    if cluster.scheduler == "volcano":
         spec["schedulerName"] = "volcano"
     return spec
 
 
 def pod_metadata(cfg: PipelineConfig, task: str) -> dict[str, Any]:
     """Labels, Karpenter do-not-disrupt, and the Volcano PodGroup a pod belongs to."""
+    cluster = cluster_of(cfg)
     metadata: dict[str, Any] = {
         "labels": {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name},
         "annotations": dict(profiles.DO_NOT_DISRUPT),
     }
-    if cfg.cluster.scheduler == "volcano":
+    if cluster.scheduler == "volcano":
         metadata["annotations"]["scheduling.k8s.io/group-name"] = podgroup_name(task)
     return metadata
 
@@ -104,7 +106,8 @@ def entrypoint(argv: list[str]) -> tuple[str, list[dict[str, str]]]:
 
 def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict[str, Any]:
     """The RayJob: a head pod (driver, no devices) and `nodes` worker pods; the entrypoint is the step."""
-    profile = profiles.profile_for(cfg.cluster.instance_type)
+    cluster = cluster_of(cfg)
+    profile = profiles.profile_for(cluster.instance_type)
     labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
     command, parameter_env = entrypoint(["python", "-m", module, *argv])
     head = pod_spec(cfg, profile, {"name": "ray-head"}, head=True)
@@ -112,8 +115,8 @@ def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict
     spec: dict[str, Any] = {
         "entrypoint": command,
         "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": cfg.cluster.ttl_seconds_after_finished,
-        "backoffLimit": cfg.cluster.rayjob_backoff_limit,
+        "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
+        "backoffLimit": cluster.rayjob_backoff_limit,
         "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the RayJob fails first and says why
         "rayClusterSpec": {
             "headGroupSpec": {
@@ -126,9 +129,9 @@ def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict
             "workerGroupSpecs": [
                 {
                     "groupName": profile.kind,
-                    "replicas": cfg.cluster.nodes,
-                    "minReplicas": cfg.cluster.nodes,
-                    "maxReplicas": cfg.cluster.nodes,
+                    "replicas": cluster.nodes,
+                    "minReplicas": cluster.nodes,
+                    "maxReplicas": cluster.nodes,
                     "rayStartParams": {},
                     "template": {
                         "metadata": pod_metadata(cfg, task),
@@ -138,8 +141,8 @@ def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict
             ],
         },
     }
-    if cfg.cluster.scheduler == "kueue":
-        labels["kueue.x-k8s.io/queue-name"] = cfg.cluster.queue
+    if cluster.scheduler == "kueue":
+        labels["kueue.x-k8s.io/queue-name"] = cluster.queue
         spec["suspend"] = True  # Kueue admits the whole job (head + workers) at once by unsuspending it
     return {
         "apiVersion": "ray.io/v1",
@@ -151,18 +154,20 @@ def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict
 
 def podgroup(cfg: PipelineConfig, task: str, members: int) -> dict[str, Any]:
     """Volcano gang: no pod of the job starts until all `members` can."""
+    cluster = cluster_of(cfg)
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
         "metadata": {"name": podgroup_name(task), "labels": {"app.kubernetes.io/part-of": "eksflow"}},
-        "spec": {"minMember": members, "queue": cfg.cluster.queue},
+        "spec": {"minMember": members, "queue": cluster.queue},
     }
 
 
 def volcano_job(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict[str, Any]:
     """Trainium: one torchrun per node, `nproc_per_node` = Neuron cores per node, rendezvous on the first pod."""
-    profile = profiles.profile_for(cfg.cluster.instance_type)
-    nodes = cfg.cluster.nodes
+    cluster = cluster_of(cfg)
+    profile = profiles.profile_for(cluster.instance_type)
+    nodes = cluster.nodes
     role = "worker"
     # Volcano's svc plugin gives each pod the DNS name <job>-<role>-<index>.<job>.
     endpoint = f"{job_name(task)}-{role}-0.{job_name(task)}:{RDZV_PORT}"
@@ -186,10 +191,10 @@ def volcano_job(cfg: PipelineConfig, task: str, module: str, argv: list[str]) ->
         "metadata": {"name": job_name(task), "labels": {"app.kubernetes.io/part-of": "eksflow"}},
         "spec": {
             "schedulerName": "volcano",
-            "queue": cfg.cluster.queue,
+            "queue": cluster.queue,
             "minAvailable": nodes,
-            "maxRetry": cfg.cluster.rayjob_backoff_limit,
-            "ttlSecondsAfterFinished": cfg.cluster.ttl_seconds_after_finished,
+            "maxRetry": cluster.rayjob_backoff_limit,
+            "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
             "plugins": {"svc": [], "env": []},
             "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
             "tasks": [

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig
+from eksflow.config import PipelineConfig, cluster_of
 from eksflow.launchers.jobs import job_name, pod_spec
 from eksflow.profiles import Profile
 
@@ -46,8 +46,9 @@ IMAGE_ENV = {"cpu": ("PATH",), "gpu": ("PATH", "LD_LIBRARY_PATH")}
 
 def failure(cfg: PipelineConfig) -> str:
     """The launcher Job gave up (more failed pods than its backoffLimit), or a worker pod failed (evicted)."""
+    cluster = cluster_of(cfg)
     return (
-        f"status.replicaStatuses.Launcher.failed > {cfg.cluster.rayjob_backoff_limit},"
+        f"status.replicaStatuses.Launcher.failed > {cluster.rayjob_backoff_limit},"
         "status.replicaStatuses.Worker.failed > 0"
     )
 
@@ -60,9 +61,10 @@ TRAINIUM_REFUSAL = (
 
 def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
     """(worker pods, ranks per pod): a node's devices per pod on GPU, all `workers` in one pod on CPU."""
+    cluster = cluster_of(cfg)
     if profile.kind == "cpu":
         return 1, workers
-    return cfg.cluster.nodes, profile.workers
+    return cluster.nodes, profile.workers
 
 
 def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: list[dict[str, str]]) -> list[str]:
@@ -77,7 +79,8 @@ def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: lis
 
 def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: list[str]) -> dict[str, Any]:
     """The MPIJob running `python -m <module> <argv>` (argv carries --launcher=mpi) on every rank."""
-    profile = profiles.profile_for(cfg.cluster.instance_type)
+    cluster = cluster_of(cfg)
+    profile = profiles.profile_for(cluster.instance_type)
     pods, slots = layout(cfg, profile, workers)
     name = job_name(task)
     labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
@@ -95,15 +98,15 @@ def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: li
         spec.pop("schedulerName", None)  # the operator sets it on every pod when it gang-schedules
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",  # workers' sshd outlive the launcher: delete them when it ends
-        "backoffLimit": cfg.cluster.rayjob_backoff_limit,
-        "ttlSecondsAfterFinished": cfg.cluster.ttl_seconds_after_finished,
+        "backoffLimit": cluster.rayjob_backoff_limit,
+        "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
         "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the job fails first and says why
     }
-    if cfg.cluster.scheduler == "kueue":
-        labels["kueue.x-k8s.io/queue-name"] = cfg.cluster.queue
+    if cluster.scheduler == "kueue":
+        labels["kueue.x-k8s.io/queue-name"] = cluster.queue
         run_policy["suspend"] = True  # Kueue admits launcher + workers at once by unsuspending the job
     else:
-        run_policy["schedulingPolicy"] = {"minAvailable": pods + 1, "queue": cfg.cluster.queue}
+        run_policy["schedulingPolicy"] = {"minAvailable": pods + 1, "queue": cluster.queue}
 
     def template(spec: dict[str, Any]) -> dict[str, Any]:  # fresh dicts each time: rendered YAML has no anchors
         return {"metadata": {"labels": dict(labels), "annotations": dict(profiles.DO_NOT_DISRUPT)}, "spec": spec}

