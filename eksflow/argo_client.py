@@ -26,6 +26,7 @@ from typing import Any
 import requests
 from urllib3.exceptions import InsecureRequestWarning, ProtocolError, ReadTimeoutError
 
+from eksflow.errors import EksflowError
 from eksflow.runtime.shown import printable, redact, url_credential
 
 CONNECT_TIMEOUT_S = 10.0  # a reachable server accepts in milliseconds; 10 s covers a cold port-forward
@@ -42,7 +43,7 @@ EXPLAIN = {
 _TAG = re.compile(r"<[^>]*>")
 
 
-class ArgoServerError(Exception):
+class ArgoServerError(EksflowError):
     """A request the Argo Server refused or could not answer; the message is one line saying what to check."""
 
 

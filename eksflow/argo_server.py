@@ -23,6 +23,7 @@ from urllib.parse import quote
 import requests
 
 from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError, StreamIdleError, workflow_object
+from eksflow.errors import EksflowError
 from eksflow.names import workflow_name_problem
 
 PIPELINE_LABEL = "eksflow.dev/pipeline"  # set on every workflow eksflow renders (eksflow.templates)
@@ -47,7 +48,7 @@ _PARAMETER = re.compile(r"[A-Za-z0-9_-]+\Z")  # Argo parameter names (validate.g
 _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d) ")
 
 
-class ParameterError(ValueError):
+class ParameterError(EksflowError, ValueError):
     """A `-p name=value` override that is not of that form: bad input, exit 2."""
 
 

@@ -24,13 +24,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig, cluster_of, load_config
-from eksflow.pipeline import Pipeline, PipelineError
+from eksflow.errors import EXIT_FAILED, EksflowError
+from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
 from eksflow.runtime.shown import shown
 from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
 
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 # The API server refuses objects over ~1.5 MiB (etcd's request limit); leave room for the status Argo adds.
 MAX_MANIFEST_BYTES = 1024 * 1024
 
@@ -123,15 +122,13 @@ def main(build: Build, argv: Sequence[str] | None = None) -> NoReturn:
     console = Console(stderr=True)
     try:
         raise SystemExit(dispatch(build, args, console))
-    except ConfigError as err:
-        _problems(console, "config error", str(err))
-    except PipelineError as err:
-        _problems(console, "pipeline error", str(err))
-    raise SystemExit(EXIT_BAD_INPUT)
+    except EksflowError as err:
+        _problems(console, err.label, str(err))
+        raise SystemExit(err.exit_code) from None
 
 
 def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
-    """Run one command; ConfigError and PipelineError propagate (exit 2)."""
+    """Run one command; the errors eksflow raises on purpose (EksflowError) propagate to `main`."""
     from eksflow.verbs import VERBS, run_verb
 
     if args.command in VERBS:

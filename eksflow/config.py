@@ -23,12 +23,12 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from eksflow.errors import EksflowError
 from eksflow.pipeline import kind_of
 from eksflow.profiles import PROFILES
-from eksflow.runtime.args import Settings
+from eksflow.runtime.args import K8S_NAME, Settings
 from eksflow.runtime.shown import redact, url_setting_problem
 
-K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
 # ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
 MAX_TEXT_BYTES = 64 * 1024
@@ -55,8 +55,10 @@ def image_field(default: str, description: str = "image of the pipeline's steps 
     return Field(default, description=description, validate_default=True)
 
 
-class ConfigError(Exception):
+class ConfigError(EksflowError):
     """Config that cannot run; each line names the field and the fix."""
+
+    label = "config error"
 
 
 def pinned_image(image: str) -> str:

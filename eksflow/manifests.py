@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EksflowError
+
 SAFE_REFERENCES = frozenset({"workflow.name", "workflow.namespace", "workflow.uid", "retries"})
 REFERENCE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")  # as Argo (and eksflow.local.substitution) reads a tag
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -32,7 +34,7 @@ _TOKEN = "eksflow-expression-{}"  # a plain YAML scalar that marks where an expr
 _PLACED = re.compile(r"(?<= )eksflow-expression-(\d+)$", re.MULTILINE)  # `key: <marker>` or `- <marker>`
 
 
-class ManifestError(ValueError):
+class ManifestError(EksflowError, ValueError):
     """An object that cannot become manifest text safely; the message names the field."""
 
 

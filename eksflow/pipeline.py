@@ -35,7 +35,8 @@ from hera.workflows import models as m
 from hera.workflows.models import DAGTask
 from pydantic import BaseModel
 
-from eksflow.runtime.args import encode
+from eksflow.errors import EksflowError
+from eksflow.runtime.args import K8S_NAME, encode
 
 if TYPE_CHECKING:
     from hera.workflows import Container, Resource
@@ -44,13 +45,14 @@ if TYPE_CHECKING:
     from eksflow.launchers import Job
 
 Kind = Literal["text", "bool", "int", "float", "json", "any"]
-K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 EXIT_HANDLER = "exit-handler"
 ENTRYPOINT = "main"
 
 
-class PipelineError(Exception):
+class PipelineError(EksflowError):
     """A pipeline that cannot be built; the message names the task and field, and the fix."""
+
+    label = "pipeline error"
 
 
 def kind_of(annotation: Any) -> Kind:
@@ -443,7 +445,7 @@ class Pipeline:
     # -- helpers ----------------------------------------------------------------------------------------------------
 
     def _check_name(self, name: str, dag: _Dag) -> None:
-        if not K8S_NAME.fullmatch(name) or len(name) > 63:
+        if not re.fullmatch(K8S_NAME, name) or len(name) > 63:
             raise PipelineError(f"task name {name!r}: use lower-case letters, digits and '-' (at most 63)")
         if name in self.templates or name in (ENTRYPOINT, EXIT_HANDLER):
             raise PipelineError(f"task name {name!r} is used twice; give the second one another task_name=")

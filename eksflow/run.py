@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from eksflow.pipeline import Pipeline
 from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
     from eksflow.local import RunResult
 
 M = TypeVar("M", bound=BaseModel)
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 
 
 def localized(model: M, base: Path) -> M:

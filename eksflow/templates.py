@@ -22,6 +22,7 @@ from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
+from eksflow.errors import EXIT_BAD_INPUT
 from eksflow.pipeline import (
     EXIT_HANDLER,
     Kind,
@@ -35,7 +36,7 @@ from eksflow.pipeline import (
     literal_problem,
     step_name,
 )
-from eksflow.runtime.args import EXIT_BAD_INPUT, Settings, StepArgs, flag, is_location, to_argv
+from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
 
 if TYPE_CHECKING:
     from eksflow.config import PipelineConfig

@@ -28,10 +28,10 @@ from rich.table import Table
 from rich.text import Text
 
 from eksflow.config import ConfigError
+from eksflow.errors import EXIT_FAILED
 from eksflow.runtime.shown import shown
 from eksflow.submit import add_connection_options
 
-EXIT_FAILED = 1
 VERBS = ("list", "get", "logs", "retry", "resubmit")
 
 

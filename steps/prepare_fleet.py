@@ -23,10 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import Location, StepArgs, run_step
+from eksflow.runtime.args import K8S_NAME, Location, StepArgs, run_step
 from steps.common.base_model import default_cache_dir, resolve_model
-
-K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class Args(StepArgs):

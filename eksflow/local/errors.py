@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import signal
 
+from eksflow.errors import EksflowError
 
-class LocalExecutorError(Exception):
+
+class LocalExecutorError(EksflowError):
     """A manifest or run folder the local executor cannot run; the message names the field and the fix."""
 
 

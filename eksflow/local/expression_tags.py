@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eksflow.errors import EksflowError
 from eksflow.local.gojson import go_json
 
 _TOKEN = re.compile(
@@ -34,7 +35,7 @@ _SIMPLE_ESCAPES = {
 _HEX_ESCAPE = {"x": 2, "X": 2, "u": 4, "U": 8}
 
 
-class ExpressionTagError(ValueError):
+class ExpressionTagError(EksflowError, ValueError):
     """An expression tag outside the subset read here, or one naming a value that does not exist."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from eksflow.errors import EksflowError
 from eksflow.local.phase import Phase
 
 Value = bool | float | str
@@ -65,7 +66,7 @@ _NUMBER = re.compile(r"^-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _KEYWORD_OPS = {"and": "&&", "or": "||", "not": "!", "matches": "matches"}
 
 
-class ExpressionError(ValueError):
+class ExpressionError(EksflowError, ValueError):
     """An expression that cannot be parsed or evaluated; the message quotes it."""
 
 

@@ -54,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EksflowError
 from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules, ResourceTemplate, Workflow
 from eksflow.local.paths import PathMap, map_argv
@@ -81,7 +82,7 @@ READY_PROMPT = "Say OK."
 _GRACE_S = 15.0
 
 
-class FleetError(Exception):
+class FleetError(EksflowError):
     """An object the local fleet cannot run, or a process that failed; `retriable` False for manifest errors."""
 
     def __init__(self, message: str, *, retriable: bool = True) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EksflowError
 from eksflow.local.model import ContainerTemplate, ResourceTemplate, Template
 from eksflow.local.substitution import Scope, UnresolvedError
 
@@ -43,7 +44,7 @@ _SUFFIX = {
 _WAIT_S = 0.5  # how often a waiting pod checks whether the run is stopping
 
 
-class QuantityError(ValueError):
+class QuantityError(EksflowError, ValueError):
     """A resource quantity Kubernetes would refuse; the message names it."""
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EksflowError
 from eksflow.local.fields import FieldReader
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -56,7 +57,7 @@ _HINTS = {
 }
 
 
-class ResourceError(Exception):
+class ResourceError(EksflowError):
     """A resource manifest the local executor cannot run; the message names the field and the fix."""
 
 

@@ -20,10 +20,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from eksflow.errors import EXIT_BAD_INPUT
 from eksflow.local.phase import Phase
 
 NAMESPACE = "local"
-EXIT_BAD_INPUT = 2  # a step's "bad input or config" exit code: the same inputs fail the same way, never retried
 _MESSAGE_CHARS = 300
 
 

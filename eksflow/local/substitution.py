@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from eksflow.errors import EksflowError
 from eksflow.local import expression_tags
 from eksflow.local.gojson import go_json
 from eksflow.manifests import REFERENCE
@@ -24,7 +25,7 @@ TASK_REFERENCE = re.compile(r"\{\{\s*tasks\.([\w\-]+)\.")
 PLACEHOLDER = "eksflow-placeholder"  # stands in for every {{...}} when a manifest is checked before the run
 
 
-class UnresolvedError(Exception):
+class UnresolvedError(EksflowError):
     """A `{{...}}` reference with no value; the message names it."""
 
 

@@ -19,11 +19,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
 from eksflow.runtime.outputs import write_outputs
 from eksflow.runtime.shown import shown
 
-EXIT_FAILED = 1  # the step could not finish (a server down, a smoke test failed): the workflow may retry it
-EXIT_BAD_INPUT = 2  # bad input or config: never retried (the workflow's retry expression skips it)
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes object name (DNS-1123 label): namespaces, claims, queues
 
 
 class _LocationMarker:
@@ -54,12 +54,14 @@ def is_location(field: FieldInfo) -> bool:
     return annotation is Path or Path in members
 
 
-class StepInputError(Exception):
+class StepInputError(EksflowError):
     """Input the step cannot work with; the message says what was wrong and how to fix it. Exits 2."""
 
 
-class StepFailedError(Exception):
+class StepFailedError(EksflowError):
     """An expected, explained failure (a dependency down, a check failed): one line on stderr, exit 1."""
+
+    exit_code = EXIT_FAILED
 
 
 class Settings(BaseModel):

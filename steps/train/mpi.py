@@ -31,7 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eksflow.runtime.args import EXIT_BAD_INPUT, EXIT_FAILED, StepInputError
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from eksflow.runtime.args import StepInputError
 from steps.train import Args
 from steps.train.loop import LoopConfig, WorkerContext, sigterm_received, train_worker
 

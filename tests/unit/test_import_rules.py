@@ -2,7 +2,8 @@
 
 - The SDK (every module of eksflow/) and rendering a pipeline (what `render`, `plan` and `submit` do) import none
   of the heavy ML or cloud libraries: `pip install eksflow` holds none (tests/contract/test_bare_install.py).
-- Steps import neither hera nor eksflow's authoring layer: a step image needs only eksflow.runtime.
+- Steps import neither hera nor eksflow's authoring layer: a step image needs only eksflow.runtime (and
+  eksflow.errors, the exit codes and the exception root it builds on).
 - A step's contract (what a pipeline imports to wire it) is light too.
 """
 
@@ -70,7 +71,7 @@ def test_steps_import_neither_hera_nor_the_authoring_layer(path):
     for name in imports(path):
         top, _, rest = name.partition(".")
         if top in ("hera", "pipelines") or (
-            top == "eksflow" and not (rest.startswith("runtime") or rest in RUNTIME_NAMES)
+            top == "eksflow" and not (rest.startswith(("runtime", "errors")) or rest in RUNTIME_NAMES)
         ):
             bad.append(name)
     assert bad == [], f"{path.relative_to(ROOT)} imports the authoring side: {bad}"
