@@ -33,7 +33,7 @@ _PUBLIC = {
     "Pipeline": "eksflow.pipeline",
     "Ref": "eksflow.pipeline",
     "TaskRef": "eksflow.pipeline",
-    "PipelineError": "eksflow.pipeline",
+    "PipelineError": "eksflow.errors",
     "ended": "eksflow.pipeline",
     "task": "eksflow.templates",
     "gauges": "eksflow.templates",
@@ -89,8 +89,9 @@ if TYPE_CHECKING:
 
     from eksflow.cli import main
     from eksflow.config import ClusterSettings, ConfigError, PipelineConfig, config_hash, image_field, name_field
+    from eksflow.errors import PipelineError
     from eksflow.launchers import distributed
-    from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, ended
+    from eksflow.pipeline import Pipeline, Ref, TaskRef, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
     from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress

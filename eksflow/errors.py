@@ -15,3 +15,9 @@ class EksflowError(Exception):
 
     label = "error"  # how the command line introduces the message
     exit_code = EXIT_BAD_INPUT
+
+
+class PipelineError(EksflowError):
+    """A pipeline that cannot be built; the message names the task and field, and the fix."""
+
+    label = "pipeline error"

@@ -8,7 +8,8 @@
 Each wire is written once: `staged.dataset_dir` is a typed reference to an output of the `stage-data` task (the
 fields of the step's Outputs model); passing it as an argument makes it an input parameter of the consumer's
 template and makes the consumer depend on the producer's success. `after=` orders tasks that share no data;
-`when=` takes a bool output (`~ref` for its negation); `after=ended(t)` waits for t whatever its outcome.
+`when=` takes a bool output or a condition on typed outputs (eksflow/conditions.py: `>=`, `.eq()`, `&`, `|`, `~`);
+`after=ended(t)` waits for t whatever its outcome.
 Mistakes (an output or argument the step does not have, a value of the wrong kind, a task name used twice, a
 literal holding `{{`) raise PipelineError naming the task and field when the pipeline is built, long before
 anything runs.
@@ -35,7 +36,8 @@ from hera.workflows import models as m
 from hera.workflows.models import DAGTask
 from pydantic import BaseModel
 
-from eksflow.errors import EksflowError
+from eksflow.conditions import Condition, Constant, compared, condition, constant_kind
+from eksflow.errors import PipelineError
 from eksflow.runtime.args import K8S_NAME, encode
 
 if TYPE_CHECKING:
@@ -47,12 +49,6 @@ if TYPE_CHECKING:
 Kind = Literal["text", "bool", "int", "float", "json", "any"]
 EXIT_HANDLER = "exit-handler"
 ENTRYPOINT = "main"
-
-
-class PipelineError(EksflowError):
-    """A pipeline that cannot be built; the message names the task and field, and the fix."""
-
-    label = "pipeline error"
 
 
 def kind_of(annotation: Any) -> Kind:
@@ -117,18 +113,46 @@ class Ref:
 
     def __invert__(self) -> Condition:
         """`when=~scored.passed`: run only when the bool output is false."""
-        return Condition(self, negate=True)
+        return ~condition(self)
+
+    def __and__(self, other: Condition | Ref) -> Condition:
+        """`when=a.passed & b.passed`: both bool outputs are true."""
+        return condition(self) & other
+
+    def __or__(self, other: Condition | Ref) -> Condition:
+        """`when=a.passed | b.passed`: either bool output is true."""
+        return condition(self) | other
+
+    def __lt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared("<", other)
+
+    def __le__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared("<=", other)
+
+    def __gt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared(">", other)
+
+    def __ge__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared(">=", other)
+
+    def eq(self, other: Ref | Constant) -> Condition:
+        """`when=chosen.rank.eq(8)`: the output equals a number, a bool or another output (`==` stays Python's)."""
+        return self._compared("==", other)
+
+    def ne(self, other: Ref | Constant) -> Condition:
+        """`when=chosen.rank.ne(8)`: the output differs from it."""
+        return self._compared("!=", other)
+
+    def _compared(self, op: str, other: Ref | Constant) -> Condition:
+        where = f"{self.label} {op} {other.label if isinstance(other, Ref) else repr(other)}"
+        for side in (self, other):
+            if isinstance(side, Ref) and side.producer is None:
+                raise PipelineError(f"when={where}: {side.label} is known when the pipeline is built; use its value")
+        right_kind = other.kind if isinstance(other, Ref) else constant_kind(other, where)
+        return compared(self, op, other, right_kind)
 
     def __str__(self) -> str:
         return self.argo
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A `when` on a bool reference: true (default) or false."""
-
-    ref: Ref
-    negate: bool = False
 
 
 When = Ref | Condition
@@ -326,8 +350,8 @@ class Pipeline:
         needs = [ref.producer for ref in (inputs or {}).values() if ref.producer is not None]
         condition = None
         if when is not None:
-            condition, producer = self._condition(when, dag, name)
-            needs.append(producer)
+            condition, producers = self._condition(when, dag, name)
+            needs += producers
         needs += [after] if isinstance(after, TaskRef) else list(after)
         dag.tasks.append(
             Task(
@@ -465,13 +489,18 @@ class Pipeline:
         dag.inputs[len(dag.inputs)] = (param, ref)
         return f"{{{{inputs.parameters.{param}}}}}"
 
-    def _condition(self, when: When, dag: _Dag, task: str) -> tuple[str, TaskRef]:
-        condition = when if isinstance(when, Condition) else Condition(when)
-        ref = condition.ref
-        if ref.kind not in ("bool", "any") or ref.producer is None:
-            raise PipelineError(f"task {task!r}: when= needs a bool task output, got {ref.label} ({ref.kind})")
-        value = "false" if condition.negate else "true"
-        return f"{self._in_scope(ref, dag)} == {value}", ref.producer
+    def _condition(self, when: When, dag: _Dag, task: str) -> tuple[str, list[TaskRef]]:
+        """The Argo `when` expression of a task in `dag`, and the tasks whose outputs it reads."""
+        try:
+            decided = condition(when)
+        except PipelineError as err:
+            raise PipelineError(f"task {task!r}: {err}") from None
+        producers = []
+        for ref in decided.refs():
+            if ref.producer is None:
+                raise PipelineError(f"task {task!r}: when= reads {ref.label}, which is not a task output")
+            producers.append(ref.producer)
+        return decided.render(lambda ref: self._in_scope(ref, dag)), producers
 
     def _depends(self, needs: Sequence[TaskRef], dag: _Dag) -> str | None:
         """`a.Succeeded && b.Succeeded`: a consumer needs its producers to have succeeded (a skip skips it too)."""

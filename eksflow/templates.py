@@ -22,12 +22,11 @@ from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from eksflow.errors import EXIT_BAD_INPUT
+from eksflow.errors import EXIT_BAD_INPUT, PipelineError
 from eksflow.pipeline import (
     EXIT_HANDLER,
     Kind,
     Pipeline,
-    PipelineError,
     Ref,
     TaskRef,
     When,

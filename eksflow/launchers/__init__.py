@@ -26,9 +26,10 @@ from hera.workflows import models as m
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
+from eksflow.errors import PipelineError
 from eksflow.launchers import jobs, mpijob
 from eksflow.manifests import manifest_text
-from eksflow.pipeline import Pipeline, PipelineError, Ref, TaskRef, When, step_name
+from eksflow.pipeline import Pipeline, Ref, TaskRef, When, step_name
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Settings
 from eksflow.templates import (

@@ -105,7 +105,7 @@ def test_no_command_ran():
 def test_a_workflow_too_big_for_the_api_server_is_refused_before_it_runs():
     """Every setting within its own limit, together over the API server's object limit: one line, nothing runs."""
     from eksflow.cli import MAX_MANIFEST_BYTES, checked_manifest
-    from eksflow.pipeline import PipelineError
+    from eksflow.errors import PipelineError
     from pipelines.llama_lora import LlamaLoraConfig, build
 
     long_text = "x" * 60_000

@@ -7,6 +7,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, StepArgs, ended, task
+from eksflow.local.expressions import evaluate_when
 from eksflow.pipeline import Item, Ref
 from eksflow.templates import PATH_ARGS_ANNOTATION, manifest
 
@@ -93,7 +94,7 @@ def test_an_output_passed_on_wires_the_parameter_and_the_dependency():
         (lambda p: task(make), "missing required argument out_dir"),
         (lambda p: (task(make, out_dir="/x"), task(make, out_dir="/y")), "task name 'make' is used twice"),
         (lambda p: task(use, path="a {{workflow.name}}"), "argument path holds '{{'"),
-        (lambda p: task(use, path="p", when=task(make, out_dir="/x").rows), "when= needs a bool task output"),
+        (lambda p: task(use, path="p", when=task(make, out_dir="/x").rows), "an output of kind int is no condition"),
         (lambda p: task(use, path=p.parameters.src), "no workflow parameter 'src'; declared: source"),
         (lambda p: p.workflow_status, "workflow_status is only known in the exit handler"),
     ],
@@ -207,3 +208,61 @@ def test_task_outside_a_pipeline_is_an_error():
 def test_a_module_without_a_contract_is_not_a_step():
     with pytest.raises(PipelineError, match="is not a step: it needs `class Args"):
         build(lambda p: task(types.ModuleType("mysteps.empty")))
+
+
+def test_conditions_compare_typed_outputs_and_combine_as_written():
+    def body(p):
+        made = task(make, out_dir="/x")
+        used = task(use, path=made.path)
+        task(use, task_name="enough-rows", path="p", when=made.rows >= 100)
+        task(use, task_name="tiny-score", path="p", when=used.score < 1e-05)
+        task(use, task_name="rows-is-8", path="p", when=made.rows.eq(8) | made.rows.ne(16))
+        task(use, task_name="combined", path="p", when=(used.score > made.rows) & ~made.ok)
+
+    tasks = dag(build(body))
+    rows, ok = "{{tasks.make.outputs.parameters.rows}}", "{{tasks.make.outputs.parameters.ok}}"
+    score = "{{tasks.use.outputs.parameters.score}}"
+    assert tasks["enough-rows"]["when"] == f"{rows} >= 100"
+    assert tasks["enough-rows"]["depends"] == "make.Succeeded"
+    assert tasks["tiny-score"]["when"] == f"{score} < 0.00001"  # govaluate reads no exponent
+    assert tasks["rows-is-8"]["when"] == f"({rows} == 8) || ({rows} != 16)"
+    assert tasks["combined"]["when"] == f"({score} > {rows}) && ({ok} == false)"
+    assert tasks["combined"]["depends"] == "use.Succeeded && make.Succeeded"
+    # what Argo (and the local executor) decides once the outputs are substituted
+    substituted = {rows: "120", ok: "false", score: "0.5"}
+    decided = {}
+    for name in ("enough-rows", "tiny-score", "rows-is-8", "combined"):
+        expression = tasks[name]["when"]
+        for placeholder, value in substituted.items():
+            expression = expression.replace(placeholder, value)
+        decided[name] = evaluate_when(expression)
+    assert decided == {"enough-rows": True, "tiny-score": False, "rows-is-8": True, "combined": False}
+
+
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        (lambda made, used: made.path >= 1, "compares int and text; a condition compares numbers"),
+        (lambda made, used: made.ok < 1, "compares bool and int"),
+        (lambda made, used: made.rows >= "9", "'9' is no constant a condition can compare"),
+        (lambda made, used: made.rows.eq(float("inf")), "inf is no constant"),
+        (lambda made, used: made.rows.eq(True), "compares bool and int"),
+    ],
+    ids=["text", "bool-order", "text-constant", "nan", "bool-int"],
+)
+def test_a_condition_of_the_wrong_type_fails_when_the_pipeline_is_built(condition, message):
+    def body(p):
+        made = task(make, out_dir="/x")
+        task(use, path="p", when=condition(made, None))
+
+    with pytest.raises(PipelineError, match=message):
+        build(body)
+
+
+def test_a_condition_used_as_a_python_bool_says_how_to_combine():
+    def body(p):
+        made = task(make, out_dir="/x")
+        task(use, path="p", when=made.rows > 1 and made.ok)
+
+    with pytest.raises(PipelineError, match=r"combine conditions with &, \| and ~"):
+        build(body)

@@ -1,0 +1,163 @@
+"""`when=`: conditions on typed task outputs, checked for type as the pipeline is built, rendered as Argo's `when`.
+
+    when=scored.passed                                  a bool output is true
+    when=~scored.passed                                 ... is false
+    when=chosen.accuracy >= 0.9                         a number output against a number (< <= > >=)
+    when=chosen.rank.eq(8) | chosen.rank.ne(16)         == and != are methods: `==` keeps its Python meaning
+    when=(chosen.accuracy > 0.8) & ~staged.changed      & (and), | (or), ~ (not), grouped as written
+
+Only bool and number outputs take part: a step's outputs are validated against its Outputs model when it writes
+them, so what Argo substitutes into the expression is `true`, `false` or a number, never text that could change
+the expression. Text is compared inside a step, which outputs a bool.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from eksflow.errors import PipelineError
+
+if TYPE_CHECKING:
+    from eksflow.pipeline import Ref
+
+Constant = bool | int | float
+ORDERINGS = ("<", "<=", ">", ">=")
+NUMBERS = ("int", "float")
+
+
+class Condition(ABC):
+    """A `when=`: true or false once its outputs are known. Combine with `&`, `|` and `~`."""
+
+    def __and__(self, other: Condition | Ref) -> Condition:
+        return Combined("&&", self, condition(other))
+
+    def __or__(self, other: Condition | Ref) -> Condition:
+        return Combined("||", self, condition(other))
+
+    def __invert__(self) -> Condition:
+        return Negated(self)
+
+    def __bool__(self) -> bool:
+        raise PipelineError(
+            "a when= condition has no value while the pipeline is built (it is decided when the workflow runs); "
+            "combine conditions with &, | and ~, not and/or/not"
+        )
+
+    @abstractmethod
+    def refs(self) -> list[Ref]:
+        """The outputs the condition reads (their tasks must run first)."""
+
+    @abstractmethod
+    def render(self, scope: Callable[[Ref], str]) -> str:
+        """The Argo expression, each output written as `scope` makes it valid where the task runs."""
+
+
+@dataclass(frozen=True, eq=False)
+class IsTrue(Condition):
+    """A bool output is true."""
+
+    ref: Ref
+
+    def refs(self) -> list[Ref]:  # noqa: D102 (Condition.refs)
+        return [self.ref]
+
+    def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
+        return f"{scope(self.ref)} == true"
+
+
+@dataclass(frozen=True, eq=False)
+class Compared(Condition):
+    """An output against a constant or another output."""
+
+    left: Ref
+    op: str
+    right: Ref | Constant
+
+    def refs(self) -> list[Ref]:  # noqa: D102 (Condition.refs)
+        return [self.left, *([self.right] if not isinstance(self.right, Constant) else [])]
+
+    def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
+        right = _literal(self.right) if isinstance(self.right, Constant) else scope(self.right)
+        return f"{scope(self.left)} {self.op} {right}"
+
+
+@dataclass(frozen=True, eq=False)
+class Negated(Condition):
+    """The inner condition is false."""
+
+    inner: Condition
+
+    def refs(self) -> list[Ref]:  # noqa: D102 (Condition.refs)
+        return self.inner.refs()
+
+    def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
+        if isinstance(self.inner, IsTrue):
+            return f"{scope(self.inner.ref)} == false"
+        return f"!({self.inner.render(scope)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Combined(Condition):
+    """Both conditions (&&) or either (||)."""
+
+    op: str  # && or ||
+    left: Condition
+    right: Condition
+
+    def refs(self) -> list[Ref]:  # noqa: D102 (Condition.refs)
+        return [*self.left.refs(), *self.right.refs()]
+
+    def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
+        return f"({self.left.render(scope)}) {self.op} ({self.right.render(scope)})"
+
+
+def condition(when: Condition | Ref) -> Condition:
+    """`when` as a Condition: a bool output stands for `output is true`."""
+    if isinstance(when, Condition):
+        return when
+    if when.kind not in ("bool", "any"):
+        raise PipelineError(
+            f"when={when.label}: an output of kind {when.kind} is no condition; compare it "
+            f"(e.g. {when.label} >= 0.9) or output a bool"
+        )
+    return IsTrue(when)
+
+
+def compared(left: Ref, op: str, right: Ref | Constant, right_kind: str) -> Compared:
+    """`left <op> right`, refused unless both sides are numbers (any comparison) or bools (== and !=)."""
+    kinds = {left.kind, right_kind} - {"any"}
+    if kinds <= set(NUMBERS) or (kinds == {"bool"} and op in ("==", "!=")):
+        return Compared(left, op, right)
+    what = " and ".join(sorted({left.kind, right_kind}))
+    raise PipelineError(
+        f"when={left.label} {op} {shown(right)}: compares {what}; a condition compares numbers "
+        "(< <= > >= .eq .ne) or bools (.eq .ne)"
+    )
+
+
+def constant_kind(value: object, where: str) -> str:
+    """The kind of a constant a condition compares an output with; PipelineError for anything else."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float) and math.isfinite(value):
+        return "float"
+    raise PipelineError(f"when={where}: {value!r} is no constant a condition can compare (a bool or a finite number)")
+
+
+def shown(value: Ref | Constant) -> str:
+    """How a message names one side of a comparison."""
+    return repr(value) if isinstance(value, Constant) else value.label
+
+
+def _literal(value: Constant) -> str:
+    """A constant as govaluate reads it: true/false, or a decimal without exponent (1e-05 -> 0.00001)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return format(Decimal(repr(value)), "f")
