@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from eksflow.pipeline import Ref
 
 Constant = bool | int | float
-ORDERINGS = ("<", "<=", ">", ">=")
 NUMBERS = ("int", "float")
 
 

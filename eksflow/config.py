@@ -18,10 +18,10 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
 from eksflow.errors import EksflowError
 from eksflow.pipeline import kind_of
@@ -69,6 +69,9 @@ def pinned_image(image: str) -> str:
     if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
         raise ValueError(f"image {image!r} is not pinned; use repo:tag (not latest) or repo@sha256:<digest>")
     return image
+
+
+Image = Annotated[str, AfterValidator(pinned_image)]  # a pinned image reference
 
 
 class StorageSettings(Settings):
@@ -122,13 +125,8 @@ class ClusterSettings(Settings):
     ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
     expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")
     model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
-    image: str = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
-    neuron_image: str = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
-
-    @field_validator("image", "neuron_image")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        return pinned_image(image)
+    image: Image = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
+    neuron_image: Image = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
 
     @field_validator("instance_type")
     @classmethod
@@ -165,7 +163,8 @@ class PipelineConfig(Settings):
     retry: RetrySettings = RetrySettings()
     cleanup: CleanupSettings = CleanupSettings()
 
-    @field_validator("image")  # applies to a pipeline's own `image` default too
+    # A validator, not the Image type: a pipeline that redeclares `image: str = image_field(...)` keeps the check.
+    @field_validator("image")
     @classmethod
     def _pinned(cls, image: str) -> str:
         return pinned_image(image)

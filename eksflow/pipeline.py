@@ -144,11 +144,8 @@ class Ref:
         return self._compared("!=", other)
 
     def _compared(self, op: str, other: Ref | Constant) -> Condition:
-        where = f"{self.label} {op} {other.label if isinstance(other, Ref) else repr(other)}"
-        for side in (self, other):
-            if isinstance(side, Ref) and side.producer is None:
-                raise PipelineError(f"when={where}: {side.label} is known when the pipeline is built; use its value")
-        right_kind = other.kind if isinstance(other, Ref) else constant_kind(other, where)
+        # Whether both sides are task outputs is checked once the condition is a task's (Pipeline._condition).
+        right_kind = other.kind if isinstance(other, Ref) else constant_kind(other, f"{self.label} {op} {other!r}")
         return compared(self, op, other, right_kind)
 
     def __str__(self) -> str:

@@ -68,9 +68,9 @@ class Job:
 
     def attempts(self, cfg: PipelineConfig) -> int:
         """Most attempts the retry layers allow together: (Argo) x (the job's own retries) x (in-job retries)."""
-        cluster = cluster_of(cfg)
         if self.launcher == "container":
             return cfg.retry.limit + 1
+        cluster = cluster_of(cfg)
         argo = int(str(JOB_RETRY.limit)) + 1
         inner = 0 if self.launcher == "mpijob" else self.inner_retries  # mpirun has no in-job retry
         return argo * (cluster.rayjob_backoff_limit + 1) * (inner + 1)

@@ -30,7 +30,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from eksflow import profiles
-from eksflow.config import image_field, pinned_image
+from eksflow.config import Image, image_field, pinned_image
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
 from pipelines.common import LlmPipelineConfig, base_model_field
@@ -67,8 +67,8 @@ class ServingSettings(Settings):
         "m6i.4xlarge", description="inference node; CPU runs the vllm-cpu image, g5/g6/p4d the CUDA one"
     )
     replicas: int = Field(1, ge=1, le=64, description="vLLM pods per fleet (every pod loads the same adapters)")
-    image: str = image_field("ghcr.io/eksflow/serve:0.1.0", "vLLM on GPUs: FROM vllm/vllm-openai, pinned")
-    cpu_image: str = image_field("ghcr.io/eksflow/serve-cpu:0.1.0", "vLLM on CPU nodes: the vllm-cpu build")
+    image: Image = image_field("ghcr.io/eksflow/serve:0.1.0", "vLLM on GPUs: FROM vllm/vllm-openai, pinned")
+    cpu_image: Image = image_field("ghcr.io/eksflow/serve-cpu:0.1.0", "vLLM on CPU nodes: the vllm-cpu build")
     engine: vllm.EngineSettings = vllm.EngineSettings()
     port: int = Field(8000, ge=1, le=65535, description="vLLM Service port")
     proxy_port: int = Field(4000, ge=1, le=65535, description="LiteLLM proxy Service port")
@@ -90,11 +90,6 @@ class ServingSettings(Settings):
         if instance_type not in INFERENCE_PROFILES:
             raise ValueError(f"unknown inference instance type {instance_type!r}; known: {sorted(INFERENCE_PROFILES)}")
         return instance_type
-
-    @field_validator("image", "cpu_image")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        return pinned_image(image)
 
     @field_validator("proxy_image")
     @classmethod
