@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 _PUBLIC = {
     "Pipeline": "eksflow.pipeline",
-    "Ref": "eksflow.pipeline",
-    "TaskRef": "eksflow.pipeline",
+    "Ref": "eksflow.refs",
+    "TaskRef": "eksflow.refs",
     "PipelineError": "eksflow.errors",
-    "ended": "eksflow.pipeline",
+    "ended": "eksflow.refs",
     "task": "eksflow.templates",
     "gauges": "eksflow.templates",
     "retry": "eksflow.templates",
@@ -91,7 +91,8 @@ if TYPE_CHECKING:
     from eksflow.config import ClusterSettings, ConfigError, PipelineConfig, config_hash, image_field, name_field
     from eksflow.errors import PipelineError
     from eksflow.launchers import distributed
-    from eksflow.pipeline import Pipeline, Ref, TaskRef, ended
+    from eksflow.pipeline import Pipeline
+    from eksflow.refs import Ref, TaskRef, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
     from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress

@@ -27,8 +27,8 @@ from eksflow.config import ConfigError, PipelineConfig, cluster_of, load_config
 from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
+from eksflow.render import KINDS, cron_workflow, manifest, workflow_template
 from eksflow.runtime.shown import shown
-from eksflow.templates import KINDS, cron_workflow, manifest, workflow_template
 
 # The API server refuses objects over ~1.5 MiB (etcd's request limit); leave room for the status Argo adds.
 MAX_MANIFEST_BYTES = 1024 * 1024

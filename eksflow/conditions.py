@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from eksflow.errors import PipelineError
 
 if TYPE_CHECKING:
-    from eksflow.pipeline import Ref
+    from eksflow.refs import Ref
 
 Constant = bool | int | float
 NUMBERS = ("int", "float")

@@ -24,7 +24,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
 from eksflow.errors import EksflowError
-from eksflow.pipeline import kind_of
+from eksflow.kinds import kind_of
 from eksflow.profiles import PROFILES
 from eksflow.runtime.args import K8S_NAME, Settings
 from eksflow.runtime.shown import redact, url_setting_problem

@@ -24,20 +24,17 @@ import contextlib
 import contextvars
 import json
 import re
-import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType, UnionType
-from typing import TYPE_CHECKING, Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from hera.workflows import DAG, Parameter, Task, Workflow
+from hera.workflows import DAG, Parameter, Task
 from hera.workflows import models as m
-from hera.workflows.models import DAGTask
-from pydantic import BaseModel
 
-from eksflow.conditions import Condition, Constant, compared, condition, constant_kind
+from eksflow.conditions import condition
 from eksflow.errors import PipelineError
+from eksflow.kinds import Kind, kind_of
+from eksflow.refs import Item, Ref, Scope, TaskRef, When
 from eksflow.runtime.args import K8S_NAME, encode
 
 if TYPE_CHECKING:
@@ -46,196 +43,8 @@ if TYPE_CHECKING:
     from eksflow.config import PipelineConfig
     from eksflow.launchers import Job
 
-Kind = Literal["text", "bool", "int", "float", "json", "any"]
 EXIT_HANDLER = "exit-handler"
 ENTRYPOINT = "main"
-
-
-def kind_of(annotation: Any) -> Kind:
-    """How a field's value travels: text, bool, int, float or JSON (containers and models)."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return kind_of(typing.get_args(annotation)[0])
-    if origin in (typing.Union, UnionType):
-        kinds = {kind_of(a) for a in typing.get_args(annotation) if a is not type(None)}
-        return kinds.pop() if len(kinds) == 1 else "any"
-    if origin is Literal:
-        values = typing.get_args(annotation)
-        return "bool" if all(isinstance(v, bool) for v in values) else "text"
-    if origin in (list, tuple, dict, set, frozenset):
-        return "json"
-    if annotation is bool:
-        return "bool"
-    if annotation is int:
-        return "int"
-    if annotation is float:
-        return "float"
-    if isinstance(annotation, type) and issubclass(annotation, (str, Path)):
-        return "text"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "json"
-    return "any"
-
-
-def accepts(target: Kind, source: Kind) -> bool:
-    """Whether a value of kind `source` may fill a field of kind `target` (an int fills a float field)."""
-    return "any" in (target, source) or target == source or (target == "float" and source == "int")
-
-
-@dataclass(frozen=True, eq=False)
-class Ref:
-    """A value known only when the workflow runs: a task output, a workflow parameter, a fan-out item, a global."""
-
-    argo: str  # the expression in the scope of `dag` (a global one is valid everywhere)
-    kind: Kind
-    label: str  # what a message calls it, e.g. `stage-data.dataset_dir`
-    producer: TaskRef | None = None  # the task whose success the value needs
-    dag: _Dag | None = None  # where `argo` is valid; None: anywhere in the workflow
-    values: tuple[Any, ...] | None = None  # every value it takes, when known as the pipeline is built (fan-out items)
-
-    def __truediv__(self, part: str | Ref) -> Ref:
-        """A path below this one: `p.run_dir / "data"`, `p.run_dir / "candidates" / item.name`.
-
-        At most one side may be a scoped value (a task output, a fan-out item): the joined text then travels as
-        one input parameter, which Argo fills in the consumer's scope.
-        """
-        if isinstance(part, Ref):
-            if self.dag is not None and part.dag is not None and self.dag is not part.dag:
-                raise PipelineError(f"cannot join {self.label} and {part.label}: they come from different scopes")
-            return Ref(
-                f"{self.argo}/{part.argo}",
-                "text",
-                f"{self.label}/{part.label}",
-                producer=self.producer or part.producer,
-                dag=self.dag or part.dag,
-            )
-        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", producer=self.producer, dag=self.dag)
-
-    def __invert__(self) -> Condition:
-        """`when=~scored.passed`: run only when the bool output is false."""
-        return ~condition(self)
-
-    def __and__(self, other: Condition | Ref) -> Condition:
-        """`when=a.passed & b.passed`: both bool outputs are true."""
-        return condition(self) & other
-
-    def __or__(self, other: Condition | Ref) -> Condition:
-        """`when=a.passed | b.passed`: either bool output is true."""
-        return condition(self) | other
-
-    def __lt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
-        return self._compared("<", other)
-
-    def __le__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
-        return self._compared("<=", other)
-
-    def __gt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
-        return self._compared(">", other)
-
-    def __ge__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
-        return self._compared(">=", other)
-
-    def eq(self, other: Ref | Constant) -> Condition:
-        """`when=chosen.rank.eq(8)`: the output equals a number, a bool or another output (`==` stays Python's)."""
-        return self._compared("==", other)
-
-    def ne(self, other: Ref | Constant) -> Condition:
-        """`when=chosen.rank.ne(8)`: the output differs from it."""
-        return self._compared("!=", other)
-
-    def _compared(self, op: str, other: Ref | Constant) -> Condition:
-        # Whether both sides are task outputs is checked once the condition is a task's (Pipeline._condition).
-        right_kind = other.kind if isinstance(other, Ref) else constant_kind(other, f"{self.label} {op} {other!r}")
-        return compared(self, op, other, right_kind)
-
-    def __str__(self) -> str:
-        return self.argo
-
-
-When = Ref | Condition
-
-
-def ended(task: TaskRef) -> TaskRef:
-    """`after=ended(t)`: run once t has finished, whether it succeeded, failed or was skipped (exit handlers)."""
-    whatever = TaskRef(task._name, task._outputs, task._dag, task._step)
-    whatever._any_outcome = True
-    return whatever
-
-
-class TaskRef:
-    """A task in a DAG. Its step's outputs are attributes: `staged.dataset_dir` is a Ref to that output."""
-
-    def __init__(self, name: str, outputs: Mapping[str, Kind], dag: _Dag, step: str) -> None:
-        self._name = name
-        self._outputs = dict(outputs)
-        self._dag = dag
-        self._step = step
-        self._fingerprint = ""  # what makes its result (eksflow.templates): a memoized consumer's key includes it
-        self._any_outcome = False  # as `after=ended(t)`: t finished, succeeded or not
-
-    def __getattr__(self, output: str) -> Ref:
-        if output.startswith("_"):
-            raise AttributeError(output)
-        if output not in self._outputs:
-            known = ", ".join(self._outputs) or "none"
-            raise PipelineError(f"task {self._name!r} ({self._step}) has no output {output!r}; its outputs: {known}")
-        return Ref(
-            f"{{{{tasks.{self._name}.outputs.parameters.{output}}}}}",
-            self._outputs[output],
-            f"{self._name}.{output}",
-            producer=self,
-            dag=self._dag,
-        )
-
-    def __repr__(self) -> str:
-        return f"<task {self._name} ({self._step})>"
-
-
-@dataclass
-class _Dag:
-    name: str
-    tasks: list[Task | DAGTask] = field(default_factory=list)
-    names: set[str] = field(default_factory=set)
-    # values from outside this DAG and the input parameters standing for them (fan-out bodies only)
-    inputs: dict[int, tuple[str, Ref]] = field(default_factory=dict)
-    parent: _Dag | None = None
-    items: _Dag | None = None  # the scope of `{{item...}}`: the fan-out task's arguments
-
-    def __post_init__(self) -> None:
-        if self.parent is not None:
-            self.items = _Dag(f"{self.name} items")
-
-
-class Item:
-    """The current item of a fan-out: `item.rank` for a key of an object item, `item.value` for a scalar item."""
-
-    def __init__(
-        self,
-        kinds: Mapping[str, Kind],
-        value_kind: Kind,
-        where: str,
-        scope: _Dag | None,
-        items: Sequence[Any] | None = None,
-    ) -> None:
-        self._kinds = dict(kinds)
-        self._value_kind = value_kind
-        self._where = where
-        self._scope = scope
-        self._items = None if items is None else tuple(items)  # None: a withParam list, known when it runs
-
-    @property
-    def value(self) -> Ref:
-        """The whole item (`{{item}}`)."""
-        return Ref("{{item}}", self._value_kind, "item", dag=self._scope, values=self._items)
-
-    def __getattr__(self, key: str) -> Ref:
-        if key.startswith("_"):
-            raise AttributeError(key)
-        if self._kinds and key not in self._kinds:
-            raise PipelineError(f"{self._where}: the items have no key {key!r}; keys: {', '.join(self._kinds)}")
-        values = None if self._items is None else tuple(item[key] for item in self._items)
-        return Ref(f"{{{{item.{key}}}}}", self._kinds.get(key, "any"), f"item.{key}", dag=self._scope, values=values)
-
 
 _current: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("eksflow_pipeline", default=None)
 
@@ -271,8 +80,8 @@ class Pipeline:
                 raise PipelineError(f"workflow parameter {name}: its value holds '{{{{', which Argo would evaluate")
         self.templates: dict[str, Container | Resource | DAG] = {}
         self.jobs: list[Job] = []  # distributed tasks, for `plan`
-        self.main = _Dag(ENTRYPOINT)
-        self.exit: _Dag | None = None
+        self.main = Scope(ENTRYPOINT)
+        self.exit: Scope | None = None
         self._dag = self.main
         self._token: contextvars.Token[Pipeline | None] | None = None
 
@@ -321,7 +130,7 @@ class Pipeline:
     def on_exit(self) -> Iterator[None]:
         """Tasks added inside run when the workflow ends, whatever its outcome (Argo's onExit handler)."""
         if self.exit is None:
-            self.exit = _Dag(EXIT_HANDLER)
+            self.exit = Scope(EXIT_HANDLER)
         previous, self._dag = self._dag, self.exit
         try:
             yield
@@ -380,7 +189,7 @@ class Pipeline:
         where = f"fan-out {name!r}"
         outer = self._dag
         self._check_name(name, outer)
-        inner = _Dag(name, parent=outer)
+        inner = Scope(name, parent=outer)
         if isinstance(items, Ref):
             item = Item({}, "any", where, inner.items)
         elif not items:
@@ -465,13 +274,13 @@ class Pipeline:
 
     # -- helpers ----------------------------------------------------------------------------------------------------
 
-    def _check_name(self, name: str, dag: _Dag) -> None:
+    def _check_name(self, name: str, dag: Scope) -> None:
         if not re.fullmatch(K8S_NAME, name) or len(name) > 63:
             raise PipelineError(f"task name {name!r}: use lower-case letters, digits and '-' (at most 63)")
         if name in self.templates or name in (ENTRYPOINT, EXIT_HANDLER):
             raise PipelineError(f"task name {name!r} is used twice; give the second one another task_name=")
 
-    def _in_scope(self, ref: Ref, dag: _Dag) -> str:
+    def _in_scope(self, ref: Ref, dag: Scope) -> str:
         """The expression standing for `ref` inside `dag`: itself, or an input of `dag` fed from outside it."""
         if ref.dag is None or ref.dag is dag:
             return ref.argo
@@ -486,7 +295,7 @@ class Pipeline:
         dag.inputs[len(dag.inputs)] = (param, ref)
         return f"{{{{inputs.parameters.{param}}}}}"
 
-    def _condition(self, when: When, dag: _Dag, task: str) -> tuple[str, list[TaskRef]]:
+    def _condition(self, when: When, dag: Scope, task: str) -> tuple[str, list[TaskRef]]:
         """The Argo `when` expression of a task in `dag`, and the tasks whose outputs it reads."""
         try:
             decided = condition(when)
@@ -499,7 +308,7 @@ class Pipeline:
             producers.append(ref.producer)
         return decided.render(lambda ref: self._in_scope(ref, dag)), producers
 
-    def _depends(self, needs: Sequence[TaskRef], dag: _Dag) -> str | None:
+    def _depends(self, needs: Sequence[TaskRef], dag: Scope) -> str | None:
         """`a.Succeeded && b.Succeeded`: a consumer needs its producers to have succeeded (a skip skips it too)."""
         terms: list[str] = []
         for producer in needs:
@@ -510,15 +319,6 @@ class Pipeline:
             if (term or f"{n}.Succeeded") not in terms:
                 terms.append(term or f"{n}.Succeeded")
         return " && ".join(terms) or None
-
-    def workflow(self) -> Workflow:
-        """The Hera Workflow: every template, the main DAG and the exit handler."""
-        from eksflow.templates import workflow_shell
-
-        dags = [DAG(name=ENTRYPOINT, tasks=self.main.tasks)]
-        if self.exit is not None:
-            dags.append(DAG(name=EXIT_HANDLER, tasks=self.exit.tasks))
-        return workflow_shell(self, [*dags, *self.templates.values()])
 
 
 class _Parameters:
@@ -533,7 +333,7 @@ class _Parameters:
         return Ref(f"{{{{workflow.parameters.{name}}}}}", "any", f"workflow.parameters.{name}")
 
 
-def _item_of(items: Sequence[Any], where: str, scope: _Dag | None) -> Item:
+def _item_of(items: Sequence[Any], where: str, scope: Scope | None) -> Item:
     seen: dict[str, int] = {}
     for index, item in enumerate(items):
         try:  # Argo's withItems is JSON: NaN and Infinity are not JSON numbers

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from eksflow.config import ConfigError, PipelineConfig, cluster_of
 from eksflow.launchers import Job, mpijob, worker_layout
-from eksflow.pipeline import Pipeline, Ref
+from eksflow.pipeline import Pipeline
+from eksflow.refs import Ref
 from eksflow.runtime.preflight import Layout, Preflight
 
 PRICES = Path(__file__).with_name("prices.yaml")

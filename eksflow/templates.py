@@ -17,24 +17,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
-from hera.workflows import Artifact, Container, Env, NoneArchiveStrategy, Parameter, Resources, RetryStrategy, Workflow
+from hera.workflows import Artifact, Container, Env, NoneArchiveStrategy, Parameter, Resources, RetryStrategy
 from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, PipelineError
-from eksflow.pipeline import (
-    EXIT_HANDLER,
-    Kind,
-    Pipeline,
-    Ref,
-    TaskRef,
-    When,
-    accepts,
-    kind_of,
-    literal_problem,
-    step_name,
-)
+from eksflow.kinds import Kind, accepts, kind_of
+from eksflow.pipeline import Pipeline, literal_problem, step_name
+from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
 
 if TYPE_CHECKING:
@@ -325,82 +316,3 @@ def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
             for name, (help_text, value) in values.items()
         ]
     )
-
-
-def workflow_shell(pipeline: Pipeline, templates: Sequence[Any]) -> Workflow:
-    """The Workflow every pipeline shares: FSx volume, service account, parameters, cleanup, exit handler."""
-    cfg = pipeline.cfg
-    return Workflow(
-        generate_name=f"{cfg.name}-",
-        namespace=cfg.namespace,
-        entrypoint="main",
-        on_exit=EXIT_HANDLER if pipeline.exit is not None else None,
-        service_account_name=cfg.service_account,
-        annotations={
-            "workflows.argoproj.io/title": pipeline.title,
-            "workflows.argoproj.io/description": pipeline.description,
-        },
-        labels={"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name},
-        arguments=[Parameter(name=name, value=str(value)) for name, value in pipeline.parameter_values.items()] or None,
-        volumes=[
-            m.Volume(
-                name=FSX_VOLUME,
-                persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name=cfg.storage.fsx_claim),
-            )
-        ],
-        pod_gc=m.PodGC(strategy=cfg.cleanup.pod_gc),
-        ttl_strategy=m.TTLStrategy(
-            seconds_after_success=cfg.cleanup.keep_succeeded_s, seconds_after_failure=cfg.cleanup.keep_failed_s
-        ),
-        active_deadline_seconds=cfg.active_deadline_seconds,
-        templates=list(templates),
-    )
-
-
-def manifest(pipeline: Pipeline) -> dict[str, Any]:
-    """The Workflow as the plain dict that `render` prints, `submit` sends and `run` executes."""
-    rendered: dict[str, Any] = pipeline.workflow().to_dict()
-    return rendered
-
-
-KINDS = ("Workflow", "WorkflowTemplate", "CronWorkflow")
-CRON_STARTING_DEADLINE_S = 600  # a schedule missed by more than this (controller down) is skipped, not run late
-
-
-def workflow_template(workflow: Mapping[str, Any]) -> dict[str, Any]:
-    """The Workflow as a WorkflowTemplate named after the pipeline (what `argo submit --from` and crons run)."""
-    metadata = dict(workflow["metadata"])
-    metadata["name"] = metadata.pop("generateName").rstrip("-")
-    return {
-        "apiVersion": workflow["apiVersion"],
-        "kind": "WorkflowTemplate",
-        "metadata": metadata,
-        "spec": workflow["spec"],
-    }
-
-
-def cron_workflow(
-    workflow: Mapping[str, Any], cron: str, timezone: str | None = None, parameters: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """A CronWorkflow running the pipeline's WorkflowTemplate: one run at a time, late runs skipped.
-
-    `parameters` override workflow parameters for scheduled runs (the flagship passes retrain=if-data-changed).
-    """
-    template = workflow_template(workflow)
-    name = template["metadata"]["name"]
-    workflow_spec: dict[str, Any] = {"workflowTemplateRef": {"name": name}}
-    if parameters:
-        workflow_spec["arguments"] = {"parameters": [{"name": k, "value": v} for k, v in parameters.items()]}
-    spec: dict[str, Any] = {
-        "schedules": [cron],
-        "concurrencyPolicy": "Forbid",  # a long training run is never overlapped by the next one
-        "startingDeadlineSeconds": CRON_STARTING_DEADLINE_S,
-        "successfulJobsHistoryLimit": 3,
-        "failedJobsHistoryLimit": 3,
-        "workflowMetadata": {"labels": dict(template["metadata"].get("labels", {}))},
-        "workflowSpec": workflow_spec,
-    }
-    if timezone:
-        spec["timezone"] = timezone
-    metadata = {k: v for k, v in template["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
-    return {"apiVersion": workflow["apiVersion"], "kind": "CronWorkflow", "metadata": metadata, "spec": spec}

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 
 from eksflow import ClusterSettings, Location, Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
-from eksflow.pipeline import Item
+from eksflow.refs import Item
 from pipelines.common import BIG, LlmPipelineConfig, base_model_field, run_report
 from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
 from steps.evaluate import EvaluateSettings

@@ -6,7 +6,7 @@ from typing import Any
 
 from eksflow.config import load_config
 from eksflow.pipeline import Pipeline
-from eksflow.templates import manifest
+from eksflow.render import manifest
 from pipelines.llama_lora import LlamaLoraConfig, build
 
 

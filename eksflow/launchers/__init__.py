@@ -29,8 +29,9 @@ from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
 from eksflow.launchers import jobs, mpijob
 from eksflow.manifests import manifest_text
-from eksflow.pipeline import Pipeline, Ref, TaskRef, When, step_name
+from eksflow.pipeline import Pipeline, step_name
 from eksflow.profiles import Profile
+from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings
 from eksflow.templates import (
     FSX_VOLUME,

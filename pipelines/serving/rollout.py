@@ -27,7 +27,7 @@ from hera.workflows import models as m
 
 from eksflow import Pipeline, Ref, TaskRef, retry, task
 from eksflow.manifests import manifest_text
-from eksflow.pipeline import When
+from eksflow.refs import When
 from pipelines.serving import objects
 from pipelines.serving.objects import ServingConfig
 from steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic

@@ -9,7 +9,7 @@ import yaml
 
 from eksflow.cli import apply_variant
 from eksflow.launchers.jobs import RAYJOB_FAILURE, RAYJOB_SUCCESS
-from eksflow.templates import cron_workflow, workflow_template
+from eksflow.render import cron_workflow, workflow_template
 from tests.argo_substitution import manifest_object, resource_objects
 from tests.flagship import config, rendered
 

@@ -23,7 +23,7 @@ from eksflow.config import ClusterSettings, load_config
 from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.profiles import VARIANT_DEFAULTS
-from eksflow.templates import manifest
+from eksflow.render import manifest
 from pipelines.llama_lora import LlamaLoraConfig
 from pipelines.serving.rollout import rollout_pipeline
 from tests.argo_substitution import substitute, unresolved

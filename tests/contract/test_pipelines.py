@@ -8,7 +8,7 @@ import yaml
 
 from eksflow.cli import config_type
 from eksflow.config import load_config
-from eksflow.templates import cron_workflow, manifest, workflow_template
+from eksflow.render import cron_workflow, manifest, workflow_template
 from tests.contract.test_rendered import errors
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.console import Console
 
 from eksflow import Pipeline, PipelineConfig, name_field, retry, task
+from eksflow.render import manifest
 from eksflow.run import execute
 from eksflow.runtime.rundir import report_path
-from eksflow.templates import manifest
 from steps import alert, champion, report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.local import run_workflow
-from eksflow.templates import manifest
+from eksflow.render import manifest
 from pipelines.serving.rollout import rollout_pipeline
 from steps import register
 from steps.common import litellm_proxy, rollout, tracking, vllm

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, image_field, name_field, retry, task
 from eksflow.config import ConfigError, load_config
-from eksflow.templates import manifest
+from eksflow.render import manifest
 from tests.unit.test_pipeline import MakeArgs, MakeOutputs, make, step, template
 
 

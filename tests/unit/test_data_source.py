@@ -4,8 +4,8 @@ a malformed URI is refused with exit 2 before anything runs."""
 import pytest
 
 from eksflow.config import load_config
+from eksflow.render import manifest
 from eksflow.run import localized
-from eksflow.templates import manifest
 from pipelines.llama_lora import LlamaLoraConfig, build
 from tests.commands import ROOT, python
 

@@ -15,7 +15,7 @@ import yaml
 from eksflow.cli import config_type
 from eksflow.config import ConfigError, load_config
 from eksflow.config_docs import rows
-from eksflow.templates import manifest
+from eksflow.render import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")

@@ -38,7 +38,7 @@ def test_rendering_a_pipeline_imports_nothing_heavy(pipeline):
         "from eksflow.cli import config_type\n"
         "from eksflow.config import load_config\n"
         "from eksflow.plan import check\n"
-        "from eksflow.templates import manifest\n"
+        "from eksflow.render import manifest\n"
         "built = p.build(load_config(config_type(p.build)))\n"
         "manifest(built); check(built)\n"
     )

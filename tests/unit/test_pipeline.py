@@ -8,8 +8,9 @@ from pydantic import BaseModel, Field
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, StepArgs, ended, task
 from eksflow.local.expressions import evaluate_when
-from eksflow.pipeline import Item, Ref
-from eksflow.templates import PATH_ARGS_ANNOTATION, manifest
+from eksflow.refs import Item, Ref
+from eksflow.render import manifest
+from eksflow.templates import PATH_ARGS_ANNOTATION
 
 
 def step(name: str, args: type[StepArgs], outputs: type[BaseModel]) -> types.ModuleType:

@@ -64,7 +64,7 @@ def test_every_rendered_retry_still_retries_a_step_that_fails_after_hours(pipeli
     from eksflow.cli import config_type
     from eksflow.config import load_config
     from eksflow.local.parse_templates import parse_retry
-    from eksflow.templates import manifest
+    from eksflow.render import manifest
 
     module = importlib.import_module(f"pipelines.{pipeline}")
     workflow = manifest(module.build(load_config(config_type(module.build), None, [])))

@@ -1,0 +1,176 @@
+"""Values known only when the workflow runs, and the tasks that produce them: what a pipeline wires together.
+
+`Ref` is one value (a task output, a workflow parameter, a fan-out item, the run folder) with its kind and the
+scope where its Argo expression is valid; `TaskRef` is a task whose step outputs are Refs; `Item` is a fan-out's
+current item; `Scope` is one DAG under construction (the main DAG, the exit handler or a fan-out's body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hera.workflows import Task
+from hera.workflows.models import DAGTask
+
+from eksflow.conditions import Condition, Constant, compared, condition, constant_kind
+from eksflow.errors import PipelineError
+from eksflow.kinds import Kind
+
+
+@dataclass(frozen=True, eq=False)
+class Ref:
+    """A value known only when the workflow runs: a task output, a workflow parameter, a fan-out item, a global."""
+
+    argo: str  # the expression in the scope of `dag` (a global one is valid everywhere)
+    kind: Kind
+    label: str  # what a message calls it, e.g. `stage-data.dataset_dir`
+    producer: TaskRef | None = None  # the task whose success the value needs
+    dag: Scope | None = None  # where `argo` is valid; None: anywhere in the workflow
+    values: tuple[Any, ...] | None = None  # every value it takes, when known as the pipeline is built (fan-out items)
+
+    def __truediv__(self, part: str | Ref) -> Ref:
+        """A path below this one: `p.run_dir / "data"`, `p.run_dir / "candidates" / item.name`.
+
+        At most one side may be a scoped value (a task output, a fan-out item): the joined text then travels as
+        one input parameter, which Argo fills in the consumer's scope.
+        """
+        if isinstance(part, Ref):
+            if self.dag is not None and part.dag is not None and self.dag is not part.dag:
+                raise PipelineError(f"cannot join {self.label} and {part.label}: they come from different scopes")
+            return Ref(
+                f"{self.argo}/{part.argo}",
+                "text",
+                f"{self.label}/{part.label}",
+                producer=self.producer or part.producer,
+                dag=self.dag or part.dag,
+            )
+        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", producer=self.producer, dag=self.dag)
+
+    def __invert__(self) -> Condition:
+        """`when=~scored.passed`: run only when the bool output is false."""
+        return ~condition(self)
+
+    def __and__(self, other: Condition | Ref) -> Condition:
+        """`when=a.passed & b.passed`: both bool outputs are true."""
+        return condition(self) & other
+
+    def __or__(self, other: Condition | Ref) -> Condition:
+        """`when=a.passed | b.passed`: either bool output is true."""
+        return condition(self) | other
+
+    def __lt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared("<", other)
+
+    def __le__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared("<=", other)
+
+    def __gt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared(">", other)
+
+    def __ge__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
+        return self._compared(">=", other)
+
+    def eq(self, other: Ref | Constant) -> Condition:
+        """`when=chosen.rank.eq(8)`: the output equals a number, a bool or another output (`==` stays Python's)."""
+        return self._compared("==", other)
+
+    def ne(self, other: Ref | Constant) -> Condition:
+        """`when=chosen.rank.ne(8)`: the output differs from it."""
+        return self._compared("!=", other)
+
+    def _compared(self, op: str, other: Ref | Constant) -> Condition:
+        # Whether both sides are task outputs is checked once the condition is a task's (Pipeline._condition).
+        right_kind = other.kind if isinstance(other, Ref) else constant_kind(other, f"{self.label} {op} {other!r}")
+        return compared(self, op, other, right_kind)
+
+    def __str__(self) -> str:
+        return self.argo
+
+
+When = Ref | Condition
+
+
+def ended(task: TaskRef) -> TaskRef:
+    """`after=ended(t)`: run once t has finished, whether it succeeded, failed or was skipped (exit handlers)."""
+    whatever = TaskRef(task._name, task._outputs, task._dag, task._step)
+    whatever._any_outcome = True
+    return whatever
+
+
+class TaskRef:
+    """A task in a DAG. Its step's outputs are attributes: `staged.dataset_dir` is a Ref to that output."""
+
+    def __init__(self, name: str, outputs: Mapping[str, Kind], dag: Scope, step: str) -> None:
+        self._name = name
+        self._outputs = dict(outputs)
+        self._dag = dag
+        self._step = step
+        self._fingerprint = ""  # what makes its result (eksflow.templates): a memoized consumer's key includes it
+        self._any_outcome = False  # as `after=ended(t)`: t finished, succeeded or not
+
+    def __getattr__(self, output: str) -> Ref:
+        if output.startswith("_"):
+            raise AttributeError(output)
+        if output not in self._outputs:
+            known = ", ".join(self._outputs) or "none"
+            raise PipelineError(f"task {self._name!r} ({self._step}) has no output {output!r}; its outputs: {known}")
+        return Ref(
+            f"{{{{tasks.{self._name}.outputs.parameters.{output}}}}}",
+            self._outputs[output],
+            f"{self._name}.{output}",
+            producer=self,
+            dag=self._dag,
+        )
+
+    def __repr__(self) -> str:
+        return f"<task {self._name} ({self._step})>"
+
+
+@dataclass
+class Scope:
+    """One DAG under construction: its tasks, and for a fan-out's body the values it takes from outside."""
+
+    name: str
+    tasks: list[Task | DAGTask] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    # values from outside this DAG and the input parameters standing for them (fan-out bodies only)
+    inputs: dict[int, tuple[str, Ref]] = field(default_factory=dict)
+    parent: Scope | None = None
+    items: Scope | None = None  # the scope of `{{item...}}`: the fan-out task's arguments
+
+    def __post_init__(self) -> None:
+        if self.parent is not None:
+            self.items = Scope(f"{self.name} items")
+
+
+class Item:
+    """The current item of a fan-out: `item.rank` for a key of an object item, `item.value` for a scalar item."""
+
+    def __init__(
+        self,
+        kinds: Mapping[str, Kind],
+        value_kind: Kind,
+        where: str,
+        scope: Scope | None,
+        items: Sequence[Any] | None = None,
+    ) -> None:
+        self._kinds = dict(kinds)
+        self._value_kind = value_kind
+        self._where = where
+        self._scope = scope
+        self._items = None if items is None else tuple(items)  # None: a withParam list, known when it runs
+
+    @property
+    def value(self) -> Ref:
+        """The whole item (`{{item}}`)."""
+        return Ref("{{item}}", self._value_kind, "item", dag=self._scope, values=self._items)
+
+    def __getattr__(self, key: str) -> Ref:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        if self._kinds and key not in self._kinds:
+            raise PipelineError(f"{self._where}: the items have no key {key!r}; keys: {', '.join(self._kinds)}")
+        values = None if self._items is None else tuple(item[key] for item in self._items)
+        return Ref(f"{{{{item.{key}}}}}", self._kinds.get(key, "any"), f"item.{key}", dag=self._scope, values=values)
