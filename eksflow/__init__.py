@@ -5,6 +5,8 @@ The public names, in one flat namespace (docs/writing-a-pipeline.md, docs/writin
 Authoring a pipeline (imports hera; never imported by steps):
     Pipeline        the workflow under construction: `with Pipeline(cfg, title=...) as p:`
     task            add a task running a step module; its outputs are attributes of the result
+    Section         a typed group of arguments several tasks share (tracking, the base model), written once
+    resource        add a task that creates or applies a Kubernetes object (manifest, readiness, failure)
     distributed     add a step that runs across workers (container, KubeRay RayJob or Volcano Job per profile)
     main            the pipeline file's command line: run, render, plan, submit, schedule, config
     PipelineConfig  the base config every pipeline extends with its own sections; `name_field` for its name,
@@ -14,6 +16,7 @@ Authoring a pipeline (imports hera; never imported by steps):
     gauges, retry   Prometheus gauges and a retry budget for a task
     Resources       CPU/memory requests of a task (Hera's)
     Ref, TaskRef    a value known when the workflow runs; a task in the DAG
+    Item            a fan-out's current item (`p.fan_out(body, items)` calls `body(item)`)
     ended           `after=ended(t)`: run once t has finished, whatever its outcome (exit handlers)
     PipelineError, ConfigError
 
@@ -33,9 +36,12 @@ _PUBLIC = {
     "Pipeline": "eksflow.pipeline",
     "Ref": "eksflow.refs",
     "TaskRef": "eksflow.refs",
+    "Item": "eksflow.refs",
     "PipelineError": "eksflow.errors",
     "ended": "eksflow.refs",
     "task": "eksflow.templates",
+    "resource": "eksflow.templates",
+    "Section": "eksflow.sections",
     "gauges": "eksflow.templates",
     "retry": "eksflow.templates",
     "distributed": "eksflow.launchers",
@@ -59,6 +65,7 @@ _PUBLIC = {
 __all__ = [
     "ClusterSettings",
     "ConfigError",
+    "Item",
     "Location",
     "Pipeline",
     "PipelineConfig",
@@ -66,6 +73,7 @@ __all__ = [
     "Progress",
     "Ref",
     "Resources",
+    "Section",
     "Settings",
     "StepArgs",
     "StepFailedError",
@@ -78,6 +86,7 @@ __all__ = [
     "image_field",
     "main",
     "name_field",
+    "resource",
     "retry",
     "run_step",
     "task",
@@ -92,11 +101,12 @@ if TYPE_CHECKING:
     from eksflow.errors import PipelineError
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline
-    from eksflow.refs import Ref, TaskRef, ended
+    from eksflow.refs import Item, Ref, TaskRef, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
     from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress
-    from eksflow.templates import gauges, retry, task
+    from eksflow.sections import Section
+    from eksflow.templates import gauges, resource, retry, task
 
 
 def __getattr__(name: str) -> Any:

@@ -79,6 +79,7 @@ class Pipeline:
             if "{{" in str(value):
                 raise PipelineError(f"workflow parameter {name}: its value holds '{{{{', which Argo would evaluate")
         self.templates: dict[str, Container | Resource | DAG] = {}
+        self.tasks: dict[str, TaskRef] = {}  # every task added, by name (names are unique in a workflow)
         self.jobs: list[Job] = []  # distributed tasks, for `plan`
         self.main = Scope(ENTRYPOINT)
         self.exit: Scope | None = None
@@ -169,7 +170,8 @@ class Pipeline:
             )
         )
         dag.names.add(name)
-        return TaskRef(name, outputs, dag, step)
+        self.tasks[name] = TaskRef(name, outputs, dag, step)
+        return self.tasks[name]
 
     def fan_out(
         self,
@@ -270,7 +272,14 @@ class Pipeline:
             looped = Task(name=name, template=wrapper, arguments=arguments or None, depends=self._depends(needs, outer))
         outer.tasks.append(looped)
         outer.names.add(name)
-        return TaskRef(name, dict.fromkeys(collected, "json"), outer, where)
+        self.tasks[name] = TaskRef(name, dict.fromkeys(collected, "json"), outer, where)
+        return self.tasks[name]
+
+    def task_ref(self, name: str, wanted_by: str) -> TaskRef:
+        """The task named `name`, added earlier; PipelineError naming who asked when there is none."""
+        if name not in self.tasks:
+            raise PipelineError(f"{wanted_by!r} reads an output of task {name!r}, which the pipeline has not added")
+        return self.tasks[name]
 
     # -- helpers ----------------------------------------------------------------------------------------------------
 

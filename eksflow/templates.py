@@ -15,18 +15,30 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from hera.workflows import Artifact, Container, Env, NoneArchiveStrategy, Parameter, Resources, RetryStrategy
+from hera.workflows import (
+    Artifact,
+    Container,
+    Env,
+    NoneArchiveStrategy,
+    Parameter,
+    Resource,
+    Resources,
+    RetryStrategy,
+    SecretVolume,
+)
 from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, PipelineError
 from eksflow.kinds import Kind, accepts, kind_of
+from eksflow.manifests import REFERENCE, manifest_text
 from eksflow.pipeline import Pipeline, literal_problem, step_name
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
+from eksflow.sections import Section, section_values
 
 if TYPE_CHECKING:
     from eksflow.config import PipelineConfig
@@ -65,14 +77,27 @@ def step_retry(cfg: PipelineConfig) -> RetryStrategy:
 
 
 TASK_OPTIONS = frozenset(
-    {"task_name", "after", "when", "container_image", "resources", "retry_strategy", "prometheus", "memoize", "step"}
+    {
+        "task_name",
+        "after",
+        "when",
+        "container_image",
+        "resources",
+        "retry_strategy",
+        "prometheus",
+        "memoize",
+        "labels",
+        "annotations",
+        "node_selector",
+        "secrets",
+        "step",
+    }
 )
 
 
 def task(
     step: ModuleType,
-    settings: Settings | None = None,
-    *,
+    *sections: Settings | Section,
     task_name: str | None = None,
     after: TaskRef | Sequence[TaskRef] = (),
     when: When | None = None,
@@ -81,14 +106,20 @@ def task(
     retry_strategy: RetryStrategy | None = None,
     prometheus: m.Metrics | None = None,
     memoize: Sequence[Ref | TaskRef] = (),
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
     **values: Any,
 ) -> TaskRef:
     """Add a task running `python -m <step>` to the pipeline being built; its outputs are attributes of the result.
 
-    `settings` (a config section) and `values` fill the step's Args; a value may be a literal or a Ref (another
+    `sections` and `values` fill the step's Args (eksflow.sections: a config section gives every field, a shared
+    Section the fields the step takes; a keyword wins over a section); a value may be a literal or a Ref (another
     task's output, a workflow parameter, `p.run_dir / ...`). The other keywords are the task's own options (a
     step whose Args has a field of one of these names is refused: rename the field). Without `retry_strategy`
-    the config's `retry` section applies.
+    the config's `retry` section applies; the step's declared GAUGES are emitted besides `prometheus`. `labels`,
+    `annotations` and `node_selector` go on the pod; `secrets` mounts Secrets read-only: {mount path: Secret name}.
 
     `memoize` lists what, besides this task's own step code, settings and image, decides its result: content keys
     (task outputs that name data by digest, letters, digits and '-' only) and upstream tasks (their step code and
@@ -98,7 +129,7 @@ def task(
     pipeline = Pipeline.current()
     name = task_name or step_name(step)
     args_type, outputs = contract(step)
-    argv, inputs = arguments(args_type, name, settings, values)
+    argv, inputs = arguments(args_type, name, sections, values)
     image = container_image or pipeline.cfg.image
     fingerprint = template_fingerprint(step, image, argv, memoize, pipeline.parameter_values)
     memo, memo_inputs = memoization(pipeline.cfg, name, fingerprint, memoize)
@@ -117,17 +148,45 @@ def task(
             *(Env(name=env_name, value=value) for env_name, value in pipeline.cfg.env.items()),
             Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
         ],
+        volumes=[
+            SecretVolume(name=secret, secret_name=secret, default_mode=0o440, mount_path=path, read_only=True)
+            for path, secret in (secrets or {}).items()
+        ]
+        or None,
         volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=pipeline.cfg.storage.fsx_mount)],
         resources=resources,
         retry_strategy=retry_strategy or step_retry(pipeline.cfg),
         security_context=RESTRICTED,
-        metrics=prometheus,
-        annotations=path_annotation(args_type),
+        metrics=merged_metrics(step_gauges(pipeline.cfg, step, name), prometheus),
+        labels=dict(labels) if labels else None,
+        annotations={**path_annotation(args_type), **(annotations or {})} or None,
+        node_selector=dict(node_selector) if node_selector else None,
         memoize=memo,
     )
     added = pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
     added._fingerprint = fingerprint
     return added
+
+
+def step_gauges(cfg: PipelineConfig, step: ModuleType, task_name: str) -> m.Metrics | None:
+    """The Prometheus gauges the step's contract declares: `GAUGES = {output: help}`, one `<task>_<output>` each."""
+    declared: Mapping[str, str] = getattr(step, "GAUGES", None) or {}
+    outputs = contract(step)[1]
+    unknown = sorted(set(declared) - set(outputs))
+    if unknown:
+        raise PipelineError(f"{step.__name__}.GAUGES names {', '.join(unknown)}, which are not among its Outputs")
+    prefix = task_name.replace("-", "_")
+    values = {
+        f"{prefix}_{output}": (help_text, f"{{{{outputs.parameters.{output}}}}}")
+        for output, help_text in declared.items()
+    }
+    return gauges(cfg, **values) if values else None
+
+
+def merged_metrics(*metrics: m.Metrics | None) -> m.Metrics | None:
+    """One `metrics` of a template from several (a step's gauges and the task's own)."""
+    prometheus = [gauge for found in metrics if found is not None for gauge in found.prometheus or []]
+    return m.Metrics(prometheus=prometheus) if prometheus else None
 
 
 def template_fingerprint(
@@ -202,7 +261,7 @@ def contract(step: ModuleType) -> tuple[type[StepArgs], dict[str, Kind]]:
 def arguments(
     args_type: type[StepArgs],
     task_name: str,
-    settings: Settings | None,
+    sections: Sequence[Settings | Section],
     values: Mapping[str, object],
     *,
     outputs_dir: str = OUTPUTS_DIR,
@@ -213,14 +272,12 @@ def arguments(
     fan-out item becomes an input parameter, `{{inputs.parameters.<field>}}` in argv.
     """
     fields = args_type.model_fields
-    given: dict[str, object] = {}
-    if settings is not None:
-        given.update({n: getattr(settings, n) for n in type(settings).model_fields})
-    given.update(values)
     where = f"task {task_name!r} ({args_type.__module__})"
     taken = sorted(TASK_OPTIONS & set(fields))
     if taken:
         raise PipelineError(f"{where}: its Args field(s) {', '.join(taken)} clash with task() options; rename them")
+    given = section_values(sections, fields, where)
+    given.update(values)
     unknown = sorted(set(given) - set(fields) - {"outputs_dir"})
     if unknown:
         raise PipelineError(f"{where}: no argument {', '.join(unknown)}; its arguments: {', '.join(fields)}")
@@ -316,3 +373,79 @@ def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
             for name, (help_text, value) in values.items()
         ]
     )
+
+
+def resource(
+    name: str,
+    manifest: Mapping[str, Any],
+    *,
+    action: Literal["create", "apply"] = "create",
+    success: str | None = None,
+    failure: str | None = None,
+    owned: bool = True,
+    after: TaskRef | Sequence[TaskRef] = (),
+    when: When | None = None,
+    inputs: Mapping[str, Ref] | None = None,
+    retry_strategy: RetryStrategy | None = None,
+    prometheus: m.Metrics | None = None,
+    memoize: m.Memoize | None = None,
+    step: str = "",
+) -> TaskRef:
+    """Add a task that creates or applies a Kubernetes object (an Argo resource template); returns it.
+
+    `manifest` is the object as a dict. Its strings may hold task outputs and workflow values (`f"{fleet}-vllm"`
+    with `fleet = prepared.fleet`): each task output becomes an input parameter of the template and makes this
+    task depend on its producer, and every such string reaches Argo as a JSON-encoding expression, never as text
+    pasted into the YAML (eksflow.manifests). `inputs` declares values a manifest built from a step's argv reads
+    as `{{inputs.parameters.<name>}}`. Argo waits for `success` (e.g. `status.availableReplicas > 0`) or fails on
+    `failure`; `owned` objects are deleted with the workflow (a serving fleet outlives it: `owned=False`).
+    """
+    pipeline = Pipeline.current()
+    wired = dict(inputs or {})
+
+    def wire(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {key: wire(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [wire(item) for item in value]
+        if isinstance(value, Ref):
+            value = str(value)
+        if isinstance(value, str):
+            return REFERENCE.sub(lambda found: input_for(found.group(1)), value)
+        return value
+
+    def input_for(reference: str) -> str:
+        parts = reference.split(".")
+        if parts[0] == "workflow" or reference in wired_names():
+            return f"{{{{{reference}}}}}"
+        if len(parts) == 5 and parts[0] == "tasks" and parts[2:4] == ["outputs", "parameters"]:
+            ref = getattr(pipeline.task_ref(parts[1], name), parts[4])
+            for param, known in wired.items():
+                if known.argo == ref.argo:
+                    return f"{{{{inputs.parameters.{param}}}}}"
+            param = parts[4] if parts[4] not in wired else f"{parts[1].replace('-', '_')}_{parts[4]}"
+            wired[param] = ref
+            return f"{{{{inputs.parameters.{param}}}}}"
+        raise PipelineError(
+            f"resource {name!r}: the manifest reads {{{{{reference}}}}}; give task outputs and workflow values "
+            "themselves (or declare an input with inputs=)"
+        )
+
+    def wired_names() -> set[str]:
+        return {f"inputs.parameters.{param}" for param in wired}
+
+    wired_manifest = wire(manifest)
+    template = Resource(
+        name=name,
+        action=action,
+        set_owner_reference=owned or None,  # deleting the workflow deletes the object (and a job's pods)
+        success_condition=success,
+        failure_condition=failure,
+        retry_strategy=retry_strategy,
+        manifest=manifest_text(wired_manifest),  # parameters as JSON-encoding expressions, never as text
+        metrics=prometheus,
+        inputs=[Parameter(name=param) for param in wired] or None,
+        memoize=memoize,
+    )
+    kind = step or str(manifest.get("kind", "object"))
+    return pipeline.add(name, template, step=kind, outputs={}, inputs=wired, after=after, when=when)

@@ -12,8 +12,6 @@ The exit handler writes the run's report (steps.report), whatever the outcome.
 
 from __future__ import annotations
 
-from typing import Any
-
 from eksflow import Pipeline, main, name_field, retry, task
 from pipelines.common import BIG, LlmPipelineConfig, run_report
 from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
@@ -39,28 +37,26 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
         description="fetch champion + stage -> validate -> evaluate -> record on the version -> alert if regressed",
         parameters={"data_source": cfg.data.source},
     ) as p:
-        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
-
-        champion = task(fetch_champion, model_name=cfg.model_name, dest_dir=p.run_dir / "champion", **mlflow)
-        model: dict[str, Any] = {"base_model": champion.base_model, "model_cache_dir": cfg.storage.model_cache}
+        tracking = cfg.tracking
+        champion = task(fetch_champion, tracking, dest_dir=p.run_dir / "champion")
         staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
         # the rows' format and quality; token lengths are a training concern (no sequence length to check here)
         checked = task(validate_data, cfg.validation, dataset_dir=staged.dataset_dir, report_dir=p.run_dir / "reports")
         scored = task(
             evaluate,
             cfg.evaluate,
+            tracking,
+            cfg.model(champion.base_model),
             dataset_dir=staged.dataset_dir,
             adapter_dir=champion.adapter_dir,
             report_dir=p.run_dir / "reports",
             model_name="",  # the thresholds decide: the champion is not compared with itself
             after=checked,
             resources=BIG,
-            **model,
-            **mlflow,
         )
         recorded = task(
             record_check,
-            model_name=cfg.model_name,
+            tracking,
             version=champion.version,
             passed=scored.passed,
             reason=scored.reason,
@@ -68,7 +64,6 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
             dataset_digest=staged.dataset_digest,
             eval_set_digest=scored.eval_set_digest,
             workflow_name=p.workflow_name,
-            **mlflow,
         )
         task(alert, message=recorded.summary, when=recorded.regressed, retry_strategy=retry(0))
         with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended

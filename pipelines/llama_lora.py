@@ -16,12 +16,10 @@ Defaults fine-tune SmolLM2-135M-Instruct on the demo date-normalisation set in d
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
-from eksflow import ClusterSettings, Pipeline, config_hash, distributed, ended, gauges, main, name_field, task
-from pipelines.common import BIG, run_report
+from eksflow import ClusterSettings, Pipeline, distributed, ended, main, name_field, task
+from pipelines.common import BIG, lineage, run_report
 from pipelines.serving.objects import ServingConfig
 from pipelines.serving.rollout import finish_rollout, rollout
 from steps import champion, evaluate, register, stage_data, train, train_neuron, validate_data
@@ -61,10 +59,9 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
         parameters={"data_source": cfg.data.source, "base_model": cfg.base_model, "retrain": cfg.retrain},
         scheduled={"retrain": "if-data-changed"},  # a scheduled run trains only on new data
     ) as p:
-        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
-        model: dict[str, Any] = {"base_model": p.parameters.base_model, "model_cache_dir": cfg.storage.model_cache}
+        tracking, model = cfg.tracking, cfg.model(p.parameters.base_model)
 
-        trained_on = task(champion, retrain=p.parameters.retrain, model_name=cfg.model_name, **mlflow)
+        trained_on = task(champion, tracking, retrain=p.parameters.retrain)
         staged = task(
             stage_data,
             cfg.data,
@@ -75,62 +72,50 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
         checked = task(
             validate_data,
             cfg.validation,
+            model,
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
             memoize=[staged.data_key],
-            **model,
         )
         # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks)
         trained = distributed(
             train,
             cfg.train,
+            tracking,
+            model,
             neuron_step=train_neuron,
             dataset_dir=staged.dataset_dir,
             output_dir=p.run_dir / "train",
             run_name=p.workflow_name,
-            experiment=cfg.experiment,
             after=checked,
             when=staged.changed,
             memoize=[staged.data_key],  # the same data, settings and code train the same adapter: reuse it
-            **model,
-            **mlflow,
         )
         scored = task(
             evaluate,
             cfg.evaluate,
+            tracking,
+            model,
             dataset_dir=staged.dataset_dir,
             adapter_dir=trained.adapter_dir,
             mlflow_run_id=trained.mlflow_run_id,
             report_dir=p.run_dir / "reports",
-            model_name=cfg.model_name,
-            mlflow_ui_url=cfg.mlflow.ui_url,
             resources=BIG,
-            prometheus=gauges(
-                cfg, eval_exact_match=("exact match on the eval set", "{{outputs.parameters.exact_match}}")
-            ),
             memoize=[staged.data_key, trained],  # an adapter reused from an earlier run was scored there
-            **model,
-            **mlflow,
         )
         registered = task(
             register,
+            tracking,
+            model,
+            lineage(p, cfg, p.parameters.data_source),
             adapter_dir=trained.adapter_dir,
             metrics=scored.metrics,
             eval_report=scored.report,
             dataset_digest=staged.dataset_digest,
             mlflow_run_id=trained.mlflow_run_id,
-            model_name=cfg.model_name,
-            experiment=cfg.experiment,
-            workflow_name=p.workflow_name,
-            workflow_uid=p.workflow_uid,
-            dataset_uri=p.parameters.data_source,
-            config_hash=config_hash(cfg),
-            mlflow_ui_url=cfg.mlflow.ui_url,
             resources=BIG,
             when=scored.passed,
-            **model,
-            **mlflow,
         )
         rollout(  # vLLM fleet, LiteLLM proxy, canary steps, promote (pipelines/serving/rollout.py)
             cfg,

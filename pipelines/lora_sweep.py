@@ -16,9 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from eksflow import ClusterSettings, Location, Pipeline, Ref, Settings, config_hash, distributed, main, name_field, task
-from eksflow.refs import Item
-from pipelines.common import BIG, LlmPipelineConfig, base_model_field, run_report
+from eksflow import ClusterSettings, Item, Location, Pipeline, Ref, Settings, distributed, main, name_field, task
+from pipelines.common import BIG, LlmPipelineConfig, base_model_field, lineage, run_report
 from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
@@ -81,17 +80,16 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
         description="stage -> validate -> (train -> evaluate) x grid -> select best -> register",
         parameters={"data_source": cfg.data.source, "base_model": cfg.base_model},
     ) as p:
-        mlflow: dict[str, Any] = {"tracking_uri": cfg.mlflow.tracking_uri}
-        model: dict[str, Any] = {"base_model": p.parameters.base_model, "model_cache_dir": cfg.storage.model_cache}
+        tracking, model = cfg.tracking, cfg.model(p.parameters.base_model)
 
         staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
         checked = task(
             validate_data,
             cfg.validation,
+            model,
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,
-            **model,
         )
 
         def candidate(item: Item) -> dict[str, Ref]:
@@ -99,28 +97,25 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             trained = distributed(
                 train,
                 cfg.train,
+                tracking,
+                model,
                 neuron_step=train_neuron,
                 lora=item.lora,
                 learning_rate=item.learning_rate,
                 dataset_dir=staged.dataset_dir,
                 output_dir=folder,
                 run_name=p.workflow_name,
-                experiment=cfg.experiment,
-                **model,
-                **mlflow,
             )
             scored = task(
                 evaluate,
                 cfg.evaluate,
+                tracking,
+                model,
                 dataset_dir=staged.dataset_dir,
                 adapter_dir=trained.adapter_dir,
                 mlflow_run_id=trained.mlflow_run_id,
                 report_dir=folder,
-                model_name=cfg.model_name,
-                mlflow_ui_url=cfg.mlflow.ui_url,
                 resources=BIG,
-                **model,
-                **mlflow,
             )
             return {
                 "passed": scored.passed,
@@ -143,23 +138,17 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
         )
         task(
             register,
+            tracking,
+            model,
+            lineage(p, cfg, p.parameters.data_source),
             adapter_dir=chosen.adapter_dir,
             metrics=chosen.metrics,
             eval_report=chosen.report,
             dataset_digest=staged.dataset_digest,
             mlflow_run_id=chosen.mlflow_run_id,
-            model_name=cfg.model_name,
-            experiment=cfg.experiment,
-            workflow_name=p.workflow_name,
-            workflow_uid=p.workflow_uid,
-            dataset_uri=p.parameters.data_source,
-            config_hash=config_hash(cfg),
             merged_dir=p.run_dir / "merged",
-            mlflow_ui_url=cfg.mlflow.ui_url,
             resources=BIG,
             when=chosen.found,
-            **model,
-            **mlflow,
         )
         with p.on_exit():  # whatever the outcome: the run's HTML page, and its MLflow runs ended
             run_report(p, cfg)

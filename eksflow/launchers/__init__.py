@@ -33,6 +33,7 @@ from eksflow.pipeline import Pipeline, step_name
 from eksflow.profiles import Profile
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings
+from eksflow.sections import Section, section_values
 from eksflow.templates import (
     FSX_VOLUME,
     RESTRICTED,
@@ -41,6 +42,7 @@ from eksflow.templates import (
     contract,
     gauges,
     memoization,
+    step_gauges,
     step_retry,
     task,
     template_fingerprint,
@@ -101,7 +103,7 @@ def section_of(cfg: PipelineConfig, settings: Settings) -> str:
 def distributed(
     step: ModuleType,
     settings: Settings,
-    *,
+    *sections: Settings | Section,
     neuron_step: ModuleType | None = None,
     task_name: str | None = None,
     after: TaskRef | Sequence[TaskRef] = (),
@@ -110,6 +112,9 @@ def distributed(
     **values: Any,
 ) -> TaskRef:
     """Add `step` as a distributed task for the configured instance type; returns the task holding its outputs.
+
+    `settings` is the step's config section, with the worker layout the profile sets; `sections` and `values` fill
+    the rest of its Args, as for task().
 
     `memoize` as for task(): on a job profile both the job and the task publishing its outputs are memoized under
     one key, so a hit skips the job and still gives the outputs.
@@ -141,42 +146,26 @@ def distributed(
             launcher=launcher,
             step=step,
             settings=placed,
-            values=values,
+            values={**section_values(sections, contract(step)[0].model_fields, name), **values},
             profile=profile,
             inner_retries=int(getattr(step, "MAX_FAILURES", 0)),
             section=section_of(cfg, settings),
             configured={f: getattr(settings, f) for f in LAYOUT_FIELDS if f in settings.model_fields_set},
         )
     )
-    metrics = (
-        gauges(
-            cfg,
-            **{
-                f"{name.replace('-', '_')}_final_loss": (
-                    "mean loss of the last logging window",
-                    "{{outputs.parameters.final_loss}}",
-                ),
-                f"{name.replace('-', '_')}_tokens_per_second": (
-                    "throughput, all workers",
-                    "{{outputs.parameters.tokens_per_s}}",
-                ),
-            },
-        )
-        if {"final_loss", "tokens_per_s"} <= set(contract(step)[1])
-        else None
-    )
+    metrics = step_gauges(cfg, step, name)  # the collector publishes the outputs the gauges read
     if launcher == "container":
         workers, threads = worker_layout(placed)
         workers *= threads
         added = task(
             step,
             placed,
+            *sections,
             task_name=name,
             after=after,
             when=when,
             container_image=cluster.image,
             resources=Resources(cpu_request=workers, memory_request=f"{6 * workers}Gi"),
-            prometheus=metrics,
             memoize=memoize,
             **values,
         )
@@ -187,7 +176,7 @@ def distributed(
         container.annotations = {**(container.annotations or {}), **profiles.DO_NOT_DISRUPT}
         return added
     args_type, outputs = contract(step)
-    argv, inputs = arguments(args_type, name, placed, values, outputs_dir=jobs.outputs_dir(cfg, name))
+    argv, inputs = arguments(args_type, name, [placed, *sections], values, outputs_dir=jobs.outputs_dir(cfg, name))
     fingerprint = template_fingerprint(step, cluster.image, argv, memoize, pipeline.parameter_values)
     memo, memo_inputs = memoization(cfg, name, fingerprint, memoize)
     duration = gauges(

@@ -1,17 +1,20 @@
-"""What this repository's LLM pipelines share: their config base, a model's resources, the exit handler's report.
+"""What this repository's LLM pipelines share: their config base, the sections their tasks take, the report.
 
 The flagship (llama_lora), the sweep and the champion check extend `LlmPipelineConfig` and declare only the sections
-they use. eksflow's own base (`PipelineConfig`) knows nothing of models, tracking or serving.
+they use. eksflow's own base (`PipelineConfig`) knows nothing of models, tracking or serving. The shared Sections
+(eksflow.sections) are each pipeline's wires to MLflow (`cfg.tracking`), to the base model (`Model`) and to the
+run's lineage (`lineage`): a task takes the fields its step declares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
-from eksflow import Location, Pipeline, PipelineConfig, Resources, Settings, TaskRef, task
+from eksflow import Location, Pipeline, PipelineConfig, Ref, Resources, Section, Settings, TaskRef, config_hash, task
 from eksflow.config import StorageSettings
 from steps import report
 
@@ -50,6 +53,39 @@ class MlflowSettings(Settings):
     )
 
 
+@dataclass(frozen=True)
+class Tracking(Section):
+    """MLflow: where steps log runs, find the champion and register versions, and the link users follow."""
+
+    tracking_uri: str
+    mlflow_ui_url: str
+    model_name: str
+    experiment: str
+
+
+@dataclass(frozen=True)
+class Model(Section):
+    """The base model a step loads (a name, a folder or an s3:// prefix; often a workflow parameter) and its cache."""
+
+    base_model: Ref | str
+    model_cache_dir: str
+
+
+@dataclass(frozen=True)
+class Lineage(Section):
+    """What a registered version records of the run that made it."""
+
+    workflow_name: Ref
+    workflow_uid: Ref
+    dataset_uri: Ref | str
+    config_hash: str
+
+
+def lineage(p: Pipeline, cfg: PipelineConfig, dataset_uri: Ref | str) -> Lineage:
+    """This run's lineage: the workflow, the data it was given and the config's hash."""
+    return Lineage(p.workflow_name, p.workflow_uid, dataset_uri, config_hash(cfg))
+
+
 class LlmPipelineConfig(PipelineConfig):
     """The base of the LLM pipelines: the model cache on FSx, MLflow, and no model hub at run time."""
 
@@ -70,15 +106,23 @@ class LlmPipelineConfig(PipelineConfig):
         """The registered model this pipeline's versions go to: configured, or the pipeline's name."""
         return self.mlflow.model_name or self.name
 
+    @property
+    def tracking(self) -> Tracking:
+        """The MLflow section every tracking task takes."""
+        return Tracking(self.mlflow.tracking_uri, self.mlflow.ui_url, self.model_name, self.experiment)
+
+    def model(self, base_model: Ref | str) -> Model:
+        """The base-model section: `base_model` (a workflow parameter, a task output or a literal) and the cache."""
+        return Model(base_model, self.storage.model_cache)
+
 
 def run_report(p: Pipeline, cfg: LlmPipelineConfig, after: TaskRef | Sequence[TaskRef] = ()) -> TaskRef:
     """The exit handler's report task (every pipeline here has one): the run's HTML page, its MLflow runs ended."""
     return task(
         report,
+        cfg.tracking,
         after=after,
         workflow_name=p.workflow_name,
         workflow_status=p.workflow_status,
         report_dir=p.run_dir,
-        mlflow_ui_url=cfg.mlflow.ui_url,
-        tracking_uri=cfg.mlflow.tracking_uri,
     )

@@ -18,15 +18,13 @@ pair each.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from hera.workflows import Parameter, Resource, Resources
-from hera.workflows import models as m
-
-from eksflow import Pipeline, Ref, TaskRef, retry, task
-from eksflow.manifests import manifest_text
+from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
 from eksflow.refs import When
 from pipelines.serving import objects
 from pipelines.serving.objects import ServingConfig
@@ -41,49 +39,59 @@ ANALYSIS_RESOURCES = Resources(cpu_request=1, memory_request="2Gi", memory_limit
 ANSWER_TOKENS = 32  # the analysis' answer cap when evaluate's is 0 (from the references, a tokenizer the probe lacks)
 
 
-def _fleet_args(cfg: ServingConfig) -> dict[str, Any]:
-    """What every rollout step gets: the registry, the Services, the adapters' folder, the state file, the keys."""
-    p = Pipeline.current()
-    return {
-        "model_name": cfg.model_name,
-        "tracking_uri": cfg.mlflow.tracking_uri,
-        "proxy_url": objects.proxy_url(cfg),
-        "serving_dir": f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters",
-        "state_file": p.run_dir / "rollout" / "state.json",
-        "secrets_dir": objects.SECRETS_DIR,  # in argv, so the local executor maps it to the run's volume
-    }
+@dataclass(frozen=True)
+class Fleet(Section):
+    """What every rollout step gets: the registry, the proxy, the adapters' folder, the state file, the keys."""
+
+    model_name: str
+    tracking_uri: str
+    proxy_url: str
+    serving_dir: str
+    state_file: Ref
+    secrets_dir: str  # in argv, so the local executor maps it to the run's volume
 
 
-def _keyed(cfg: ServingConfig, added: TaskRef) -> TaskRef:
-    """Mount the serving Secret (keys as files at FleetArgs.secrets_dir), read-only, into the task's container.
+@dataclass(frozen=True)
+class Engine(Section):
+    """The fleet's vLLM engine, once prepare-fleet has named it: its Service, its base model folder, its LoRA cap."""
+
+    vllm_url: Ref
+    base_dir: Ref
+    max_lora_rank: int
+
+
+def _fleet(cfg: ServingConfig) -> Fleet:
+    return Fleet(
+        model_name=cfg.model_name,
+        tracking_uri=cfg.mlflow.tracking_uri,
+        proxy_url=objects.proxy_url(cfg),
+        serving_dir=f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters",
+        state_file=Pipeline.current().run_dir / "rollout" / "state.json",
+        secrets_dir=objects.SECRETS_DIR,
+    )
+
+
+def _keyed(cfg: ServingConfig, step: ModuleType, *sections: Settings | Section, **values: Any) -> TaskRef:
+    """A rollout step: the fleet's section, and the serving Secret (keys as files at Fleet.secrets_dir) mounted.
 
     The pod gets the label the fleet's NetworkPolicies admit: the steps holding the keys are the ones that talk to
     vLLM and the proxy, so the workflow's other pods (training, evaluation) cannot reach them.
     """
-    secret = cfg.serving.secret
-    container: Any = Pipeline.current().templates[added._name]
-    container.labels = {**(container.labels or {}), objects.ROLLOUT_LABEL: cfg.name}
-    container.volumes = [m.Volume(name=secret, secret=m.SecretVolumeSource(secret_name=secret, default_mode=0o440))]
-    container.volume_mounts = [
-        *(container.volume_mounts or []),
-        m.VolumeMount(name=secret, mount_path=objects.SECRETS_DIR, read_only=True),
-    ]
-    return added
-
-
-def _apply(
-    name: str, manifest: Mapping[str, Any], inputs: Mapping[str, Ref], after: TaskRef, *, ready: bool = True
-) -> TaskRef:
-    """A task applying one serving object (idempotent: a fleet already serving is left as it is)."""
-    template = Resource(
-        name=name,
-        action="apply",
-        manifest=manifest_text(manifest),  # fleet and model_dir as JSON-encoding expressions, never as text
-        success_condition=DEPLOYMENT_READY if ready else None,
-        inputs=[Parameter(name=i) for i in inputs] or None,
+    return task(
+        step,
+        _fleet(cfg),
+        *sections,
+        labels={objects.ROLLOUT_LABEL: cfg.name},
+        secrets={objects.SECRETS_DIR: cfg.serving.secret},
+        **values,
     )
-    kind = str(manifest["kind"])
-    return Pipeline.current().add(name, template, step=kind, outputs={}, inputs=inputs, after=after)
+
+
+def _apply(name: str, manifest: dict[str, Any], after: TaskRef, *, ready: bool = True) -> TaskRef:
+    """A task applying one serving object: idempotent (a fleet already serving stays as it is), outliving the run."""
+    return resource(
+        name, manifest, action="apply", owned=False, success=DEPLOYMENT_READY if ready else None, after=after
+    )
 
 
 def rollout(
@@ -102,8 +110,6 @@ def rollout(
     The fleet starts after `start_after` (if `start_when` holds), the candidate loads after `candidate_after`
     and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
     """
-    fleet = _fleet_args(cfg)
-    rank: dict[str, Any] = {"max_lora_rank": cfg.serving.engine.max_lora_rank}
     prepared = task(
         prepare_fleet,
         base_model=base_model,
@@ -115,14 +121,12 @@ def rollout(
         after=start_after,
         when=start_when,
     )
+    fleet, model_dir = str(prepared.fleet), str(prepared.model_dir)  # wired by resource() as the tasks' inputs
     ready = [
-        _apply("vllm", objects.vllm_deployment(cfg, "{{inputs.parameters.fleet}}", "{{inputs.parameters.model_dir}}"),
-               {"fleet": prepared.fleet, "model_dir": prepared.model_dir}, prepared),
-        _apply("vllm-service", objects.vllm_service(cfg, "{{inputs.parameters.fleet}}"), {"fleet": prepared.fleet},
-               prepared, ready=False),
-        _apply("vllm-pdb", objects.disruption_budget(cfg, "{{inputs.parameters.fleet}}", "vllm", cfg.serving.replicas),
-               {"fleet": prepared.fleet}, prepared, ready=False),
-    ]  # fmt: skip
+        _apply("vllm", objects.vllm_deployment(cfg, fleet, model_dir), prepared),
+        _apply("vllm-service", objects.vllm_service(cfg, fleet), prepared, ready=False),
+        _apply("vllm-pdb", objects.disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas), prepared, ready=False),
+    ]
     previous = prepared
     config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
     for name, manifest, wait in [
@@ -131,62 +135,43 @@ def rollout(
         ("proxy-service", proxy_service, False),
         ("proxy-pdb", proxy_pdb, False),
     ]:
-        previous = _apply(name, manifest, {}, previous, ready=wait)
+        previous = _apply(name, manifest, previous, ready=wait)
         ready.append(previous)
     # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
     for name, manifest in zip(("vllm-policy", "proxy-policy"), objects.network_policies(cfg), strict=True):
-        ready.append(_apply(name, manifest, {}, prepared, ready=False))
-    wired: dict[str, Any] = {"vllm_url": prepared.vllm_url, "base_dir": prepared.model_dir}
-    champion = _keyed(cfg, task(serve_champion, **fleet, **rank, **wired, after=ready))
+        ready.append(_apply(name, manifest, prepared, ready=False))
+    engine = Engine(prepared.vllm_url, prepared.model_dir, cfg.serving.engine.max_lora_rank)
+    champion = _keyed(cfg, serve_champion, engine, after=ready)
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     candidate = _keyed(
         cfg,
-        task(
-            load_candidate,
-            **fleet,
-            **rank,
-            **wired,
-            model_version=model_version,
-            evaluated_champion=evaluated_champion,
-            base_model=base_model,
-            workflow_name=Pipeline.current().workflow_name,
-            after=[*after, champion],
-        ),
+        load_candidate,
+        engine,
+        model_version=model_version,
+        evaluated_champion=evaluated_champion,
+        base_model=base_model,
+        workflow_name=Pipeline.current().workflow_name,
+        after=[*after, champion],
     )
     previous = candidate
     for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
-        shifted = _keyed(
-            cfg,
-            task(
-                shift_traffic,
-                **fleet,
-                vllm_url=prepared.vllm_url,
-                percent=percent,
-                task_name=f"shift-{canary.step_label(percent)}",
-                after=previous,
-            ),
-        )
+        label = canary.step_label(percent)
+        shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
         previous = _keyed(
             cfg,
-            task(
-                canary,
-                cfg.canary,
-                **fleet,
-                vllm_url=prepared.vllm_url,
-                percent=percent,
-                report_dir=Pipeline.current().run_dir / "reports",
-                max_new_tokens=max_new_tokens or ANSWER_TOKENS,
-                task_name=f"analyze-{canary.step_label(percent)}",
-                resources=ANALYSIS_RESOURCES,
-                # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
-                retry_strategy=retry(0),
-                after=shifted,
-            ),
+            canary,
+            cfg.canary,
+            engine,
+            percent=percent,
+            report_dir=Pipeline.current().run_dir / "reports",
+            max_new_tokens=max_new_tokens or ANSWER_TOKENS,
+            task_name=f"analyze-{label}",
+            resources=ANALYSIS_RESOURCES,
+            # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
+            retry_strategy=retry(0),
+            after=shifted,
         )
-    return _keyed(
-        cfg,
-        task(promote, **fleet, vllm_url=prepared.vllm_url, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous),
-    )
+    return _keyed(cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous)
 
 
 def finish_rollout(cfg: ServingConfig) -> TaskRef:
@@ -194,8 +179,7 @@ def finish_rollout(cfg: ServingConfig) -> TaskRef:
 
     The exit handler cannot read task outputs: the fleet's address comes from the state file.
     """
-    p = Pipeline.current()
-    return _keyed(cfg, task(finish_step, **_fleet_args(cfg), workflow_status=p.workflow_status))
+    return _keyed(cfg, finish_step, workflow_status=Pipeline.current().workflow_status)
 
 
 def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:

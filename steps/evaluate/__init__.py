@@ -138,3 +138,7 @@ class Outputs(BaseModel):
     intervals: dict[str, list[float]]
     champion_version: str
     mlflow_run_url: str
+
+
+# Prometheus gauges the controller emits from these outputs (eksflow_<task>_<output>, labelled by pipeline).
+GAUGES = {"exact_match": "exact match of the tuned model on the eval set"}

@@ -171,6 +171,10 @@ class Outputs(BaseModel):
     mlflow_run_id: str
 
 
+# Prometheus gauges the controller emits from these outputs (eksflow_<task>_<output>, labelled by pipeline).
+GAUGES = {"final_loss": "mean loss of the last logging window", "tokens_per_s": "throughput, all workers"}
+
+
 def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
     """`plan`'s checks of a training job (memory per worker, strategy, Spot checkpoints): steps.train.sizing."""
     from steps.train import sizing

@@ -243,9 +243,9 @@ def test_prometheus_gauges_on_train_and_evaluate(variant):
         t["name"]: [p["name"] for p in t.get("metrics", {}).get("prometheus", [])]
         for t in workflow["spec"]["templates"]
     }
-    assert names["evaluate"] == ["eksflow_eval_exact_match"]
+    assert names["evaluate"] == ["eksflow_evaluate_exact_match"]
     holder = "train-outputs" if "train-outputs" in names else "train"
-    assert names[holder] == ["eksflow_train_final_loss", "eksflow_train_tokens_per_second"]
+    assert names[holder] == ["eksflow_train_final_loss", "eksflow_train_tokens_per_s"]
 
 
 def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
