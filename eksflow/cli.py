@@ -14,7 +14,6 @@ import argparse
 import inspect
 import os
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,7 +22,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from eksflow.config import ConfigError, PipelineConfig, cluster_of, load_config
+from eksflow.config import ConfigError, PipelineConfig, cluster_of, config_type, load_config
 from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
@@ -34,16 +33,6 @@ from eksflow.runtime.shown import shown
 MAX_MANIFEST_BYTES = 1024 * 1024
 
 Build = Callable[[Any], Pipeline]
-
-
-def config_type(build: Build) -> type[PipelineConfig]:
-    """The config model a build function takes: the annotation of its first parameter."""
-    parameters = list(inspect.signature(build).parameters)
-    hints = typing.get_type_hints(build)
-    found = hints.get(parameters[0]) if parameters else None
-    if not (isinstance(found, type) and issubclass(found, PipelineConfig)):
-        raise TypeError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
-    return found
 
 
 def project_root(build: Build) -> Path:

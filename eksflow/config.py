@@ -15,8 +15,10 @@ anything is rendered: a value reaches its step byte-identical or not at all.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
-from collections.abc import Iterable, Iterator
+import typing
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
@@ -189,6 +191,16 @@ def cluster_of(cfg: PipelineConfig) -> ClusterSettings:
             "need; add `cluster: ClusterSettings = ClusterSettings()` to it"
         )
     return cluster
+
+
+def config_type(build: Callable[..., Any]) -> type[PipelineConfig]:
+    """The config model a pipeline's build function takes: the annotation of its first parameter."""
+    parameters = list(inspect.signature(build).parameters)
+    hints = typing.get_type_hints(build)
+    found = hints.get(parameters[0]) if parameters else None
+    if not (isinstance(found, type) and issubclass(found, PipelineConfig)):
+        raise TypeError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
+    return found
 
 
 def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:

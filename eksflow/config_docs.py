@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from eksflow.config import PipelineConfig
+from eksflow.config import PipelineConfig, config_type
 
 
 def print_config(cfg: PipelineConfig, *, keys: bool = False, schema: bool = False) -> int:
@@ -97,7 +97,6 @@ def reference(modules: list[str]) -> str:
     """docs/configuration.md: the keys of each pipeline's config, generated from its models (`make docs`)."""
     import importlib
 
-    from eksflow.cli import config_type
 
     parts = [
         "# Configuration reference",

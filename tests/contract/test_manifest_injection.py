@@ -18,8 +18,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from eksflow.cli import config_type
-from eksflow.config import ClusterSettings, load_config
+from eksflow.config import ClusterSettings, config_type, load_config
 from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.profiles import VARIANT_DEFAULTS

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.cli import config_type
-from eksflow.config import load_config
+from eksflow.config import config_type, load_config
 from eksflow.render import cron_workflow, manifest, workflow_template
 from tests.contract.test_rendered import errors
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.cli import config_type, main
+from eksflow.config import config_type, main
 from eksflow.config_docs import rows
 from pipelines.llama_lora import build as flagship_build
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.cli import config_type
-from eksflow.config import ConfigError, load_config
+from eksflow.config import ConfigError, config_type, load_config
 from eksflow.config_docs import rows
 from eksflow.render import manifest
 

@@ -1,5 +1,8 @@
 """The dependency rules that keep eksflow easy to change, enforced rather than hoped for.
 
+- Inside the SDK imports run one way, down the layers of LAYERS: a module imports only its own unit (a module, or
+  a subpackage: local, runtime, launchers) and the units below it, wherever the import statement stands (a
+  function-local import is no way around a cycle). Imports for annotations only (`if TYPE_CHECKING:`) are exempt.
 - The SDK (every module of eksflow/) and rendering a pipeline (what `render`, `plan` and `submit` do) import none
   of the heavy ML or cloud libraries: `pip install eksflow` holds none (tests/contract/test_bare_install.py).
 - Steps import neither hera nor eksflow's authoring layer: a step image needs only eksflow.runtime (and
@@ -35,7 +38,7 @@ def loaded_after(code: str) -> list[str]:
 def test_rendering_a_pipeline_imports_nothing_heavy(pipeline):
     code = (
         f"from pipelines import {pipeline} as p\n"
-        "from eksflow.cli import config_type\n"
+        "from eksflow.config import config_type\n"
         "from eksflow.config import load_config\n"
         "from eksflow.plan import check\n"
         "from eksflow.render import manifest\n"
@@ -52,6 +55,118 @@ def test_no_module_of_the_sdk_imports_anything_heavy():
         "    m.name == 'eksflow.local.litellm_routes' or importlib.import_module(m.name)\n"
     )  # litellm_routes.py is copied beside the LiteLLM proxy's config and imported by that proxy only
     assert sorted(set(loaded_after(code)) & set(HEAVY)) == []
+
+
+# The SDK's units, lowest first: each may import only those before it (and itself).
+LAYERS = (
+    "eksflow.errors",  # the exception root and exit codes
+    "eksflow.names",
+    "eksflow.cron",
+    "eksflow.kinds",  # how values travel
+    "eksflow.profiles",  # accelerator profiles
+    "eksflow.runtime",  # what a step image needs
+    "eksflow.manifests",  # Kubernetes objects as manifest text
+    "eksflow.local",  # the local executor
+    "eksflow.argo_client",
+    "eksflow.argo_server",
+    "eksflow.submit",
+    "eksflow.config",  # the base config
+    "eksflow.conditions",  # when= expressions
+    "eksflow.sections",  # shared groups of arguments
+    "eksflow.refs",  # values and tasks being wired
+    "eksflow.pipeline",  # the DAG under construction
+    "eksflow.templates",  # task(), resource(): step and resource templates
+    "eksflow.launchers",  # distributed(): a step across workers
+    "eksflow.render",  # the Workflow, WorkflowTemplate, CronWorkflow
+    "eksflow.plan",
+    "eksflow.run",
+    "eksflow.verbs",
+    "eksflow.config_docs",
+    "eksflow.cli",
+    "eksflow",  # the flat public namespace, loading each name on first use
+)
+def sdk_unit(module: str) -> str:
+    """`eksflow.local.fleet` -> `eksflow.local`; `eksflow.templates` -> itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def sdk_imports(path: Path) -> set[str]:
+    """The eksflow modules a file imports at run time: anywhere in it, except under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "eksflow"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "eksflow":  # `from eksflow.local import fleet` imports the module
+                found |= {_module_or_package(node.module, alias.name) for alias in node.names}
+    return found
+
+
+def _module_or_package(package: str, name: str) -> str:
+    folder = ROOT.joinpath(*package.split("."))
+    is_module = (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()
+    return f"{package}.{name}" if is_module else package
+
+
+SDK_FILES = sorted((ROOT / "eksflow").rglob("*.py"))
+
+
+def module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_every_sdk_unit_has_a_layer():
+    units = {sdk_unit(module_of(path)) for path in SDK_FILES}
+    assert sorted(units - set(LAYERS)) == [], "add the new module to LAYERS, above what it imports"
+
+
+@pytest.mark.parametrize("path", SDK_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_sdk_imports_run_down_the_layers(path):
+    unit = sdk_unit(module_of(path))
+    if unit == "eksflow":  # the public namespace: names load lazily from every layer
+        return
+    level = LAYERS.index(unit)
+    upward = sorted(
+        name
+        for name in sdk_imports(path)
+        if sdk_unit(name) != unit and sdk_unit(name) in LAYERS and LAYERS.index(sdk_unit(name)) > level
+    )
+    assert upward == [], f"{path.relative_to(ROOT)} ({unit}) imports from layers above it: {upward}"
+
+
+def test_no_import_cycle_between_sdk_modules():
+    modules = {module_of(path): path for path in SDK_FILES}
+    graph = {
+        name: {m for m in sdk_imports(path) if m in modules and m != name and m != "eksflow"}
+        for name, path in modules.items()
+        if name != "eksflow"
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, node])):
+                return cycle
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [])
+            assert cycle == [], f"an import cycle: {' -> '.join(cycle)}"
 
 
 def imports(path: Path) -> list[str]:

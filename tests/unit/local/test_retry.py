@@ -61,8 +61,7 @@ def test_max_duration_counts_from_the_first_attempt() -> None:
 @pytest.mark.parametrize("pipeline", ["llama_lora", "lora_sweep", "champion_check"])
 def test_every_rendered_retry_still_retries_a_step_that_fails_after_hours(pipeline: str) -> None:
     """A step preempted after hours of training is what retries exist for: no strategy may have run out of time."""
-    from eksflow.cli import config_type
-    from eksflow.config import load_config
+    from eksflow.config import config_type, load_config
     from eksflow.local.parse_templates import parse_retry
     from eksflow.render import manifest
 
