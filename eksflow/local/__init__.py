@@ -7,11 +7,13 @@
     task_log(state_dir, name, task) -> Path; follow_task_log(...) / follow_log(path, done=) -> lines
     find_nodes(view, task) -> [node key] (every iteration of a fanned-out task); node_label(view, key)
     changed_inputs(saved_manifest, saved_parameters, manifest, parameters) -> InputChanges
+    register_run_service(kinds, factory, check=) (a RunService per run for objects of `kinds`; RunServiceError)
 
 RunResult.resumable says whether to suggest `--resume` (not after a bad-input failure, exit 2); RunInterrupted
 (Ctrl-C, SIGTERM, SIGHUP) carries `exit_code` (128 + signal). Modules: executor.py (driving a run), runs.py (the
 verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.py, process.py, status.py,
-fleet.py (a run's serving objects: vLLM and LiteLLM processes for the run's lifetime).
+services.py (run services: objects a run applies whose processes live as long as the run;
+register_run_service(kinds, factory) adds one, e.g. the LLM layer's serving fleet: pipelines/serving/local_fleet.py).
 """
 
 from eksflow.local.errors import LocalExecutorError, RunInterrupted
@@ -33,6 +35,7 @@ from eksflow.local.runs import (
     retry_run,
     task_log,
 )
+from eksflow.local.services import RunService, RunServiceError, register_run_service
 from eksflow.local.status import NodeStatus, NodeType, RunResult
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "Phase",
     "RunInterrupted",
     "RunResult",
+    "RunService",
+    "RunServiceError",
     "RunSummary",
     "RunView",
     "changed_inputs",
@@ -52,6 +57,7 @@ __all__ = [
     "list_runs",
     "load_run",
     "node_label",
+    "register_run_service",
     "resubmit_run",
     "resume_workflow",
     "retry_run",

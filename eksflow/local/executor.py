@@ -5,8 +5,9 @@ before anything runs. This module drives a run: it claims the run folder (rundir
 cleans up if this process dies (watchdog.py), lets the scheduler (scheduler.py) walk the DAGs, runs each pod's
 attempts on a thread through the handler of its template kind (handlers.py) with retries (retry.py) and
 supervised processes (process.py), keeps status.json current (book.py, status.py) and shows the live table
-(display.py). A run's serving objects (Deployments, Services, ...) run in its LocalFleet (fleet.py): processes
-that live until the run ends, stopped after the exit handler, or when the run is stopped or fails.
+(display.py). A run's services (services.py: what objects of a registered kind run as, e.g. a model server's
+Deployment) keep their processes until the run ends: stopped after the exit handler, or when the run is stopped or
+fails.
 
 Ctrl-C, SIGTERM and SIGHUP all stop a run the same way: running tasks get SIGTERM (SIGKILL after the grace),
 status.json records Failed "interrupted", and RunInterrupted is raised carrying the signal (exit 128 + signal).
@@ -34,7 +35,6 @@ from eksflow.local import process
 from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay, format_duration, log_tail
 from eksflow.local.errors import LocalExecutorError, RunInterrupted
-from eksflow.local.fleet import LocalFleet
 from eksflow.local.handlers import TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
@@ -45,6 +45,7 @@ from eksflow.local.process import KILL_GRACE_S, ProcessTracker
 from eksflow.local.retry import Attempt, next_delay
 from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
+from eksflow.local.services import RunServices
 from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
 from eksflow.runtime.rundir import RUN_DIR_ENV
@@ -113,7 +114,7 @@ class _Run:
         self.writer = LatestWriter(compact_json)  # status.json and owner.json, off the tasks' path
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
-        self.fleet = LocalFleet(state_dir, folder.path, settings.cwd, self.tracker)
+        self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
         self.scheduler = Scheduler(
             workflow,
             self.book,
@@ -282,7 +283,7 @@ class _Run:
                 host_folder=self._host_folder,
                 env=self.base_env,
                 execute=functools.partial(self._execute, unit.key, attempt),
-                fleet=self.fleet,
+                services=self.services,
                 stop_reason=self.stop_reason,
             )
             (task_dir / "progress").unlink(missing_ok=True)
@@ -395,7 +396,7 @@ class _Run:
             finally:
                 for thread in list(self.threads.values()):
                     thread.join(KILL_GRACE_S + 5)
-                self.fleet.stop()  # the serving fleet lives as long as the run: after the exit handler
+                self.services.stop()  # run services live as long as the run: after the exit handler
                 self.owner.processes = dict(self.tracker.live)
                 self.writer.submit(self.folder.owner, owner_document(self.owner))
                 self.writer.close()  # status.json is final on disk before the run is released

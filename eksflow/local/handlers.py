@@ -8,8 +8,9 @@ status and stopping; a handler only turns a template into a process.
 - ContainerHandler: the container's command and args, `python` being this interpreter, with its env.
 - ResourceHandler: the object the manifest creates, described by the handler of its kind in resources.py (a
   RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
-  new kinds register there. A serving object (fleet.py) goes to the run's LocalFleet, whose processes outlive the
-  task; a container's argv and env values that are a fleet Service's address get the local one.
+  new kinds register there. An object of a run service's kind (services.py) goes to that service of the run,
+  whose processes outlive the task; a container's argv and env values that are an address of something a run
+  service runs get the local one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eksflow.local import fleet, mpijob, resources
+from eksflow.local import mpijob, resources, services
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -47,7 +48,7 @@ class TaskContext:
     host_folder: Callable[[Mount], str]  # the host folder standing in for a volume mount (created)
     env: Mapping[str, str]  # the environment task processes start from (this one's, plus the run's env)
     execute: Callable[[list[str], dict[str, str], float | None], Attempt]  # run argv with env, supervised and logged
-    fleet: fleet.LocalFleet | None = None  # the run's serving objects as processes (None: a run without them)
+    services: services.RunServices | None = None  # the run's services: processes for the run (None: a run without)
     stop_reason: Callable[[], str] = lambda: ""  # why the run is stopping; "" while it is not
 
 
@@ -83,9 +84,9 @@ class ContainerHandler:
                 [ctx.scope.substitute(a) for a in (*template.command, *template.args)], paths, template.paths
             )
             env = map_env(((n, ctx.scope.substitute(v)) for n, v in template.env), paths, template.paths)
-            if ctx.fleet is not None:  # a Service address becomes the local address of the process it selects
-                argv = ctx.fleet.local_argv(argv)
-                env = {**ctx.fleet.task_env(), **{n: ctx.fleet.local_value(v) for n, v in env.items()}}
+            if ctx.services is not None:  # an address of something a run service runs becomes the local one
+                argv = ctx.services.local_argv(argv)
+                env = {**ctx.services.task_env(), **{n: ctx.services.local_value(v) for n, v in env.items()}}
         except UnresolvedError as exc:
             return _refused(str(exc))
         if _PYTHON.fullmatch(os.path.basename(argv[0])):
@@ -134,8 +135,8 @@ class ResourceHandler:
             return _refused(str(exc))
         if job.note:  # nothing to do here (a PodGroup)
             return Attempt(Phase.SUCCEEDED, None, job.note, 0.0)
-        if job.fleet_object is not None:
-            return _apply(job.fleet_object, where, ctx)
+        if job.service_object is not None:
+            return _apply(job.service_object, where, ctx)
         refusal = resources.refusal(job)
         if refusal:  # no retry can add a GPU: fail once, before anything starts
             return Attempt(Phase.FAILED, None, refusal, 0.0, retriable=False)
@@ -168,13 +169,13 @@ class ResourceHandler:
 
 
 def _apply(manifest: Mapping[str, object], where: str, ctx: TaskContext) -> Attempt:
-    """A serving object, applied to the run's fleet: a process for the run's lifetime, or an address."""
-    if ctx.fleet is None:
-        return _refused(f"{where}: a serving object needs the run's local fleet")
+    """An object of a run service's kind, applied by the run's service: processes for the run's lifetime."""
+    if ctx.services is None:
+        return _refused(f"{where}: {manifest.get('kind')} is applied by a run service, and this task has none")
     started = time.monotonic()
     try:
-        note = ctx.fleet.apply(manifest, where, ctx.stop_reason)
-    except fleet.FleetError as exc:
+        note = ctx.services.apply(manifest, where, ctx.stop_reason)
+    except services.RunServiceError as exc:
         return Attempt(Phase.FAILED, None, str(exc), time.monotonic() - started, retriable=exc.retriable)
     return Attempt(Phase.SUCCEEDED, 0, note, time.monotonic() - started)
 
@@ -196,8 +197,6 @@ HANDLERS: dict[type[Template], TaskHandler] = {
 
 
 resources.register_kind("MPIJob", mpijob.MPIJOB_API, mpijob.describe)
-for _api_version, _kind in sorted(fleet.FLEET_KINDS):
-    resources.register_kind(_kind, _api_version, fleet.describe)
 
 
 def handler_for(template: Template) -> TaskHandler:

@@ -10,11 +10,11 @@
   127.0.0.1. See mpijob.py.
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
-- Deployment, Service, ConfigMap, PodDisruptionBudget (a serving fleet: vLLM and the LiteLLM proxy): handed to
-  the run's LocalFleet (fleet.py), which runs them as local processes for the run's lifetime.
+- The kinds a run service registered (services.py; e.g. a model server's Deployment and Service): handed to that
+  service of the run, which runs them as local processes for the run's lifetime.
 
 Each kind has a describer that turns its object into a LocalJob (what runs here); `register_kind` adds one, so a
-new kind (an MPIJob under local mpirun, a Deployment served for the run's lifetime) is one function and one line.
+new kind (an MPIJob under local mpirun) is one function and one line (a run service's kinds: services.py).
 `describe` reads a manifest whose `{{...}}` references are already substituted (Argo substitutes the manifest text
 before parsing it); the executor also calls it up front with placeholders, so a malformed manifest, an
 unsupported kind or a Job's refusal (`LocalJob.refusal`; a kind is never templated) fails before anything runs.
@@ -108,7 +108,7 @@ class LocalJob:
     argv: tuple[str, ...] = ()  # a command run without a shell (an MPIJob launcher's), in place of `entrypoint`
     # Run-time environment the cluster's controller would provide (an MPIJob's hostfile), given the task's folder.
     prepare: Callable[[Path], dict[str, str]] | None = None
-    fleet_object: Mapping[str, Any] | None = None  # a serving object: the run's LocalFleet applies it (fleet.py)
+    service_object: Mapping[str, Any] | None = None  # an object of a run service's kind: it applies it (services.py)
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]

@@ -24,12 +24,12 @@ from rich.console import Console
 from eksflow.local import process
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.executor import RunSettings, execute_run, run_workflow
-from eksflow.local.fleet import restarted
 from eksflow.local.manifest import effective_parameters, parse_manifest, plain_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.paths import PathMap
 from eksflow.local.phase import Phase
 from eksflow.local.rundir import RunFolder
+from eksflow.local.services import restarted
 from eksflow.local.status import NodeStatus, RunResult, now, parse_time, read_nodes, read_parameters
 from eksflow.names import workflow_name_problem
 from eksflow.runtime.shown import shown
@@ -360,8 +360,8 @@ def _rerun(
     history = list(status.get("overrides", []))
     if overrides:
         history.append({"at": now(), "parameters": overrides})
-    # A serving fleet lived only as long as the earlier try: its objects, and what used them, run again. So does
-    # the exit handler, as Argo runs onExit again on every retry: its nodes of the earlier try are not kept.
+    # A run service's processes lived only as long as the earlier try: its objects, and what used them, run again.
+    # So does the exit handler, as Argo runs onExit again on every retry: its nodes of the earlier try are not kept.
     again = restarted(workflow) | set(workflow.on_exit.tasks if workflow.on_exit else ())
     kept = {key: node for key, node in read_nodes(document, folder.path).items() if key not in again}
     return execute_run(

@@ -17,9 +17,9 @@ How the weights change, and why there are two ways:
   request (5:5 gave 53/47; no restart). The file callback is used: no request to the public name fails during a
   weight change, a change applies from the next request, and the write is one atomic rename. It sets LiteLLM's
   per-request `_router_weights` field, internal to the pinned 1.110.2, so tests/e2e/test_rollout.py measures
-  the shares from the responses and fails if an upgrade breaks it. The local fleet (eksflow/local/fleet.py)
-  hands the file's path to the proxy and, as EKSFLOW_ROUTES_FILE, to every step: a step that has it writes the
-  file; a step without it (the cluster) uses the management API.
+  the shares from the responses and fails if an upgrade breaks it. The local fleet
+  (pipelines/serving/local_fleet.py) hands the file's path to the proxy and, as EKSFLOW_ROUTES_FILE, to every
+  step: a step that has it writes the file; a step without it (the cluster) uses the management API.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any, Literal, Protocol
 
 from eksflow.runtime.args import StepFailedError, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
+from steps.common.litellm_routes import ROUTES_FILE_ENV  # set by the local fleet; the proxy's callback reads it
 
 Slot = Literal["blue", "green"]
 SLOTS: tuple[Slot, Slot] = ("blue", "green")
-ROUTES_FILE_ENV = "EKSFLOW_ROUTES_FILE"  # set by the local fleet: the proxy's callback reads the weights here
 PROVIDER = "hosted_vllm"  # LiteLLM's provider for a vLLM OpenAI server (api_base .../v1)
 VLLM_KEY_ENV = "VLLM_API_KEY"  # the proxy sends this key to vLLM (os.environ/ reference: never in the config)
 

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from eksflow.config import ConfigError
-from eksflow.local.fleet import FLEET_KINDS
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ResourceTemplate
 from eksflow.pipeline import EXIT_HANDLER
 from pipelines.serving import objects as serving
+from pipelines.serving.local_fleet import FLEET_KINDS
 from pipelines.serving.rollout import gitops_objects
 from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
 from steps.common import vllm_auth

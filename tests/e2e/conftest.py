@@ -5,7 +5,7 @@ training mechanics.
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the GPU variant, the rollout scenarios) adopt one
 engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own
-(eksflow/local/fleet.py). The flagship run and `serve` start their own engines, before this one exists
+(pipelines/serving/local_fleet.py). The flagship run and `serve` start their own engines, before this one exists
 (test_local_run.py runs its full run first; its later runs adopt the shared engine). Under pytest-xdist
 (`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
 tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker

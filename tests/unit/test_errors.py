@@ -11,16 +11,12 @@ import eksflow
 from eksflow import PipelineConfig, StepFailedError, name_field
 from eksflow.cli import main
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
-from eksflow.local.fleet import FleetError
-
-PROXY_CALLBACK = "eksflow.local.litellm_routes"  # runs inside the LiteLLM proxy, with no eksflow to import
+from eksflow.local import RunServiceError
 
 
 def sdk_exceptions() -> list[type[BaseException]]:
     found = []
     for info in pkgutil.walk_packages(eksflow.__path__, "eksflow."):
-        if info.name == PROXY_CALLBACK:
-            continue
         module = importlib.import_module(info.name)
         found += [
             obj
@@ -50,7 +46,7 @@ class Config(PipelineConfig):
 @pytest.mark.parametrize(
     ("error", "line", "code"),
     [
-        (FleetError("no engine answered"), "error: no engine answered", EXIT_BAD_INPUT),
+        (RunServiceError("no engine answered"), "error: no engine answered", EXIT_BAD_INPUT),
         (StepFailedError("the server is down"), "error: the server is down", EXIT_FAILED),
     ],
 )

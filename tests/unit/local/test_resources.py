@@ -12,11 +12,11 @@ import yaml
 from rich.console import Console
 
 from eksflow.local import LocalExecutorError, RunResult, run_workflow
-from eksflow.local.fleet import FLEET_KINDS
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
+from pipelines.serving.local_fleet import FLEET_KINDS
 
 ROOT = Path(__file__).resolve().parents[3]
 FSX_VOLUME = {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}

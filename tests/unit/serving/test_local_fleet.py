@@ -3,12 +3,10 @@
 import pytest
 import yaml
 
-from eksflow.local import handlers, resources  # handlers registers the fleet's kinds
-from eksflow.local.fleet import FleetError, LocalFleet, _Process
+from eksflow.local import resources
 from pipelines.serving import objects as serving
+from pipelines.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from tests.flagship import config
-
-assert handlers  # imported for the kinds it registers
 
 
 def load_config(_path=None, overrides=()):
@@ -104,8 +102,8 @@ def test_the_proxy_without_a_database_declares_the_slots_on_the_runs_engine(flee
 
 
 def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():
-    from eksflow.local.fleet import restarted
     from eksflow.local.manifest import parse_manifest
+    from eksflow.local.services import restarted
     from tests.flagship import rendered
 
     again = restarted(parse_manifest(rendered()))
@@ -117,7 +115,7 @@ def test_a_network_policy_is_recorded_with_a_note_that_the_cni_enforces_it(fleet
     cfg = load_config()
     for policy in serving.network_policies(cfg):
         job = resources.describe(yaml.safe_dump(policy), "policy")  # a kind the local executor takes
-        assert job.fleet_object == policy
+        assert job.service_object == policy
         note = fleet.apply(policy, "policy", running)
         name = policy["metadata"]["name"]
         assert "not enforced here" in note and "CNI" in note

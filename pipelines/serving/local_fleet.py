@@ -1,8 +1,10 @@
 """The serving fleet on this machine: what a workflow's serving objects run as, for the run's lifetime.
 
-A workflow applies a fleet's objects with Argo resource templates (the flagship's: pipelines/serving/objects.py);
-the local executor registers their kinds (`describe`) and hands each applied object to the run's LocalFleet, which
-the executor creates with the run and stops when the run ends. The fleet does here what the cluster would do:
+A workflow applies a fleet's objects with Argo resource templates (the flagship's: pipelines/serving/objects.py).
+Importing this module registers LocalFleet as a run service of the local executor (eksflow/local/services.py) for
+their kinds (FLEET_KINDS; pipelines/serving/__init__.py imports it, so every pipeline using the rollout has it): the
+executor makes a LocalFleet with each run, hands it each applied object and stops it when the run ends. The fleet
+does here what the cluster would do:
 
 - apps/v1 Deployment of vLLM (`python3 -m vllm.entrypoints.openai.api_server ...`): one engine process with the
   interpreter of .venv-vllm ($EKSFLOW_VLLM_PYTHON), its args and env, container paths mapped to the run's
@@ -13,7 +15,8 @@ the executor creates with the run and stops when the run ends. The fleet does he
   ($EKSFLOW_LITELLM), with its ConfigMap's config.yaml adapted to the one thing missing offline, the database:
   database_url and store_model_in_db are dropped, the slot deployments the rollout would create through
   /model/new (the ConfigMap's slots.yaml) are declared in model_list on the run's engine, and the routes-file
-  callback (litellm_routes.py) is registered; every task gets the file as EKSFLOW_ROUTES_FILE.
+  callback (steps/common/litellm_routes.py, copied beside the config) is registered; every task gets the file as
+  EKSFLOW_ROUTES_FILE.
 - v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after
   it allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>; free
   text is never rewritten.
@@ -30,7 +33,9 @@ the executor creates with the run and stops when the run ends. The fleet does he
 
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
-succeeded, failed or interrupted. The readiness checks speak plain HTTP (urllib): eksflow imports no step code.
+succeeded, failed or interrupted. A resumed run applies the fleet's objects again, with every task after them
+(services.restarted). The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the
+steps, the fleet imports only the proxy's callback file, for its name and its path.
 """
 
 from __future__ import annotations
@@ -54,14 +59,13 @@ from typing import Any
 
 import yaml
 
-from eksflow.errors import EksflowError
+from eksflow.local import RunServiceError, register_run_service
 from eksflow.local.display import log_tail
-from eksflow.local.model import PathRules, ResourceTemplate, Workflow
+from eksflow.local.model import PathRules
 from eksflow.local.paths import PathMap, map_argv
 from eksflow.local.process import ProcessTracker
-from eksflow.local.resources import LocalJob, ResourceError
-from eksflow.local.substitution import PLACEHOLDER
-from eksflow.manifests import REFERENCE
+from steps.common import litellm_routes
+from steps.common.litellm_routes import ROUTES_FILE_ENV
 
 FLEET_KINDS = {
     ("apps/v1", "Deployment"),
@@ -71,8 +75,7 @@ FLEET_KINDS = {
     ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-ROUTES_FILE_ENV = "EKSFLOW_ROUTES_FILE"
-CALLBACK = Path(__file__).with_name("litellm_routes.py")
+CALLBACK = Path(litellm_routes.__file__)  # copied beside the proxy's config: the proxy imports it from there
 ADOPT_ENV = "EKSFLOW_VLLM_URL"  # an engine already running here that the run uses instead of its own
 ADOPT_KEY_ENV = "EKSFLOW_VLLM_API_KEY"
 MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (a label of its Deployment)
@@ -82,23 +85,14 @@ READY_PROMPT = "Say OK."
 _GRACE_S = 15.0
 
 
-class FleetError(EksflowError):
+class FleetError(RunServiceError):
     """An object the local fleet cannot run, or a process that failed; `retriable` False for manifest errors."""
 
-    def __init__(self, message: str, *, retriable: bool = True) -> None:
-        super().__init__(message)
-        self.retriable = retriable
 
-
-def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
-    """A serving object for the run's fleet (resources.register_kind); a Deployment must be vLLM or LiteLLM."""
-    kind = str(manifest.get("kind"))
-    if kind == "Deployment":
-        try:
-            _role(_container(manifest, where), where)
-        except FleetError as exc:
-            raise ResourceError(str(exc)) from None
-    return LocalJob(kind, "", fleet_object=manifest)
+def check(manifest: Mapping[str, Any], where: str) -> None:
+    """Refuse, before the run starts, a Deployment that is neither vLLM nor LiteLLM. Raises FleetError."""
+    if manifest.get("kind") == "Deployment":
+        _role(_container(manifest, where), where)
 
 
 @dataclass
@@ -419,28 +413,6 @@ class LocalFleet:
         return folder
 
 
-def restarted(workflow: Workflow) -> set[str]:
-    """Main tasks a resumed run runs again: those applying a serving object, and every task after one.
-
-    The fleet's processes ended with the earlier try; its objects must be applied again, and the tasks that used
-    the fleet (loaded adapters, moved weights) ran against processes that are gone.
-    """
-    tasks = workflow.dag(workflow.entrypoint).tasks
-    found = set()
-    for name, task in tasks.items():
-        template = workflow.templates.get(task.template)
-        if isinstance(template, ResourceTemplate):
-            manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest)) or {}
-            if (manifest.get("apiVersion"), manifest.get("kind")) in FLEET_KINDS:
-                found.add(name)
-    grown = True
-    while grown:  # every task that needs one of them, directly or not
-        after = {name for name, task in tasks.items() if set(task.needs()) & found} - found
-        found |= after
-        grown = bool(after)
-    return found
-
-
 def _container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     pod = (((manifest.get("spec") or {}).get("template") or {}).get("spec")) or {}
     containers = pod.get("containers") or []
@@ -515,3 +487,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+register_run_service(FLEET_KINDS, LocalFleet, check)

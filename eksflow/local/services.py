@@ -1,0 +1,168 @@
+"""Run services: objects a run applies whose processes live as long as the run, not as long as the task.
+
+One small interface, like the task handlers' (handlers.py): a project registers the kinds a service takes and a
+factory, and the executor does the rest for every run.
+
+    register_run_service({("apps/v1", "Deployment"), ("v1", "Service")}, factory, check=None)
+    factory(state_dir, run_dir, cwd, tracker) -> RunService   # one per run, made when the run starts
+
+The executor makes one service of each registered factory when a run starts (making one must be cheap: nothing
+starts before an object is applied), hands it every object of its kinds that a resource template applies
+(`apply`; the task's message is its note), maps each container's argv and env through it (`local_argv`,
+`local_value`: an address of something it runs becomes the local one), gives every task its `task_env`, and calls
+`stop` once when the run ends, after the exit handler: succeeded, failed or interrupted. A service tells the run's
+ProcessTracker of each process it starts, so the watchdog stops them if the executor dies. `check` (optional) looks
+at an object up front, with placeholders, so an object the service could never run fails before the run starts.
+
+A resumed run applies the objects of service kinds again, with every task after them (`restarted`): the
+processes ended with the earlier try. An object of a kind nobody registered fails up front, as any unknown resource
+kind does (resources.py). This project's serving fleet (vLLM and LiteLLM) is one: pipelines/serving/local_fleet.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from eksflow.errors import EksflowError
+from eksflow.local.model import ResourceTemplate, Workflow
+from eksflow.local.process import ProcessTracker
+from eksflow.local.resources import LocalJob, ResourceError, register_kind
+from eksflow.local.substitution import PLACEHOLDER
+from eksflow.manifests import REFERENCE
+
+Kind = tuple[str, str]  # (apiVersion, kind), e.g. ("apps/v1", "Deployment")
+
+
+class RunServiceError(EksflowError):
+    """An object a run service cannot run, or a process of it that failed; `retriable` False for manifest errors."""
+
+    def __init__(self, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class RunService(Protocol):
+    """What a run's service does for the executor; every method may be called from any task's thread."""
+
+    def apply(self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str]) -> str:
+        """Do what applying `manifest` does on a cluster; return the task's message. Raises RunServiceError."""
+
+    def local_argv(self, argv: Sequence[str]) -> list[str]:
+        """A container's argv with each address of something this service runs replaced by the local one."""
+
+    def local_value(self, value: str) -> str:
+        """An env value, replaced by the local address when it is, as a whole, an address this service runs."""
+
+    def task_env(self) -> dict[str, str]:
+        """Variables every task of the run gets from this service."""
+
+    def stop(self) -> None:
+        """Stop every process the service started (called once, when the run ends)."""
+
+
+ServiceFactory = Callable[[Path, Path, Path, ProcessTracker | None], RunService]  # (state_dir, run_dir, cwd, tracker)
+Check = Callable[[Mapping[str, Any], str], None]  # (manifest, where); raises RunServiceError for what cannot run
+
+_REGISTERED: list[tuple[frozenset[Kind], ServiceFactory]] = []
+
+
+def register_run_service(kinds: Iterable[Kind], factory: ServiceFactory, check: Check | None = None) -> None:
+    """Hand every applied object of `kinds` ((apiVersion, kind) pairs) to a service `factory` makes for each run."""
+    wanted = frozenset(kinds)
+    for known, made in _REGISTERED:
+        if made is factory and known == wanted:
+            return  # its module imported again: registered already
+        if taken := sorted(known & wanted):
+            raise ValueError(f"{taken} already go to the run service {made!r}; register each kind once")
+    _REGISTERED.append((wanted, factory))
+    for api_version, kind in sorted(wanted):
+        register_kind(kind, api_version, functools.partial(_describe, check))
+
+
+def service_kinds() -> frozenset[Kind]:
+    """Every kind a registered run service takes."""
+    return frozenset().union(*(kinds for kinds, _ in _REGISTERED))
+
+
+def _describe(check: Check | None, manifest: Mapping[str, Any], where: str) -> LocalJob:
+    """The resource describer of a service kind: the object itself, for the run's service that takes it."""
+    if check is not None:
+        try:
+            check(manifest, where)
+        except RunServiceError as exc:
+            raise ResourceError(str(exc)) from None
+    return LocalJob(str(manifest.get("kind")), "", service_object=manifest)
+
+
+class RunServices:
+    """The services of one run, one of each registered factory, used by the executor as one RunService."""
+
+    def __init__(self, state_dir: Path, run_dir: Path, cwd: Path, tracker: ProcessTracker | None) -> None:
+        self._services = [(kinds, factory(state_dir, run_dir, cwd, tracker)) for kinds, factory in _REGISTERED]
+
+    def apply(self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str]) -> str:
+        """Apply `manifest` with the service that takes its kind. Raises RunServiceError."""
+        kind = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
+        for kinds, service in self._services:
+            if kind in kinds:
+                return service.apply(manifest, where, stop_reason)
+        raise RunServiceError(
+            f"{where}: no run service of this run takes {kind[1]} ({kind[0]}); it was registered after the run "
+            "started: register it (register_run_service) before running the workflow",
+            retriable=False,
+        )
+
+    def local_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` mapped by every service in turn."""
+        mapped = list(argv)
+        for _, service in self._services:
+            mapped = service.local_argv(mapped)
+        return mapped
+
+    def local_value(self, value: str) -> str:
+        """`value` mapped by every service in turn."""
+        for _, service in self._services:
+            value = service.local_value(value)
+        return value
+
+    def task_env(self) -> dict[str, str]:
+        """Every service's variables for the tasks."""
+        env: dict[str, str] = {}
+        for _, service in self._services:
+            env.update(service.task_env())
+        return env
+
+    def stop(self) -> None:
+        """Stop every service, the last made first; one that fails to stop does not keep the others running."""
+        with contextlib.ExitStack() as stack:
+            for _, service in self._services:
+                stack.callback(service.stop)
+
+
+def restarted(workflow: Workflow) -> set[str]:
+    """Main tasks a resumed run runs again: those applying an object of a run service, and every task after one.
+
+    A service's processes ended with the earlier try; its objects must be applied again, and the tasks that used
+    them (loaded state into them, talked to them) ran against processes that are gone.
+    """
+    kinds = service_kinds()
+    tasks = workflow.dag(workflow.entrypoint).tasks
+    found = set()
+    for name, task in tasks.items():
+        template = workflow.templates.get(task.template)
+        if isinstance(template, ResourceTemplate):
+            manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest)) or {}
+            if (manifest.get("apiVersion"), manifest.get("kind")) in kinds:
+                found.add(name)
+    grown = True
+    while grown:  # every task that needs one of them, directly or not
+        after = {name for name, task in tasks.items() if set(task.needs()) & found} - found
+        found |= after
+        grown = bool(after)
+    return found
