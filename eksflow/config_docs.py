@@ -97,7 +97,6 @@ def reference(modules: list[str]) -> str:
     """docs/configuration.md: the keys of each pipeline's config, generated from its models (`make docs`)."""
     import importlib
 
-
     parts = [
         "# Configuration reference",
         "",

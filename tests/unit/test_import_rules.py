@@ -86,6 +86,8 @@ LAYERS = (
     "eksflow.cli",
     "eksflow",  # the flat public namespace, loading each name on first use
 )
+
+
 def sdk_unit(module: str) -> str:
     """`eksflow.local.fleet` -> `eksflow.local`; `eksflow.templates` -> itself."""
     parts = module.split(".")
