@@ -24,9 +24,8 @@ import requests
 
 from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError, StreamIdleError, workflow_object
 from eksflow.errors import EksflowError
-from eksflow.names import workflow_name_problem
+from eksflow.names import PIPELINE_LABEL, workflow_name_problem
 
-PIPELINE_LABEL = "eksflow.dev/pipeline"  # set on every workflow eksflow renders (eksflow.templates)
 DONE = ("Succeeded", "Failed", "Error")
 POD_NAME_FORMAT = "workflows.argoproj.io/pod-name-format"  # "v1": pods are named by node id
 MAX_POD_PREFIX = 253 - 10 - 1  # Argo's ensurePodNamePrefixLength: a name's 253 characters less hash and dash

@@ -1,4 +1,6 @@
-"""What a run (workflow) name may be: the one rule the local executor names its runs by and every verb checks.
+"""What a run (workflow) name may be, and the labels that say which pipeline a run and its pods belong to.
+
+The name is the one rule the local executor names its runs by and every verb checks.
 
 A Workflow's name is a Kubernetes object name, a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', each
 dot-separated label starting and ending with a letter or digit, at most 253 characters. The local executor names
@@ -11,10 +13,16 @@ from __future__ import annotations
 
 import re
 
+PIPELINE_LABEL = "eksflow.dev/pipeline"  # on every workflow and job eksflow renders: `list` filters by it
 MAX_WORKFLOW_NAME = 253
 GENERATED_SUFFIX = 5  # characters generateName gets, like the API server's
 _WORKFLOW_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _SHOWN = 60  # characters of a refused name repeated in the error line
+
+
+def pipeline_labels(pipeline: str) -> dict[str, str]:
+    """The labels of a pipeline's workflows and the jobs they create."""
+    return {"app.kubernetes.io/part-of": "eksflow", PIPELINE_LABEL: pipeline}
 
 
 def workflow_name_problem(name: str) -> str:

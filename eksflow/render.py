@@ -11,6 +11,7 @@ from typing import Any
 from hera.workflows import DAG, Parameter, Workflow
 from hera.workflows import models as m
 
+from eksflow.names import pipeline_labels
 from eksflow.pipeline import ENTRYPOINT, EXIT_HANDLER, Pipeline
 from eksflow.templates import FSX_VOLUME
 
@@ -34,7 +35,7 @@ def workflow(pipeline: Pipeline) -> Workflow:
             "workflows.argoproj.io/title": pipeline.title,
             "workflows.argoproj.io/description": pipeline.description,
         },
-        labels={"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name},
+        labels=pipeline_labels(cfg.name),
         arguments=[Parameter(name=name, value=str(value)) for name, value in pipeline.parameter_values.items()] or None,
         volumes=[
             m.Volume(

@@ -27,8 +27,6 @@ from pydantic import BaseModel, Field
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 from steps.common import tracking
 
-ADAPTER_ARTIFACT = "adapter"  # steps.register logs the adapter under this artifact path of the version's run
-METRIC_TAG_PREFIX = "metric."
 ADAPTER_MARKER = "adapter_config.json"
 
 
@@ -64,17 +62,11 @@ def run(args: Args) -> Outputs:
         raise StepInputError(
             f"{args.model_name} version {champion.version} has no base_model tag; was it registered by steps.register?"
         )
-    target = args.dest_dir / f"{args.model_name}-v{champion.version}" / ADAPTER_ARTIFACT
+    target = args.dest_dir / f"{args.model_name}-v{champion.version}" / tracking.ADAPTER_ARTIFACT
     if not (target / ADAPTER_MARKER).is_file():
         with tracking.errors(args.tracking_uri, f"downloading the adapter of version {champion.version}"):
             download_adapter(args.tracking_uri, str(champion.run_id), target)
-    metrics = {}
-    for tag, value in tags.items():
-        if tag.startswith(METRIC_TAG_PREFIX):
-            try:
-                metrics[tag.removeprefix(METRIC_TAG_PREFIX)] = float(value)
-            except ValueError:
-                continue  # not a score register recorded
+    metrics = tracking.recorded_metrics(tags)
     print(f"champion {args.model_name} version {champion.version} ({base_model}) at {target}", file=sys.stderr)
     return Outputs(version=str(champion.version), adapter_dir=str(target), base_model=base_model, metrics=metrics)
 
@@ -88,10 +80,12 @@ def download_adapter(tracking_uri: str, run_id: str, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         local = Path(
-            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ADAPTER_ARTIFACT, dst_path=str(tmp))
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=tracking.ADAPTER_ARTIFACT, dst_path=str(tmp)
+            )
         )
         if not (local / ADAPTER_MARKER).is_file():
-            raise StepInputError(f"run {run_id} has no LoRA adapter under artifact {ADAPTER_ARTIFACT!r}")
+            raise StepInputError(f"run {run_id} has no LoRA adapter under artifact {tracking.ADAPTER_ARTIFACT!r}")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(local, target)
     finally:

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
-ADAPTER_ARTIFACT = "adapter"
 MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -131,7 +130,7 @@ def run(args: Args) -> Outputs:
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), ADAPTER_ARTIFACT)
+        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.ADAPTER_ARTIFACT)
         if args.merged_dir is not None:
             merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
             mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
@@ -193,7 +192,7 @@ def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, ta
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{ADAPTER_ARTIFACT}"
+    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{tracking.ADAPTER_ARTIFACT}"
     created = mlflow_client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
     # The client retries POSTs on timeouts and 5xx: one call may have created two versions. Keep the oldest.
     twins = mlflow_client.search_model_versions(f"name = '{model_name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'")
@@ -238,7 +237,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         "git_commit": args.git_commit or os.environ.get("EKSFLOW_GIT_COMMIT", ""),
         "image": args.image or os.environ.get("EKSFLOW_IMAGE", ""),
         "eval_set_digest": args.eval_set_digest or (gate_report.eval_set_digest if gate_report else ""),
-        **{f"metric.{name}": repr(value) for name, value in sorted(args.metrics.items())},
+        **{f"{tracking.METRIC_TAG_PREFIX}{name}": repr(value) for name, value in sorted(args.metrics.items())},
     }
     if gate_report is not None:
         values["gate.decision"] = "passed"

@@ -36,8 +36,8 @@ import yaml
 
 from eksflow.errors import EksflowError
 from eksflow.local.fields import FieldReader
+from eksflow.profiles import GPU_RESOURCE
 
-GPU_RESOURCE = "nvidia.com/gpu"
 NEURON_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice")
 RAYJOB_API = "ray.io/v1"
 PODGROUP_GROUP = "scheduling.volcano.sh/"

@@ -31,10 +31,9 @@ from eksflow.local.phase import Phase
 from eksflow.local.rundir import RunFolder
 from eksflow.local.services import restarted
 from eksflow.local.status import NodeStatus, RunResult, now, parse_time, read_nodes, read_parameters
-from eksflow.names import workflow_name_problem
+from eksflow.names import PIPELINE_LABEL, workflow_name_problem
 from eksflow.runtime.shown import shown
 
-PIPELINE_LABEL = "eksflow.dev/pipeline"
 RESUBMITTED_FROM = "workflows.argoproj.io/resubmitted-from-workflow"  # the label `argo resubmit` sets
 
 

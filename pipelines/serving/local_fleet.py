@@ -64,8 +64,10 @@ from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules
 from eksflow.local.paths import PathMap, map_argv
 from eksflow.local.process import ProcessTracker
+from pipelines.serving import objects
 from steps.common import litellm_routes
 from steps.common.litellm_routes import ROUTES_FILE_ENV
+from steps.common.vllm import READY_PROMPT
 
 FLEET_KINDS = {
     ("apps/v1", "Deployment"),
@@ -78,10 +80,7 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 CALLBACK = Path(litellm_routes.__file__)  # copied beside the proxy's config: the proxy imports it from there
 ADOPT_ENV = "EKSFLOW_VLLM_URL"  # an engine already running here that the run uses instead of its own
 ADOPT_KEY_ENV = "EKSFLOW_VLLM_API_KEY"
-MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (a label of its Deployment)
-SLOTS_FILE = "slots.yaml"  # in the proxy's ConfigMap: the deployments the rollout creates in the proxy's database
 NO_DATABASE = ("DATABASE_URL",)  # no Postgres offline: the proxy runs without one (weights from the routes file)
-READY_PROMPT = "Say OK."
 _GRACE_S = 15.0
 
 
@@ -398,7 +397,7 @@ class LocalFleet:
         engine = f"http://127.0.0.1:{self.engine_port()}/v1"
         slots = [  # the engine's address: the rollout creates them with the fleet's Service
             {**slot, "litellm_params": {**slot["litellm_params"], "api_base": engine}}
-            for slot in yaml.safe_load(config_maps[-1].get(SLOTS_FILE, "[]")) or []
+            for slot in yaml.safe_load(config_maps[-1].get(objects.SLOTS_FILE, "[]")) or []
         ]
         general = {k: v for k, v in (config.get("general_settings") or {}).items()
                    if k not in ("database_url", "store_model_in_db")}  # fmt: skip

@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 
 from eksflow import profiles
 from eksflow.config import Image, image_field, pinned_image
+from eksflow.names import PIPELINE_LABEL
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
 from pipelines.common import LlmPipelineConfig, base_model_field
@@ -38,9 +39,9 @@ from steps.canary import CanarySettings
 from steps.common import litellm_proxy, rollout, vllm
 
 SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
+SLOTS_FILE = "slots.yaml"  # in the proxy's ConfigMap: the deployments the rollout creates in the proxy's database
 MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the local fleet reads it)
 FLEET_LABEL = "eksflow.dev/fleet"
-PIPELINE_LABEL = "eksflow.dev/pipeline"  # which pipeline's fleet a pod belongs to: what its NetworkPolicy selects
 ROLLOUT_LABEL = "eksflow.dev/rollout"  # on the workflow's pods that talk to the fleet (value: the pipeline's name)
 PROXY_CONFIG_DIR = "/etc/litellm"
 COMPROMISED_LITELLM = ("1.82.7", "1.82.8")  # malicious releases on PyPI: never deploy them
@@ -231,7 +232,7 @@ def proxy_config_map(cfg: ServingConfig) -> dict[str, Any]:
         "metadata": {"name": proxy_name(cfg), "labels": _labels(cfg, "litellm", proxy_name(cfg))},
         "data": {
             "config.yaml": yaml.safe_dump(config, sort_keys=False),
-            "slots.yaml": yaml.safe_dump(slots, sort_keys=False),
+            SLOTS_FILE: yaml.safe_dump(slots, sort_keys=False),
         },
     }
 

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 VLLM_KEY_FILE = "vllm-api-key"
 MASTER_KEY_FILE = "litellm-master-key"
-ADAPTER_ARTIFACT = "adapter"  # steps.register logs the adapter folder under this artifact path
 SLOT_TAG = "serving.slot"  # on a model version: the slot it was loaded into
 PHASE_TAG = "rollout.phase"  # Healthy (promoted) | Degraded (rolled back by the exit handler) | RolledBack
 REASON_TAG = "rollout.reason"
@@ -148,18 +147,20 @@ def download_adapter(tracking_uri: str, model_name: str, version: str, serving_d
         try:
             local = Path(
                 mlflow.artifacts.download_artifacts(
-                    run_id=str(registered.run_id), artifact_path=ADAPTER_ARTIFACT, dst_path=str(tmp)
+                    run_id=str(registered.run_id), artifact_path=tracking.ADAPTER_ARTIFACT, dst_path=str(tmp)
                 )
             )
         except (MlflowException, OSError) as err:
             raise StepInputError(
-                f"--model-version={version}: {model_name} version {version} has no {ADAPTER_ARTIFACT!r} artifact "
-                f"in run {registered.run_id} ({type(err).__name__}); register it with steps.register"
+                f"--model-version={version}: {model_name} version {version} has no "
+                f"{tracking.ADAPTER_ARTIFACT!r} artifact in run {registered.run_id} ({type(err).__name__}); "
+                "register it with steps.register"
             ) from err
         if not (local / "adapter_config.json").is_file():
             raise StepInputError(
-                f"--model-version={version}: the {ADAPTER_ARTIFACT!r} artifact of {model_name} version {version} "
-                "holds no adapter_config.json (missing adapter folder); register the train step's adapter_dir"
+                f"--model-version={version}: the {tracking.ADAPTER_ARTIFACT!r} artifact of {model_name} "
+                f"version {version} holds no adapter_config.json (missing adapter folder); register the train "
+                "step's adapter_dir"
             )
         shutil.rmtree(target, ignore_errors=True)
         os.replace(local, target)

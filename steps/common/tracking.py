@@ -26,6 +26,22 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
+ADAPTER_ARTIFACT = "adapter"  # steps.register logs the adapter folder under this artifact path of the version's run
+METRIC_TAG_PREFIX = "metric."  # steps.register records each metric as tag metric.<name> on the version
+
+
+def recorded_metrics(tags: Mapping[str, str]) -> dict[str, float]:
+    """The metrics steps.register recorded as a version's tags (`metric.<name>`); other tags are skipped."""
+    metrics = {}
+    for tag, value in tags.items():
+        if tag.startswith(METRIC_TAG_PREFIX):
+            try:
+                metrics[tag.removeprefix(METRIC_TAG_PREFIX)] = float(value)
+            except ValueError:
+                continue  # not a score register recorded: it cannot be compared
+    return metrics
+
+
 # 4 attempts x 10 s timeout + 1+2+4 s backoff ~ 47 s worst case against a hung server; a refused connection
 # fails after ~7 s. Values already in the environment win, so an operator can widen them.
 CLIENT_ENV_DEFAULTS = {

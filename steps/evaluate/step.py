@@ -15,21 +15,13 @@ from steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
 from steps.evaluate.sampling import intervals, load_sample, sample_suffix
 from steps.evaluate.scoring import score_models
 
-METRIC_TAG_PREFIX = "metric."  # register records each metric as tag metric.<name> on the version
-
 
 def find_champion(tracking_uri: str, model_name: str) -> Champion | None:
     """The champion version's eval-set digest and recorded scores (tags register wrote), or None."""
     version = tracking.alias_version(tracking_uri, model_name, tracking.CHAMPION)
     if version is None:
         return None
-    scores = {}
-    for tag, value in version.tags.items():
-        if tag.startswith(METRIC_TAG_PREFIX):
-            try:
-                scores[tag.removeprefix(METRIC_TAG_PREFIX)] = float(value)
-            except ValueError:
-                continue  # not a score this step recorded; it cannot be compared
+    scores = tracking.recorded_metrics(version.tags)
     return Champion(version=str(version.version), eval_set_digest=version.tags.get(EVAL_SET_TAG, ""), scores=scores)
 
 
