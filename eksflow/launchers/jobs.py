@@ -90,17 +90,22 @@ class JobLauncher(Launcher):
             memoize=memo,
             step=step.__name__,
         )
-        template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name))
-        template.memoize = memo
-        template.inputs = [Parameter(name=param) for param in memo_inputs] or None
+        template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), memo, list(memo_inputs))
         collect = f"{name}-outputs"
         published = pipeline.add(collect, template, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job)
         published._fingerprint = fingerprint
         return published
 
 
-def collector(cfg: PipelineConfig, task_name: str, outputs: list[str], metrics: m.Metrics | None) -> Container:
-    """Publishes the step's output files (written on FSx) as this task's output parameters."""
+def collector(
+    cfg: PipelineConfig,
+    task_name: str,
+    outputs: list[str],
+    metrics: m.Metrics | None,
+    memoize: m.Memoize | None,
+    memo_inputs: list[str],
+) -> Container:
+    """Publishes the step's output files (written on FSx) as this task's output parameters, memoized as its job."""
     files = [f"{outputs_dir(cfg, task_name)}/{name}" for name in outputs]
     return Container(
         name=f"{task_name}-outputs",
@@ -114,6 +119,8 @@ def collector(cfg: PipelineConfig, task_name: str, outputs: list[str], metrics: 
         retry_strategy=step_retry(cfg),
         security_context=RESTRICTED,
         metrics=metrics,
+        memoize=memoize,
+        inputs=[Parameter(name=param) for param in memo_inputs] or None,
     )
 
 
