@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eksflow import plan, profiles
+from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
 from eksflow.config import cluster_of
 from eksflow.errors import PipelineError
 from eksflow.launchers import base, mpijob
@@ -18,6 +18,7 @@ from eksflow.render import manifest
 from eksflow.templates import task
 from pipelines.llama_lora import build
 from tests.flagship import config
+from tests.unit.test_pipeline import MakeArgs, MakeOutputs, step
 
 SDK = Path(__file__).resolve().parents[3] / "eksflow"
 INSTANCES = {"cpu": "m6i.4xlarge", "gpu": "g5.12xlarge", "trainium": "trn1.32xlarge"}
@@ -120,6 +121,31 @@ def test_a_registered_launcher_runs_the_step_and_plan_shows_it(tiny):
 def test_a_launcher_that_does_not_run_on_the_kind_gives_way_to_the_kinds_own(tiny):
     (job,) = build(configured("tiny", ["cluster.instance_type=g5.12xlarge"])).jobs
     assert type(job.launcher) is RayJob
+
+
+class LayoutArgs(MakeArgs):
+    num_workers: int = 1
+    cpus_per_worker: int = 1
+    use_gpu: bool = False
+
+
+class TrainingConfig(PipelineConfig):
+    cluster: ClusterSettings = ClusterSettings()
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"launcher": "mpijob"}, r"cluster\.launcher=mpijob .* no `launcher` field; fix: give its Args"),
+        ({"instance_type": "trn1.32xlarge"}, r"no neuron_step= for Trainium \(trn1\.32xlarge\); fix: pass"),
+    ],
+    ids=["mpijob-without-launcher-field", "trainium-without-neuron-step"],
+)
+def test_a_launcher_refuses_a_step_it_cannot_run_before_any_task_is_added(cluster, message):
+    cfg = TrainingConfig(cluster=ClusterSettings(**cluster))
+    with Pipeline(cfg, title="test") as pipeline, pytest.raises(PipelineError, match=message):
+        distributed(step("layout", LayoutArgs, MakeOutputs), LayoutArgs(out_dir="/fsx/out"))
+    assert pipeline.jobs == [] and pipeline.templates == {}
 
 
 def test_no_module_but_the_registry_branches_on_a_launcher_name():
