@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from eksflow.config import ConfigError, PipelineConfig, cluster_of
-from eksflow.launchers import Job, mpijob, worker_layout
+from eksflow.launchers import Job
+from eksflow.launchers.base import refusal, worker_layout
 from eksflow.pipeline import Pipeline
 from eksflow.refs import Ref
 from eksflow.runtime.preflight import Layout, Preflight
@@ -59,8 +60,8 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     profile, settings, section = job.profile, job.settings, job.section
     problems = []
     workers, threads = worker_layout(settings)
-    if cluster.launcher == "mpijob" and profile.kind == "trainium":
-        problems.append(mpijob.TRAINIUM_REFUSAL)
+    if refused := refusal(cluster, profile):
+        problems.append(refused)
     if profile.kind == "cpu":
         if workers * threads > profile.vcpus:
             problems.append(
@@ -90,9 +91,9 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     attempts = job.attempts(cfg)
     if attempts > cluster.retry_budget:
         problems.append(
-            f"cluster.retry_budget: Argo x {job.launcher} x in-job retries allow {attempts} attempts of {job.task}, "
-            f"more than the budget of {cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or raise "
-            "cluster.retry_budget"
+            f"cluster.retry_budget: Argo x {job.launcher.name} x in-job retries allow {attempts} attempts of "
+            f"{job.task}, more than the budget of {cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or "
+            "raise cluster.retry_budget"
         )
     return problems
 
@@ -128,19 +129,13 @@ def check(pipeline: Pipeline) -> Plan:
         answer = step_preflight(job, pipeline, layout)
         problems += layout_problems(job, cfg) + answer.problems
         profile, nodes = job.profile, cluster.nodes
-        pods = {
-            "container": "1 pod",
-            "rayjob": f"1 Ray head + {nodes} worker(s)",
-            "volcano": f"{nodes} torchrun pod(s)",
-            "mpijob": mpijob.describe(cfg, profile, layout.workers),
-        }
         hourly = usd[profile.instance_type] * nodes
         rows += [
             (
                 f"{job.task}: instance",
                 f"{profile.instance_type} x {nodes} ({profile.kind}, {'Spot' if cluster.spot else 'on-demand'})",
             ),
-            (f"{job.task}: pods", pods[job.launcher]),
+            (f"{job.task}: pods", job.launcher.pods(cfg, job)),
             (
                 f"{job.task}: devices",
                 f"{profile.devices * nodes} ({profile.devices} per node), {profile.efa} EFA per node",

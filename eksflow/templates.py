@@ -34,7 +34,7 @@ from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, PipelineError
 from eksflow.kinds import Kind, accepts, kind_of
-from eksflow.manifests import REFERENCE, manifest_text
+from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.pipeline import Pipeline, literal_problem, step_name
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
@@ -416,7 +416,7 @@ def resource(
 
     def input_for(reference: str) -> str:
         parts = reference.split(".")
-        if parts[0] == "workflow" or reference in wired_names():
+        if parts[0] == "workflow" or reference in SAFE_REFERENCES or reference in wired_names():
             return f"{{{{{reference}}}}}"
         if len(parts) == 5 and parts[0] == "tasks" and parts[2:4] == ["outputs", "parameters"]:
             ref = getattr(pipeline.task_ref(parts[1], name), parts[4])

@@ -1,26 +1,127 @@
-"""The Kubernetes objects a distributed step runs in: a KubeRay RayJob, a Volcano PodGroup, a Volcano Job.
+"""What every job launcher (rayjob, mpijob, volcano) shares: the job task, its outputs collector, its pods.
 
-Pure functions of the config, the accelerator profile and the step's argv; eksflow.launchers turns them into Argo
-resource templates. Every pod is wired from its profile (eksflow.profiles) the same way.
+A resource template has no container whose files Argo could read, so the step writes its outputs to FSx and a
+small `<task>-outputs` container task publishes them as output parameters (Argo reads output parameters from a
+mounted volume): downstream tasks read that task, so the DAG is the same for every launcher. `JobLauncher.add`
+builds both from the launcher's manifest; the pod helpers wire every pod from its profile (eksflow.profiles) the
+same way.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
-from typing import Any
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from hera.workflows import Container, Parameter, RetryStrategy
+from hera.workflows import models as m
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
+from eksflow.launchers.base import Job, JobRequest, Launcher
+from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
+from eksflow.refs import TaskRef
+from eksflow.templates import (
+    FSX_VOLUME,
+    RESTRICTED,
+    SMALL,
+    arguments,
+    contract,
+    gauges,
+    memoization,
+    resource,
+    step_gauges,
+    step_retry,
+    template_fingerprint,
+)
 
-RAYJOB_SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
-RAYJOB_FAILURE = "status.jobDeploymentStatus == Failed"
-VOLCANO_SUCCESS = "status.state.phase == Completed"
-VOLCANO_FAILURE = "status.state.phase in (Failed,Aborted,Terminated)"
-RDZV_PORT = 29400
-NON_WORD = re.compile(r"\W")
-PARAMETER = re.compile(r"\{\{(workflow|inputs)\.parameters\.([\w\-]+)\}\}")
+# Argo sees only the job's final status, not the step's exit code, so it cannot skip bad input (exit 2) here:
+# one more attempt at most (config errors are refused before submit by `plan`). Each attempt creates a new job
+# ({{retries}} in its name) that resumes from the newest checkpoint on FSx.
+JOB_RETRY = RetryStrategy(limit="1", retry_policy="Always", backoff=m.Backoff(duration="1m", factor="2"))
+
+
+class JobLauncher(Launcher):
+    """A launcher running the step in a Kubernetes job: a resource template, then the `<task>-outputs` collector."""
+
+    in_job_retries: ClassVar[bool] = True  # whether the step's own retries (Ray Train's max_failures) take part
+
+    @abstractmethod
+    def manifest(self, request: JobRequest, argv: list[str]) -> dict[str, Any]:
+        """The job object running the step with `argv` (its outputs written to outputs_dir)."""
+
+    @abstractmethod
+    def conditions(self, cfg: PipelineConfig) -> tuple[str, str]:
+        """Argo's success and failure conditions over the job object's status."""
+
+    def before(self, request: JobRequest) -> TaskRef | None:
+        """A task the job waits on, added first in its place in the DAG (a PodGroup); None by default."""
+        return None
+
+    def attempts(self, cfg: PipelineConfig, job: Job) -> int:
+        """(Argo's JOB_RETRY) x (the job's own retries) x (the step's in-job retries, where it has them)."""
+        argo = int(str(JOB_RETRY.limit)) + 1
+        inner = job.inner_retries if self.in_job_retries else 0
+        return argo * (cluster_of(cfg).rayjob_backoff_limit + 1) * (inner + 1)
+
+    def add(self, request: JobRequest) -> TaskRef:
+        """The job task and its collector, both memoized under one key: a hit skips the job and still gives outputs."""
+        pipeline = Pipeline.current()
+        cfg, name, step = request.cfg, request.task, request.step
+        args_type, outputs = contract(step)
+        sections = [request.settings, *request.sections]
+        argv, inputs = arguments(args_type, name, sections, request.values, outputs_dir=outputs_dir(cfg, name))
+        image, memoize = request.cluster.image, request.memoize
+        fingerprint = template_fingerprint(step, image, argv, memoize, pipeline.parameter_values)
+        memo, memo_inputs = memoization(cfg, name, fingerprint, memoize)
+        seconds = f"{name.replace('-', '_')}_job_seconds"
+        success, failure = self.conditions(cfg)
+        first = self.before(request)
+        job = resource(
+            name,
+            self.manifest(request, argv),
+            success=success,
+            failure=failure,
+            after=request.after if first is None else first,
+            when=request.when if first is None else None,  # the first task holds the condition
+            inputs={**inputs, **memo_inputs},
+            retry_strategy=JOB_RETRY,
+            prometheus=gauges(cfg, **{seconds: ("wall time of the job, queueing included", "{{duration}}")}),
+            memoize=memo,
+            step=step.__name__,
+        )
+        template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), memo, list(memo_inputs))
+        collect = f"{name}-outputs"
+        published = pipeline.add(collect, template, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job)
+        published._fingerprint = fingerprint
+        return published
+
+
+def collector(
+    cfg: PipelineConfig,
+    task_name: str,
+    outputs: list[str],
+    metrics: m.Metrics | None,
+    memoize: m.Memoize | None,
+    memo_inputs: list[str],
+) -> Container:
+    """Publishes the step's output files (written on FSx) as this task's output parameters, memoized as its job."""
+    files = [f"{outputs_dir(cfg, task_name)}/{name}" for name in outputs]
+    return Container(
+        name=f"{task_name}-outputs",
+        image=cfg.image,
+        command=["cat", *files],  # fails if the step did not write every output; logs them otherwise
+        outputs=[
+            Parameter(name=name, value_from=m.ValueFrom(path=path)) for name, path in zip(outputs, files, strict=True)
+        ],
+        volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=cfg.storage.fsx_mount)],
+        resources=SMALL,
+        retry_strategy=step_retry(cfg),
+        security_context=RESTRICTED,
+        metrics=metrics,
+        memoize=memoize,
+        inputs=[Parameter(name=param) for param in memo_inputs] or None,
+    )
 
 
 def job_name(task: str) -> str:
@@ -76,140 +177,3 @@ def pod_metadata(cfg: PipelineConfig, task: str) -> dict[str, Any]:
 def podgroup_name(task: str) -> str:
     """The PodGroup gang-scheduling a RayJob under Volcano."""
     return f"{{{{workflow.name}}}}-{task}-pg"
-
-
-def entrypoint(argv: list[str]) -> tuple[str, list[dict[str, str]]]:
-    """A shell command line for `argv`, with parameters passed as environment variables.
-
-    RayJob runs its entrypoint through a shell, so an Argo parameter must never be spliced into it (S2): each
-    `{{workflow.parameters.x}}` or `{{inputs.parameters.x}}` becomes "${EKSFLOW_PARAM_X}" (expanded once, never
-    re-parsed) and the returned env entries carry the values in the head container's structured env. Everything
-    else is shell-quoted.
-    """
-    env: dict[str, str] = {}
-    words = []
-    for item in argv:
-        pieces = PARAMETER.split(item)  # literal, scope, name, literal, scope, name, ..., literal
-        word = ""
-        for i in range(0, len(pieces), 3):
-            if pieces[i]:
-                word += shlex.quote(pieces[i])
-            if i + 2 < len(pieces):
-                scope, name = pieces[i + 1], pieces[i + 2]
-                prefix = "PARAM" if scope == "workflow" else "INPUT"
-                var = f"EKSFLOW_{prefix}_{NON_WORD.sub('_', name).upper()}"
-                env[var] = f"{{{{{scope}.parameters.{name}}}}}"
-                word += f'"${{{var}}}"'
-        words.append(word)
-    return " ".join(words), [{"name": k, "value": v} for k, v in env.items()]
-
-
-def rayjob(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict[str, Any]:
-    """The RayJob: a head pod (driver, no devices) and `nodes` worker pods; the entrypoint is the step."""
-    cluster = cluster_of(cfg)
-    profile = profiles.profile_for(cluster.instance_type)
-    labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
-    command, parameter_env = entrypoint(["python", "-m", module, *argv])
-    head = pod_spec(cfg, profile, {"name": "ray-head"}, head=True)
-    head["containers"][0]["env"] += parameter_env  # the driver runs on the head, with the head's environment
-    spec: dict[str, Any] = {
-        "entrypoint": command,
-        "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
-        "backoffLimit": cluster.rayjob_backoff_limit,
-        "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the RayJob fails first and says why
-        "rayClusterSpec": {
-            "headGroupSpec": {
-                "rayStartParams": {"num-cpus": "0"},  # no training work on the head
-                "template": {
-                    "metadata": pod_metadata(cfg, task),
-                    "spec": head,
-                },
-            },
-            "workerGroupSpecs": [
-                {
-                    "groupName": profile.kind,
-                    "replicas": cluster.nodes,
-                    "minReplicas": cluster.nodes,
-                    "maxReplicas": cluster.nodes,
-                    "rayStartParams": {},
-                    "template": {
-                        "metadata": pod_metadata(cfg, task),
-                        "spec": pod_spec(cfg, profile, {"name": "ray-worker"}),
-                    },
-                }
-            ],
-        },
-    }
-    if cluster.scheduler == "kueue":
-        labels["kueue.x-k8s.io/queue-name"] = cluster.queue
-        spec["suspend"] = True  # Kueue admits the whole job (head + workers) at once by unsuspending it
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayJob",
-        "metadata": {"name": job_name(task), "labels": labels},
-        "spec": spec,
-    }
-
-
-def podgroup(cfg: PipelineConfig, task: str, members: int) -> dict[str, Any]:
-    """Volcano gang: no pod of the job starts until all `members` can."""
-    cluster = cluster_of(cfg)
-    return {
-        "apiVersion": "scheduling.volcano.sh/v1beta1",
-        "kind": "PodGroup",
-        "metadata": {"name": podgroup_name(task), "labels": {"app.kubernetes.io/part-of": "eksflow"}},
-        "spec": {"minMember": members, "queue": cluster.queue},
-    }
-
-
-def volcano_job(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict[str, Any]:
-    """Trainium: one torchrun per node, `nproc_per_node` = Neuron cores per node, rendezvous on the first pod."""
-    cluster = cluster_of(cfg)
-    profile = profiles.profile_for(cluster.instance_type)
-    nodes = cluster.nodes
-    role = "worker"
-    # Volcano's svc plugin gives each pod the DNS name <job>-<role>-<index>.<job>.
-    endpoint = f"{job_name(task)}-{role}-0.{job_name(task)}:{RDZV_PORT}"
-    command = [
-        "torchrun",
-        f"--nnodes={nodes}",
-        f"--nproc_per_node={profile.workers}",
-        "--rdzv_backend=c10d",
-        f"--rdzv_endpoint={endpoint}",
-        "--rdzv_id={{workflow.name}}",
-        "-m",
-        module,
-        *argv,
-    ]
-    spec = pod_spec(cfg, profile, {"name": "train", "command": command})
-    spec["restartPolicy"] = "Never"
-    spec.pop("schedulerName", None)  # the Job's own schedulerName applies to every pod
-    return {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {"name": job_name(task), "labels": {"app.kubernetes.io/part-of": "eksflow"}},
-        "spec": {
-            "schedulerName": "volcano",
-            "queue": cluster.queue,
-            "minAvailable": nodes,
-            "maxRetry": cluster.rayjob_backoff_limit,
-            "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
-            "plugins": {"svc": [], "env": []},
-            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
-            "tasks": [
-                {
-                    "name": role,
-                    "replicas": nodes,
-                    "minAvailable": nodes,
-                    "template": {
-                        "metadata": {
-                            "labels": pod_metadata(cfg, task)["labels"],
-                            "annotations": dict(profiles.DO_NOT_DISRUPT),
-                        },
-                        "spec": spec,
-                    },
-                }
-            ],
-        },
-    }

@@ -27,12 +27,16 @@ these counters, set in the same places as the conditions (tests/contract/test_mp
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
-from eksflow.launchers.jobs import job_name, pod_spec
+from eksflow.errors import PipelineError
+from eksflow.launchers.base import Job, JobRequest, register, worker_layout
+from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
 from eksflow.profiles import Profile
+from eksflow.templates import contract
 
 API_VERSION = "kubeflow.org/v2beta1"
 MASTER_PORT = 29500  # rank 0's TCPStore on the first worker pod; every pod has its own network namespace
@@ -134,3 +138,41 @@ def describe(cfg: PipelineConfig, profile: Profile, workers: int) -> str:
     """One line for `plan`: the pods and the mpirun they run."""
     pods, slots = layout(cfg, profile, workers)
     return f"1 MPI launcher + {pods} worker pod(s) x {slots} slot(s): mpirun -np {pods * slots}"
+
+
+class MpiJob(JobLauncher):
+    """mpirun of `python -m <step> --launcher=mpi` over sshd worker pods, on GPU or CPU nodes."""
+
+    name = "mpijob"
+    kinds = frozenset({"cpu", "gpu"})
+    in_job_retries = False  # mpirun has no in-job retry: a failed rank fails the launcher
+
+    def refusal(self, profile: Profile) -> str | None:
+        """Trainium trains with torchrun in a Volcano Job only."""
+        return TRAINIUM_REFUSAL if profile.kind == "trainium" else None
+
+    def prepare(self, request: JobRequest) -> JobRequest:
+        """Every rank runs the step with `--launcher=mpi`: its Args need that field."""
+        if "launcher" not in contract(request.step)[0].model_fields:
+            raise PipelineError(
+                f"distributed({request.step.__name__}): cluster.launcher=mpijob runs it as `--launcher=mpi` ranks of "
+                'mpirun, but its Args have no `launcher` field; fix: give its Args a `launcher` field taking "mpi" '
+                "(as steps.train has), or --set cluster.launcher=rayjob"
+            )
+        return replace(request, values={**request.values, "launcher": "mpi"})
+
+    def pods(self, cfg: PipelineConfig, job: Job) -> str:
+        """The launcher pod and the worker pods with their slots."""
+        return describe(cfg, job.profile, worker_layout(job.settings)[0])
+
+    def conditions(self, cfg: PipelineConfig) -> tuple[str, str]:
+        """The launcher Job's and the workers' counters (Argo cannot pick a condition by type)."""
+        return SUCCESS, failure(cfg)
+
+    def manifest(self, request: JobRequest, argv: list[str]) -> dict[str, Any]:
+        """The MPIJob whose every rank runs the step."""
+        workers = worker_layout(request.settings)[0]
+        return manifest(request.cfg, request.task, request.step.__name__, workers, argv)
+
+
+register(MpiJob())

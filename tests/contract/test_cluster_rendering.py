@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from eksflow.cli import apply_variant
-from eksflow.launchers.jobs import RAYJOB_FAILURE, RAYJOB_SUCCESS
+from eksflow.launchers import rayjob
 from eksflow.render import cron_workflow, workflow_template
 from tests.argo_substitution import manifest_object, resource_objects
 from tests.flagship import config, rendered
@@ -89,8 +89,8 @@ def test_a_misspelled_rayjob_field_is_rejected(crd_validator):
 def test_rayjob_follows_kueue_and_its_status():
     workflow = render(VARIANTS["gpu-kueue"])
     (train,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
-    assert train["resource"]["successCondition"] == RAYJOB_SUCCESS
-    assert train["resource"]["failureCondition"] == RAYJOB_FAILURE
+    assert train["resource"]["successCondition"] == rayjob.SUCCESS
+    assert train["resource"]["failureCondition"] == rayjob.FAILURE
     assert train["resource"]["setOwnerReference"] is True
     job = manifest_object(train)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "eksflow"

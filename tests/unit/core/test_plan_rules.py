@@ -8,7 +8,7 @@ import pytest
 from eksflow import plan
 from eksflow.cli import check_schedule
 from eksflow.config import ConfigError
-from eksflow.launchers.jobs import entrypoint
+from eksflow.launchers.rayjob import entrypoint
 from eksflow.profiles import PROFILES
 from tests.flagship import config, pipeline
 

@@ -1,0 +1,141 @@
+"""The launcher interface and its registry: how a distributed step runs, and which launcher runs it.
+
+A launcher (one module each: container, rayjob, mpijob, volcano) adds the task(s) running a step for a
+`JobRequest` and tells `plan` what it needs: the pods, the most attempts its retry layers allow, and why it refuses
+a profile. Its module registers it (`register(MpiJob())`); `select` is the one place a launcher is picked: the one
+`cluster.launcher` names where it runs on the profile's kind, otherwise the kind's own (DEFAULTS).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, TypeVar
+
+from eksflow.config import ClusterSettings, PipelineConfig
+from eksflow.errors import PipelineError
+from eksflow.profiles import Profile
+from eksflow.refs import Ref, TaskRef, When
+from eksflow.runtime.args import Settings
+from eksflow.sections import Section
+
+LAYOUT_FIELDS = ("num_workers", "cpus_per_worker", "use_gpu")
+# The launcher of each profile kind where the configured one does not run: `rayjob` (the default) on CPU nodes is
+# one plain pod, and Trainium always trains with torchrun in a Volcano Job.
+DEFAULTS = {"cpu": "container", "gpu": "rayjob", "trainium": "volcano"}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a launcher runs: the step, its task name, its settings placed by the profile and its other arguments."""
+
+    cfg: PipelineConfig
+    cluster: ClusterSettings
+    profile: Profile
+    step: ModuleType
+    task: str
+    settings: Settings  # with the profile's layout
+    sections: Sequence[Settings | Section]
+    values: Mapping[str, Any]
+    after: TaskRef | Sequence[TaskRef]
+    when: When | None
+    memoize: Sequence[Ref | TaskRef]
+    neuron_step: ModuleType | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A distributed task as `plan` sees it: its step, its settings with the profile's layout, where it runs."""
+
+    task: str
+    launcher: Launcher
+    step: ModuleType
+    settings: Settings  # with the profile's layout
+    values: Mapping[str, object]  # the task's other arguments (literals and Refs)
+    profile: Profile
+    inner_retries: int  # the step's own retries inside one job attempt (Ray Train's max_failures)
+    section: str  # where the settings live in the config, for messages: `train`
+    configured: Mapping[str, object]  # the layout fields the user set explicitly (checked against the profile)
+
+    def attempts(self, cfg: PipelineConfig) -> int:
+        """Most attempts the retry layers allow together, as its launcher counts them."""
+        return self.launcher.attempts(cfg, self)
+
+
+class Launcher(ABC):
+    """How a distributed step runs on the cluster; one instance per kind of job, registered by its module."""
+
+    name: ClassVar[str]  # what `cluster.launcher` names it by
+    kinds: ClassVar[frozenset[str]]  # the profile kinds (cpu, gpu, trainium) it runs on
+
+    def refusal(self, profile: Profile) -> str | None:
+        """Why `plan` refuses this launcher configured for `profile`; None where the profile's own may run instead."""
+        return None
+
+    def prepare(self, request: JobRequest) -> JobRequest:
+        """The request as this launcher runs it; PipelineError for a step it cannot run."""
+        return request
+
+    @abstractmethod
+    def pods(self, cfg: PipelineConfig, job: Job) -> str:
+        """One line for `plan`: the pods the job runs in."""
+
+    @abstractmethod
+    def attempts(self, cfg: PipelineConfig, job: Job) -> int:
+        """Most attempts the retry layers allow together (Argo's, the job's own, the step's in-job retries)."""
+
+    @abstractmethod
+    def add(self, request: JobRequest) -> TaskRef:
+        """Add the task(s) running the step to the pipeline being built; returns the task holding its outputs."""
+
+
+LAUNCHERS: dict[str, Launcher] = {}
+L = TypeVar("L", bound=Launcher)
+
+
+def register(launcher: L) -> L:
+    """Make `launcher` selectable by its name; its module calls this once."""
+    known = LAUNCHERS.get(launcher.name)
+    if known is not None and type(known) is not type(launcher):
+        raise PipelineError(
+            f"launcher {launcher.name!r}: {type(launcher).__module__} registers it again ({type(known).__module__} "
+            "did first); fix: give one of them another name"
+        )
+    LAUNCHERS[launcher.name] = launcher
+    return launcher
+
+
+def named(name: str) -> Launcher:
+    """The registered launcher called `name`; PipelineError naming the registered ones otherwise."""
+    if name not in LAUNCHERS:
+        raise PipelineError(
+            f"cluster.launcher: no launcher {name!r}; registered: {', '.join(sorted(LAUNCHERS))}; fix: --set "
+            "cluster.launcher=<one of them>, or import the module registering it before building the pipeline"
+        )
+    return LAUNCHERS[name]
+
+
+def select(cluster: ClusterSettings, profile: Profile) -> Launcher:
+    """The launcher of a distributed step: the configured one where it runs on the profile's kind, else the kind's."""
+    configured = named(cluster.launcher)
+    return configured if profile.kind in configured.kinds else named(DEFAULTS[profile.kind])
+
+
+def refusal(cluster: ClusterSettings, profile: Profile) -> str | None:
+    """Why `plan` refuses the configured launcher on `profile` (mpijob on Trainium); None when nothing is refused."""
+    return named(cluster.launcher).refusal(profile)
+
+
+def layout(settings: Settings, profile: Profile, nodes: int) -> Settings:
+    """The settings with the layout the profile implies: one worker per device on every node."""
+    if profile.kind == "cpu":
+        return settings
+    return settings.model_copy(update={"num_workers": nodes * profile.workers, "use_gpu": profile.kind == "gpu"})
+
+
+def worker_layout(settings: Settings) -> tuple[int, int]:
+    """(num_workers, cpus_per_worker) of a distributed step's settings."""
+    values = settings.model_dump(include={"num_workers", "cpus_per_worker"})
+    return int(values["num_workers"]), int(values["cpus_per_worker"])

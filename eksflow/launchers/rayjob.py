@@ -1,0 +1,140 @@
+"""The RayJob launcher (ray.io/v1, KubeRay): the step on a Ray head pod plus one worker pod per node, Ray Train.
+
+It runs distributed steps on GPU nodes (the default `cluster.launcher`). Under Kueue the RayJob is created
+suspended with the queue label and admitted whole; under Volcano a PodGroup task comes first and every pod names
+it, so no pod starts until the head and all workers can.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from eksflow import profiles
+from eksflow.config import PipelineConfig, cluster_of
+from eksflow.launchers.base import Job, JobRequest, register
+from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
+from eksflow.refs import TaskRef
+from eksflow.templates import resource
+
+SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
+FAILURE = "status.jobDeploymentStatus == Failed"
+NON_WORD = re.compile(r"\W")
+PARAMETER = re.compile(r"\{\{(workflow|inputs)\.parameters\.([\w\-]+)\}\}")
+
+
+class RayJob(JobLauncher):
+    """Ray Train on a KubeRay RayJob: `python -m <step>` as the entrypoint on the head, `nodes` GPU workers."""
+
+    name = "rayjob"
+    kinds = frozenset({"gpu"})
+
+    def pods(self, cfg: PipelineConfig, job: Job) -> str:
+        """The head (the driver, no devices) and one worker per node."""
+        return f"1 Ray head + {cluster_of(cfg).nodes} worker(s)"
+
+    def conditions(self, cfg: PipelineConfig) -> tuple[str, str]:
+        """KubeRay's deployment and job status."""
+        return SUCCESS, FAILURE
+
+    def manifest(self, request: JobRequest, argv: list[str]) -> dict[str, Any]:
+        """The RayJob whose entrypoint is the step."""
+        return manifest(request.cfg, request.task, request.step.__name__, argv)
+
+    def before(self, request: JobRequest) -> TaskRef | None:
+        """Under Volcano, the PodGroup of the head and every worker."""
+        if request.cluster.scheduler != "volcano":
+            return None
+        group = podgroup(request.cfg, request.task, request.cluster.nodes + 1)
+        return resource(
+            f"{request.task}-podgroup", group, after=request.after, when=request.when, step="Volcano PodGroup"
+        )
+
+
+def entrypoint(argv: list[str]) -> tuple[str, list[dict[str, str]]]:
+    """A shell command line for `argv`, with parameters passed as environment variables.
+
+    RayJob runs its entrypoint through a shell, so an Argo parameter must never be spliced into it (S2): each
+    `{{workflow.parameters.x}}` or `{{inputs.parameters.x}}` becomes "${EKSFLOW_PARAM_X}" (expanded once, never
+    re-parsed) and the returned env entries carry the values in the head container's structured env. Everything
+    else is shell-quoted.
+    """
+    env: dict[str, str] = {}
+    words = []
+    for item in argv:
+        pieces = PARAMETER.split(item)  # literal, scope, name, literal, scope, name, ..., literal
+        word = ""
+        for i in range(0, len(pieces), 3):
+            if pieces[i]:
+                word += shlex.quote(pieces[i])
+            if i + 2 < len(pieces):
+                scope, name = pieces[i + 1], pieces[i + 2]
+                prefix = "PARAM" if scope == "workflow" else "INPUT"
+                var = f"EKSFLOW_{prefix}_{NON_WORD.sub('_', name).upper()}"
+                env[var] = f"{{{{{scope}.parameters.{name}}}}}"
+                word += f'"${{{var}}}"'
+        words.append(word)
+    return " ".join(words), [{"name": k, "value": v} for k, v in env.items()]
+
+
+def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> dict[str, Any]:
+    """The RayJob: a head pod (driver, no devices) and `nodes` worker pods; the entrypoint is the step."""
+    cluster = cluster_of(cfg)
+    profile = profiles.profile_for(cluster.instance_type)
+    labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
+    command, parameter_env = entrypoint(["python", "-m", module, *argv])
+    head = pod_spec(cfg, profile, {"name": "ray-head"}, head=True)
+    head["containers"][0]["env"] += parameter_env  # the driver runs on the head, with the head's environment
+    spec: dict[str, Any] = {
+        "entrypoint": command,
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
+        "backoffLimit": cluster.rayjob_backoff_limit,
+        "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the RayJob fails first and says why
+        "rayClusterSpec": {
+            "headGroupSpec": {
+                "rayStartParams": {"num-cpus": "0"},  # no training work on the head
+                "template": {
+                    "metadata": pod_metadata(cfg, task),
+                    "spec": head,
+                },
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": profile.kind,
+                    "replicas": cluster.nodes,
+                    "minReplicas": cluster.nodes,
+                    "maxReplicas": cluster.nodes,
+                    "rayStartParams": {},
+                    "template": {
+                        "metadata": pod_metadata(cfg, task),
+                        "spec": pod_spec(cfg, profile, {"name": "ray-worker"}),
+                    },
+                }
+            ],
+        },
+    }
+    if cluster.scheduler == "kueue":
+        labels["kueue.x-k8s.io/queue-name"] = cluster.queue
+        spec["suspend"] = True  # Kueue admits the whole job (head + workers) at once by unsuspending it
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": job_name(task), "labels": labels},
+        "spec": spec,
+    }
+
+
+def podgroup(cfg: PipelineConfig, task: str, members: int) -> dict[str, Any]:
+    """Volcano gang: no pod of the job starts until all `members` can."""
+    cluster = cluster_of(cfg)
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": podgroup_name(task), "labels": {"app.kubernetes.io/part-of": "eksflow"}},
+        "spec": {"minMember": members, "queue": cluster.queue},
+    }
+
+
+register(RayJob())

@@ -1,0 +1,159 @@
+"""The launcher registry is the one place a distributed step's launcher is picked; a new launcher is one module."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
+from eksflow.config import cluster_of
+from eksflow.errors import PipelineError
+from eksflow.launchers import base, mpijob
+from eksflow.launchers.base import Job, JobRequest, Launcher, named, refusal, register, select
+from eksflow.launchers.container import ContainerTask
+from eksflow.launchers.mpijob import MpiJob
+from eksflow.launchers.rayjob import RayJob
+from eksflow.launchers.volcano import VolcanoJob
+from eksflow.render import manifest
+from eksflow.templates import task
+from pipelines.llama_lora import build
+from tests.flagship import config
+from tests.unit.test_pipeline import MakeArgs, MakeOutputs, step
+
+SDK = Path(__file__).resolve().parents[3] / "eksflow"
+INSTANCES = {"cpu": "m6i.4xlarge", "gpu": "g5.12xlarge", "trainium": "trn1.32xlarge"}
+
+
+class Tiny(Launcher):
+    """A launcher as a later issue would add one: the step as a labelled container task."""
+
+    name = "tiny"
+    kinds = frozenset({"cpu"})
+
+    def pods(self, cfg, job):
+        return "1 tiny pod"
+
+    def attempts(self, cfg, job):
+        return 1
+
+    def add(self, request: JobRequest):
+        return task(
+            request.step,
+            request.settings,
+            *request.sections,
+            task_name=request.task,
+            after=request.after,
+            when=request.when,
+            memoize=request.memoize,
+            labels={"eksflow.dev/launcher": self.name},
+            **request.values,
+        )
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """Registers Tiny in a copy of the registry, so no other test sees it."""
+    monkeypatch.setattr(base, "LAUNCHERS", dict(base.LAUNCHERS))
+    return register(Tiny())
+
+
+def configured(launcher, overrides=()):
+    """The flagship config with `cluster.launcher` set to any registered name (the config's Literal bypassed)."""
+    cfg = config(list(overrides))
+    return cfg.model_copy(update={"cluster": cluster_of(cfg).model_copy(update={"launcher": launcher})})
+
+
+@pytest.mark.parametrize(
+    ("kind", "launcher", "expected"),
+    [
+        ("cpu", "rayjob", ContainerTask),
+        ("cpu", "mpijob", MpiJob),
+        ("gpu", "rayjob", RayJob),
+        ("gpu", "mpijob", MpiJob),
+        ("trainium", "rayjob", VolcanoJob),
+        ("trainium", "mpijob", VolcanoJob),  # refused by `plan`, rendered as Trainium's own
+    ],
+)
+def test_each_profile_kind_and_configured_launcher_select_one_launcher(kind, launcher, expected):
+    overrides = [f"cluster.instance_type={INSTANCES[kind]}", f"cluster.launcher={launcher}"]
+    cluster = cluster_of(config(overrides))
+    profile = profiles.profile_for(cluster.instance_type)
+    assert type(select(cluster, profile)) is expected
+    refused = mpijob.TRAINIUM_REFUSAL if (kind, launcher) == ("trainium", "mpijob") else None
+    assert refusal(cluster, profile) == refused
+    (job,) = build(config(overrides)).jobs
+    assert type(job.launcher) is expected
+
+
+def test_an_unknown_launcher_is_refused_naming_the_field_and_the_registered_ones():
+    cluster = cluster_of(configured("slurm"))
+    with pytest.raises(PipelineError) as err:
+        select(cluster, profiles.profile_for(cluster.instance_type))
+    assert str(err.value) == (
+        "cluster.launcher: no launcher 'slurm'; registered: container, mpijob, rayjob, volcano; fix: --set "
+        "cluster.launcher=<one of them>, or import the module registering it before building the pipeline"
+    )
+
+
+def test_two_launchers_cannot_share_a_name(monkeypatch):
+    monkeypatch.setattr(base, "LAUNCHERS", dict(base.LAUNCHERS))
+
+    class Impostor(Tiny):
+        name = "rayjob"
+
+    with pytest.raises(PipelineError, match=r"launcher 'rayjob': .* registers it again .*fix: give one"):
+        register(Impostor())
+    assert type(named("rayjob")) is RayJob
+
+
+def test_a_registered_launcher_runs_the_step_and_plan_shows_it(tiny):
+    pipeline = build(configured("tiny"))
+    (job,) = pipeline.jobs
+    assert isinstance(job, Job) and job.launcher is tiny
+    templates = {t["name"]: t for t in manifest(pipeline)["spec"]["templates"]}
+    assert templates["train"]["metadata"]["labels"] == {"eksflow.dev/launcher": "tiny"}
+    assert "train-outputs" not in templates  # its task holds the outputs: downstream tasks read it directly
+    rows = dict(plan.check(pipeline).rows)
+    assert rows["train: pods"] == "1 tiny pod"
+    assert rows["train: attempts"].startswith("1 at most")
+
+
+def test_a_launcher_that_does_not_run_on_the_kind_gives_way_to_the_kinds_own(tiny):
+    (job,) = build(configured("tiny", ["cluster.instance_type=g5.12xlarge"])).jobs
+    assert type(job.launcher) is RayJob
+
+
+class LayoutArgs(MakeArgs):
+    num_workers: int = 1
+    cpus_per_worker: int = 1
+    use_gpu: bool = False
+
+
+class TrainingConfig(PipelineConfig):
+    cluster: ClusterSettings = ClusterSettings()
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"launcher": "mpijob"}, r"cluster\.launcher=mpijob .* no `launcher` field; fix: give its Args"),
+        ({"instance_type": "trn1.32xlarge"}, r"no neuron_step= for Trainium \(trn1\.32xlarge\); fix: pass"),
+    ],
+    ids=["mpijob-without-launcher-field", "trainium-without-neuron-step"],
+)
+def test_a_launcher_refuses_a_step_it_cannot_run_before_any_task_is_added(cluster, message):
+    cfg = TrainingConfig(cluster=ClusterSettings(**cluster))
+    with Pipeline(cfg, title="test") as pipeline, pytest.raises(PipelineError, match=message):
+        distributed(step("layout", LayoutArgs, MakeOutputs), LayoutArgs(out_dir="/fsx/out"))
+    assert pipeline.jobs == [] and pipeline.templates == {}
+
+
+def test_no_module_but_the_registry_branches_on_a_launcher_name():
+    compared = re.compile(r"\blauncher\s*(==|!=|\bin\b|\bnot in\b)")
+    found = [
+        f"{path.relative_to(SDK)}:{number}"
+        for path in SDK.rglob("*.py")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert found == []
