@@ -18,6 +18,7 @@ from hera.workflows import models as m
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.launchers.base import Job, JobRequest, Launcher
+from eksflow.names import pipeline_labels
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
@@ -166,7 +167,7 @@ def pod_metadata(cfg: PipelineConfig, task: str) -> dict[str, Any]:
     """Labels, Karpenter do-not-disrupt, and the Volcano PodGroup a pod belongs to."""
     cluster = cluster_of(cfg)
     metadata: dict[str, Any] = {
-        "labels": {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name},
+        "labels": pipeline_labels(cfg.name),
         "annotations": dict(profiles.DO_NOT_DISRUPT),
     }
     if cluster.scheduler == "volcano":

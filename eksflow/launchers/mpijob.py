@@ -35,6 +35,7 @@ from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
 from eksflow.launchers.base import Job, JobRequest, register, worker_layout
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
+from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
 from eksflow.templates import contract
 
@@ -87,7 +88,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: li
     profile = profiles.profile_for(cluster.instance_type)
     pods, slots = layout(cfg, profile, workers)
     name = job_name(task)
-    labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
+    labels = pipeline_labels(cfg.name)
     env = [
         *profiles.env(profile),
         {"name": "MASTER_ADDR", "value": f"{name}-worker-0.{name}"},  # the operator's pod hostname + Service

@@ -15,6 +15,7 @@ from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.launchers.base import Job, JobRequest, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
+from eksflow.names import pipeline_labels
 from eksflow.refs import TaskRef
 from eksflow.templates import resource
 
@@ -82,7 +83,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
     """The RayJob: a head pod (driver, no devices) and `nodes` worker pods; the entrypoint is the step."""
     cluster = cluster_of(cfg)
     profile = profiles.profile_for(cluster.instance_type)
-    labels = {"app.kubernetes.io/part-of": "eksflow", "eksflow.dev/pipeline": cfg.name}
+    labels = pipeline_labels(cfg.name)
     command, parameter_env = entrypoint(["python", "-m", module, *argv])
     head = pod_spec(cfg, profile, {"name": "ray-head"}, head=True)
     head["containers"][0]["env"] += parameter_env  # the driver runs on the head, with the head's environment

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.config import config_type, main
+from eksflow.cli import main
+from eksflow.config import config_type
 from eksflow.config_docs import rows
 from pipelines.llama_lora import build as flagship_build
 
