@@ -54,7 +54,8 @@ def section_values(sections: Sequence[Any], fields: Mapping[str, Any], where: st
                 f"{where}: {section!r} is not a section: give a config section (a Settings model) or a Section "
                 "dataclass, and other values as keywords"
             )
-        for name in sorted(set(values) & set(given)):
+        if twice := sorted(set(values) & set(given)):
+            name = twice[0]
             raise PipelineError(f"{where}: argument {name} is given by both {source[name]} and {label}; give it once")
         given.update(values)
         source.update(dict.fromkeys(values, label))

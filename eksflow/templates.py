@@ -416,7 +416,8 @@ def resource(
 
     def input_for(reference: str) -> str:
         parts = reference.split(".")
-        if parts[0] == "workflow" or reference in SAFE_REFERENCES or reference in wired_names():
+        declared = parts[:2] == ["inputs", "parameters"] and ".".join(parts[2:]) in wired
+        if parts[0] == "workflow" or reference in SAFE_REFERENCES or declared:
             return f"{{{{{reference}}}}}"
         if len(parts) == 5 and parts[0] == "tasks" and parts[2:4] == ["outputs", "parameters"]:
             ref = getattr(pipeline.task_ref(parts[1], name), parts[4])
@@ -430,9 +431,6 @@ def resource(
             f"resource {name!r}: the manifest reads {{{{{reference}}}}}; give task outputs and workflow values "
             "themselves (or declare an input with inputs=)"
         )
-
-    def wired_names() -> set[str]:
-        return {f"inputs.parameters.{param}" for param in wired}
 
     wired_manifest = wire(manifest)
     template = Resource(

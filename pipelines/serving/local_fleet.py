@@ -35,7 +35,7 @@ Every process runs in its own session, is told to the run's watchdog (it is stop
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
 succeeded, failed or interrupted. A resumed run applies the fleet's objects again, with every task after them
 (services.restarted). The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the
-steps, the fleet imports only the proxy's callback file, for its name and its path.
+steps, the fleet imports only constants (the routes file's variable and the callback's path, the readiness prompt).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from eksflow.local.paths import PathMap, map_argv
 from eksflow.local.process import ProcessTracker
 from pipelines.serving import objects
 from steps.common import litellm_routes
-from steps.common.litellm_routes import ROUTES_FILE_ENV
 from steps.common.vllm import READY_PROMPT
 
 FLEET_KINDS = {
@@ -202,7 +201,7 @@ class LocalFleet:
             cwd = self.cwd
         else:
             cwd = self._proxy_folder(name, labels)
-            env[ROUTES_FILE_ENV] = str(self.routes_file)
+            env[litellm_routes.ROUTES_FILE_ENV] = str(self.routes_file)
             argv = [_interpreter("EKSFLOW_LITELLM", ".venv-litellm/bin/litellm", self.cwd), *args]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -311,7 +310,7 @@ class LocalFleet:
 
     def task_env(self) -> dict[str, str]:
         """What every task of the run gets: where the proxy's weights are (the cluster uses the proxy's API)."""
-        return {ROUTES_FILE_ENV: str(self.routes_file)}
+        return {litellm_routes.ROUTES_FILE_ENV: str(self.routes_file)}
 
     def stop(self) -> None:
         """Stop every process the fleet started (SIGTERM, SIGKILL after the grace); delete the run's keys."""
