@@ -64,6 +64,7 @@ def main() -> int:
     steps, warmup = int(os.environ.get("BENCH_STEPS", "3")), int(os.environ.get("BENCH_WARMUP", "1"))
     threads = int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1)))
     lora = json.loads(os.environ.get("BENCH_LORA", "{}"))
+    precision = os.environ.get("BENCH_PRECISION", "auto")  # the step's default: bf16 on a CPU with AMX
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         train_file = Path(tmp) / TRAIN_FILE
@@ -79,6 +80,7 @@ def main() -> int:
             max_seq_len=seq,
             num_workers=1,
             cpus_per_worker=threads,
+            precision=precision,
             checkpoint_every=total,
             log_every=total,
             lora={
@@ -114,6 +116,7 @@ def main() -> int:
         "warmup_intervals": intervals[:warmup],
         "startup_s": clock.marks[0] - started,
         "threads": threads,
+        "precision": precision,
     }
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -24,7 +24,8 @@ Decision matrix for `auto` (per device, LoRA on frozen bf16 weights):
     otherwise                           -> refused: more workers or larger devices
 On CPU (gloo) workers `auto` is always DDP: a LoRA replica fits host memory and sharding only adds traffic.
 
-What the training loop (steps.train) runs, on CPU (gloo, fp32) and GPU (NCCL, bf16):
+What the training loop (steps.train) runs, on CPU (gloo; fp32, or bf16 autocast under DDP where the CPU has AMX:
+`train.precision`, steps.train.parallel.resolve_precision) and GPU (NCCL, bf16):
     ddp        Ray Train's prepare_model (or torch's DDP under mpirun) wraps the model
     fsdp       FSDP2 `fully_shard` on each decoder layer (`fsdp_units`), then on the whole model
     deepspeed  `deepspeed.initialize` with `deepspeed_config`: ZeRO stage 1, 2 or 3, optimizer (and ZeRO-3

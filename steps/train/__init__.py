@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from eksflow.runtime.args import Location, Settings, StepArgs
 from eksflow.runtime.preflight import Layout, Preflight
@@ -52,6 +52,7 @@ from steps.common.base_model import default_cache_dir
 
 # Argo owns retries (one budget across Argo x RayJob x Ray Train): a failed worker fails this attempt.
 MAX_FAILURES = 0
+Precision = Literal["auto", "bf16", "fp32"]
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
 
 
@@ -98,7 +99,12 @@ class TrainSettings(Settings):
     # Measured on 2 cores: 2 DDP workers x 1 thread run at 0.96-0.975x a bare loop, 1 worker x 2 threads at 0.81x.
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
-    use_gpu: bool = Field(False, description="one GPU per worker, NCCL, bf16 compute")
+    use_gpu: bool = Field(False, description="one GPU per worker, NCCL")
+    precision: Precision = Field(
+        "auto",
+        description="compute dtype of the frozen model: auto is bf16 on GPU, and on a CPU with AMX (Xeon Sapphire "
+        "Rapids or later: EC2 m7i, c7i, r7i) under DDP, fp32 otherwise; the LoRA weights and AdamW stay fp32",
+    )
     strategy: strategies.Strategy = Field(
         "auto", description="auto (by memory, see steps.common.strategies), ddp, fsdp or deepspeed (ZeRO)"
     )
@@ -112,6 +118,15 @@ class TrainSettings(Settings):
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K committed checkpoints")
     log_every: int = Field(5, ge=1, description="steps between loss/LR/throughput logs")
     seed: int = Field(0, description="seed of the LoRA init, data order and dropout")
+
+    @model_validator(mode="after")
+    def _bf16_on_cpu_is_ddp(self) -> TrainSettings:
+        if self.precision == "bf16" and not self.use_gpu and self.strategy in ("fsdp", "deepspeed"):
+            raise ValueError(
+                f"precision=bf16 on CPU trains under DDP only; strategy={self.strategy} trains in fp32 there "
+                "(precision=auto or fp32)"
+            )
+        return self
 
     def workload(self, num_params: int, trainable_params: int, weight_bytes: int) -> strategies.Workload:
         """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""

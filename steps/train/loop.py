@@ -23,7 +23,16 @@ from eksflow.runtime.outputs import Progress
 from steps.common import checkpoints, strategies, tracking
 from steps.train import TrainSettings
 from steps.train.data import MicroBatches, open_cache
-from steps.train.parallel import TorchUpdate, Update, agree, collective_device, plan_strategy, process_group, shard
+from steps.train.parallel import (
+    TorchUpdate,
+    Update,
+    agree,
+    collective_device,
+    plan_strategy,
+    process_group,
+    resolve_precision,
+    shard,
+)
 from steps.train.state import load_adapter, save_checkpoint
 
 STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
@@ -128,11 +137,17 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     model = get_peft_model(model, settings.lora.peft_config())
+    if device.type == "cpu":
+        from steps.train.dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     torch.manual_seed(settings.seed + rank)  # distinct dropout streams per rank
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     plan = plan_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), trainable)
+    precision = resolve_precision(settings, device, plan.strategy)
+    bf16 = precision == "bf16"
     if rank == 0:
-        print(f"strategy: {plan.strategy} ({plan.reason})", flush=True)
+        print(f"strategy: {plan.strategy} ({plan.reason}); precision: {precision}", flush=True)
 
     root = Path(loop.checkpoint_root)
     start = checkpoints.latest(root)
@@ -141,7 +156,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     state = load_adapter(start.path, model) if start else {}
     with process_group(device, world) if plan.strategy != "ddp" else nullcontext():
         if plan.strategy != "deepspeed":  # DeepSpeed's engine places and partitions the model itself
-            model = shard(model, device, world) if plan.strategy == "fsdp" else ctx.prepare_model(model)
+            model = shard(model, device, world, bf16) if plan.strategy == "fsdp" else ctx.prepare_model(model)
         params = [p for p in model.parameters() if p.requires_grad]
         # foreach: the multi-tensor AdamW that torch already picks on CUDA, bitwise the same update as the
         # per-tensor loop it defaults to on CPU, which dispatches a dozen small ops for each of ~240 LoRA tensors.
@@ -153,7 +168,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
         if plan.strategy == "deepspeed":
             from steps.train.zero import engine_update
 
-            update = engine_update(model, optimizer, scheduler, plan, settings, device)
+            update = engine_update(model, optimizer, scheduler, plan, settings, device, bf16)
         if start:
             update.restore(state, rank)
             print(
@@ -161,7 +176,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
                 f"{state['strategy']}, training under {plan.strategy}",
                 flush=True,
             )
-        _train(loop, ctx, plan, update, start.step if start else 0)
+        _train(loop, ctx, plan, update, start.step if start else 0, bf16)
 
 
 def _train(
@@ -170,10 +185,12 @@ def _train(
     plan: strategies.Plan,
     update: Update,
     first_step: int,
+    bf16: bool,
 ) -> None:
     """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
     import torch
-    from torch.nn.functional import cross_entropy
+
+    from steps.train.loss import learned_token_loss
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
@@ -187,9 +204,9 @@ def _train(
     if progress:
         progress.advance(first_step)
     durable = checkpoints.DurableCopy(loop.checkpoint_uri) if rank == 0 and loop.checkpoint_uri else None
-    # FSDP on GPU casts through its MixedPrecisionPolicy instead (see shard).
-    bf16_autocast = device.type == "cuda" and plan.strategy == "ddp"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16_autocast else nullcontext()
+    # FSDP and ZeRO cast through their own mixed-precision settings instead (shard, zero.engine_update).
+    bf16_autocast = bf16 and plan.strategy == "ddp"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
     last_commit = time.monotonic()
     metrics: dict[str, float] = {}
@@ -204,9 +221,9 @@ def _train(
                 last = micro == settings.grad_accum_steps - 1
                 with update.sync(last), autocast:
                     # the loss transformers computes from labels, with logits at the learned positions only
-                    # (MicroBatch); float: bf16 logits under autocast, upcast as transformers does
+                    # (MicroBatch), in fp32 (bf16 logits under autocast are upcast, as transformers does)
                     logits = model(**batch.inputs).logits
-                    loss = cross_entropy(logits.float(), batch.targets) / settings.grad_accum_steps
+                    loss = learned_token_loss(logits, batch.targets) / settings.grad_accum_steps
                     update.backward(loss, last)
                 step_loss += float(loss.detach())
             update.step()

@@ -173,9 +173,17 @@ def _trainable(engine: Any) -> list[tuple[str, Any]]:
 
 
 def engine_update(
-    model: Any, optimizer: Any, scheduler: Any, plan: strategies.Plan, settings: TrainSettings, device: Any
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    plan: strategies.Plan,
+    settings: TrainSettings,
+    device: Any,
+    bf16: bool,
 ) -> ZeroUpdate:
     """Wrap `model` and the loop's AdamW in a DeepSpeed engine for `plan` (ZeRO stage, offload) on `device`.
+
+    bf16 on GPU only (parallel.resolve_precision); fp32 otherwise.
 
     Needs the default process group (Ray Train's, mpirun's, or the local launcher's 1-rank group): DeepSpeed
     adopts it instead of starting its own rendezvous.
@@ -198,7 +206,7 @@ def engine_update(
         micro_batch_size=settings.micro_batch_size,
         grad_accum_steps=settings.grad_accum_steps,
         max_grad_norm=settings.max_grad_norm,
-        bf16=on_gpu,
+        bf16=bf16,
         layer_params=_largest_layer(model),
     )
     engine, zero_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)

@@ -61,6 +61,7 @@ class Trainer:
         workers: int = 1,
         base_model: str = "smollm2-135m-instruct",
         strategy: str = "auto",
+        precision: str = "auto",
         checkpoint_every: int = INTERVAL,
         checkpoint_every_minutes: float = 0.0,
         keep_checkpoints: int = 3,
@@ -87,6 +88,7 @@ class Trainer:
             f"--num-workers={workers}",
             f"--cpus-per-worker={2 // workers}",
             f"--strategy={strategy}",
+            f"--precision={precision}",
         ]
         env = {**os.environ, "ARGO_PROGRESS_FILE": str(progress)}
         self.progress = progress
@@ -180,9 +182,11 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     even when the retry trains under FSDP (a 1-rank process group here) from the DDP run's checkpoint."""
     max_steps = 8
     # The reference commits by time only (every step takes longer than 0.6 ms), which checks that cadence too.
+    # fp32 throughout: FSDP computes in fp32 on CPU, and the retry's losses are compared with DDP's
     reference = Trainer(
-        dataset, tmp_path / "ref", max_steps, tmp_path / "p-ref", checkpoint_every=1000, checkpoint_every_minutes=1e-5
-    )
+        dataset, tmp_path / "ref", max_steps, tmp_path / "p-ref", precision="fp32", checkpoint_every=1000,
+        checkpoint_every_minutes=1e-5,
+    )  # fmt: skip
     code, output = reference.finish()
     assert code == 0, output[-3000:]
     uninterrupted = losses(output)
@@ -191,7 +195,7 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     assert kept == [f"step-{s:08d}" for s in (6, 7, 8)]  # a commit after every step, the newest 3 kept
 
     out = tmp_path / "out"
-    first = Trainer(dataset, out, max_steps, tmp_path / "p")
+    first = Trainer(dataset, out, max_steps, tmp_path / "p", precision="fp32")
     wait_for(lambda: first.done_steps() >= 3, first.proc)  # 3 is between checkpoints (every 2)
     first.proc.send_signal(signal.SIGTERM)
     code, output = first.finish()
@@ -199,7 +203,7 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     stopped = checkpoints.latest(out / "checkpoints").step
     assert stopped == max(losses(output)), "the checkpoint must hold the last finished step"
 
-    retry = Trainer(dataset, out, max_steps, tmp_path / "p", strategy="fsdp")
+    retry = Trainer(dataset, out, max_steps, tmp_path / "p", strategy="fsdp", precision="fp32")
     code, output = retry.finish()
     assert code == 0, output[-3000:]
     assert resumed_step(output) == stopped
@@ -226,7 +230,7 @@ def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matche
     def trainer(folder: Path, strategy: str = "fsdp", checkpoint_every: int = INTERVAL) -> Trainer:
         progress = tmp_path / f"progress-{folder.name}"
         return Trainer(
-            dataset, folder, max_steps, progress, launcher="ray", workers=2, strategy=strategy,
+            dataset, folder, max_steps, progress, launcher="ray", workers=2, strategy=strategy, precision="fp32",
             base_model=str(tiny_llama), checkpoint_every=checkpoint_every, keep_checkpoints=100, log_every=1,
         )  # fmt: skip
 

@@ -74,6 +74,7 @@ def train_args(workdir: Path, out: Path, strategy: str, zero_stage: int = 2, **e
         "cpus-per-worker": 1,
         "strategy": strategy,
         "zero-stage": zero_stage,
+        "precision": "fp32",  # what ZeRO computes in on CPU: DDP's losses are compared with it step for step
         **extra,
     }
     return [f"--{name}={value}" for name, value in settings.items()]
