@@ -12,9 +12,14 @@ with it, the candidate never beat the champion it would replace, and the rollout
 The candidate gets weight 0 (the champion keeps every request) and must answer a real generation through its
 slot before the task succeeds.
 
+A candidate that is already the champion (a rerun on unchanged data registers the same version) is not rolled
+out: the step says so in one line, loads nothing, and outputs rolls_out=false, which skips the canary steps and
+promote; `previous` keeps naming the version before the champion, never the champion itself.
+
 Outputs (one file each under --outputs-dir):
-    candidate_slot  blue or green
-    adapter_dir     where the fleet loaded the adapter from
+    rolls_out       false when the candidate is the champion already: nothing to roll out
+    candidate_slot  blue or green ("" when nothing rolls out)
+    adapter_dir     where the fleet loaded the adapter from ("" when nothing rolls out)
     answer          the candidate's answer to the readiness prompt
 """
 
@@ -50,6 +55,7 @@ class Args(FleetArgs):
 class Outputs(BaseModel):
     """Argo output parameters."""
 
+    rolls_out: bool
     candidate_slot: str
     adapter_dir: str
     answer: str
@@ -97,9 +103,16 @@ def champion_moved(compared: str | None, current: str | None) -> str:
 
 
 def _run(args: Args) -> Outputs:
-    adapter = check_candidate(args)
     state = rollout.read_state(args.state_file)
     current = rollout.champion_version(args.tracking_uri, args.model_name)
+    if args.model_version == current:
+        rollout.write_state(args.state_file, state.model_copy(update={"stage": STEP}))
+        rollout.log(
+            f"v{args.model_version} is already the champion of {args.model_name!r} (slot {state.champion_slot}): "
+            "nothing to roll out"
+        )
+        return Outputs(rolls_out=False, candidate_slot="", adapter_dir="", answer="")
+    adapter = check_candidate(args)
     if current != state.champion_version or (args.evaluated_champion and args.evaluated_champion != current):
         raise StepFailedError(champion_moved(args.evaluated_champion or state.champion_version, current))
     slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
@@ -131,7 +144,7 @@ def _run(args: Args) -> Outputs:
     rollout.log(
         f"candidate v{args.model_version} loaded in slot {slot} ({name}) at weight 0; it answered {answer.text!r}"
     )
-    return Outputs(candidate_slot=slot, adapter_dir=str(adapter), answer=answer.text)
+    return Outputs(rolls_out=True, candidate_slot=slot, adapter_dir=str(adapter), answer=answer.text)
 
 
 def main(argv: list[str] | None = None) -> int:

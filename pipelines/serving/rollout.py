@@ -4,7 +4,7 @@
     proxy-config ─▶ proxy, proxy-service, proxy-pdb ┤                  engine loads while the model trains)
     vllm-policy, proxy-policy ──────────────────────┴▶ serve-champion
     register + serve-champion ─▶ load-candidate ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶ analyze-50 ─▶
-        shift-100 ─▶ analyze-100 ─▶ promote
+        shift-100 ─▶ analyze-100 ─▶ promote        (skipped when the candidate is the champion already)
     onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
 
 Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
@@ -156,7 +156,15 @@ def rollout(
     previous = candidate
     for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
         label = canary.step_label(percent)
-        shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
+        shifted = _keyed(
+            cfg,
+            shift_traffic,
+            engine,
+            percent=percent,
+            task_name=f"shift-{label}",
+            after=previous,
+            when=candidate.rolls_out,
+        )
         previous = _keyed(
             cfg,
             canary,
@@ -170,8 +178,11 @@ def rollout(
             # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
             retry_strategy=retry(0),
             after=shifted,
+            when=candidate.rolls_out,
         )
-    return _keyed(cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous)
+    return _keyed(
+        cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous, when=candidate.rolls_out
+    )
 
 
 def finish_rollout(cfg: ServingConfig) -> TaskRef:

@@ -198,6 +198,30 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
     assert "llama-lora-green" in loaded and "llama-lora-blue" not in loaded  # the old champion drained, unloaded
 
 
+def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_cache, registry, adopt_engine):
+    """A rerun on unchanged data registers the champion's version again: nothing is loaded, canaried or promoted,
+    and `previous` still names the version before the champion."""
+    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    run = Run(state, model_cache, "2")
+    result = run.finish()
+    assert result.phase == "Succeeded", result.message
+    candidate = outputs(run.node("load-candidate"))
+    assert candidate["rolls_out"] == "false" and candidate["candidate_slot"] == "", candidate
+    log = (run.run_dir / "logs" / "load-candidate.log").read_text()
+    assert "v2 is already the champion of 'llama-lora' (slot green): nothing to roll out" in log
+    skipped = [t for t in run_nodes(run) if t.startswith(("shift-", "analyze-")) or t == "promote"]
+    assert len(skipped) == 7 and {run.node(t)["phase"] for t in skipped} == {"Skipped"}, skipped
+    assert outputs(run.node("onExit.finish-rollout"))["reason"] == "no candidate"
+    assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
+    assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
+    assert rollout.version_tags(registry, MODEL, "2")[rollout.PHASE_TAG] == "Healthy"
+    assert vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key) == loaded
+
+
+def run_nodes(run: Run) -> list[str]:
+    return list(json.loads((run.run_dir / "status.json").read_text())["status"]["nodes"])
+
+
 def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answers(
     state, model_cache, registry, adopt_engine
 ):
