@@ -52,8 +52,8 @@ from steps.common.base_model import default_cache_dir
 
 # Argo owns retries (one budget across Argo x RayJob x Ray Train): a failed worker fails this attempt.
 MAX_FAILURES = 0
-Precision = Literal["auto", "bf16", "fp32"]
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
+Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: steps.train.parallel.resolve_precision
 
 
 class LoraSettings(Settings):
