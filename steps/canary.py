@@ -3,6 +3,11 @@ r"""Canary analysis: does the served candidate behave at its current share of tr
     python -m steps.canary --percent=10 --report-dir=/fsx/runs/<wf>/reports --model-name=llama-lora \
         --tracking-uri=... --vllm-url=... --proxy-url=... --state-file=...
 
+`--percent=0` is the pre-traffic analysis (analyze-0): it runs after load-candidate, while the candidate's weight
+is still 0, so a candidate that fails it never answers a user. It sends no live traffic and applies every rule
+but the routing ones (candidate_share, share_z): served vs evaluated, errors, the champion comparison, and
+p95_latency_s over the candidate's probe answers, asked straight from the engine.
+
 Two kinds of traffic, both real requests to the running fleet:
 - live traffic through the proxy: chat requests to the public model name, `concurrency` at a time,
   `traffic_max_tokens` each; which slot answered is read from each response's x-litellm-model-id header. Their
@@ -75,6 +80,7 @@ CANARY_METRICS = (
     "champion_error_rate",
 )
 REPORT_ARTIFACTS = "canary"
+ROUTING_METRICS = ("candidate_share", "share_z")  # measured on live traffic, which the pre-traffic step sends none of
 
 
 def step_label(percent: float) -> str:
@@ -151,7 +157,9 @@ class CanarySettings(Settings):
 class Args(CanarySettings, FleetArgs):
     """Canary settings, the fleet, and what this analysis checks against."""
 
-    percent: float = Field(gt=0, le=100, description="the share the shift task just gave the candidate, percent")
+    percent: float = Field(
+        ge=0, le=100, description="the share the shift task just gave the candidate, percent; 0: pre-traffic"
+    )
     report_dir: Path = Field(description="where canary-<percent>.json and .md are written")
     max_new_tokens: int = Field(16, ge=1, description="answer length cap: evaluate.max_new_tokens")
 
@@ -172,6 +180,7 @@ class Probe(BaseModel):
     evaluated: float
     candidate: str = ""
     candidate_score: float = math.nan
+    candidate_latency_s: float = math.nan  # when this step asked it (not when its answer was reused)
     champion: str = ""
     champion_score: float = math.nan
 
@@ -203,14 +212,16 @@ def _run(args: Args) -> Outputs:
         rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
         return Outputs(reason=reason, metrics={}, report="")
     probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
+    rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
+    if args.percent == 0:  # pre-traffic: the candidate answers no user yet, only the probes below
+        rules = [r for r in rules if r.metric not in ROUTING_METRICS]
     sizing = canary_sizing.live_requests(
-        state.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)
+        args.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)
     )
-    rollout.log(f"canary at {state.percent:g}%: {sizing.describe()}")
+    rollout.log(f"canary at {args.percent:g}%: {sizing.describe()}")
     live = send_live_traffic(args, [p.prompt for p in probes], sizing.requests)
     asked = send_probes(args, state, probes)
     metrics = analyse(args, state, live, probes, asked)
-    rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
     passed, reason = gate(metrics, rules)
     if not passed and (down := vllm.engine_down(args.vllm_url)):
         reason = f"{down}; {reason}"  # the cause first: every metric failing after it is its effect
@@ -303,6 +314,9 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
         else:
             answers = _ask(args, key, name, prompts)
             asked[role] = Asked(sent=len(answers), errors=sum(not a.ok for a in answers))
+            if role == "candidate":
+                for probe, answer in zip(probes, answers, strict=True):
+                    probe.candidate_latency_s = answer.latency_s if answer.status else math.nan
             probe_cache.remember(cache_file, model, key, before, f"{STEP}-{args.percent:g}", answers)
         for probe, answer in zip(probes, answers, strict=True):  # no answer, no score: NaN, never a 0 that averages
             score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else math.nan
@@ -326,13 +340,17 @@ def _ask(args: Args, key: str, name: str, prompts: Sequence[str]) -> list[vllm.A
 def analyse(
     args: Args, state: RolloutState, live: Sequence[vllm.Answer], probes: Sequence[Probe], asked: Mapping[str, Asked]
 ) -> dict[str, float]:
-    """The canary metrics (see the module docstring); NaN where there is nothing to measure."""
+    """The canary metrics (see the module docstring); NaN where there is nothing to measure.
+
+    With no live traffic (the pre-traffic step), p95_latency_s is over the candidate's probe answers.
+    """
     answered = [a for a in live if a.ok]
     candidate_id = litellm_proxy.slot_id(args.model_name, state.candidate_slot or "blue")
     share = sum(a.served_by == candidate_id for a in answered) / len(answered) if answered else math.nan
     # Scores only from probes that were answered: a metric with no answer behind it is missing (fails closed).
     scored = [p for p in probes if math.isfinite(p.candidate_score)]
     candidate = asked["candidate"]
+    timed = [p for p in probes if math.isfinite(p.candidate_latency_s)]
     served = _mean(p.candidate_score for p in scored)
     evaluated = _mean(p.evaluated for p in scored)
     metrics = {
@@ -340,7 +358,10 @@ def analyse(
         "evaluated_score": evaluated,
         "served_gap": abs(served - evaluated),
         "error_rate": (len(live) - len(answered) + candidate.errors) / (len(live) + candidate.sent),
-        "p95_latency_s": _percentile([a.latency_s for a in live if a.status], canary_sizing.PERCENTILE),
+        "p95_latency_s": _percentile(
+            [a.latency_s for a in live if a.status] if live else [p.candidate_latency_s for p in timed],
+            canary_sizing.PERCENTILE,
+        ),
         "candidate_share": share,
         "share_z": share_z(share, state.percent / 100, len(answered)),
     }

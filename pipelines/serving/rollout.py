@@ -3,8 +3,11 @@
     prepare-fleet ─▶ vllm, vllm-service, vllm-pdb ─┐                  (starts as soon as the data is staged: the
     proxy-config ─▶ proxy, proxy-service, proxy-pdb ┤                  engine loads while the model trains)
     vllm-policy, proxy-policy ──────────────────────┴▶ serve-champion
-    register + serve-champion ─▶ load-candidate ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶ analyze-50 ─▶
-        shift-100 ─▶ analyze-100 ─▶ promote        (skipped when the candidate is the champion already)
+    register + serve-champion ─▶ load-candidate ─▶ analyze-0 ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶
+        analyze-50 ─▶ shift-100 ─▶ analyze-100 ─▶ promote   (skipped when the candidate is the champion already)
+
+analyze-0 is the pre-traffic analysis: the probe rows straight to the candidate while its weight is 0, so a
+candidate that fails it never answers a user.
     onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
 
 Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
@@ -13,7 +16,7 @@ templates (action apply, no owner reference: the fleet outlives the workflow; a 
 pod is available, i.e. its readiness probe generated). Rollout steps reach the fleet by its Service addresses; the
 keys come from the serving Secret mounted as files, and the steps that mount it carry objects.ROLLOUT_LABEL, the
 label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one shift/analyze
-pair each.
+pair each, after the pre-traffic analysis.
 """
 
 from __future__ import annotations
@@ -153,19 +156,9 @@ def rollout(
         workflow_name=Pipeline.current().workflow_name,
         after=[*after, champion],
     )
-    previous = candidate
-    for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
-        label = canary.step_label(percent)
-        shifted = _keyed(
-            cfg,
-            shift_traffic,
-            engine,
-            percent=percent,
-            task_name=f"shift-{label}",
-            after=previous,
-            when=candidate.rolls_out,
-        )
-        previous = _keyed(
+
+    def analysis(percent: float, after: TaskRef, when: When | None = None) -> TaskRef:
+        return _keyed(
             cfg,
             canary,
             cfg.canary,
@@ -173,16 +166,22 @@ def rollout(
             percent=percent,
             report_dir=Pipeline.current().run_dir / "reports",
             max_new_tokens=max_new_tokens or ANSWER_TOKENS,
-            task_name=f"analyze-{label}",
+            task_name=f"analyze-{canary.step_label(percent)}",
             resources=ANALYSIS_RESOURCES,
             # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
             retry_strategy=retry(0),
-            after=shifted,
-            when=candidate.rolls_out,
+            after=after,
+            when=when,
         )
-    return _keyed(
-        cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous, when=candidate.rolls_out
-    )
+
+    # Pre-traffic: weight 0, the probes straight to the candidate. Skipped when the candidate is the champion
+    # already; every later step runs after it succeeded, so they are left out too.
+    previous = analysis(0, candidate, when=candidate.rolls_out)
+    for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
+        label = canary.step_label(percent)
+        shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
+        previous = analysis(percent, shifted)
+    return _keyed(cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous)
 
 
 def finish_rollout(cfg: ServingConfig) -> TaskRef:

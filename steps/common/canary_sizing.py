@@ -49,6 +49,8 @@ class Sizing:
     def describe(self) -> str:
         """One line: n and why, e.g. `24 live requests: a share off by 0.25 from 10% reaches share_z 4 ...`."""
         w, tol = self.weight, self.tolerance
+        if w == 0:
+            return "0 live requests: the pre-traffic step, before the candidate takes any; only the probes ask it"
         if self.z is None:
             why = f"no {SHARE_METRIC} rule to size for"
         elif w < 1:
@@ -71,9 +73,14 @@ def share_z_limit(rules: Sequence[Threshold]) -> float | None:
 
 
 def live_requests(weight: float, tolerance: float, z: float | None) -> Sizing:
-    """The live requests a step at `weight` (0 < weight <= 1) sends to verify its share within `tolerance`."""
-    if not 0 < weight <= 1 or not 0 < tolerance < 1:
-        raise ValueError(f"weight must be in (0, 1] and tolerance in (0, 1); got {weight}, {tolerance}")
+    """The live requests a step at `weight` (0 <= weight <= 1) sends to verify its share within `tolerance`.
+
+    None at weight 0, the pre-traffic step: the candidate takes no live request, so there is no share to verify.
+    """
+    if not 0 <= weight <= 1 or not 0 < tolerance < 1:
+        raise ValueError(f"weight must be in [0, 1] and tolerance in (0, 1); got {weight}, {tolerance}")
+    if weight == 0:
+        return Sizing(requests=0, weight=0.0, tolerance=tolerance, z=z, bound=0.0)
     if z is None or z <= 0:  # no share rule, or one no share passes except the exact weight: nothing to size
         bound = 0.0
     elif weight < 1:

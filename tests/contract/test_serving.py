@@ -129,6 +129,7 @@ def test_canary_tasks_and_the_exit_handler_are_in_the_workflow(workflow, argo_va
     tasks = {t["name"]: t for t in dags["main"]}
     chain = [
         "load-candidate",
+        "analyze-0",  # pre-traffic: before any weight moves
         "shift-10",
         "analyze-10",
         "shift-50",
@@ -238,8 +239,8 @@ def test_network_policies_admit_only_the_proxy_and_the_rollout_steps_to_vllm_and
     keyed = {
         name for name, t in templates.items() if any(v["name"] == cfg.serving.secret for v in t.get("volumes") or [])
     }
-    assert keyed == {"serve-champion", "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50",
-                     "shift-100", "analyze-100", "promote", "finish-rollout"}  # fmt: skip
+    assert keyed == {"serve-champion", "load-candidate", "analyze-0", "shift-10", "analyze-10", "shift-50",
+                     "analyze-50", "shift-100", "analyze-100", "promote", "finish-rollout"}  # fmt: skip
     for name in keyed:  # the steps holding the keys reach both
         assert _admits(vllm_policy, labels[name], port) and _admits(proxy_policy, labels[name], proxy_port), name
     for name in set(templates) - keyed:  # training, evaluation, the report: neither

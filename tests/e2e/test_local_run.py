@@ -39,8 +39,8 @@ def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = No
 FLAGSHIP_TASKS = (
     "champion", "stage-data", "validate-data", "train", "evaluate", "register", "prepare-fleet", "vllm",
     "vllm-service", "vllm-pdb", "proxy-config", "proxy", "proxy-service", "proxy-pdb", "vllm-policy", "proxy-policy",
-    "serve-champion", "load-candidate", "shift-10", "analyze-10", "shift-50", "analyze-50", "shift-100",
-    "analyze-100", "promote",
+    "serve-champion", "load-candidate", "analyze-0", "shift-10", "analyze-10", "shift-50", "analyze-50",
+    "shift-100", "analyze-100", "promote",
     "onExit", "onExit.finish-rollout", "onExit.report",  # the exit handler's DAG node, as Argo names it, and its tasks
 )  # fmt: skip
 
@@ -102,7 +102,10 @@ def registered_versions(state_dir: Path) -> list:
     db = state_dir / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
     if not db.exists():
         return []
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    uri = f"sqlite:///{db}"
+    # registry_uri too: MlflowClient's default is the process's registry URI, which an in-process step of another
+    # module (test_rollout's register.run) may have set to its own database
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     return client.search_model_versions("name = 'llama-lora'")
 
 
@@ -165,15 +168,20 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
         "reason": "promoted",
         "champion_serving": "",
     }
-    # No champion: every step gives the candidate all traffic, so the 100 % step is the one analysis, sized to see
-    # a 0.25 leak at z = 4 (34 requests); the steps before it pass at once and say why.
+    # The pre-traffic analysis asks the candidate the 16 probe rows at weight 0. No champion: every step gives the
+    # candidate all traffic, so the 100 % step is the one live analysis, sized to see a 0.25 leak at z = 4 (34
+    # requests), reusing the probe answers; the steps before it pass at once and say why.
+    pre = json.loads(Path(outputs(status["analyze-0"])["report"].replace("/fsx", str(fsx(tmp_path)))).read_text())
+    assert pre["passed"] and pre["live_traffic"]["requests"] == 0
+    assert (pre["probes_asked"]["candidate"]["sent"], pre["probes_asked"]["candidate"]["errors"]) == (16, 0)
+    assert pre["metrics"]["served_gap"] <= 0.125  # served == evaluated on the probe rows (RO3)
     for percent in (10, 50):
         assert outputs(status[f"analyze-{percent}"])["reason"].startswith("no champion served: "), percent
     analysis = outputs(status["analyze-100"])["report"].replace("/fsx", str(fsx(tmp_path)))
     report = json.loads(Path(analysis).read_text())
     assert report["passed"] and report["live_traffic"]["served_by"] == {"llama-lora-blue": 34}
-    assert report["probes_asked"]["candidate"] == {"sent": 16, "errors": 0, "reused_from": ""}
-    assert report["metrics"]["served_gap"] <= 0.125  # served == evaluated on the probe rows (RO3)
+    assert report["probes_asked"]["candidate"]["reused_from"] == "analyze-0"
+    assert report["metrics"]["served_gap"] <= 0.125
     assert "vllm.entrypoints.openai.api_server" in (run_dir / "logs" / f"fleet-{fleet_name(status)}.log").read_text()
 
     # What the user sees at the end: base and tuned scores, the decision, the version, the champion.

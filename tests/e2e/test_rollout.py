@@ -175,14 +175,20 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
     run = Run(state, model_cache, "2")
     result = run.finish()
     assert result.phase == "Succeeded", result.message
+    # Pre-traffic: the probes straight to the candidate at weight 0, no live request, the routing rules left out.
+    before = run.report(0)
+    assert before["passed"] and before["live_traffic"] == {"requests": 0, "sized": before["live_traffic"]["sized"],
+                                                           "served_by": {}}  # fmt: skip
+    assert {r["metric"] for r in before["rules"]} == {"served_gap", "error_rate", "p95_latency_s", "score_vs_champion"}
     for percent, requests in ((10, 24), (50, 64), (100, 34)):
         report = run.report(percent)
         assert report["live_traffic"]["requests"] == requests, report["live_traffic"]
         assert report["live_traffic"]["sized"].startswith(f"{requests} live requests: "), report["live_traffic"]
-        # Each model answers the probes once: the first step asks both, the later ones reuse (same engine, adapters).
+        # Each model answers the probes once: the pre-traffic step asks both, the later ones reuse them (same
+        # engine, adapters, prompts).
         for asked in (report["probes_asked"][role] for role in ("candidate", "champion")):
-            fresh = (asked["sent"] > 0, asked["errors"], asked["reused_from"])
-            assert fresh == ((True, 0, "") if percent == 10 else (False, 0, "analyze-10")), (percent, asked)
+            fresh = (asked["sent"], asked["errors"], asked["reused_from"])
+            assert fresh == (0, 0, "analyze-0"), (percent, asked)
         served_by = report["live_traffic"]["served_by"]
         assert set(served_by) <= {"llama-lora-blue", "llama-lora-green"}, served_by  # no failed request
         n = sum(served_by.values())
@@ -209,8 +215,10 @@ def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_ca
     assert candidate["rolls_out"] == "false" and candidate["candidate_slot"] == "", candidate
     log = (run.run_dir / "logs" / "load-candidate.log").read_text()
     assert "v2 is already the champion of 'llama-lora' (slot green): nothing to roll out" in log
-    skipped = [t for t in run_nodes(run) if t.startswith(("shift-", "analyze-")) or t == "promote"]
-    assert len(skipped) == 7 and {run.node(t)["phase"] for t in skipped} == {"Skipped"}, skipped
+    assert run.node("analyze-0")["phase"] == "Skipped"  # the pre-traffic step; every later step follows it
+    left_out = [t for t in run_nodes(run) if t.startswith(("shift-", "analyze-")) or t == "promote"]
+    left_out.remove("analyze-0")
+    assert len(left_out) == 7 and {run.node(t)["phase"] for t in left_out} == {"Omitted"}, left_out
     assert outputs(run.node("onExit.finish-rollout"))["reason"] == "no candidate"
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
@@ -240,9 +248,13 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     result = run.finish()
     asker.join(300)
     assert result.phase == "Failed"
-    analysis = run.node("analyze-10")
+    # Caught before any user: the pre-traffic analysis fails, no shift runs, no live request reaches it.
+    analysis = run.node("analyze-0")
     assert analysis["phase"] == "Failed" and "served_gap" in analysis["message"], analysis
-    assert {run.node(t)["phase"] for t in ("shift-50", "analyze-50", "promote")} == {"Omitted"}
+    assert {run.node(t)["phase"] for t in ("shift-10", "analyze-10", "shift-50", "promote")} == {"Omitted"}
+    assert run.report(0)["live_traffic"]["requests"] == 0
+    state_file = state / "volumes" / "fsx-claim" / "runs" / run.run_dir.name / "rollout" / "state.json"
+    assert json.loads(state_file.read_text())["percent"] == 0.0  # its weight never left 0
     finished = outputs(run.node("onExit.finish-rollout"))
     assert finished["phase"] == "Degraded" and finished["champion_serving"] == "true"
     # RO1: champion unchanged, answering during the analysis and after it.

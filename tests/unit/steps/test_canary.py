@@ -270,3 +270,12 @@ def test_without_a_champion_a_step_below_100_leaves_the_one_analysis_to_the_last
     assert out.metrics == {} and out.report == ""
     assert not a.report_dir.exists()
     assert rollout.read_state(a.state_file).stage == "analyze-10"
+
+
+def test_the_pre_traffic_step_sends_no_live_request_and_says_why():
+    sizing = canary_sizing.live_requests(0.0, 0.25, 4.0)
+    assert sizing.requests == 0
+    assert sizing.describe().startswith("0 live requests: the pre-traffic step, before the candidate takes any")
+    assert set(canary.ROUTING_METRICS) <= set(canary.CANARY_METRICS)
+    with pytest.raises(ValueError, match=r"weight must be in \[0, 1\]"):
+        canary_sizing.live_requests(-0.1, 0.25, 4.0)

@@ -14,7 +14,7 @@ from tests.report_runs import HOSTILE, NOW, curves, make_run, page_of
 
 def test_a_succeeded_run_shows_dag_curves_metrics_samples_validation_and_version(tmp_path):
     text = page_of(tmp_path, "succeeded", runs=[curves()], ended=[EndedRun("r1", "llama-lora-t3st1", "FINISHED")])
-    assert text.count("<g class='task'") == 27  # 25 main tasks (7 + the rollout's 18) + finish-rollout and report
+    assert text.count("<g class='task'") == 28  # 26 main tasks (7 + the rollout's 19) + finish-rollout and report
     assert "data-phase='Running'" in text  # the exit handler's own task, still running
     assert text.count("<polyline class='series'") == 2  # loss and learning rate
     assert "<svg class='chart bars'" in text and "gate PASSED" in text
