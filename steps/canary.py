@@ -290,7 +290,8 @@ def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vl
 def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[str, Asked]:
     """The candidate's (and the champion's) answer and score on every probe, from the probe cache or asked.
 
-    A model is asked unless the rollout's probe cache holds its answers for the same engine, adapter and prompts.
+    A model is asked unless the rollout's probe cache holds its answers for the same engine, adapter and prompts
+    and this is not the pre-traffic step (a resumed analyze-0 measures again).
     """
     key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
     cache_file = probe_cache.cache_path(args.state_file)
@@ -307,7 +308,8 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
         name = litellm_proxy.slot_id(args.model_name, slot)
         model = probe_cache.model_key(args.vllm_url, key, name, version, prompts, args.max_new_tokens)
         before = probe_cache.engine_requests(args.vllm_url, key) if model else None
-        if model and (entry := probe_cache.lookup(cache, model, before)):
+        # The pre-traffic step always asks: it is the gate before any user, and it times the candidate's answers.
+        if model and args.percent > 0 and (entry := probe_cache.lookup(cache, model, before)):
             answers = [vllm.Answer(200, text, 0.0) for text in entry.answers]
             asked[role] = Asked(sent=0, errors=0, reused_from=entry.step)
             rollout.log(f"{role} {name}: probe answers reused from {entry.step} (same engine, adapter, prompts)")

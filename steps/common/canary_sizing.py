@@ -75,7 +75,7 @@ def share_z_limit(rules: Sequence[Threshold]) -> float | None:
 def live_requests(weight: float, tolerance: float, z: float | None) -> Sizing:
     """The live requests a step at `weight` (0 <= weight <= 1) sends to verify its share within `tolerance`.
 
-    None at weight 0, the pre-traffic step: the candidate takes no live request, so there is no share to verify.
+    0 at weight 0, the pre-traffic step: the candidate takes no live request, so there is no share to verify.
     """
     if not 0 <= weight <= 1 or not 0 < tolerance < 1:
         raise ValueError(f"weight must be in [0, 1] and tolerance in (0, 1); got {weight}, {tolerance}")

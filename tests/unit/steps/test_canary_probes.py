@@ -1,6 +1,7 @@
 """Probe answers asked once per model and reused across canary steps while nothing they depend on changed."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,17 @@ def test_each_model_answers_once_and_later_steps_reuse_its_answers(tmp_path, mon
     assert probes[0].champion == "llama-lora-blue says p0"
     assert canary.describe_asked(again) == "candidate reused from analyze-10, champion reused from analyze-10"
     assert not list((tmp_path / "rollout").glob(".*tmp"))  # written in one rename
+
+
+def test_the_pre_traffic_step_always_asks_and_times_the_candidate_and_later_steps_reuse_it(tmp_path, monkeypatch):
+    engine = Engine(tmp_path, monkeypatch)
+    step(tmp_path, 0)
+    resumed, probes = step(tmp_path, 0)  # a resumed analyze-0 measures again: it is the gate before any user
+    assert resumed == {"candidate": canary.Asked(3, 0), "champion": canary.Asked(3, 0)} and len(engine.asked) == 12
+    assert [p.candidate_latency_s for p in probes] == [0.1, 0.1, 0.1]
+    later, probes = step(tmp_path, 10)
+    assert later == {"candidate": canary.Asked(0, 0, "analyze-0"), "champion": canary.Asked(0, 0, "analyze-0")}
+    assert all(math.isnan(p.candidate_latency_s) for p in probes)  # not asked by this step
 
 
 @pytest.mark.parametrize(
