@@ -17,6 +17,7 @@ optimizer, threads, the step clock) is the harness's.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,6 @@ import train_peers  # the harness beside this file
 
 def main() -> int:
     """Run the harness's `bare` or `hf` variant in bf16 with the harness's BENCH_* settings; print its RESULT line."""
-    import os
-
     import torch
     import transformers
 

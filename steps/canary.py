@@ -163,6 +163,11 @@ class Args(CanarySettings, FleetArgs):
     report_dir: Path = Field(description="where canary-<percent>.json and .md are written")
     max_new_tokens: int = Field(16, ge=1, description="answer length cap: evaluate.max_new_tokens")
 
+    @property
+    def pre_traffic(self) -> bool:
+        """The analysis at weight 0 (analyze-0): no live request, the probes straight to the candidate."""
+        return self.percent == 0
+
 
 class Outputs(BaseModel):
     """Argo output parameters (written only when the analysis passed)."""
@@ -213,7 +218,7 @@ def _run(args: Args) -> Outputs:
         return Outputs(reason=reason, metrics={}, report="")
     probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
     rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
-    if args.percent == 0:  # pre-traffic: the candidate answers no user yet, only the probes below
+    if args.pre_traffic:  # the candidate answers no user yet, only the probes below
         rules = [r for r in rules if r.metric not in ROUTING_METRICS]
     sizing = canary_sizing.live_requests(
         args.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)
@@ -309,7 +314,7 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
         model = probe_cache.model_key(args.vllm_url, key, name, version, prompts, args.max_new_tokens)
         before = probe_cache.engine_requests(args.vllm_url, key) if model else None
         # The pre-traffic step always asks: it is the gate before any user, and it times the candidate's answers.
-        if model and args.percent > 0 and (entry := probe_cache.lookup(cache, model, before)):
+        if model and not args.pre_traffic and (entry := probe_cache.lookup(cache, model, before)):
             answers = [vllm.Answer(200, text, 0.0) for text in entry.answers]
             asked[role] = Asked(sent=0, errors=0, reused_from=entry.step)
             rollout.log(f"{role} {name}: probe answers reused from {entry.step} (same engine, adapter, prompts)")
@@ -361,7 +366,7 @@ def analyse(
         "served_gap": abs(served - evaluated),
         "error_rate": (len(live) - len(answered) + candidate.errors) / (len(live) + candidate.sent),
         "p95_latency_s": _percentile(
-            [a.latency_s for a in live if a.status] if live else [p.candidate_latency_s for p in timed],
+            [p.candidate_latency_s for p in timed] if args.pre_traffic else [a.latency_s for a in live if a.status],
             canary_sizing.PERCENTILE,
         ),
         "candidate_share": share,
