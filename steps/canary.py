@@ -64,7 +64,7 @@ from steps.common.canary_sizing import Sizing
 from steps.common.rollout import FleetArgs, RolloutState
 from steps.evaluate.gate import COMPARISONS, Threshold, gate
 from steps.evaluate.metrics import resolve
-from steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
+from steps.evaluate.report import evaluated_rows
 
 STEP = "analyze"
 CANARY_METRICS = (
@@ -118,7 +118,6 @@ class CanarySettings(Settings):
         description="rules against the champion on the same probes, applied when a champion is served",
     )
     request_timeout_s: int = Field(120, ge=1, description="seconds one request may take before it counts as failed")
-    drain_timeout_s: int = Field(120, ge=0, description="promotion: seconds to wait for the old champion's requests")
 
     @field_validator("weights")
     @classmethod
@@ -216,7 +215,8 @@ def _run(args: Args) -> Outputs:
         rollout.log(reason)
         rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
         return Outputs(reason=reason, metrics={}, report="")
-    probes = probe_set(evaluated_rows(args, state.candidate_version), args.probe_rows, args.task_metric)
+    rows = evaluated_rows(args.tracking_uri, args.model_name, state.candidate_version)
+    probes = probe_set(rows, args.probe_rows, args.task_metric)
     rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
     if args.pre_traffic:  # the candidate answers no user yet, only the probes below
         rules = [r for r in rules if r.metric not in ROUTING_METRICS]
@@ -239,24 +239,6 @@ def _run(args: Args) -> Outputs:
         )
     rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
     return Outputs(reason=reason, metrics=metrics, report=str(report))
-
-
-def evaluated_rows(args: Args, version: str) -> list[dict[str, object]]:
-    """The held-out rows `evaluate` scored for this version, in order (its report in the version's MLflow run)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    with tracking.errors(args.tracking_uri, f"reading the evaluation report of {args.model_name} v{version}"):
-        run_id = tracking.client(args.tracking_uri).get_model_version(args.model_name, version).run_id
-        try:
-            text = mlflow.artifacts.load_text(f"runs:/{run_id}/{REPORT_ARTIFACT}/{REPORT_FILE}")
-        except (MlflowException, OSError) as err:
-            raise StepInputError(
-                f"--model-name={args.model_name}: version {version} has no {REPORT_ARTIFACT}/{REPORT_FILE} in run "
-                f"{run_id}; served == evaluated cannot be checked without evaluate's per-row scores"
-            ) from err
-    rows = json.loads(text).get("rows") or []
-    return [r for r in rows if isinstance(r, dict)]
 
 
 def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "exact_match") -> list[Probe]:
@@ -303,14 +285,13 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
     cache = probe_cache.read(cache_file)
     prompts = [p.prompt for p in probes]
     models = {
-        "candidate": (state.candidate_slot, state.candidate_version),
-        "champion": (state.champion_slot, state.champion_version),
+        "candidate": (state.candidate_adapter, state.candidate_version),
+        "champion": (state.champion_adapter, state.champion_version),
     }
     asked: dict[str, Asked] = {}
-    for role, (slot, version) in models.items():
-        if slot is None:
+    for role, (name, version) in models.items():
+        if not name:
             continue
-        name = litellm_proxy.slot_id(args.model_name, slot)
         model = probe_cache.model_key(args.vllm_url, key, name, version, prompts, args.max_new_tokens)
         before = probe_cache.engine_requests(args.vllm_url, key) if model else None
         # The pre-traffic step always asks: it is the gate before any user, and it times the candidate's answers.

@@ -5,19 +5,22 @@ r"""The rollout's exit handler: roll back whatever did not finish; record the ou
 Argo runs it when the workflow ends however it ends: succeeded, a task failed (a canary analysis, a killed
 server), or the workflow was stopped or hit its deadline. If the rollout reached promotion there is nothing to
 undo (rollout.phase=Healthy). Otherwise, with a candidate on the fleet: every request of the public name goes
-back to the champion's slot (when a champion is served), the candidate's adapter is unloaded, and the candidate
-version is tagged rollout.phase=Degraded with the reason (the failing step's own message, from the state file).
+back to the champion's slot (when a champion is served), the candidate's adapter is unpublished (no engine can
+resolve it again; the engine in reach drops it at once; other pods keep it in memory, unrouted, until they
+restart), and the candidate version is tagged rollout.phase=Degraded with the reason (the failing step's own
+message, from the state file).
 `champion` never moved, so the registry needs no repair. Clean-up against a fleet that is gone (a killed engine)
 is reported and skipped; the tags are always written. A run that never loaded a candidate (the gate failed,
 training was skipped) has nothing to undo.
 
-After a rollback it asks the champion for a real answer and says whether it is serving: an engine that died takes
-the champion down with the candidate, and routing back then restores no service.
+After a rollback the champion must answer its probe set (the first held-out rows `evaluate` scored for it) through
+the proxy, from its slot, before the task says it is serving: an engine that died takes the champion down with the
+candidate, and routing back then restores no service.
 
 Outputs (one file each under --outputs-dir):
     phase             Healthy, Degraded, or empty when no candidate was rolled out
     reason            why
-    champion_serving  after a rollback to a champion: true if it answered, false if not; empty otherwise
+    champion_serving  after a rollback to a champion: true if it answered its probe set, false if not; else empty
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from eksflow.runtime.args import run_step
-from steps.common import litellm_proxy, rollout, vllm
+from steps.common import adapters, litellm_proxy, rollout, vllm
 from steps.common.rollout import FleetArgs
 
 
@@ -41,7 +44,7 @@ class Outputs(BaseModel):
 
     phase: str
     reason: str
-    champion_serving: str = ""  # after a rollback: "true" when the champion answered a generation, else "false"
+    champion_serving: str = ""  # after a rollback: "true" when the champion answered its probe set, else "false"
 
 
 def run(args: Args) -> Outputs:
@@ -54,16 +57,13 @@ def run(args: Args) -> Outputs:
         rollout.log(f"v{state.candidate_version} was promoted; nothing to roll back")
         return Outputs(phase="Healthy", reason="promoted")
     reason = state.failure or f"workflow {args.workflow_status} before promotion (last finished: {state.stage})"
-    candidate = litellm_proxy.slot_id(args.model_name, state.candidate_slot)
     key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
     if state.champion_slot is not None:
         weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, 0.0)
         rollout.best_effort("route traffic back to the champion", lambda: rollout.routes(args).set_weights(weights))
     vllm_url = args.vllm_url or state.vllm_url
-    if vllm_url:
-        rollout.best_effort(
-            f"unload the candidate's adapter {candidate}", lambda: vllm.unload_adapter(vllm_url, candidate, api_key=key)
-        )
+    if state.candidate_adapter:
+        _withdraw(args, state.candidate_adapter, vllm_url, key)
     rollout.tag_version(
         args.tracking_uri,
         args.model_name,
@@ -75,24 +75,28 @@ def run(args: Args) -> Outputs:
     if state.champion_slot is None or not state.champion_version:
         rollout.log(f"{rolled}; no champion to serve")
         return Outputs(phase="Degraded", reason=reason)
-    serving = champion_serving(vllm_url, litellm_proxy.slot_id(args.model_name, state.champion_slot), key)
+    why = rollout.not_answering(args, state.champion_version, state.champion_slot, timeout_s=30)
     champion = f"champion v{state.champion_version}"
-    if serving:
-        rollout.log(f"{rolled}; traffic on {champion}, which answers")
+    if not why:
+        rollout.log(f"{rolled}; traffic on {champion}, which answers its probe set through the proxy")
     else:
         down = vllm.engine_down(vllm_url) if vllm_url else "no fleet address"
         rollout.log(
-            f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({down or 'no answer'}): in the "
-            "cluster its Deployment restarts the engine; here, bring the champion back with `make serve`"
+            f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({down or why}): in the cluster its "
+            "Deployment restarts the engine; here, bring the champion back with `make serve`"
         )
-    return Outputs(phase="Degraded", reason=reason, champion_serving=str(serving).lower())
+    return Outputs(phase="Degraded", reason=reason, champion_serving=str(not why).lower())
 
 
-def champion_serving(vllm_url: str, champion: str, key: str) -> bool:
-    """Whether the champion's adapter answers a real generation after the rollback (the engine may be dead)."""
-    if not vllm_url:
-        return False
-    return vllm.chat(vllm_url, champion, vllm.READY_PROMPT, api_key=key, max_tokens=2, timeout_s=30).ok
+def _withdraw(args: Args, adapter: str, vllm_url: str, key: str) -> None:
+    """Unpublish the candidate's adapter (no engine resolves it again) and drop it from the engine in reach."""
+    rollout.best_effort(
+        f"unpublish the candidate's adapter {adapter}", lambda: adapters.unpublish(args.serving_dir, adapter)
+    )
+    if vllm_url:
+        rollout.best_effort(
+            f"unload the candidate's adapter {adapter}", lambda: vllm.unload_adapter(vllm_url, adapter, api_key=key)
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
-r"""Put the candidate on the serving fleet: its adapter loaded at run time into the slot the champion does not hold.
+r"""Put the candidate on the serving fleet: its adapter published, in the slot the champion does not hold, at weight 0.
 
     python -m steps.load_candidate --model-name=llama-lora --model-version=4 --evaluated-champion=3 \
-        --tracking-uri=... --vllm-url=... --proxy-url=... --serving-dir=... --state-file=... --base-dir=...
+        --tracking-uri=... --vllm-url=... --proxy-url=... --serving-dir=... --routes-file=... --state-file=... \
+        --base-dir=...
 
 Bad input exits 2 before any server is asked: a version without its adapter folder, an adapter whose rank is
 above the engine's --max-lora-rank, an adapter trained on another base model (its tensor shapes against the base
@@ -9,8 +10,9 @@ model folder the engine serves, and the version's `base_model` tag against the f
 serve merged (steps/common/vllm.py says when). RO4: if `champion` moved since `evaluate` compared the candidate
 with it, the candidate never beat the champion it would replace, and the rollout stops (exit 1).
 
-The candidate gets weight 0 (the champion keeps every request) and must answer a real generation through its
-slot before the task succeeds.
+The adapter is published to the fleet's adapter folder (steps/common/adapters.py: every engine resolves it by
+name, no load call) and assigned to the free slot in the routes file at weight 0 (the champion keeps every
+request); it must answer a real generation before the task succeeds.
 
 A candidate that is already the champion (a rerun on unchanged data registers the same version) is not rolled
 out: the step says so in one line, loads nothing, and outputs rolls_out=false, which skips the canary steps and
@@ -19,8 +21,8 @@ promote; `previous` keeps naming the version before the champion, never the cham
 Outputs (one file each under --outputs-dir):
     rolls_out       false when the candidate is the champion already: nothing to roll out
     candidate_slot  blue or green ("" when nothing rolls out)
-    adapter_dir     where the fleet loaded the adapter from ("" when nothing rolls out)
-    answer          the candidate's answer to the readiness prompt
+    adapter         the published adapter's name, which the engines serve it under ("" when nothing rolls out)
+    answer          the candidate's answer to the first held-out row `evaluate` scored (its readiness check)
 """
 
 from __future__ import annotations
@@ -57,18 +59,18 @@ class Outputs(BaseModel):
 
     rolls_out: bool
     candidate_slot: str
-    adapter_dir: str
+    adapter: str
     answer: str
 
 
 def run(args: Args) -> Outputs:
-    """Check the candidate, load it into the free slot at weight 0, prove it answers."""
+    """Check the candidate, publish it into the free slot at weight 0, prove it answers."""
     with rollout.recording_failures(args.state_file, STEP):
         return _run(args)
 
 
-def check_candidate(args: Args) -> Path:
-    """The candidate's adapter folder, after every input check (exit 2 on any); no server is contacted."""
+def check_candidate(args: Args, adapter: Path) -> None:
+    """Every input check of the candidate's adapter folder (exit 2 on any); no server is contacted."""
     tags = rollout.version_tags(args.tracking_uri, args.model_name, args.model_version)
     trained_on = tags.get("base_model", "")
     if trained_on and trained_on != args.base_model:
@@ -76,10 +78,8 @@ def check_candidate(args: Args) -> Path:
             f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
             f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
         )
-    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, args.model_version, args.serving_dir)
     spec = vllm.read_adapter(adapter, "--model-version")
     vllm.check_adapter(spec, args.max_lora_rank, args.base_dir, f"--model-version={args.model_version}")
-    return adapter
 
 
 def progressing_tags(slot: str, workflow_name: str) -> dict[str, str]:
@@ -111,19 +111,15 @@ def _run(args: Args) -> Outputs:
             f"v{args.model_version} is already the champion of {args.model_name!r} (slot {state.champion_slot}): "
             "nothing to roll out"
         )
-        return Outputs(rolls_out=False, candidate_slot="", adapter_dir="", answer="")
-    adapter = check_candidate(args)
+        return Outputs(rolls_out=False, candidate_slot="", adapter="", answer="")
     if current != state.champion_version or (args.evaluated_champion and args.evaluated_champion != current):
         raise StepFailedError(champion_moved(args.evaluated_champion or state.champion_version, current))
     slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
-    name = litellm_proxy.slot_id(args.model_name, slot)
-    api_key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
-    routes = rollout.routes(args)
     if state.champion_slot is not None:  # the champion keeps all traffic until the first canary step
-        routes.set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))
-    vllm.load_adapter(args.vllm_url, name, adapter, api_key=api_key)
-    routes.point(name, args.vllm_url)
-    answer = vllm.wait_ready(args.vllm_url, name, api_key=api_key, timeout_s=args.timeout_s)
+        rollout.routes(args).set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))
+    name, answer = rollout.publish_to_slot(
+        args, args.model_version, slot, lambda adapter: check_candidate(args, adapter), timeout_s=args.timeout_s
+    )
     rollout.tag_version(
         args.tracking_uri,
         args.model_name,
@@ -136,15 +132,14 @@ def _run(args: Args) -> Outputs:
             update={
                 "candidate_version": args.model_version,
                 "candidate_slot": slot,
+                "candidate_adapter": name,
                 "stage": STEP,
                 "vllm_url": args.vllm_url,
             }
         ),
     )
-    rollout.log(
-        f"candidate v{args.model_version} loaded in slot {slot} ({name}) at weight 0; it answered {answer.text!r}"
-    )
-    return Outputs(rolls_out=True, candidate_slot=slot, adapter_dir=str(adapter), answer=answer.text)
+    rollout.log(f"candidate v{args.model_version} published as {name}, in slot {slot} at weight 0")
+    return Outputs(rolls_out=True, candidate_slot=slot, adapter=name, answer=answer.text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,9 @@ class Args(StepArgs):
     pipeline: str = Field(pattern=K8S_NAME, max_length=40, description="pipeline name: the fleet's name prefix")
     namespace: str = Field(pattern=K8S_NAME, description="namespace of the fleet's Service")
     port: int = Field(8000, ge=1, le=65535, description="the vLLM Service port")
+    serving_dir: Path = Field(
+        description="the fleet's adapter folder on FSx, made here: vLLM's resolver needs it when the engine starts"
+    )
 
 
 class Outputs(BaseModel):
@@ -61,6 +64,7 @@ def run(args: Args) -> Outputs:
     """Resolve the base model folder and name the fleet."""
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     fleet = fleet_name(args.pipeline, args.base_model)
+    args.serving_dir.mkdir(parents=True, exist_ok=True)
     print(f"fleet {fleet} serves {args.base_model} from {model_dir}", file=sys.stderr)
     return Outputs(model_dir=str(model_dir), fleet=fleet, vllm_url=service_url(fleet, args.namespace, args.port))
 

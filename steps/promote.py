@@ -1,4 +1,4 @@
-r"""Finish the rollout: the candidate becomes `champion` (compare-and-set), takes all traffic, the old adapter goes.
+r"""Finish the rollout: the candidate becomes `champion` (compare-and-set) and takes all traffic.
 
     python -m steps.promote --model-name=llama-lora --tracking-uri=... --vllm-url=... --proxy-url=... --state-file=...
 
@@ -9,9 +9,9 @@ In order:
    the traffic back). MLflow has no atomic alias update, so the alias is read back after the move as well: a
    writer that slipped in between is reported, never silently overwritten twice;
 3. `champion` moves to the candidate and the former champion gets `previous` (the `rollback` command's target);
-4. the former champion's slot is drained (no request running or waiting on its adapter, from vLLM's /metrics;
-   canary.drain_timeout_s at most) and its adapter unloaded, so the slot is free for the next candidate;
-5. a request to the public name through the proxy proves the result; the version is tagged rollout.phase=Healthy.
+   its slot keeps weight 0 and its adapter stays published, so a rollback needs no download and requests it was
+   answering finish on their own;
+4. a request to the public name through the proxy proves the result; the version is tagged rollout.phase=Healthy.
 
 Outputs (one file each under --outputs-dir):
     champion_version  the new champion
@@ -31,9 +31,8 @@ STEP = "promote"
 
 
 class Args(FleetArgs):
-    """The fleet, and how long the old champion may take to finish its requests."""
+    """The fleet, and how long the final request through the proxy may take."""
 
-    drain_timeout_s: int = Field(120, ge=0, description="seconds to wait for the old champion's running requests")
     request_timeout_s: int = Field(120, ge=1, description="seconds for the final request through the proxy")
 
 
@@ -46,7 +45,7 @@ class Outputs(BaseModel):
 
 
 def run(args: Args) -> Outputs:
-    """Compare-and-set `champion`, route everything to it, unload the former champion's adapter."""
+    """Route everything to the candidate, compare-and-set `champion`, prove the public name answers from it."""
     with rollout.recording_failures(args.state_file, STEP):
         return _run(args)
 
@@ -81,8 +80,6 @@ def _run(args: Args) -> Outputs:
     compare_and_set(args.tracking_uri, args.model_name, state.champion_version, state.candidate_version)
     state = state.model_copy(update={"percent": 100.0, "stage": STEP, "phase": "Healthy"})
     rollout.write_state(args.state_file, state)
-    if state.champion_slot is not None and state.champion_slot != state.candidate_slot:
-        _retire(args, litellm_proxy.slot_id(args.model_name, state.champion_slot))
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
     answer = vllm.chat(
         args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, timeout_s=args.request_timeout_s
@@ -102,15 +99,6 @@ def _run(args: Args) -> Outputs:
     return Outputs(
         champion_version=state.candidate_version, previous_version=state.champion_version, answer=answer.text
     )
-
-
-def _retire(args: Args, name: str) -> None:
-    """Drain the former champion's adapter and unload it (the slot holds no traffic: its weight is 0)."""
-    key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
-    if not vllm.drain(args.vllm_url, name, api_key=key, timeout_s=args.drain_timeout_s):
-        rollout.log(f"warning: {name} still had requests after {args.drain_timeout_s} s; unloading it anyway")
-    vllm.unload_adapter(args.vllm_url, name, api_key=key)
-    rollout.log(f"former champion's adapter {name} drained and unloaded")
 
 
 def main(argv: list[str] | None = None) -> int:

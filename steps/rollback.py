@@ -5,11 +5,13 @@ r"""Put the `previous` version back as champion and route the public model name 
         --base-dir=/fsx/models/m          # in the cluster, next to the fleet (e.g. `argo submit` of this step)
     make rollback                         # here: the local fleet lives only as long as a run, so only the aliases
 
-With a fleet (--vllm-url given): `previous`'s adapter is loaded into the slot the champion does not hold and must
-answer a real generation, the public name's traffic moves to it, then the bad champion's slot is drained and
-unloaded. Then the aliases swap: `champion` -> the previous version, `previous` -> the version rolled back, which
-is tagged rollout.phase=RolledBack. Without a fleet only the aliases move (the next run serves the new champion).
-Exit 2 when there is no `previous` to go back to.
+With a fleet (--vllm-url given): `previous`'s adapter is published (it usually still is) and assigned to the slot
+the champion does not hold, and must answer a real generation; then the public name's traffic moves to it, and it
+must answer its probe set through the proxy (else the traffic goes back and nothing else changes: exit 1). The
+bad champion's slot keeps weight 0; the restored version is tagged rollout.phase=Healthy. Then the aliases swap:
+`champion` -> the previous version, `previous` -> the version rolled back, which is tagged
+rollout.phase=RolledBack. Without a fleet only the aliases move (the next run serves the new champion). Exit 2
+when there is no `previous` to go back to.
 
 Outputs (one file each under --outputs-dir):
     champion_version  the version now champion
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.runtime.args import StepInputError, run_step
+from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 from steps.common import litellm_proxy, rollout, tracking, vllm
 from steps.common.rollout import FleetArgs
 
@@ -32,11 +34,15 @@ class Args(FleetArgs):
 
     vllm_url: str = Field("", pattern=r"^$|^https?://", description="the vLLM Service; empty: move the aliases only")
     proxy_url: str = Field("", pattern=r"^$|^https?://", description="the LiteLLM proxy Service")
-    serving_dir: Path = Field(Path("/fsx/serving"), description="folder the fleet loads adapters from")
+    serving_dir: Path = Field(
+        Path("/fsx/serving"), description="the fleet's adapter folder (<fsx>/serving/<model>/adapters in a pipeline)"
+    )
+    routes_file: Path = Field(
+        Path("/fsx/serving/routes.json"), description="the proxy's routes file (<fsx>/serving/<model>/routes.json)"
+    )
     state_file: Path = Field(Path("/fsx/serving/rollback-state.json"), description="not used by a rollback")
     base_dir: Path = Field(Path(), description="the fleet's base model folder (for the adapter check)")
     max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank")
-    drain_timeout_s: int = Field(120, ge=0, description="seconds to wait for the bad champion's requests")
     timeout_s: int = Field(300, ge=1, description="seconds for the restored version's first answer")
 
 
@@ -84,23 +90,30 @@ def _reroute(args: Args, restored: str, bad: str) -> None:
         "green" if tags.get(rollout.SLOT_TAG) == "green" else ("blue" if bad else None)
     )
     slot = litellm_proxy.other_slot(bad_slot) if bad_slot else litellm_proxy.SLOTS[0]
-    name = litellm_proxy.slot_id(args.model_name, slot)
-    key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
-    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, restored, args.serving_dir)
-    vllm.check_adapter(
-        vllm.read_adapter(adapter, "previous"), args.max_lora_rank, args.base_dir, f"previous v{restored}"
-    )
-    vllm.load_adapter(args.vllm_url, name, adapter, api_key=key)
-    vllm.wait_ready(args.vllm_url, name, api_key=key, timeout_s=args.timeout_s)
+
+    def check(adapter: Path) -> None:
+        vllm.check_adapter(
+            vllm.read_adapter(adapter, "previous"), args.max_lora_rank, args.base_dir, f"previous v{restored}"
+        )
+
+    name, _ = rollout.publish_to_slot(args, restored, slot, check, timeout_s=args.timeout_s)
     routes = rollout.routes(args)
-    routes.point(name, args.vllm_url)
     routes.set_weights(litellm_proxy.weights_for(args.model_name, bad_slot, slot, 100.0))
-    rollout.tag_version(args.tracking_uri, args.model_name, restored, {rollout.SLOT_TAG: slot})
-    if bad_slot is not None:
-        bad_name = litellm_proxy.slot_id(args.model_name, bad_slot)
-        vllm.drain(args.vllm_url, bad_name, api_key=key, timeout_s=args.drain_timeout_s)
-        vllm.unload_adapter(args.vllm_url, bad_name, api_key=key)
-    rollout.log(f"v{restored} serves all of {args.model_name!r} from {name}")
+    why = rollout.not_answering(args, restored, slot)
+    if why:
+        if bad_slot is not None:  # the version that was serving takes the traffic back: no worse than before
+            routes.set_weights(litellm_proxy.weights_for(args.model_name, slot, bad_slot, 100.0))
+        raise StepFailedError(
+            f"v{restored} does not answer its probe set through the proxy ({why}); traffic is back on v{bad} and "
+            "the aliases are unchanged"
+        )
+    rollout.tag_version(
+        args.tracking_uri,
+        args.model_name,
+        restored,
+        {rollout.SLOT_TAG: slot, rollout.PHASE_TAG: "Healthy", rollout.REASON_TAG: f"restored by rollback from v{bad}"},
+    )
+    rollout.log(f"v{restored} serves all of {args.model_name!r} from slot {slot} ({name}) and answers its probe set")
 
 
 def main(argv: list[str] | None = None) -> int:

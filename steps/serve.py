@@ -34,7 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator
 
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
-from steps.common import rollout, tracking, vllm, vllm_auth
+from steps.common import adapters, rollout, tracking, vllm, vllm_auth
 from steps.common.base_model import default_cache_dir, resolve_model
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
@@ -86,7 +86,7 @@ def run(args: Args) -> Outputs:
     """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
     tracking.require_registry(args.tracking_uri)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
-    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
+    adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
     base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
     if not base_model:
         raise StepInputError(f"--version={version}: the version has no base_model tag; register it with steps.register")

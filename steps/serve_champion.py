@@ -1,13 +1,16 @@
-r"""Make sure the fleet serves the champion: its adapter loaded in its slot, all of the public name's traffic on it.
+r"""Make sure the fleet serves the champion: its adapter published, its slot routed to it with all the traffic.
 
     python -m steps.serve_champion --model-name=llama-lora --tracking-uri=... --vllm-url=... --proxy-url=... \
-        --serving-dir=/fsx/serving/llama-lora --state-file=/fsx/runs/<wf>/rollout/state.json --base-dir=/fsx/models/m
+        --serving-dir=/fsx/serving/llama-lora/adapters --routes-file=/fsx/serving/llama-lora/routes.json \
+        --state-file=/fsx/runs/<wf>/rollout/state.json --base-dir=/fsx/models/m
 
-Idempotent, and the first rollout task: a fleet just started (every local run, a restarted pod) has no adapter
-loaded yet; a fleet already serving the champion is left as it is. The champion's slot is its `serving.slot` tag
-(blue for a version that has none). The state file records the champion this rollout compares against and, at
-promotion, moves `champion` from (RO4). A champion trained on another base model cannot share this fleet's
-engine: the rollout then goes ahead without a live champion (its recorded scores still gated `evaluate`).
+Idempotent, and the first rollout task. The champion's adapter is published to the fleet's adapter folder (once:
+a published adapter stays) and its slot in the routes file names it; every engine of the fleet, a pod just started
+included, resolves it by name at its first request. The champion must answer a real generation before the task
+succeeds. Its slot is its `serving.slot` tag (blue for a version that has none). The state file records the
+champion this rollout compares against and, at promotion, moves `champion` from (RO4). A champion trained on
+another base model cannot share this fleet's engines: the rollout then goes ahead without a live champion (its
+recorded scores still gated `evaluate`).
 
 Outputs (one file each under --outputs-dir):
     champion_version  the version serving as champion, empty when there is none (yet, or on this engine)
@@ -56,31 +59,31 @@ def _run(args: Args) -> Outputs:
         rollout.log(f"{args.model_name} has no champion yet: the first candidate takes all traffic once it passes")
         rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
         return Outputs(champion_version="", champion_slot="")
-    adapter = rollout.download_adapter(args.tracking_uri, args.model_name, version, args.serving_dir)
-    try:
+    tags = rollout.version_tags(args.tracking_uri, args.model_name, version)
+    slot: litellm_proxy.Slot = "green" if tags.get(rollout.SLOT_TAG) == "green" else "blue"
+
+    def check(adapter: Path) -> None:
         vllm.check_adapter(
             vllm.read_adapter(adapter, "champion"), args.max_lora_rank, args.base_dir, f"champion v{version}"
         )
+
+    try:
+        name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
     except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline
         rollout.log(f"champion v{version} cannot be served on this fleet ({err}); rollout without a live champion")
         rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
         return Outputs(champion_version="", champion_slot="")
-    tags = rollout.version_tags(args.tracking_uri, args.model_name, version)
-    slot: litellm_proxy.Slot = "green" if tags.get(rollout.SLOT_TAG) == "green" else "blue"
-    name = litellm_proxy.slot_id(args.model_name, slot)
-    api_key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
-    if vllm.loaded_adapters(args.vllm_url, api_key=api_key).get(name) != str(adapter):
-        vllm.load_adapter(args.vllm_url, name, adapter, api_key=api_key)
-    answer = vllm.wait_ready(args.vllm_url, name, api_key=api_key, timeout_s=args.timeout_s)
-    routes = rollout.routes(args)
-    routes.point(name, args.vllm_url)
-    routes.set_weights(litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0))
+    rollout.routes(args).set_weights(
+        litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0)
+    )
     rollout.tag_version(args.tracking_uri, args.model_name, version, {rollout.SLOT_TAG: slot})
     rollout.write_state(
         args.state_file,
-        RolloutState(champion_version=version, champion_slot=slot, stage=STEP, vllm_url=args.vllm_url),
+        RolloutState(
+            champion_version=version, champion_slot=slot, champion_adapter=name, stage=STEP, vllm_url=args.vllm_url
+        ),
     )
-    rollout.log(f"champion v{version} serves from slot {slot} ({name}), all traffic; it answered {answer.text!r}")
+    rollout.log(f"champion v{version} serves all traffic from slot {slot} ({name})")
     return Outputs(champion_version=version, champion_slot=slot)
 
 

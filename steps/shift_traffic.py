@@ -1,11 +1,11 @@
 r"""One canary step: give the candidate `--percent` of the public model name's traffic, the champion the rest.
 
-    python -m steps.shift_traffic --percent=10 --model-name=llama-lora --proxy-url=... --state-file=...
+    python -m steps.shift_traffic --percent=10 --model-name=llama-lora --routes-file=... --state-file=...
 
-The weights change in the LiteLLM proxy (its management API in the cluster, the routes file here: see
-steps/common/litellm_proxy.py); no request fails during the change, and the next request is routed by the new
-weights. Without a live champion the candidate takes all traffic at the first step. The analysis task that
-follows (steps.canary) measures the share the candidate actually got.
+The weights change in the routes file on FSx that every LiteLLM proxy pod reads (steps/common/litellm_proxy.py);
+no request fails during the change, and the next request is routed by the new weights. Without a live champion
+the candidate takes all traffic at the first step. The analysis task that follows (steps.canary) measures the
+share the candidate actually got.
 
 Outputs (one file each under --outputs-dir):
     weights   slot id -> weight now in force, as JSON

@@ -7,35 +7,39 @@ executor makes a LocalFleet with each run, hands it each applied object and stop
 does here what the cluster would do:
 
 - apps/v1 Deployment of vLLM (`python3 -m vllm.entrypoints.openai.api_server ...`): one engine process with the
-  interpreter of .venv-vllm ($EKSFLOW_VLLM_PYTHON), its args and env, container paths mapped to the run's
-  volumes, listening on 127.0.0.1 only. The task succeeds when the engine answers a real generation (the pod's
-  readiness probe), as Argo's successCondition waits for an available pod. One engine per machine: two stall
-  each other on 2 cores, so a second vLLM Deployment in one run is refused (a base-model change needs a cluster).
+  interpreter of .venv-vllm ($EKSFLOW_VLLM_PYTHON), its args and env, container paths (whole values) mapped to
+  the run's volumes, listening on 127.0.0.1 only; it resolves the adapters published to the FSx adapter folder
+  by name, as every pod does. One engine whatever spec.replicas says (the cluster's at least 2): every pod
+  serves the same adapters from the same folder, so one stands for all. The task succeeds when the engine
+  answers a real generation (the pod's readiness probe), as Argo's successCondition waits for an available pod.
+  One engine per machine: two stall each other on 2 cores, so a second vLLM Deployment in one run is refused (a
+  base-model change needs a cluster).
 - apps/v1 Deployment of the LiteLLM proxy (`litellm --config ...`): a proxy process from .venv-litellm
-  ($EKSFLOW_LITELLM), with its ConfigMap's config.yaml adapted to the one thing missing offline, the database:
-  database_url and store_model_in_db are dropped, the slot deployments the rollout would create through
-  /model/new (the ConfigMap's slots.yaml) are declared in model_list on the run's engine, and the routes-file
-  callback (steps/common/litellm_routes.py, copied beside the config) is registered; every task gets the file as
-  EKSFLOW_ROUTES_FILE.
+  ($EKSFLOW_LITELLM) in the folder its ConfigMap volume maps to, holding the ConfigMap's files unchanged
+  (config.yaml and the routes callback); it routes by the routes file on the run's FSx volume, as every proxy
+  pod does.
 - v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after
   it allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>; free
   text is never rewritten.
-- v1 ConfigMap: its data, for the Deployment that mounts it. policy/v1 PodDisruptionBudget: nothing to protect.
+- v1 ConfigMap: its files, written where the Deployment that mounts it looks. policy/v1 PodDisruptionBudget:
+  nothing to protect.
 - networking.k8s.io/v1 NetworkPolicy: recorded (`policies`, and its spec in logs/fleet-<name>.log), not enforced:
   that takes the cluster's CNI. Here every process listens on 127.0.0.1 only, and vLLM asks for its key on every
   route.
 - $EKSFLOW_VLLM_URL (an engine already running on this machine, e.g. a test session's): the vLLM Deployment
-  adopts it instead of starting a second engine, after checking that it serves the same base model folder with
-  runtime LoRA loading; it is not stopped with the run. Its API key is $EKSFLOW_VLLM_API_KEY.
+  adopts it instead of starting a second engine, after checking that it serves the same base model folder; it is
+  not stopped with the run. Its API key is $EKSFLOW_VLLM_API_KEY, its adapter folder $EKSFLOW_VLLM_ADAPTERS: the
+  run's adapter folder becomes a link to it (adapters already published there move into it first), so what the
+  run's steps publish is what the engine resolves.
 - Secrets: each key a Deployment reads (env secretKeyRef) gets a random value for the run, written as a file to
   the run volume named after the Secret, which is where a step mounting that Secret (a volume of the same name)
-  reads it; DATABASE_URL is left out. The files are deleted when the fleet stops.
+  reads it. The files are deleted when the fleet stops.
 
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
 succeeded, failed or interrupted. A resumed run applies the fleet's objects again, with every task after them
 (services.restarted). The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the
-steps, the fleet imports only constants (the routes file's variable and the callback's path, the readiness prompt).
+steps, the fleet imports only constants (the readiness prompt, the resolver's variable).
 """
 
 from __future__ import annotations
@@ -57,15 +61,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eksflow.local import RunServiceError, register_run_service
 from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules
-from eksflow.local.paths import PathMap, map_argv
+from eksflow.local.paths import PathMap, map_argv, map_env
 from eksflow.local.process import ProcessTracker
-from pipelines.serving import objects
-from steps.common import litellm_routes
 from steps.common.vllm import READY_PROMPT
 
 FLEET_KINDS = {
@@ -76,10 +76,10 @@ FLEET_KINDS = {
     ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-CALLBACK = Path(litellm_routes.__file__)  # copied beside the proxy's config: the proxy imports it from there
 ADOPT_ENV = "EKSFLOW_VLLM_URL"  # an engine already running here that the run uses instead of its own
 ADOPT_KEY_ENV = "EKSFLOW_VLLM_API_KEY"
-NO_DATABASE = ("DATABASE_URL",)  # no Postgres offline: the proxy runs without one (weights from the routes file)
+ADOPT_ADAPTERS_ENV = "EKSFLOW_VLLM_ADAPTERS"  # the adopted engine's adapter folder (VLLM_LORA_RESOLVER_CACHE_DIR)
+RESOLVER_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
 _GRACE_S = 15.0
 
 
@@ -125,11 +125,6 @@ class LocalFleet:
     _secrets: dict[tuple[str, str], str] = field(default_factory=dict)  # (Secret, key) -> this run's value
     _engine_port: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
-
-    @property
-    def routes_file(self) -> Path:
-        """The weights the proxy's callback reads at every request."""
-        return self.run_dir / "fleet" / "routes.json"
 
     # -- applying objects ----------------------------------------------------------------------------------
 
@@ -187,10 +182,15 @@ class LocalFleet:
         paths = self._mounts(template.get("spec") or {}, container, name)
         # Every value that is a container path as a whole, alone or after `--flag=` (as the old per-value rule).
         args = map_argv(["", *(str(a) for a in container.get("args") or [])], paths, PathRules(None, None))[1:]
-        env = self._env(container, where, adopted=role == "vllm" and bool(os.environ.get(ADOPT_ENV)))
+        env = map_env(
+            self._env(container, where, adopted=role == "vllm" and bool(os.environ.get(ADOPT_ENV))).items(),
+            paths,
+            PathRules(None, None),
+        )
         log = self.run_dir / "logs" / f"fleet-{name}.log"
         model = next((a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")), "")
         if role == "vllm" and os.environ.get(ADOPT_ENV):
+            _share_adapters(env.get(RESOLVER_DIR_ENV, ""), where)
             process = self._adopt(name, labels, args, log)
             self._processes[name] = process
             return process
@@ -200,8 +200,7 @@ class LocalFleet:
             argv = [_interpreter("EKSFLOW_VLLM_PYTHON", ".venv-vllm/bin/python", self.cwd), "-m", VLLM_MODULE, *args]
             cwd = self.cwd
         else:
-            cwd = self._proxy_folder(name, labels)
-            env[litellm_routes.ROUTES_FILE_ENV] = str(self.routes_file)
+            cwd = self._proxy_folder(template.get("spec") or {}, name)
             argv = [_interpreter("EKSFLOW_LITELLM", ".venv-litellm/bin/litellm", self.cwd), *args]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -309,8 +308,8 @@ class LocalFleet:
         return mapped
 
     def task_env(self) -> dict[str, str]:
-        """What every task of the run gets: where the proxy's weights are (the cluster uses the proxy's API)."""
-        return {litellm_routes.ROUTES_FILE_ENV: str(self.routes_file)}
+        """Nothing: the steps reach the fleet through their arguments (addresses, the routes file on FSx)."""
+        return {}
 
     def stop(self) -> None:
         """Stop every process the fleet started (SIGTERM, SIGKILL after the grace); delete the run's keys."""
@@ -359,8 +358,6 @@ class LocalFleet:
             name = str(var.get("name"))
             ref = (var.get("valueFrom") or {}).get("secretKeyRef")
             if ref is not None:
-                if name in NO_DATABASE:
-                    continue
                 # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy.
                 given = os.environ.get(ADOPT_KEY_ENV, "") if adopted and name == "VLLM_API_KEY" else None
                 env[name] = self._secret(str(ref.get("name")), str(ref.get("key")), given)
@@ -386,29 +383,41 @@ class LocalFleet:
             pairs.append((path, str(host)))
         return PathMap(pairs)
 
-    def _proxy_folder(self, name: str, labels: Mapping[str, str]) -> Path:
-        """Write the adapted config and the callback into the folder the ConfigMap volume maps to."""
+    def _proxy_folder(self, pod: Mapping[str, Any], name: str) -> Path:
+        """Write the files of the ConfigMap the proxy mounts into the folder its volume maps to (`_mounts`)."""
         folder = self.run_dir / "fleet" / name / "config"
-        config_maps = [data for data in self._config_maps.values() if "config.yaml" in data]
-        if not config_maps:
-            raise FleetError(f"the proxy {name} mounts a ConfigMap that was not applied first (config.yaml)")
-        config = yaml.safe_load(config_maps[-1]["config.yaml"]) or {}
-        engine = f"http://127.0.0.1:{self.engine_port()}/v1"
-        slots = [  # the engine's address: the rollout creates them with the fleet's Service
-            {**slot, "litellm_params": {**slot["litellm_params"], "api_base": engine}}
-            for slot in yaml.safe_load(config_maps[-1].get(objects.SLOTS_FILE, "[]")) or []
-        ]
-        general = {k: v for k, v in (config.get("general_settings") or {}).items()
-                   if k not in ("database_url", "store_model_in_db")}  # fmt: skip
-        config.update(
-            general_settings=general,
-            model_list=slots,
-            litellm_settings={**(config.get("litellm_settings") or {}), "callbacks": [f"{CALLBACK.stem}.handler"]},
-        )
+        mounted = [str((v.get("configMap") or {}).get("name")) for v in pod.get("volumes") or [] if "configMap" in v]
+        missing = [m for m in mounted if m not in self._config_maps]
+        if not mounted or missing:
+            raise FleetError(f"the proxy {name} mounts ConfigMap {missing or '(none)'}, which was not applied first")
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        shutil.copyfile(CALLBACK, folder / CALLBACK.name)
+        for config_map in mounted:
+            for file_name, text in self._config_maps[config_map].items():
+                (folder / file_name).write_text(text, encoding="utf-8")
         return folder
+
+
+def _share_adapters(run_folder: str, where: str) -> None:
+    """Make the run's adapter folder a link to the adopted engine's ($EKSFLOW_VLLM_ADAPTERS)."""
+    engine_folder = Path(os.environ.get(ADOPT_ADAPTERS_ENV, ""))
+    if not run_folder or not os.environ.get(ADOPT_ADAPTERS_ENV) or not engine_folder.is_dir():
+        raise FleetError(
+            f"{where}: adopting ${ADOPT_ENV} needs ${ADOPT_ADAPTERS_ENV}, the engine's adapter folder "
+            f"({RESOLVER_DIR_ENV}), and the Deployment's {RESOLVER_DIR_ENV}; unset {ADOPT_ENV} to start the run's "
+            "own engine",
+            retriable=False,
+        )
+    folder = Path(run_folder)
+    if folder.is_symlink() and folder.resolve() == engine_folder.resolve():
+        return
+    if folder.is_dir() and not folder.is_symlink():
+        for published in folder.iterdir():
+            if not (engine_folder / published.name).exists():
+                os.replace(published, engine_folder / published.name)
+        shutil.rmtree(folder)
+    folder.unlink(missing_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(engine_folder.resolve(), target_is_directory=True)
 
 
 def _container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:

@@ -6,10 +6,12 @@ applies them with Argo resource templates (action apply, no owner reference: the
 objects as local processes for the run's lifetime (eksflow/local/fleet.py).
 
     <pipeline>-vllm-<8 hex>   Deployment + Service + PodDisruptionBudget: one vLLM engine per base model (the
-                              base model folder from FSx, LoRA adapters loaded at run time from FSx), a readiness
-                              probe that proves generation, the inference profile's GPUs, tolerations, /dev/shm
-    <pipeline>-proxy          ConfigMap (LiteLLM config) + Deployment + Service + PodDisruptionBudget: the public
-                              model name, routed by weight across the adapter slots
+                              base model folder from FSx; every pod resolves the adapters published to the FSx
+                              adapter folder by name: steps/common/adapters.py), a readiness probe that proves
+                              generation, the inference profile's GPUs, tolerations, /dev/shm
+    <pipeline>-proxy          ConfigMap (LiteLLM's config and the routes callback) + Deployment + Service +
+                              PodDisruptionBudget: the public model name, routed by weight across the two slots
+                              by the routes file on FSx (mounted read-only: steps/common/litellm_proxy.py)
     <pipeline>-vllm, <pipeline>-proxy   NetworkPolicies (ingress): vLLM pods admit only the proxy's pods and the
                               workflow's rollout steps (label eksflow.dev/rollout=<pipeline>, set on the steps that
                               mount the serving Secret); the proxy admits those steps and its clients, pods labelled
@@ -18,12 +20,13 @@ objects as local processes for the run's lifetime (eksflow/local/fleet.py).
 
 Keys come from one Secret (serving.secret) that an operator creates once, never from a parameter:
     kubectl create secret generic eksflow-serving --from-literal=vllm-api-key=... \
-        --from-literal=litellm-master-key=sk-... --from-literal=database-url=postgresql://...
+        --from-literal=litellm-master-key=sk-...
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,10 +39,10 @@ from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
 from pipelines.common import LlmPipelineConfig, base_model_field
 from steps.canary import CanarySettings
-from steps.common import litellm_proxy, rollout, vllm
+from steps.common import litellm_proxy, litellm_routes, rollout, vllm
 
 SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
-SLOTS_FILE = "slots.yaml"  # in the proxy's ConfigMap: the deployments the rollout creates in the proxy's database
+CALLBACK_SOURCE = Path(litellm_routes.__file__)  # shipped in the proxy's ConfigMap, beside config.yaml
 MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the local fleet reads it)
 FLEET_LABEL = "eksflow.dev/fleet"
 ROLLOUT_LABEL = "eksflow.dev/rollout"  # on the workflow's pods that talk to the fleet (value: the pipeline's name)
@@ -67,7 +70,12 @@ class ServingSettings(Settings):
     instance_type: str = Field(
         "m6i.4xlarge", description="inference node; CPU runs the vllm-cpu image, g5/g6/p4d the CUDA one"
     )
-    replicas: int = Field(1, ge=1, le=64, description="vLLM pods per fleet (every pod loads the same adapters)")
+    replicas: int = Field(
+        2,
+        ge=2,
+        le=64,
+        description="vLLM pods per fleet, at least 2 (the PDB keeps one through a drain); each serves every adapter",
+    )
     image: Image = image_field("ghcr.io/eksflow/serve:0.1.0", "vLLM on GPUs: FROM vllm/vllm-openai, pinned")
     cpu_image: Image = image_field("ghcr.io/eksflow/serve-cpu:0.1.0", "vLLM on CPU nodes: the vllm-cpu build")
     engine: vllm.EngineSettings = vllm.EngineSettings()
@@ -76,12 +84,12 @@ class ServingSettings(Settings):
     proxy_replicas: int = Field(2, ge=1, le=16, description="LiteLLM proxy pods (they share the database)")
     proxy_image: str = Field(
         "docker.litellm.ai/berriai/litellm-database:1.110.2",
-        description="LiteLLM's own image with Prisma baked in (non-root since 1.90.6), pinned to a reviewed release",
+        description="LiteLLM's own image (non-root since 1.90.6; no database used), pinned to a reviewed release",
     )
     secret: str = Field(
         "eksflow-serving",
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="Secret with vllm-api-key, litellm-master-key and database-url",
+        description="Secret with vllm-api-key and litellm-master-key",
     )
     request_timeout_s: int = Field(120, ge=1, description="the proxy's timeout for one request to vLLM")
 
@@ -119,6 +127,16 @@ def proxy_url(cfg: ServingConfig) -> str:
     return f"http://{proxy_name(cfg)}.{cfg.namespace}.svc.cluster.local:{cfg.serving.proxy_port}"
 
 
+def adapters_dir(cfg: ServingConfig) -> str:
+    """The fleet's adapter folder on FSx: published adapters, resolved by name by every vLLM pod."""
+    return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters"
+
+
+def routes_file(cfg: ServingConfig) -> str:
+    """The routes file on FSx: the rollout steps write it, every proxy pod routes by it."""
+    return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/routes.json"
+
+
 def _labels(cfg: ServingConfig, component: str, name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": component,
@@ -143,7 +161,8 @@ def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str,
     gpus = profile.devices if profile.kind == "gpu" else 0
     settings = cfg.serving.engine
     base_name = f"{cfg.model_name}-base"
-    env = [{"name": k, "value": v} for k, v in sorted(vllm.engine_env(settings, cpu=profile.kind == "cpu").items())] + [
+    engine_env = vllm.engine_env(settings, cpu=profile.kind == "cpu", adapters_dir=adapters_dir(cfg))
+    env = [{"name": k, "value": v} for k, v in sorted(engine_env.items())] + [
         _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE)
     ]
     probe = {"exec": {"command": ["python3", "-m", "steps.ready", f"--url=http://127.0.0.1:{cfg.serving.port}",
@@ -221,27 +240,25 @@ def disruption_budget(cfg: ServingConfig, name: str, component: str, replicas: i
 
 
 def proxy_config_map(cfg: ServingConfig) -> dict[str, Any]:
-    """The proxy's config.yaml: routing, keys and database from the environment; the slots live in the database."""
-    config = litellm_proxy.proxy_config(cfg.serving.request_timeout_s)
-    # The deployments the rollout creates in the database (with the fleet's vLLM Service as api_base); a proxy
-    # without a database (the local fleet) declares them in its model_list, on its engine.
-    slots = litellm_proxy.slot_deployments(cfg.model_name, "http://vllm")
+    """The proxy's config.yaml (the two slots, the master key from the environment) and its routes callback."""
+    config = litellm_proxy.proxy_config(cfg.model_name, cfg.serving.request_timeout_s)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": proxy_name(cfg), "labels": _labels(cfg, "litellm", proxy_name(cfg))},
         "data": {
             "config.yaml": yaml.safe_dump(config, sort_keys=False),
-            SLOTS_FILE: yaml.safe_dump(slots, sort_keys=False),
+            CALLBACK_SOURCE.name: CALLBACK_SOURCE.read_text(encoding="utf-8"),
         },
     }
 
 
 def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
-    """LiteLLM's proxy: the public name by weight across the slots; master key and database URL from the Secret."""
+    """LiteLLM's proxy: the public name by weight across the slots (routes file on FSx); master key from the Secret."""
     name = proxy_name(cfg)
     profile = INFERENCE_PROFILES["m6i.4xlarge"]  # CPU pods: the proxy only forwards requests
     labels = _labels(cfg, "litellm", name)
+    fsx = {"name": "fsx", "persistentVolumeClaim": {"claimName": cfg.storage.fsx_claim, "readOnly": True}}
     container = {
         "name": "litellm",
         "image": cfg.serving.proxy_image,
@@ -249,13 +266,16 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
         "args": [f"--config={PROXY_CONFIG_DIR}/config.yaml", f"--port={cfg.serving.proxy_port}", "--num_workers=1"],
         "env": [
             _secret_env(cfg, "LITELLM_MASTER_KEY", rollout.MASTER_KEY_FILE),
-            _secret_env(cfg, "DATABASE_URL", "database-url"),
             _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE),
+            {"name": litellm_routes.ROUTES_FILE_ENV, "value": routes_file(cfg)},
             {"name": "LITELLM_LOCAL_MODEL_COST_MAP", "value": "True"},  # no price-list download at every start
         ],
         "ports": [{"name": "http", "containerPort": cfg.serving.proxy_port}],
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
-        "volumeMounts": [{"name": "config", "mountPath": PROXY_CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": PROXY_CONFIG_DIR, "readOnly": True},
+            {"name": "fsx", "mountPath": cfg.storage.fsx_mount, "readOnly": True},  # the routes file
+        ],
         "readinessProbe": {"httpGet": {"path": "/health/readiness", "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": "/health/liveliness", "port": "http"}, "periodSeconds": 20},
         "securityContext": _security(profile),
@@ -273,7 +293,7 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
                 "spec": {
                     "securityContext": profiles.pod_security(),
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}, fsx],
                 },
             },
         },
@@ -295,7 +315,7 @@ def _ingress_only_from(
         "metadata": {"name": name, "labels": _labels(cfg, component, name)},
         "spec": {
             "podSelector": {"matchLabels": pods},
-            "policyTypes": ["Ingress"],  # egress stays open: the proxy needs its database, vLLM nothing it lacks
+            "policyTypes": ["Ingress"],  # egress stays open: the proxy reaches the fleets, vLLM nothing it lacks
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": dict(source)}} for source in sources],

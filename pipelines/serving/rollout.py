@@ -50,6 +50,7 @@ class Fleet(Section):
     tracking_uri: str
     proxy_url: str
     serving_dir: str
+    routes_file: str
     state_file: Ref
     secrets_dir: str  # in argv, so the local executor maps it to the run's volume
 
@@ -68,7 +69,8 @@ def _fleet(cfg: ServingConfig) -> Fleet:
         model_name=cfg.model_name,
         tracking_uri=cfg.mlflow.tracking_uri,
         proxy_url=objects.proxy_url(cfg),
-        serving_dir=f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters",
+        serving_dir=objects.adapters_dir(cfg),
+        routes_file=objects.routes_file(cfg),
         state_file=Pipeline.current().run_dir / "rollout" / "state.json",
         secrets_dir=objects.SECRETS_DIR,
     )
@@ -120,6 +122,7 @@ def rollout(
         pipeline=cfg.name,
         namespace=cfg.namespace,
         port=cfg.serving.port,
+        serving_dir=objects.adapters_dir(cfg),
         resources=PREPARE_RESOURCES,
         after=start_after,
         when=start_when,
@@ -181,7 +184,7 @@ def rollout(
         label = canary.step_label(percent)
         shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
         previous = analysis(percent, shifted)
-    return _keyed(cfg, promote, engine, drain_timeout_s=cfg.canary.drain_timeout_s, after=previous)
+    return _keyed(cfg, promote, engine, after=previous)
 
 
 def finish_rollout(cfg: ServingConfig) -> TaskRef:

@@ -1,52 +1,49 @@
-"""LiteLLM, the proxy in front of vLLM: one public model name, routed by weight across two adapter slots.
+"""LiteLLM, the proxy in front of vLLM: one public model name, routed by weight across two slots.
 
 The public name (the registered model's name, e.g. `llama-lora`) is what clients ask for. Behind it the proxy
-has two deployments, the blue and the green slot; each names an adapter on the vLLM engine by the same id
-(`llama-lora-blue`, loaded at run time from the version that holds the slot). A rollout loads the candidate into
-the slot the champion does not hold, shifts the weights step by step (the share of requests each slot gets is
-weight / sum of weights) and, once promoted, drains and unloads the old champion's slot. Which slot answered is
-in the `x-litellm-model-id` response header; the body's `model` is the public name.
+has two deployments, the blue and the green slot (ids `llama-lora-blue`, `llama-lora-green`). A rollout assigns
+the candidate's published adapter (steps/common/adapters.py) to the slot the champion does not hold, shifts the
+weights step by step (the share of requests each slot gets is weight / sum of weights) and, once promoted, leaves
+the old champion's slot at weight 0. Which slot answered is in the `x-litellm-model-id` response header; the
+body's `model` is the public name.
 
-How the weights change, and why there are two ways:
-- In the cluster, the usual LiteLLM deployment: its Postgres database holds the slot deployments, created with
-  POST /model/new and re-weighted with PATCH /model/{id}/update (the management API; models declared in the
-  config file cannot be edited there, so the cluster config declares none). Every proxy replica reads them.
-- Here, no such database can be set up offline (LiteLLM's Prisma client fetches its engine binaries at generate
-  time), and the management API answers "No DB Connected". The measured alternatives were a restart with a new
-  config (~8 s during which requests are refused) and a callback that reads the weights from a file at every
-  request (5:5 gave 53/47; no restart). The file callback is used: no request to the public name fails during a
-  weight change, a change applies from the next request, and the write is one atomic rename. It sets LiteLLM's
-  per-request `_router_weights` field, internal to the pinned 1.110.2, so tests/e2e/test_rollout.py measures
-  the shares from the responses and fails if an upgrade breaks it. The local fleet
-  (pipelines/serving/local_fleet.py) hands the file's path to the proxy and, as EKSFLOW_ROUTES_FILE, to every
-  step: a step that has it writes the file; a step without it (the cluster) uses the management API.
+One mechanism, here and in the cluster: the routes file. It lives on FSx next to the adapters
+(`<fsx>/serving/<model>/routes.json`); every proxy pod mounts FSx read-only and its callback
+(steps/common/litellm_routes.py) reads the file at each request whose file changed, and the rollout steps rewrite
+it with one atomic rename: a request sees the old routes or the new ones, never half of each, and no request to
+the public name fails during a change. The file names, per slot, its weight, its adapter and its fleet's address.
+Why not the alternatives: LiteLLM's model-management API needs the proxy's Postgres database, whose Prisma engines
+cannot be fetched offline, so it could never run here and would ship untested; a ConfigMap would need the steps to
+hold RBAC to write it, and the kubelet propagates a change to mounted pods only after up to a minute; a restart
+with a new config refuses requests for ~8 s. FSx is already mounted by every step and engine, and Lustre shows a
+rename to every client at once. The canary's analysis measures the shares each step really got all the same.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from eksflow.runtime.args import StepFailedError, StepInputError
+from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.outputs import atomic_write_text
-from steps.common.litellm_routes import ROUTES_FILE_ENV  # set by the local fleet; the proxy's callback reads it
 
 Slot = Literal["blue", "green"]
 SLOTS: tuple[Slot, Slot] = ("blue", "green")
 PROVIDER = "hosted_vllm"  # LiteLLM's provider for a vLLM OpenAI server (api_base .../v1)
 VLLM_KEY_ENV = "VLLM_API_KEY"  # the proxy sends this key to vLLM (os.environ/ reference: never in the config)
+CALLBACK_MODULE = "litellm_routes"  # steps/common/litellm_routes.py, shipped beside the proxy's config.yaml
+UNASSIGNED = "http://unassigned.invalid/v1"  # a slot's address until the routes file assigns one (never resolves)
 
 
 class RoutingError(StepFailedError):
-    """The proxy refused or failed a routing change; the message says which request and why."""
+    """The routes file cannot be read or would leave the public name without a route; the message says why."""
 
 
 def slot_id(public_name: str, slot: Slot) -> str:
-    """The adapter name on vLLM and the deployment id in LiteLLM of a slot: `llama-lora-blue`."""
+    """The deployment id of a slot in LiteLLM: `llama-lora-blue`."""
     return f"{public_name}-{slot}"
 
 
@@ -55,16 +52,16 @@ def other_slot(slot: Slot) -> Slot:
     return SLOTS[1 - SLOTS.index(slot)]
 
 
-def slot_deployments(public_name: str, vllm_url: str) -> list[dict[str, Any]]:
-    """The proxy's deployments of the public name: one per slot, each an adapter on the vLLM Service."""
+def slot_deployments(public_name: str) -> list[dict[str, Any]]:
+    """The proxy's deployments of the public name, one per slot; the routes file assigns each its adapter and fleet."""
     return [
         {
             "model_name": public_name,
             "litellm_params": {
                 "model": f"{PROVIDER}/{slot_id(public_name, slot)}",
-                "api_base": f"{vllm_url}/v1",
+                "api_base": UNASSIGNED,
                 "api_key": f"os.environ/{VLLM_KEY_ENV}",
-                "weight": 1 if slot == SLOTS[0] else 0,  # a fresh fleet routes to blue, where the first version goes
+                "weight": 1 if slot == SLOTS[0] else 0,  # overridden by the routes file at every request
             },
             "model_info": {"id": slot_id(public_name, slot)},
         }
@@ -72,21 +69,21 @@ def slot_deployments(public_name: str, vllm_url: str) -> list[dict[str, Any]]:
     ]
 
 
-def proxy_config(request_timeout_s: int) -> dict[str, Any]:
-    """LiteLLM's config for the cluster: keys and database from the environment (Secrets), models in the database."""
+def proxy_config(public_name: str, request_timeout_s: int) -> dict[str, Any]:
+    """LiteLLM's config.yaml: the two slots, routed by the routes-file callback; the master key from the Secret."""
     return {
-        "model_list": [],  # the slots live in the database (POST /model/new), where they can be re-weighted
+        "model_list": slot_deployments(public_name),
         "router_settings": {
             "routing_strategy": "simple-shuffle",  # weighted random choice among the public name's deployments
             "num_retries": 0,  # a failing candidate must show in the analysis, not be retried onto the champion
             "timeout": request_timeout_s,
         },
-        "litellm_settings": {"request_timeout": request_timeout_s, "drop_params": True},
-        "general_settings": {
-            "master_key": "os.environ/LITELLM_MASTER_KEY",
-            "database_url": "os.environ/DATABASE_URL",
-            "store_model_in_db": True,
+        "litellm_settings": {
+            "request_timeout": request_timeout_s,
+            "drop_params": True,
+            "callbacks": [f"{CALLBACK_MODULE}.handler"],
         },
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
 
 
@@ -100,123 +97,60 @@ def weights_for(public_name: str, champion: Slot | None, candidate: Slot, candid
     return weights
 
 
-class Routes(Protocol):
-    """Where the slot weights of the public name are set."""
-
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Make the proxy route by `weights` (slot id -> weight) from its next request on."""
-
-    def point(self, deployment_id: str, vllm_url: str) -> None:
-        """Send the slot's requests to the fleet at `vllm_url` (a candidate on a new base model has its own)."""
-
-    def describe(self) -> str:
-        """One line for logs: what is changed and where."""
-
-
 @dataclass(frozen=True)
 class RoutesFile:
-    """Local: the file the proxy's callback reads at every request ({public name: {slot id: weight}})."""
+    """The routes file on FSx that every proxy pod reads: {public name: {slot id: weight, adapter, api_base}}."""
 
     path: Path
     public_name: str
 
+    def assign(self, slot: Slot, adapter: str, vllm_url: str) -> None:
+        """Send the slot's requests to `adapter` on the fleet at `vllm_url` (the slot's weight is unchanged)."""
+        routes = self.read()
+        group = routes.setdefault(self.public_name, {})
+        current = group.get(slot_id(self.public_name, slot), {})
+        group[slot_id(self.public_name, slot)] = {
+            "weight": float(current.get("weight", 0.0)),
+            "adapter": adapter,
+            "api_base": f"{vllm_url.rstrip('/')}/v1",
+        }
+        self._write(routes)
+
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Rewrite the file atomically: a request reads the old weights or the new ones, never half of each."""
+        """Route by `weights` (slot id -> weight) from the next request on; only assigned slots may take traffic."""
         if not any(w > 0 for w in weights.values()):
             raise RoutingError(f"refusing weights {dict(weights)}: at least one slot must take traffic")
-        current = self.read()
-        current[self.public_name] = {k: float(v) for k, v in weights.items()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps(current, sort_keys=True))
+        routes = self.read()
+        group = routes.setdefault(self.public_name, {})
+        for deployment_id, weight in weights.items():
+            if weight > 0 and not group.get(deployment_id, {}).get("adapter"):
+                raise RoutingError(f"refusing weight {weight:g} for {deployment_id}: no adapter is assigned to it")
+            group.setdefault(deployment_id, {})["weight"] = float(weight)
+        self._write(routes)
 
-    def point(self, deployment_id: str, vllm_url: str) -> None:
-        """Nothing to do: the local fleet has one engine, and both slots' deployments address it."""
+    def adapter(self, slot: Slot) -> str:
+        """The adapter the slot's requests go to ("" when none is assigned)."""
+        return str(self.read().get(self.public_name, {}).get(slot_id(self.public_name, slot), {}).get("adapter", ""))
 
-    def read(self) -> dict[str, dict[str, float]]:
-        """The file's weights (empty when it does not exist yet)."""
+    def read(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The whole file (every public name it routes; empty when it does not exist yet)."""
         try:
             loaded = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as err:
             raise RoutingError(f"routes file {self.path} is unreadable ({err}); delete it to start over") from err
-        return loaded if isinstance(loaded, dict) else {}
+        if not isinstance(loaded, dict) or not all(
+            isinstance(group, dict) and all(isinstance(route, dict) for route in group.values())
+            for group in loaded.values()
+        ):
+            raise RoutingError(f"routes file {self.path} is not a routes file; delete it to start over")
+        return loaded
 
     def describe(self) -> str:
         """The file, as logs show it."""
         return f"routes file {self.path}"
 
-
-@dataclass(frozen=True)
-class ProxyApi:
-    """Cluster: the proxy's model-management API over its database (master key from the mounted Secret)."""
-
-    proxy_url: str
-    master_key: str
-    public_name: str
-    vllm_url: str
-
-    def ensure_slots(self) -> None:
-        """Create the slot deployments that the database does not hold yet (POST /model/new)."""
-        have = {str(m.get("model_info", {}).get("id")) for m in self._request("GET", "/model/info").get("data", [])}
-        for deployment in slot_deployments(self.public_name, self.vllm_url):
-            if deployment["model_info"]["id"] not in have:
-                self._request("POST", "/model/new", deployment)
-
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """PATCH each slot's weight; the one gaining traffic first, so both are never 0 at once."""
-        self.ensure_slots()
-        for deployment_id, weight in sorted(weights.items(), key=lambda item: -item[1]):
-            self._request("PATCH", f"/model/{deployment_id}/update", {"litellm_params": {"weight": weight}})
-
-    def point(self, deployment_id: str, vllm_url: str) -> None:
-        """PATCH the slot's api_base to the fleet that holds its adapter."""
-        self.ensure_slots()
-        self._request("PATCH", f"/model/{deployment_id}/update", {"litellm_params": {"api_base": f"{vllm_url}/v1"}})
-
-    def describe(self) -> str:
-        """The API, as logs show it."""
-        return f"LiteLLM management API at {self.proxy_url}"
-
-    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        import requests
-
-        try:
-            response = requests.request(
-                method,
-                f"{self.proxy_url}{path}",
-                json=payload,
-                headers={"Authorization": f"Bearer {self.master_key}"},
-                timeout=60,
-            )
-        except requests.RequestException as err:
-            raise RoutingError(f"{method} {self.proxy_url}{path} failed: {err}") from err
-        if response.status_code != 200:
-            raise RoutingError(
-                f"{method} {self.proxy_url}{path} answered {response.status_code}: {response.text[:300]}"
-            )
-        body = response.json()
-        return body if isinstance(body, dict) else {"data": body}
-
-
-def routes(proxy_url: str, master_key: str, public_name: str, vllm_url: str) -> Routes:
-    """The routes file when the local fleet named one (EKSFLOW_ROUTES_FILE), else the management API."""
-    path = os.environ.get(ROUTES_FILE_ENV)
-    if path:
-        return RoutesFile(Path(path), public_name)
-    if not master_key:
-        raise StepInputError(
-            "no LiteLLM master key: mount the serving Secret (key litellm-master-key) at --secrets-dir; "
-            "the management API refuses unauthenticated changes"
-        )
-    return ProxyApi(proxy_url, master_key, public_name, vllm_url)
-
-
-def live(proxy_url: str) -> bool:
-    """True if the proxy answers /health/liveliness (it needs no model to be up)."""
-    import requests
-
-    try:
-        return requests.get(f"{proxy_url}/health/liveliness", timeout=5).status_code == 200
-    except requests.RequestException:
-        return False
+    def _write(self, routes: dict[str, dict[str, dict[str, Any]]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, json.dumps(routes, indent=2, sort_keys=True))

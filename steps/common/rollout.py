@@ -12,24 +12,19 @@ Keys never travel as parameters: steps read them from the serving Secret mounted
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from eksflow.runtime.args import Location, StepArgs, StepFailedError, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
-from steps.common import litellm_proxy, tracking
+from steps.common import adapters, litellm_proxy, tracking, vllm
 from steps.common.litellm_proxy import Slot
-
-if TYPE_CHECKING:
-    from mlflow.entities.model_registry import ModelVersion
+from steps.evaluate.report import evaluated_rows
 
 VLLM_KEY_FILE = "vllm-api-key"
 MASTER_KEY_FILE = "litellm-master-key"
@@ -37,6 +32,8 @@ SLOT_TAG = "serving.slot"  # on a model version: the slot it was loaded into
 PHASE_TAG = "rollout.phase"  # Healthy (promoted) | Degraded (rolled back by the exit handler) | RolledBack
 REASON_TAG = "rollout.reason"
 WORKFLOW_TAG = "rollout.workflow"
+READY_TOKENS = 32  # the readiness answer to a held-out row: enough for the demo task's answers, cheap on CPU
+PROBE_ROWS = 8  # held-out rows a restored champion must answer before a rollback reports it serving
 
 Phase = Literal["Progressing", "Healthy", "Degraded", "RolledBack"]
 
@@ -53,7 +50,10 @@ class FleetArgs(StepArgs):
     )
     proxy_url: str = Field(pattern=r"^$|^https?://", description="the LiteLLM proxy Service")
     secrets_dir: Path = Field(Path("/etc/eksflow/serving"), description="the mounted serving Secret (keys as files)")
-    serving_dir: Path = Field(description="shared folder the fleet loads adapters from (FSx), one folder per version")
+    serving_dir: Path = Field(
+        description="the fleet's adapter folder on FSx: every engine resolves adapters published there by name"
+    )
+    routes_file: Path = Field(description="the routes file on FSx that every proxy pod routes by")
     state_file: Path = Field(description="this rollout's state file on FSx (rollout/state.json in the run folder)")
 
 
@@ -64,6 +64,8 @@ class RolloutState(BaseModel):
     champion_slot: Slot | None = None
     candidate_version: str = ""
     candidate_slot: Slot | None = None
+    champion_adapter: str = ""  # the published adapter names the engines serve them under
+    candidate_adapter: str = ""
     percent: float = 0.0  # the candidate's share of the public name's traffic
     vllm_url: str = ""  # the fleet serving the candidate (the exit handler cannot read task outputs)
     stage: str = "started"  # the last step that finished: serve-champion, load-candidate, shift-10, ...
@@ -108,70 +110,75 @@ def secret(secrets_dir: Path, name: str) -> str:
         return ""
 
 
-def routes(args: FleetArgs) -> litellm_proxy.Routes:
-    """How this step changes the proxy's weights (routes file locally, management API in the cluster)."""
-    return litellm_proxy.routes(
-        args.proxy_url, secret(args.secrets_dir, MASTER_KEY_FILE), args.model_name, args.vllm_url
+def routes(args: FleetArgs) -> litellm_proxy.RoutesFile:
+    """The routes file every proxy pod of the public name routes by."""
+    return litellm_proxy.RoutesFile(args.routes_file, args.model_name)
+
+
+def publish_to_slot(
+    args: FleetArgs, version: str, slot: Slot, check: Callable[[Path], None], *, timeout_s: float
+) -> tuple[str, vllm.Answer]:
+    """Publish `version`'s adapter for the fleet, assign it to `slot` (weight unchanged), prove it answers.
+
+    The engines resolve it by name at its first request (no load call). The proof is an answer to the first
+    held-out row `evaluate` scored for the version (the task, not a generic prompt; the generic readiness prompt
+    only for a version registered without an evaluation report), logged with the row's reference.
+    Returns the adapter's published name and that answer.
+    """
+    key = secret(args.secrets_dir, VLLM_KEY_FILE)
+
+    def served_base() -> str:
+        card = vllm.base_model_card(args.vllm_url, api_key=key)
+        if card is None or not card.get("root"):
+            raise StepFailedError(f"the vLLM engine at {args.vllm_url} lists no base model: it is not serving")
+        return str(card["root"])
+
+    name = adapters.publish(args.tracking_uri, args.model_name, version, args.serving_dir, served_base, check)
+    routes(args).assign(slot, name, args.vllm_url)
+    prompt, reference = held_out_rows(args.tracking_uri, args.model_name, version)[0]
+    answer = vllm.wait_ready(
+        args.vllm_url, name, api_key=key, timeout_s=timeout_s, prompt=prompt, max_tokens=READY_TOKENS
     )
+    expected = f"(reference {reference!r})" if reference else "(the generic readiness prompt: no evaluation report)"
+    log(f"v{version} ({name}) answered {answer.text!r} to held-out row 0 {expected}")
+    return name, answer
 
 
-def registered_version(tracking_uri: str, model_name: str, version: str) -> ModelVersion:
-    """A registered version; StepInputError naming --model-version when the registry has no such version."""
-    from mlflow.exceptions import MlflowException
+def not_answering(args: FleetArgs, version: str, slot: Slot, *, timeout_s: float = 60) -> str:
+    """Why the public name does not answer the version's probe set from `slot`, "" when it answers every row.
 
-    tracking.require_registry(tracking_uri)
-    with tracking.errors(tracking_uri, f"reading {model_name} version {version}"):
-        try:
-            return tracking.client(tracking_uri).get_model_version(model_name, version)
-        except MlflowException as err:
-            if err.error_code not in tracking.NOT_FOUND_CODES:
-                raise
-    raise StepInputError(
-        f"--model-version={version}: {model_name!r} has no version {version} at {tracking_uri}; pass register's "
-        "output (tasks.register.outputs.parameters.model_version)"
-    )
+    The probe set is the first PROBE_ROWS held-out rows `evaluate` scored for the version (the generic readiness
+    prompt for a version without a report), sent through the proxy as a user's request: this proves the routing
+    and the engine behind it at once.
+    """
+    key = secret(args.secrets_dir, MASTER_KEY_FILE)
+    expected = litellm_proxy.slot_id(args.model_name, slot)
+    for i, (prompt, _) in enumerate(held_out_rows(args.tracking_uri, args.model_name, version)[:PROBE_ROWS]):
+        answer = vllm.chat(
+            args.proxy_url, args.model_name, prompt, api_key=key, max_tokens=READY_TOKENS, timeout_s=timeout_s
+        )
+        if not answer.ok:
+            return f"probe row {i} got {answer.status or 'no answer'} ({answer.error or 'empty answer'})"
+        if answer.served_by != expected:
+            return f"probe row {i} was answered by {answer.served_by or 'an unknown deployment'}, not {expected}"
+    return ""
 
 
-def download_adapter(tracking_uri: str, model_name: str, version: str, serving_dir: Path) -> Path:
-    """The version's adapter folder under `serving_dir/v<version>` (downloaded once: versions are immutable)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+def held_out_rows(tracking_uri: str, model_name: str, version: str) -> list[tuple[str, str]]:
+    """(prompt, reference) of the held-out rows `evaluate` scored for the version, in order.
 
-    target = serving_dir / f"v{version}"
-    if (target / "adapter_config.json").is_file():
-        return target
-    registered = registered_version(tracking_uri, model_name, version)
-    serving_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=serving_dir))
+    Just the generic readiness prompt, with no reference, for a version registered without an evaluation report.
+    """
     try:
-        try:
-            local = Path(
-                mlflow.artifacts.download_artifacts(
-                    run_id=str(registered.run_id), artifact_path=tracking.ADAPTER_ARTIFACT, dst_path=str(tmp)
-                )
-            )
-        except (MlflowException, OSError) as err:
-            raise StepInputError(
-                f"--model-version={version}: {model_name} version {version} has no "
-                f"{tracking.ADAPTER_ARTIFACT!r} artifact in run {registered.run_id} ({type(err).__name__}); "
-                "register it with steps.register"
-            ) from err
-        if not (local / "adapter_config.json").is_file():
-            raise StepInputError(
-                f"--model-version={version}: the {tracking.ADAPTER_ARTIFACT!r} artifact of {model_name} "
-                f"version {version} holds no adapter_config.json (missing adapter folder); register the train "
-                "step's adapter_dir"
-            )
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(local, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        rows = evaluated_rows(tracking_uri, model_name, version)
+    except StepInputError:
+        rows = []
+    return [(str(r["prompt"]), str(r.get("reference", ""))) for r in rows if "prompt" in r] or [(vllm.READY_PROMPT, "")]
 
 
 def version_tags(tracking_uri: str, model_name: str, version: str) -> dict[str, str]:
     """The tags of a registered version (StepInputError if there is no such version)."""
-    return dict(registered_version(tracking_uri, model_name, version).tags or {})
+    return dict(adapters.registered_version(tracking_uri, model_name, version).tags or {})
 
 
 def tag_version(tracking_uri: str, model_name: str, version: str, tags: dict[str, str]) -> None:

@@ -55,6 +55,7 @@ VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: any 
 # Modules of Llama-style models that vLLM can apply a LoRA to (it fuses q/k/v and gate/up, adapters included).
 LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 READY_PROMPT = "Say OK."
+RESOLVER_PLUGIN = "lora_filesystem_resolver"  # vLLM's filesystem LoRA resolver (entry point in vllm.general_plugins)
 LOG_TAIL_LINES = 20
 _PEFT_PREFIX = "base_model.model."
 _LORA_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[\w]+)?\.weight$")
@@ -120,14 +121,21 @@ def engine_args(model_dir: str, served_name: str, port: int, settings: EngineSet
     return args
 
 
-def engine_env(settings: EngineSettings, *, cpu: bool) -> dict[str, str]:
-    """Environment the engine needs: runtime LoRA loading, no usage reports, no hub; CPU KV cache and address."""
+def engine_env(settings: EngineSettings, *, cpu: bool, adapters_dir: str = "") -> dict[str, str]:
+    """Environment the engine needs: runtime LoRA updates, no usage reports, no hub; CPU KV cache and address.
+
+    With `adapters_dir`, vLLM's filesystem resolver serves every adapter published there by name, at its first
+    request (steps/common/adapters.py); it is the only plugin the engine loads.
+    """
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
+    if adapters_dir:
+        env["VLLM_PLUGINS"] = RESOLVER_PLUGIN
+        env["VLLM_LORA_RESOLVER_CACHE_DIR"] = adapters_dir
     if cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gib)
         env["VLLM_HOST_IP"] = "127.0.0.1"  # the engine's processes meet on loopback (no routable address needed)
@@ -316,13 +324,6 @@ def engine_down(base_url: str, timeout_s: float = 5) -> str:
     return ""
 
 
-def load_adapter(base_url: str, name: str, path: Path, *, api_key: str = "") -> None:
-    """Load (or reload) adapter `name` from `path`; an adapter already loaded under the name is replaced."""
-    if name in loaded_adapters(base_url, api_key=api_key):
-        unload_adapter(base_url, name, api_key=api_key)
-    _post(base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, api_key)
-
-
 def unload_adapter(base_url: str, name: str, *, api_key: str = "") -> bool:
     """Unload adapter `name`; False if it was not loaded."""
     if name not in loaded_adapters(base_url, api_key=api_key):
@@ -364,33 +365,6 @@ def metrics_text(base_url: str, *, api_key: str = "") -> str:
     return response.text
 
 
-def busy_adapters(base_url: str, *, api_key: str = "") -> set[str]:
-    """Adapters with requests running or waiting right now, from the newest vllm:lora_requests_info sample."""
-    text = metrics_text(base_url, api_key=api_key)
-    newest: tuple[float, set[str]] = (-1.0, set())
-    # vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} <unix time>
-    for line in text.splitlines():
-        if line.startswith("vllm:lora_requests_info{"):
-            labels, _, value = line.rpartition(" ")
-            names = set()
-            for key in ("running_lora_adapters", "waiting_lora_adapters"):
-                found = re.search(rf'{key}="([^"]*)"', labels)
-                names |= {n for n in (found.group(1).split(",") if found else []) if n}
-            if float(value) > newest[0]:
-                newest = (float(value), names)
-    return newest[1]
-
-
-def drain(base_url: str, name: str, *, api_key: str = "", timeout_s: float, poll_s: float = 0.5) -> bool:
-    """Wait until adapter `name` has no running or waiting request; False if it is still busy after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while name in busy_adapters(base_url, api_key=api_key):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
 def wait_ready(
     base_url: str,
     model: str,
@@ -399,13 +373,15 @@ def wait_ready(
     timeout_s: float,
     process: subprocess.Popen[bytes] | None = None,
     log_path: Path | None = None,
+    prompt: str = READY_PROMPT,
+    max_tokens: int = 2,
 ) -> Answer:
-    """Poll until `model` answers a real generation (not /health); fail early if `process` dies."""
+    """Poll until `model` answers `prompt` with a real generation (not /health); fail early if `process` dies."""
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
             raise ServingError(f"vLLM exited with code {process.returncode} before it answered; {log_tail(log_path)}")
-        answer = chat(base_url, model, READY_PROMPT, api_key=api_key, max_tokens=2, timeout_s=60)
+        answer = chat(base_url, model, prompt, api_key=api_key, max_tokens=max_tokens, timeout_s=60)
         if answer.ok:
             return answer
         if time.monotonic() > deadline:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from eksflow.runtime.args import StepInputError
 from steps.common import tracking
 from steps.common.data import Example
 from steps.evaluate import Args
@@ -150,3 +151,25 @@ def log_to_run(
         },
     )
     tracking.log_files(uri, run_id, [report, report.with_name(TABLE_FILE)], REPORT_ARTIFACT)
+
+
+def evaluated_rows(tracking_uri: str, model_name: str, version: str) -> list[dict[str, object]]:
+    """The held-out rows `evaluate` scored for a registered version, in order (its report in the version's run).
+
+    Raises StepInputError when the version's run has no report: what is served cannot be compared with what was
+    evaluated without it.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tracking.errors(tracking_uri, f"reading the evaluation report of {model_name} v{version}"):
+        run_id = tracking.client(tracking_uri).get_model_version(model_name, version).run_id
+        try:
+            text = mlflow.artifacts.load_text(f"runs:/{run_id}/{REPORT_ARTIFACT}/{REPORT_FILE}")
+        except (MlflowException, OSError) as err:
+            raise StepInputError(
+                f"--model-name={model_name}: version {version} has no {REPORT_ARTIFACT}/{REPORT_FILE} in run "
+                f"{run_id}; served == evaluated cannot be checked without evaluate's per-row scores"
+            ) from err
+    rows = json.loads(text).get("rows") or []
+    return [r for r in rows if isinstance(r, dict)]

@@ -17,7 +17,7 @@ from pipelines.serving import objects as serving
 from pipelines.serving.local_fleet import FLEET_KINDS
 from pipelines.serving.rollout import gitops_objects
 from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
-from steps.common import vllm_auth
+from steps.common import litellm_routes, vllm_auth
 from tests.argo_substitution import resource_objects
 from tests.flagship import config, rendered
 
@@ -86,7 +86,10 @@ def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generat
     assert "--max-lora-rank=16" in container["args"] and "--max-loras=2" in container["args"]
     assert "--block-size=32" in container["args"]  # the CPU build: a chat prompt's shared prefix fills a block
     env = {e["name"]: e for e in container["env"]}
-    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]["value"] == "True"
+    # Every pod resolves the adapters published to the fleet's FSx folder by name (and loads no other plugin).
+    assert env["VLLM_PLUGINS"]["value"] == "lora_filesystem_resolver"
+    assert env["VLLM_LORA_RESOLVER_CACHE_DIR"]["value"] == "/fsx/serving/llama-lora/adapters"
+    assert env["VLLM_LORA_RESOLVER_CACHE_DIR"]["value"].startswith(container["volumeMounts"][0]["mountPath"] + "/")
     assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eksflow-serving", "key": "vllm-api-key"}
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe[:3] == ["python3", "-m", "steps.ready"]  # a real generation, not GET /health
@@ -100,20 +103,36 @@ def test_proxy_keys_come_from_the_secret_never_from_a_parameter(workflow):
     deployment = serving.proxy_deployment(cfg)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
-    for name, key in (("LITELLM_MASTER_KEY", "litellm-master-key"), ("DATABASE_URL", "database-url")):
-        assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": cfg.serving.secret, "key": key}}}
+    assert env["LITELLM_MASTER_KEY"] == {
+        "name": "LITELLM_MASTER_KEY",
+        "valueFrom": {"secretKeyRef": {"name": cfg.serving.secret, "key": "litellm-master-key"}},
+    }
+    assert "DATABASE_URL" not in env  # no database: the routes file on FSx is the one way to shift traffic
     assert env["LITELLM_LOCAL_MODEL_COST_MAP"]["value"] == "True"
     assert container["image"].endswith(":1.110.2")
     config = yaml.safe_load(serving.proxy_config_map(cfg)["data"]["config.yaml"])
-    assert config["general_settings"] == {
-        "master_key": "os.environ/LITELLM_MASTER_KEY",
-        "database_url": "os.environ/DATABASE_URL",
-        "store_model_in_db": True,
-    }
+    assert config["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}
     assert config["router_settings"]["routing_strategy"] == "simple-shuffle"
     assert config["router_settings"]["num_retries"] == 0  # a failing candidate shows in the analysis
     parameters = {p["name"] for p in workflow["spec"]["arguments"]["parameters"]}
     assert not {p for p in parameters if re.search(r"(?i)key|secret|token|password|database", p)}
+
+
+def test_every_proxy_pod_routes_by_the_routes_file_on_fsx_with_the_shipped_callback():
+    cfg = load_config()
+    pod = serving.proxy_deployment(cfg)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EKSFLOW_ROUTES_FILE"] == "/fsx/serving/llama-lora/routes.json"
+    assert {"name": "fsx", "mountPath": "/fsx", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": cfg.storage.fsx_claim, "readOnly": True}} in pod[
+        "volumes"
+    ]
+    data = serving.proxy_config_map(cfg)["data"]
+    assert data["litellm_routes.py"] == Path(litellm_routes.__file__).read_text()  # the callback the tests run
+    config = yaml.safe_load(data["config.yaml"])
+    assert config["litellm_settings"]["callbacks"] == ["litellm_routes.handler"]
+    assert [d["model_info"]["id"] for d in config["model_list"]] == ["llama-lora-blue", "llama-lora-green"]
 
 
 @pytest.mark.parametrize("image", ["docker.litellm.ai/berriai/litellm-database:1.82.7", "litellm/litellm:latest"])

@@ -10,8 +10,10 @@ engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL inst
 (`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
 tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker
 trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
-(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. The standalone Ray Train
-runs of a module join one Ray cluster (`ray_cluster`)."""
+(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. Like every fleet engine it
+resolves adapters by name from its adapter folder (steps/common/adapters.py): runs that adopt it publish there
+($EKSFLOW_VLLM_ADAPTERS; published names carry the version's run id, so two tests' "v1" never collide). The
+standalone Ray Train runs of a module join one Ray cluster (`ray_cluster`)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class SharedEngine:
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.log = log_dir / "vllm.log"
+        self.adapters_dir = log_dir / "adapters"  # its resolver folder: published adapters, by name
         self.api_key = secrets.token_urlsafe(32)  # one for the session: a restarted engine keeps it
         self.args: list[str] = []  # the engine's argv after the module, and its environment (`spawn`)
         self.env: dict[str, str] = {}
@@ -52,7 +55,9 @@ class SharedEngine:
         self.port = free_port()
         settings = vllm.EngineSettings()
         self.args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
-        self.env = vllm.engine_process_env({**vllm.engine_env(settings, cpu=True), vllm_auth.KEY_ENV: self.api_key})
+        self.adapters_dir.mkdir(parents=True, exist_ok=True)
+        engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(self.adapters_dir))
+        self.env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: self.api_key})
         self.log = self.log_dir / f"vllm-{int(time.time())}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
@@ -72,7 +77,11 @@ class SharedEngine:
     @property
     def adoption(self) -> dict[str, str]:
         """The environment that makes a run use this engine instead of starting its own (it may still load)."""
-        return {"EKSFLOW_VLLM_URL": self.address, "EKSFLOW_VLLM_API_KEY": self.api_key}
+        return {
+            "EKSFLOW_VLLM_URL": self.address,
+            "EKSFLOW_VLLM_API_KEY": self.api_key,
+            "EKSFLOW_VLLM_ADAPTERS": str(self.adapters_dir),
+        }
 
     @property
     def url(self) -> str:

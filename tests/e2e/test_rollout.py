@@ -27,7 +27,7 @@ from eksflow.local import run_workflow
 from eksflow.render import manifest
 from pipelines.serving.rollout import rollout_pipeline
 from steps import register
-from steps.common import litellm_proxy, rollout, tracking, vllm
+from steps.common import adapters, rollout, tracking, vllm
 from steps.common.base_model import DEMO_MODEL
 from tests.e2e.processes import serving_processes
 from tests.flagship import config
@@ -200,8 +200,21 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
     assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
     tags = rollout.version_tags(registry, MODEL, "2")
     assert tags[rollout.PHASE_TAG] == "Healthy" and tags[rollout.SLOT_TAG] == "green"
+    # Served by name from the adapter folder: published once, resolved by the engine at its first request.
+    candidate, champion = published(registry, "2"), published(registry, "1")
+    assert outputs(run.node("load-candidate"))["adapter"] == candidate
     loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
-    assert "llama-lora-green" in loaded and "llama-lora-blue" not in loaded  # the old champion drained, unloaded
+    assert Path(loaded[candidate]) == adopt_engine.adapters_dir / candidate
+    assert f"Resolved and loaded LoRA adapter '{candidate}'" in adopt_engine.log.read_text(errors="replace")
+    assert (adopt_engine.adapters_dir / champion).is_dir()  # the former champion stays published: rollback's target
+    routes = json.loads((state / "volumes" / "fsx-claim" / "serving" / MODEL / "routes.json").read_text())[MODEL]
+    assert routes["llama-lora-green"]["adapter"] == candidate and routes["llama-lora-green"]["weight"] == 100
+    assert routes["llama-lora-blue"]["adapter"] == champion and routes["llama-lora-blue"]["weight"] == 0
+
+
+def published(registry: str, version: str) -> str:
+    """The name a version's adapter is published and served under."""
+    return adapters.published_name(MODEL, version, str(adapters.registered_version(registry, MODEL, version).run_id))
 
 
 def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_cache, registry, adopt_engine):
@@ -233,7 +246,7 @@ def run_nodes(run: Run) -> list[str]:
 def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answers(
     state, model_cache, registry, adopt_engine
 ):
-    champion = litellm_proxy.slot_id(MODEL, rollout.version_tags(registry, MODEL, "2")[rollout.SLOT_TAG])
+    champion = published(registry, "2")
     answers: list[vllm.Answer] = []
     run = Run(state, model_cache, "3")
 
@@ -264,7 +277,29 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     tags = rollout.version_tags(registry, MODEL, "3")
     assert tags[rollout.PHASE_TAG] == "Degraded" and "served_gap" in tags[rollout.REASON_TAG]
     loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
-    assert list(loaded) == [champion]  # the candidate was unloaded
+    candidate = published(registry, "3")
+    assert champion in loaded and candidate not in loaded  # the candidate was dropped from the engine
+    assert not (adopt_engine.adapters_dir / candidate).exists()  # and unpublished: no engine resolves it again
+
+
+def test_the_engine_serves_a_published_adapter_by_name_and_refuses_one_for_another_base(registry, adopt_engine):
+    """The fleet's adapter folder on the real engine: publishing is all it takes (no load call), an adapter whose
+    config names another base model is refused, and unpublishing removes it."""
+    url, key, folder = adopt_engine.url, adopt_engine.api_key, adopt_engine.adapters_dir
+    root = str((vllm.base_model_card(url, api_key=key) or {})["root"])
+    name = adapters.publish(registry, MODEL, "4", folder, lambda: root, lambda adapter: None)
+    assert name not in vllm.loaded_adapters(url, api_key=key)  # published only
+    assert vllm.chat(url, name, PROMPT, api_key=key).ok
+    assert f"Resolved and loaded LoRA adapter '{name}'" in adopt_engine.log.read_text(errors="replace")
+    other = folder / f"{MODEL}-other-base"
+    shutil.copytree(folder / name, other)
+    adapter_config = json.loads((other / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps({**adapter_config, "base_model_name_or_path": "/models/x"}))
+    assert vllm.chat(url, other.name, PROMPT, api_key=key).status == 404
+    assert adapters.unpublish(folder, name) and adapters.unpublish(folder, other.name)
+    assert vllm.unload_adapter(url, name, api_key=key)  # what finish-rollout does on the engine in reach
+    assert vllm.chat(url, name, PROMPT, api_key=key).status == 404
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # nothing half-published left behind
 
 
 def test_a_killed_engine_fails_the_rollout_promotes_nothing_and_leaves_no_process(

@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from eksflow.local import resources
+from pipelines.serving import local_fleet
 from pipelines.serving import objects as serving
 from pipelines.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from tests.flagship import config
@@ -65,7 +66,7 @@ def test_objects_without_a_process_say_what_they_are_here(fleet):
     cfg = load_config()
     pdb = serving.disruption_budget(cfg, "x", "vllm", 1)
     assert "nothing to protect" in fleet.apply(pdb, "pdb", running)
-    assert fleet.task_env() == {"EKSFLOW_ROUTES_FILE": str(fleet.routes_file)}
+    assert fleet.task_env() == {}  # the steps get the routes file and the addresses as arguments
 
 
 def test_a_gpu_deployment_is_refused_here_with_the_way_out(fleet):
@@ -90,15 +91,41 @@ def test_an_unknown_deployment_is_refused_before_the_run():
         resources.describe(yaml.safe_dump(deployment), "proxy")
 
 
-def test_the_proxy_without_a_database_declares_the_slots_on_the_runs_engine(fleet, tmp_path):
-    fleet._engine_port = 45678
-    folder = fleet._proxy_folder("llama-lora-proxy", {})
-    config = yaml.safe_load((folder / "config.yaml").read_text())
-    assert [d["model_info"]["id"] for d in config["model_list"]] == ["llama-lora-blue", "llama-lora-green"]
-    assert {d["litellm_params"]["api_base"] for d in config["model_list"]} == {"http://127.0.0.1:45678/v1"}
-    assert "database_url" not in config["general_settings"]
+def test_the_proxy_runs_on_its_config_maps_files_unchanged(fleet):
+    cfg = load_config()
+    pod = serving.proxy_deployment(cfg)["spec"]["template"]["spec"]
+    folder = fleet._proxy_folder(pod, "llama-lora-proxy")
+    shipped = serving.proxy_config_map(cfg)["data"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(shipped)  # config.yaml and the routes callback
+    for name, text in shipped.items():
+        assert (folder / name).read_text() == text  # what the cluster's pods get, byte for byte
+    config = yaml.safe_load(shipped["config.yaml"])
     assert config["litellm_settings"]["callbacks"] == ["litellm_routes.handler"]
-    assert (folder / "litellm_routes.py").is_file()
+    assert "database_url" not in config["general_settings"]
+
+
+def test_the_proxy_refuses_to_start_before_its_config_map(tmp_path):
+    fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
+    pod = serving.proxy_deployment(load_config())["spec"]["template"]["spec"]
+    with pytest.raises(FleetError, match="was not applied first"):
+        fleet._proxy_folder(pod, "llama-lora-proxy")
+
+
+def test_an_adopted_engine_shares_its_adapter_folder_with_the_run(tmp_path, monkeypatch):
+    engine_folder = tmp_path / "engine-adapters"
+    engine_folder.mkdir()
+    (engine_folder / "llama-lora-v1-aaaaaaaa").mkdir()
+    run_folder = tmp_path / "run" / "adapters"
+    (run_folder / "llama-lora-v2-bbbbbbbb").mkdir(parents=True)  # published before the run adopted the engine
+    monkeypatch.setenv(local_fleet.ADOPT_ADAPTERS_ENV, str(engine_folder))
+    local_fleet._share_adapters(str(run_folder), "vllm")
+    assert run_folder.is_symlink() and run_folder.resolve() == engine_folder.resolve()
+    assert sorted(p.name for p in run_folder.iterdir()) == ["llama-lora-v1-aaaaaaaa", "llama-lora-v2-bbbbbbbb"]
+    local_fleet._share_adapters(str(run_folder), "vllm")  # a resumed run: already shared
+    assert run_folder.resolve() == engine_folder.resolve()
+    monkeypatch.delenv(local_fleet.ADOPT_ADAPTERS_ENV)
+    with pytest.raises(FleetError, match="EKSFLOW_VLLM_ADAPTERS"):
+        local_fleet._share_adapters(str(run_folder), "vllm")
 
 
 def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():

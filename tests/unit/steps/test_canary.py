@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps import canary, finish_rollout
-from steps.common import canary_sizing, litellm_proxy, vllm
+from steps import canary
+from steps.common import canary_sizing, litellm_proxy, rollout, vllm
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
 from steps.evaluate.gate import Threshold, gate
@@ -25,6 +25,7 @@ def args(tmp_path: Path, **extra) -> canary.Args:
             "vllm_url": "http://127.0.0.1:1",
             "proxy_url": "http://127.0.0.1:2",
             "serving_dir": tmp_path,
+            "routes_file": tmp_path / "routes.json",
             "state_file": tmp_path / "state.json",
             "percent": 10,
             "report_dir": tmp_path / "reports",
@@ -198,22 +199,37 @@ def test_weights_for_a_step(champion, percent, expected):
 
 def test_routes_file_is_replaced_whole_and_refuses_all_zero(tmp_path):
     routes = litellm_proxy.RoutesFile(tmp_path / "routes.json", "m")
+    routes.assign("blue", "m-v1-aaaaaaaa", "http://v:8000")
+    routes.assign("green", "m-v2-bbbbbbbb", "http://v:8000/")
     routes.set_weights({"m-blue": 90, "m-green": 10})
-    assert routes.read() == {"m": {"m-blue": 90.0, "m-green": 10.0}}
+    assert routes.read() == {
+        "m": {
+            "m-blue": {"weight": 90.0, "adapter": "m-v1-aaaaaaaa", "api_base": "http://v:8000/v1"},
+            "m-green": {"weight": 10.0, "adapter": "m-v2-bbbbbbbb", "api_base": "http://v:8000/v1"},
+        }
+    }
+    routes.assign("green", "m-v3-cccccccc", "http://v:8000")  # a new candidate in the slot: its weight stays
+    assert routes.read()["m"]["m-green"] == {"weight": 10.0, "adapter": "m-v3-cccccccc", "api_base": "http://v:8000/v1"}
+    assert routes.adapter("green") == "m-v3-cccccccc"
     with pytest.raises(litellm_proxy.RoutingError, match="at least one slot"):
         routes.set_weights({"m-blue": 0, "m-green": 0})
     assert not list(tmp_path.glob(".*tmp"))  # no half-written file left behind
 
 
-def test_the_local_fleet_names_a_routes_file_else_the_management_api(monkeypatch, tmp_path):
-    monkeypatch.setenv(litellm_proxy.ROUTES_FILE_ENV, str(tmp_path / "r.json"))
-    assert isinstance(litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000"), litellm_proxy.RoutesFile)
-    monkeypatch.delenv(litellm_proxy.ROUTES_FILE_ENV)
-    assert isinstance(litellm_proxy.routes("http://p:4000", "sk-1", "m", "http://v:8000"), litellm_proxy.ProxyApi)
-    from eksflow.runtime.args import StepInputError
+def test_a_slot_without_an_adapter_takes_no_traffic(tmp_path):
+    routes = litellm_proxy.RoutesFile(tmp_path / "routes.json", "m")
+    routes.assign("blue", "m-v1-aaaaaaaa", "http://v:8000")
+    with pytest.raises(litellm_proxy.RoutingError, match="no adapter is assigned to it"):
+        routes.set_weights({"m-blue": 0, "m-green": 100})
+    routes.set_weights({"m-blue": 100, "m-green": 0})
+    assert routes.read()["m"]["m-green"] == {"weight": 0.0}
 
-    with pytest.raises(StepInputError, match="no LiteLLM master key"):
-        litellm_proxy.routes("http://p:4000", "", "m", "http://v:8000")
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"m": {"m-blue": 5}}'])
+def test_a_damaged_routes_file_is_refused_with_the_way_out(tmp_path, text):
+    (tmp_path / "routes.json").write_text(text)
+    with pytest.raises(litellm_proxy.RoutingError, match="delete it to start over"):
+        litellm_proxy.RoutesFile(tmp_path / "routes.json", "m").set_weights({"m-blue": 100})
 
 
 def test_metrics_from_probes_that_all_errored_are_missing_and_fail_closed(tmp_path):
@@ -238,7 +254,28 @@ def test_a_dead_engine_is_named(tmp_path):
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert vllm.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
-    assert not finish_rollout.champion_serving(closed, "llama-lora-blue", "key")
+
+
+def test_a_champion_is_serving_only_once_it_answers_its_probe_set_from_its_slot(tmp_path, monkeypatch):
+    rows = [{"prompt": f"p{i}", "reference": "r"} for i in range(20)]
+    monkeypatch.setattr(rollout, "evaluated_rows", lambda uri, model, version: rows)
+    asked: list[str] = []
+
+    def proxy(served_by: str):
+        def chat(url, model, prompt, **kwargs):
+            asked.append(prompt)
+            return Answer(200, "ok", 0.1, served_by)
+
+        return chat
+
+    monkeypatch.setattr(vllm, "chat", proxy("llama-lora-blue"))
+    assert rollout.not_answering(args(tmp_path), "1", "blue") == ""
+    assert asked == [f"p{i}" for i in range(rollout.PROBE_ROWS)]  # the probe set, through the proxy
+    monkeypatch.setattr(vllm, "chat", proxy("llama-lora-green"))
+    assert "answered by llama-lora-green, not llama-lora-blue" in rollout.not_answering(args(tmp_path), "1", "blue")
+    monkeypatch.undo()
+    monkeypatch.setattr(rollout, "evaluated_rows", lambda uri, model, version: rows)
+    assert "probe row 0 got no answer" in rollout.not_answering(args(tmp_path), "1", "blue", timeout_s=5)
 
 
 def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, capsys):

@@ -11,7 +11,14 @@ from steps.common import probe_cache, vllm
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
 
-STATE = RolloutState(champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green")
+STATE = RolloutState(
+    champion_version="1",
+    champion_slot="blue",
+    champion_adapter="llama-lora-v1-aaaaaaaa",
+    candidate_version="2",
+    candidate_slot="green",
+    candidate_adapter="llama-lora-v2-bbbbbbbb",
+)
 
 
 class Engine:
@@ -19,12 +26,12 @@ class Engine:
 
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.adapters = {}
-        for slot, version in (("blue", "1"), ("green", "2")):
-            folder = tmp_path / "adapters" / f"v{version}"
+        for name, version in ((STATE.champion_adapter, "1"), (STATE.candidate_adapter, "2")):
+            folder = tmp_path / "adapters" / name
             folder.mkdir(parents=True)
             (folder / "adapter_config.json").write_text("{}")
             (folder / "adapter_model.safetensors").write_bytes(f"weights of v{version}".encode())
-            self.adapters[f"llama-lora-{slot}"] = str(folder)
+            self.adapters[name] = str(folder)
         self.finished = 100.0
         self.asked: list[str] = []
         self.failing = False
@@ -62,6 +69,7 @@ def step(
             "vllm_url": "http://127.0.0.1:1",
             "proxy_url": "http://127.0.0.1:2",
             "serving_dir": tmp_path / "adapters",
+            "routes_file": tmp_path / "routes.json",
             "state_file": tmp_path / "rollout" / "state.json",
             "secrets_dir": tmp_path / "secrets",
             "percent": percent,
@@ -69,7 +77,7 @@ def step(
             **extra,
         }
     )
-    probes = [canary.Probe(prompt=p, reference=f"llama-lora-green says {p}", evaluated=1.0) for p in prompts]
+    probes = [canary.Probe(prompt=p, reference=f"llama-lora-v2-bbbbbbbb says {p}", evaluated=1.0) for p in prompts]
     return canary.send_probes(args, STATE, probes), probes
 
 
@@ -81,7 +89,7 @@ def test_each_model_answers_once_and_later_steps_reuse_its_answers(tmp_path, mon
     assert len(engine.asked) == 6, "nothing changed: no probe is sent again"
     assert again == {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(0, 0, "analyze-10")}
     assert [p.candidate_score for p in probes] == [1.0, 1.0, 1.0]  # scored from the kept answers, as when sent
-    assert probes[0].champion == "llama-lora-blue says p0"
+    assert probes[0].champion == "llama-lora-v1-aaaaaaaa says p0"
     assert canary.describe_asked(again) == "candidate reused from analyze-10, champion reused from analyze-10"
     assert not list((tmp_path / "rollout").glob(".*tmp"))  # written in one rename
 
@@ -110,7 +118,7 @@ def test_the_pre_traffic_step_always_asks_and_times_the_candidate_and_later_step
 def test_a_change_the_answers_depend_on_asks_the_candidate_again(tmp_path, monkeypatch, change):
     engine = Engine(tmp_path, monkeypatch)
     step(tmp_path, 10)
-    green = Path(engine.adapters["llama-lora-green"])
+    green = Path(engine.adapters["llama-lora-v2-bbbbbbbb"])
     extra: dict[str, object] = {}
     prompts = ("p0", "p1", "p2")
     if change == "restart":
@@ -120,7 +128,7 @@ def test_a_change_the_answers_depend_on_asks_the_candidate_again(tmp_path, monke
         other.mkdir()
         for f in green.iterdir():
             (other / f.name).write_bytes(f.read_bytes())
-        engine.adapters["llama-lora-green"] = str(other)
+        engine.adapters["llama-lora-v2-bbbbbbbb"] = str(other)
     elif change == "other weights":
         (green / "adapter_model.safetensors").write_bytes(b"retrained")
     elif change == "other prompts":
@@ -130,7 +138,7 @@ def test_a_change_the_answers_depend_on_asks_the_candidate_again(tmp_path, monke
     engine.asked.clear()
     asked, _ = step(tmp_path, 50, prompts, **extra)
     assert asked["candidate"] == canary.Asked(3, 0), change
-    assert "llama-lora-green" in engine.asked
+    assert "llama-lora-v2-bbbbbbbb" in engine.asked
 
 
 def test_failed_answers_are_never_kept(tmp_path, monkeypatch):
@@ -176,6 +184,7 @@ def test_reused_probes_are_no_requests_in_error_rate(tmp_path):
             "vllm_url": "",
             "proxy_url": "",
             "serving_dir": tmp_path,
+            "routes_file": tmp_path / "routes.json",
             "state_file": tmp_path / "state.json",
             "percent": 50,
             "report_dir": tmp_path,

@@ -1,6 +1,7 @@
 """Bad input to the rollout exits 2 naming the field, before any server is asked (no fleet runs in these tests)."""
 
 import json
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 from eksflow.runtime.args import StepInputError
 from steps import load_candidate, register, serve
-from steps.common import tracking, vllm
+from steps.common import adapters, tracking, vllm
 from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 NOBODY = "http://127.0.0.1:{port}"  # a closed port: a step that asked a server would fail with exit 1, not 2
@@ -82,6 +83,7 @@ def load(tmp_path: Path, uri: str, version: str, **extra: str) -> list[str]:
         "vllm_url": NOBODY.format(port=port),
         "proxy_url": NOBODY.format(port=port),
         "serving_dir": str(tmp_path / "adapters"),
+        "routes_file": str(tmp_path / "routes.json"),
         "state_file": str(tmp_path / "state.json"),
         "base_model": DEMO_MODEL,
         "base_dir": str(resolve_model(DEMO_MODEL, default_cache_dir())),
@@ -107,12 +109,13 @@ def test_bad_candidate_exits_2_naming_the_field_before_any_server(tmp_path, regi
     err = capsys.readouterr().err
     assert expected in err, err
     assert len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "out").exists()  # no outputs: nothing was loaded
+    assert not (tmp_path / "out").exists()  # no outputs
+    assert not list((tmp_path / "adapters").glob("*"))  # nothing published: no engine can resolve it
 
 
 def test_rank_within_a_larger_engine_limit_passes_the_checks(tmp_path, registry):
     args = load_candidate.Args.from_argv(load(tmp_path, registry, "1", max_lora_rank="32"))
-    assert (load_candidate.check_candidate(args) / "adapter_config.json").is_file()
+    load_candidate.check_candidate(args, adapters.download(registry, "llama-lora", "1", tmp_path / "downloaded"))
 
 
 def test_serve_refuses_a_bad_adapter_before_starting_vllm(tmp_path, registry, capsys):
@@ -162,3 +165,39 @@ def test_an_adapter_recorded_on_another_base_model_of_the_same_shapes_is_refused
     (recorded / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(StepInputError, match=r"trained on '/fsx/models/smollm2-135m-instruct-sibling'"):
         vllm.check_adapter(vllm.read_adapter(recorded, "--model-version"), 16, base, "--model-version=1")
+
+
+def test_publishing_stamps_the_engines_base_and_renames_the_adapter_into_place_whole(tmp_path, registry):
+    folder = tmp_path / "adapters"
+    asked: list[str] = []
+
+    def base(path: str):
+        def served_base() -> str:
+            asked.append(path)
+            return path
+
+        return served_base
+
+    name = adapters.publish(registry, "llama-lora", "1", folder, base("/fsx/models/a"), lambda adapter: None)
+    assert re.fullmatch(r"llama-lora-v1-[0-9a-f]{8}", name)
+    config = json.loads((folder / name / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "/fsx/models/a"  # what vLLM's resolver compares with --model
+    assert sorted(p.name for p in folder.iterdir()) == [name]  # no staging folder left behind
+    assert adapters.publish(registry, "llama-lora", "1", folder, base("/fsx/models/a"), lambda adapter: None) == name
+    adapters.publish(registry, "llama-lora", "1", folder, base("/fsx/models/b"), lambda adapter: None)
+    assert json.loads((folder / name / "adapter_config.json").read_text())["base_model_name_or_path"] == "/fsx/models/b"
+    assert asked == ["/fsx/models/a", "/fsx/models/a", "/fsx/models/b"]
+    assert adapters.unpublish(folder, name) and not adapters.unpublish(folder, name)
+    assert list(folder.iterdir()) == []
+
+
+def test_an_adapter_failing_its_checks_is_never_published_and_no_engine_is_asked(tmp_path, registry):
+    def refuse(adapter: Path) -> None:
+        raise StepInputError("--model-version=1: refused")
+
+    def no_engine() -> str:
+        raise AssertionError("the engine was asked")
+
+    with pytest.raises(StepInputError, match="refused"):
+        adapters.publish(registry, "llama-lora", "1", tmp_path / "adapters", no_engine, refuse)
+    assert list((tmp_path / "adapters").iterdir()) == []
