@@ -12,7 +12,9 @@ The page (inline CSS and SVG, no scripts, no external assets) shows the DAG with
 every task's outputs, and where their data exists: the training loss and learning-rate curves (the MLflow metric
 history of each `mlflow_run_id` output), base vs tuned (vs champion) metrics with the gate's thresholds and
 decision and sample answers (evaluate's report), the validation summary with a link to its Data Docs, the
-registered version and the rollout tasks. Sections whose task did not run say so.
+registered version, the rollout tasks, and the canary: each analysis step's traffic share against its weight,
+scores, errors and latency as a picture and a table, with where the rollout stopped and why (its
+canary-<percent>.json reports). Sections whose task did not run say so.
 
 MLflow: every run the workflow started (the `mlflow_run_id` outputs, and runs tagged `eksflow.workflow=<name>`)
 that is still RUNNING ends FINISHED when the workflow succeeded, FAILED otherwise; the page is logged to the

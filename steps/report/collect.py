@@ -3,7 +3,8 @@
 Pure: no I/O. Reads both status shapes: Argo's (nodes keyed by id, each with `boundaryID` naming its DAG) and
 the local executor's (nodes keyed by task name, exit-handler tasks as `onExit.<task>`). What the ML sections need
 is found by what tasks produce, so any pipeline works: a task with outputs `mlflow_run_id` is a training run's,
-`passed` + `report` an evaluation's, `train_rows` + `report` a validation's, `model_version` a registration's.
+`passed` + `report` an evaluation's, `train_rows` + `report` a validation's, `model_version` a registration's;
+a canary analysis by the step it runs (its outputs are a subset of an evaluation's).
 """
 
 from __future__ import annotations
@@ -247,6 +248,11 @@ def validation_tasks(facts: RunFacts) -> list[Task]:
 def registration_tasks(facts: RunFacts) -> list[Task]:
     """Tasks that register a model version."""
     return tasks_with(facts, ("model_version", "model_uri"), ("register",))
+
+
+def canary_tasks(facts: RunFacts) -> list[Task]:
+    """Tasks that analyse a canary step (steps.canary: analyze-0, analyze-10, ...), ran or not."""
+    return tasks_with(facts, steps=("canary",))
 
 
 def rollout_tasks(facts: RunFacts) -> list[Task]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from steps.report import svg
+from steps.report import canary, svg
+from steps.report.canary import CanaryStep
 from steps.report.collect import EXIT, MAIN, RunFacts, Task
 from steps.report.runs import EndedRun, TrainingRun
 from steps.report.svg import esc, format_duration
@@ -88,6 +89,7 @@ class Page:
     validations: Sequence[Validation] = ()
     registrations: Sequence[Task] = ()
     rollouts: Sequence[Task] = ()
+    canary_steps: Sequence[CanaryStep] = ()
     ended_runs: Sequence[EndedRun] = ()
     notes: Sequence[str] = field(default_factory=tuple)  # what could not be read (MLflow down, files missing)
 
@@ -130,6 +132,7 @@ def render(page: Page) -> str:
         *(_evaluation(e) for e in page.evaluations),
         *(_validation(v) for v in page.validations),
         _registry(page),
+        canary.section(page.canary_steps, facts.tasks),
         _tasks(page),
         _mlflow(page),
     ]

@@ -16,10 +16,12 @@ from eksflow.runtime.outputs import atomic_write_text
 from eksflow.runtime.rundir import local_run_dir
 from steps.common import tracking
 from steps.report import REPORT_FILE, Args, Outputs
+from steps.report.canary import CanaryStep, percent_of, report_file
 from steps.report.collect import (
     RunFacts,
     Task,
     arg_path,
+    canary_tasks,
     collect,
     evaluation_tasks,
     registration_tasks,
@@ -68,6 +70,7 @@ def run(args: Args) -> Outputs:
         validations=[_validation(t, facts.name, to_host, page_path.parent) for t in validation_tasks(facts)],
         registrations=registration_tasks(facts),
         rollouts=rollout_tasks(facts),
+        canary_steps=[_canary(t, facts.name, to_host) for t in canary_tasks(facts)],
         ended_runs=ended,
         notes=notes,
     )
@@ -144,6 +147,22 @@ def _validation(task: Task, workflow_name: str, to_host: Callable[[str], str], p
     host_docs = Path(to_host(docs))
     href = os.path.relpath(host_docs, page_dir).replace(os.sep, "/") if host_docs.is_file() else ""
     return Validation(task, summary, docs_href=href, docs_path=docs if href or summary else "", problem=problem)
+
+
+def _canary(task: Task, workflow_name: str, to_host: Callable[[str], str]) -> CanaryStep:
+    # canary-<percent>.json is written on failure too, when the output parameter is not: then --report-dir finds it.
+    if task.phase in ("Skipped", "Omitted"):
+        return CanaryStep(task, None)
+    if "report" in task.outputs and not task.outputs["report"]:  # passed without measuring (no champion served)
+        return CanaryStep(task, None, problem=task.outputs.get("reason", ""))
+    percent = percent_of(task)
+    path = task.outputs.get("report") or (
+        arg_path(task, "report-dir", workflow_name, report_file(percent)) if percent is not None else None
+    )
+    if not path:
+        return CanaryStep(task, None, problem=f"{task.name} names no report file (--report-dir, --percent)")
+    report, problem = _read_json(path, to_host)
+    return CanaryStep(task, report, problem)
 
 
 def main(argv: list[str] | None = None) -> int:
