@@ -128,10 +128,6 @@ class RoutesFile:
             group.setdefault(deployment_id, {})["weight"] = float(weight)
         self._write(routes)
 
-    def adapter(self, slot: Slot) -> str:
-        """The adapter the slot's requests go to ("" when none is assigned)."""
-        return str(self.read().get(self.public_name, {}).get(slot_id(self.public_name, slot), {}).get("adapter", ""))
-
     def read(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The whole file (every public name it routes; empty when it does not exist yet)."""
         try:

@@ -84,8 +84,9 @@ class FileServers:
             server.wait(10)
             if self.tracker is not None:
                 self.tracker.ended(server.pid)
-        with open(self.cwd / "order.log", "a") as out:
-            out.write(f"stopped {' '.join(sorted(self.servers))}\n")
+        if self.servers:  # registered for every run of the process: a run without file servers writes nothing
+            with open(self.cwd / "order.log", "a") as out:
+                out.write(f"stopped {' '.join(sorted(self.servers))}\n")
 
 
 def refuse_without_directory(manifest: Mapping[str, Any], where: str) -> None:
