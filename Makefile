@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
+.PHONY: help setup browser slurm-up slurm-down run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "no chromium, and no root apt-get to install it: the report's browser test will be skipped"; fi
+
+slurm-up: $(STAMP) ## a real one-node Slurm 22.05 on 127.0.0.1 (munge, slurmctld, slurmd, slurmrestd; root: apt-get installs it)
+	$(BIN)/python scripts/local_slurm.py up
+
+slurm-down: $(STAMP) ## stop the local Slurm's daemons
+	$(BIN)/python scripts/local_slurm.py down
 
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)

@@ -1,8 +1,9 @@
-"""`--launcher=mpi`: the train step as one rank of `mpirun -np N` (an MPIJob's launcher, or mpirun by hand).
+"""`--launcher=mpi`: the train step as one rank of `mpirun -np N` (an MPIJob's launcher) or of `srun` (a Slurm job).
 
     mpirun -np 2 -x MASTER_ADDR -x MASTER_PORT python -m steps.train --launcher=mpi --strategy=deepspeed ...
 
-Ranks come from the MPI environment (Open MPI's OMPI_COMM_WORLD_*, or PMI_RANK/PMI_SIZE from MPICH and Intel MPI);
+Ranks come from the MPI environment (Open MPI's OMPI_COMM_WORLD_*, or PMI_RANK/PMI_SIZE from MPICH and Intel MPI)
+or from srun's (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE);
 the ranks meet in a TCPStore at MASTER_ADDR:MASTER_PORT (127.0.0.1 when every rank is on this host; 29500 by
 default, torch's convention), on which the process group is built (gloo; gloo + NCCL when CUDA is present).
 
@@ -53,14 +54,21 @@ class Ranks:
 
 
 def ranks_from_env(env: Mapping[str, str] = os.environ) -> Ranks | None:
-    """The MPI job's ranks from the environment mpirun gives each process, or None outside mpirun."""
+    """The job's ranks from the environment mpirun or srun gives each process, or None outside both.
+
+    srun's SLURM_STEP_ID marks a task of a job step (eksflow.runtime.slurm_job runs the step with srun); the batch
+    script itself has SLURM_PROCID 0 too, but no step of its own to share.
+    """
     for rank_key, size_key, local_key, local_size_key in (
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
         ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"),
     ):
         if rank_key in env and size_key in env:
             rank, size = int(env[rank_key]), int(env[size_key])
-            return Ranks(rank, size, int(env.get(local_key, rank)), int(env.get(local_size_key, size)))
+            # srun writes tasks per node as "2(x3)" (2 on each of 3 nodes); the first count is this layout's.
+            local_size = env.get(local_size_key, str(size)).split("(")[0].split(",")[0]
+            return Ranks(rank, size, int(env.get(local_key, rank)), int(local_size))
     return None
 
 

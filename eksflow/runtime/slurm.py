@@ -1,0 +1,274 @@
+"""A slurmrestd client: submit a batch job, read its state, cancel it; one class per OpenAPI version spoken.
+
+    api = slurm_api("v0.0.38", "http://127.0.0.1:6820", user="root", token=token)
+    job_id = api.submit(JobSpec(name="llama-lora-x1-train", script=SCRIPT, environment={...}, ...))
+    api.status(job_id).state          # PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, PREEMPTED, NODE_FAIL, ...
+
+Two versions, because the two Slurms this project meets speak different ones:
+- v0.0.38: Slurm 22.05 (Debian 12's packages), the Slurm the tests run here. Its job is `{"job": {...},
+  "script": ...}`, its environment an object, `time_limit` and `exit_code` plain integers, `job_state` a string.
+- v0.0.44: Slurm 25.x, what Slinky's slurm-operator deploys. The environment is a list of `NAME=value`, numbers
+  that may be unset are `{"set": true, "number": n}`, `job_state` is a list of flags and `exit_code` an object
+  with `return_code`. Checked against the vendored OpenAPI document (eksflow/runtime/openapi/).
+
+What this client leaves out on purpose: `argv` (slurmrestd 22.05.8 segfaults on a v0.0.38 submission that has it,
+measured), so the job's arguments travel in its environment and the script stays a constant; `gres` strings
+other than `gpu:<n>`.
+
+Authentication is Slurm's JWT: `X-SLURM-USER-NAME` and `X-SLURM-USER-TOKEN` on every request. The token is never
+logged or put in an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eksflow.errors import EXIT_FAILED, EksflowError
+
+API_VERSIONS = ("v0.0.38", "v0.0.44")
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+
+
+class SlurmError(EksflowError):
+    """slurmrestd refused a request or could not be reached; the message names the URL, never the token."""
+
+    label = "slurm error"
+    exit_code = EXIT_FAILED
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A batch job: a constant script and what varies in its environment, with the resources it asks for."""
+
+    name: str
+    script: str
+    environment: Mapping[str, str]
+    working_directory: str
+    standard_output: str  # stdout and stderr of the batch script, on the shared file system
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time_limit_min: int = 0  # 0: the partition's limit
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    requeue: bool = True  # a preempted or failed node's job goes back to the queue (and resumes from a checkpoint)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as slurmctld reports it."""
+
+    job_id: int
+    name: str
+    state: str  # the base state: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ...
+    exit_code: int | None  # the batch script's return code, once known
+    restarts: int  # how often the job was requeued
+    reason: str = ""
+
+    @property
+    def ended(self) -> bool:
+        """True once the job will not run again by itself."""
+        return self.state in ENDED
+
+
+@dataclass
+class SlurmApi(ABC):
+    """The REST API of one slurmrestd (the version's subclass shapes the documents)."""
+
+    url: str
+    user: str
+    token: str = field(repr=False)
+    timeout_s: float = 30.0
+    version = ""
+    collection_suffix = ""  # v0.0.44 names its collections with a trailing slash: /ping/, /jobs/
+
+    def ping(self) -> str:
+        """The Slurm release slurmrestd answers for (it must reach slurmctld to answer)."""
+        body = self._request("GET", f"ping{self.collection_suffix}")
+        release = (body.get("meta") or {}).get("slurm") or (body.get("meta") or {}).get("Slurm") or {}
+        return str(release.get("release", "unknown release"))
+
+    def submit(self, spec: JobSpec) -> int:
+        """Submit the batch job; its id."""
+        body = self._request("POST", "job/submit", self.submission(spec))
+        if "job_id" not in body:
+            raise SlurmError(f"POST {self._url('job/submit')} answered without a job_id: {_errors(body)}")
+        return int(body["job_id"])
+
+    def status(self, job_id: int) -> JobStatus | None:
+        """The job's status; None when slurmctld no longer knows it (purged after MinJobAge)."""
+        try:
+            body = self._request("GET", f"job/{job_id}")
+        except SlurmError as err:
+            if "Invalid job id" in str(err) or "Unable to find JobId" in str(err):
+                return None
+            raise
+        jobs = [self.parse(job) for job in body.get("jobs") or []]
+        return next((job for job in jobs if job.job_id == job_id), None)
+
+    def jobs(self) -> list[JobStatus]:
+        """Every job slurmctld knows."""
+        return [self.parse(job) for job in self._request("GET", f"jobs{self.collection_suffix}").get("jobs") or []]
+
+    def cancel(self, job_id: int) -> None:
+        """Cancel the job (SIGKILL to its steps; DELETE /job/{id}); a job that already ended is left as it is."""
+        try:
+            self._request("DELETE", f"job/{job_id}")
+        except SlurmError as err:
+            if "already completed" not in str(err) and "Invalid job id" not in str(err):
+                raise
+
+    @abstractmethod
+    def submission(self, spec: JobSpec) -> dict[str, Any]:
+        """The version's job submission document."""
+
+    @abstractmethod
+    def parse(self, job: Mapping[str, Any]) -> JobStatus:
+        """A job of the version's job list as a JobStatus."""
+
+    def _url(self, path: str) -> str:
+        return f"{self.url.rstrip('/')}/slurm/{self.version}/{path}"
+
+    def _request(self, method: str, path: str, payload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        url = self._url(path)
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-SLURM-USER-NAME": self.user,
+            "X-SLURM-USER-TOKEN": self.token,
+        }
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                text = response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as err:
+            text = err.read().decode("utf-8", "replace")
+            raise SlurmError(f"{method} {url} answered {err.code}: {_errors(_json(text)) or text[:300]}") from err
+        except (OSError, ValueError) as err:
+            raise SlurmError(
+                f"{method} {url} failed ({type(err).__name__}: {err}); is slurmrestd running there (cluster.slurm.url)?"
+            ) from err
+        body = _json(text)
+        if errors := _errors(body):
+            raise SlurmError(f"{method} {url}: {errors}")
+        return body
+
+
+class SlurmApiV0038(SlurmApi):
+    """Slurm 22.05's v0.0.38."""
+
+    version = "v0.0.38"
+
+    def submission(self, spec: JobSpec) -> dict[str, Any]:
+        """`{"job": {...}, "script": ...}`, the environment an object."""
+        job: dict[str, Any] = {
+            "name": spec.name,
+            "current_working_directory": spec.working_directory,
+            "standard_output": spec.standard_output,
+            "environment": dict(spec.environment),
+            "nodes": [spec.nodes, spec.nodes],  # [min, max]
+            "tasks_per_node": spec.tasks_per_node,
+            "tasks": spec.nodes * spec.tasks_per_node,
+            "cpus_per_task": spec.cpus_per_task,
+            "requeue": spec.requeue,
+        }
+        job.update(_optional(spec))
+        if spec.time_limit_min:
+            job["time_limit"] = spec.time_limit_min
+        if spec.gpus_per_node:
+            job["gpus_per_node"] = f"gpu:{spec.gpus_per_node}"
+        return {"job": job, "script": spec.script}
+
+    def parse(self, job: Mapping[str, Any]) -> JobStatus:
+        """`job_state` a string, `exit_code` a wait status."""
+        status = job.get("exit_code")  # a wait(2) status here: 512 is exit 2, 15 a SIGTERM
+        if isinstance(status, int):
+            exit_code: int | None = (status >> 8) & 0xFF if status & 0x7F == 0 else 128 + (status & 0x7F)
+        else:
+            exit_code = None
+        return JobStatus(
+            job_id=int(job["job_id"]),
+            name=str(job.get("name", "")),
+            state=str(job.get("job_state", "")).split()[0] if job.get("job_state") else "",
+            exit_code=exit_code,
+            restarts=int(job.get("restart_cnt") or 0),
+            reason=str(job.get("state_reason") or ""),
+        )
+
+
+class SlurmApiV0044(SlurmApi):
+    """Slurm 25.x's v0.0.44 (Slinky)."""
+
+    version = "v0.0.44"
+    collection_suffix = "/"
+
+    def submission(self, spec: JobSpec) -> dict[str, Any]:
+        """`{"job": {..., "script": ...}}`, the environment a list of NAME=value."""
+        job: dict[str, Any] = {
+            "name": spec.name,
+            "script": spec.script,
+            "current_working_directory": spec.working_directory,
+            "standard_output": spec.standard_output,
+            "environment": [f"{name}={value}" for name, value in spec.environment.items()],
+            "nodes": str(spec.nodes),
+            "tasks_per_node": spec.tasks_per_node,
+            "tasks": spec.nodes * spec.tasks_per_node,
+            "cpus_per_task": spec.cpus_per_task,
+            "requeue": spec.requeue,
+        }
+        job.update(_optional(spec))
+        if spec.time_limit_min:
+            job["time_limit"] = {"set": True, "infinite": False, "number": spec.time_limit_min}
+        if spec.gpus_per_node:
+            job["tres_per_node"] = f"gres/gpu:{spec.gpus_per_node}"
+        return {"job": job}
+
+    def parse(self, job: Mapping[str, Any]) -> JobStatus:
+        """`job_state` a list of flags, `exit_code` an object with a `return_code`."""
+        states = job.get("job_state") or []
+        code = (job.get("exit_code") or {}).get("return_code") or {}
+        return JobStatus(
+            job_id=int(job["job_id"]),
+            name=str(job.get("name", "")),
+            state=str(states[0]) if isinstance(states, list) and states else str(states or ""),
+            exit_code=int(code["number"]) if isinstance(code, Mapping) and code.get("set") else None,
+            restarts=int(job.get("restart_cnt") or 0),
+            reason=str(job.get("state_reason") or ""),
+        )
+
+
+def slurm_api(version: str, url: str, *, user: str, token: str, timeout_s: float = 30.0) -> SlurmApi:
+    """The client of `version` (one of API_VERSIONS) for the slurmrestd at `url`."""
+    kinds: dict[str, type[SlurmApi]] = {"v0.0.38": SlurmApiV0038, "v0.0.44": SlurmApiV0044}
+    if version not in kinds:
+        raise SlurmError(f"cluster.slurm.api_version: {version!r} is not spoken here; use one of {API_VERSIONS}")
+    return kinds[version](url, user, token, timeout_s)
+
+
+def _optional(spec: JobSpec) -> dict[str, str]:
+    """The scheduling fields given (an empty one is Slurm's default: the default partition, the user's account)."""
+    return {k: v for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos)) if v}
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _errors(body: Mapping[str, Any]) -> str:
+    """The `errors` list of a slurmrestd answer as one line ("" when there is none)."""
+    found = [e for e in body.get("errors") or [] if isinstance(e, Mapping)]
+    return "; ".join(str(e.get("description") or e.get("error") or e) for e in found)

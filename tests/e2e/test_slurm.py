@@ -1,0 +1,200 @@
+"""The train step as a real Slurm batch job, submitted and followed through a real slurmrestd (v0.0.38).
+
+A one-node Slurm 22.05 runs on this machine for the module (scripts/local_slurm.py: munge, slurmctld, slurmd and
+slurmrestd on 127.0.0.1, ports of their own, everything in a temporary folder); where it cannot (not root, no
+apt-get) the module skips with the reason. eksflow.runtime.slurm_job submits the job, follows it, copies its
+outputs and ends with the exit contract; the job runs `python -m steps.train --launcher=mpi` on two srun tasks
+(DDP over gloo) of the session's tiny random Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eksflow.runtime.slurm import JobStatus, SlurmApi, slurm_api
+from tests.e2e.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+class Slurm:
+    """The module's cluster: its environment, its REST client, and a way to wait for a job's state."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder = folder
+        self.env = env
+        self.url = env["EKSFLOW_SLURM_URL"]
+        self.token_file = Path(env["EKSFLOW_SLURM_TOKEN_FILE"])
+        self.api: SlurmApi = slurm_api("v0.0.38", self.url, user="root", token=self.token_file.read_text())
+
+    def job(self, name: str) -> JobStatus:
+        (found,) = [job for job in self.api.jobs() if job.name == name]
+        return found
+
+    def wait(self, name: str, state: str, timeout_s: float = 300) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            jobs = [job for job in self.api.jobs() if job.name == name]
+            if jobs and jobs[-1].state == state:
+                return jobs[-1]
+            assert time.monotonic() < deadline, f"{name} never {state}: {jobs}"
+            time.sleep(0.5)
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Slurm]:
+    # Not under pytest's folder: slurmrestd runs as nobody, and pytest's temporary folders are closed to others.
+    folder = Path(tempfile.mkdtemp(prefix="eksflow-slurm-"))
+    env = {
+        **os.environ,
+        "EKSFLOW_SLURM_DIR": str(folder),
+        "EKSFLOW_SLURM_CTLD_PORT": str(free_port()),
+        "EKSFLOW_SLURM_SLURMD_PORT": str(free_port()),
+        "EKSFLOW_SLURM_REST_PORT": str(free_port()),
+    }
+    script = [sys.executable, str(ROOT / "scripts" / "local_slurm.py")]
+    started = subprocess.run([*script, "up"], check=False, env=env, capture_output=True, text=True, timeout=900)
+    if started.returncode == 3:
+        pytest.skip(started.stderr.strip())
+    assert started.returncode == 0, started.stderr
+    env.update(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
+    try:
+        yield Slurm(folder, env)
+    finally:
+        subprocess.run([*script, "down"], check=False, env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tiny_llama) -> Path:
+    root = tmp_path_factory.mktemp("slurm-train")
+    shutil.copytree(tiny_llama, root / "model")
+    (root / "data").mkdir()
+    rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"{i} plus {i} is {2 * i}."} for i in range(40)]
+    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def train_argv(workdir: Path, out: Path, max_steps: int, **extra: object) -> list[str]:
+    settings = {
+        "dataset-dir": workdir / "data",
+        "base-model": workdir / "model",
+        "output-dir": out,
+        "run-name": out.name,
+        "max-steps": max_steps,
+        "max-seq-len": 64,
+        "micro-batch-size": 2,
+        "checkpoint-every": 1,
+        "log-every": 1,
+        "num-workers": 2,
+        "cpus-per-worker": 1,
+        "strategy": "ddp",
+        "precision": "fp32",
+        "launcher": "mpi",
+        "token-cache-dir": workdir / "token-cache",
+        **extra,
+    }
+    return ["steps.train", *(f"--{name}={value}" for name, value in settings.items())]
+
+
+def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra: object) -> subprocess.Popen[str]:
+    """`python -m eksflow.runtime.slurm_job ... -- <step argv>`, as the Argo task runs it."""
+    own = {
+        "url": slurm.url,
+        "token-file": slurm.token_file,
+        "job-name": name,
+        "work-dir": work / "slurm",
+        "tasks-per-node": 2,
+        "outputs-dir": work / "task-outputs",
+        "poll-s": 0.5,
+        **extra,
+    }
+    argv = [sys.executable, "-m", "eksflow.runtime.slurm_job", *(f"--{k}={v}" for k, v in own.items()), "--"]
+    return subprocess.Popen(
+        [*argv, *step_argv], cwd=ROOT, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def test_the_train_step_runs_as_a_slurm_job_and_its_outputs_reach_the_task(slurm, workdir, tmp_path):
+    task = submitter(slurm, "train-ok", tmp_path, train_argv(workdir, tmp_path / "train", 3))
+    log, _ = task.communicate(timeout=600)
+    assert task.returncode == 0, log
+    job = slurm.job("train-ok")
+    assert job.state == "COMPLETED" and job.exit_code == 0
+    outputs = {p.name: p.read_text() for p in (tmp_path / "task-outputs").iterdir()}
+    assert {"adapter_dir", "checkpoint_dir", "final_loss", "tokens_per_s"} <= set(outputs), outputs
+    assert Path(outputs["adapter_dir"], "adapter_config.json").is_file()
+    assert "strategy: ddp" in log, log
+    assert f"submitted Slurm job {job.job_id}" in log and "COMPLETED" in log
+    assert slurm.token_file.read_text() not in log
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_and_the_task_follows_it(slurm, workdir, tmp_path):
+    out = tmp_path / "train"
+    task = submitter(slurm, "train-requeue", tmp_path, train_argv(workdir, out, 12))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(task.stdout or []), daemon=True)
+    reader.start()
+    job = slurm.wait("train-requeue", "RUNNING")
+    deadline = time.monotonic() + 300
+    while not list(out.glob("checkpoints/step-*")):
+        assert time.monotonic() < deadline and task.poll() is None, "".join(lines)
+        time.sleep(0.5)
+    slurm.scontrol("requeue", str(job.job_id))
+    # slurmctld holds a requeued batch job back for a while (its BeginTime); an operator waits, the test starts it.
+    slurm.wait("train-requeue", "PENDING")
+    slurm.scontrol("update", f"jobid={job.job_id}", "starttime=now")
+    assert task.wait(600) == 0, "".join(lines)
+    reader.join(10)
+    log = "".join(lines)
+    assert slurm.job("train-requeue").restarts == 1
+    # Both srun tasks (one DDP group) went on from the checkpoint, in the same job.
+    assert "rank 0: resumed from step-" in log and "rank 1: resumed from step-" in log, log
+    assert json.loads((tmp_path / "task-outputs" / "final_loss").read_text()) > 0
+
+
+def test_interrupting_the_task_cancels_the_job(slurm, workdir, tmp_path):
+    task = submitter(slurm, "train-stop", tmp_path, train_argv(workdir, tmp_path / "train", 200))
+    slurm.wait("train-stop", "RUNNING")
+    task.send_signal(signal.SIGINT)
+    log, _ = task.communicate(timeout=120)
+    assert task.returncode == 128 + signal.SIGINT, log
+    assert slurm.wait("train-stop", "CANCELLED", timeout_s=60).state == "CANCELLED"
+    assert not [j for j in slurm.api.jobs() if j.name == "train-stop" and not j.ended]
+
+
+def test_a_step_refusing_its_input_fails_the_task_with_2_and_no_retry(slurm, workdir, tmp_path):
+    argv = train_argv(workdir, tmp_path / "train", 3, **{"dataset-dir": tmp_path / "no-such-data"})
+    task = submitter(slurm, "train-bad", tmp_path, argv)
+    log, _ = task.communicate(timeout=600)
+    assert task.returncode == 2, log
+    assert slurm.job("train-bad").state == "FAILED" and "not retried" in log
+
+
+def test_an_unreachable_slurmrestd_or_a_rejected_token_is_one_line_naming_the_url(slurm, tmp_path):
+    closed = f"http://127.0.0.1:{free_port()}"
+    task = submitter(slurm, "never", tmp_path, ["steps.train"], url=closed)
+    log, _ = task.communicate(timeout=60)
+    assert task.returncode == 1 and len(log.strip().splitlines()) == 1 and closed in log, log
+    bad = tmp_path / "bad-token"
+    bad.write_text("not-a-token-but-secret-looking")
+    task = submitter(slurm, "never", tmp_path, ["steps.train"], **{"token-file": bad})
+    log, _ = task.communicate(timeout=60)
+    assert task.returncode == 1 and len(log.strip().splitlines()) == 1 and slurm.url in log, log
+    assert "not-a-token-but-secret-looking" not in log

@@ -1,0 +1,90 @@
+"""How a Slurm job's end becomes the task's exit code, and what the job is made of (eksflow.runtime.slurm_job)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from eksflow.runtime import slurm_job
+from eksflow.runtime.slurm import JobStatus
+
+
+def args(tmp_path, **extra):
+    return slurm_job.JobArgs.from_argv(
+        [
+            "--url=http://127.0.0.1:6820",
+            f"--token-file={tmp_path / 'token'}",
+            "--job-name=llama-lora-x7k2-train",
+            f"--work-dir={tmp_path / 'work'}",
+            f"--outputs-dir={tmp_path / 'outputs'}",
+            *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()),
+        ]
+    )
+
+
+def ended(state: str, exit_code: int | None = 0) -> JobStatus:
+    return JobStatus(job_id=7, name="x", state=state, exit_code=exit_code, restarts=0)
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "expected"),
+    [
+        ("FAILED", 2, 2),  # the step refused its input: never retried
+        ("FAILED", 1, 1),
+        ("CANCELLED", 143, 1),
+        ("PREEMPTED", None, 143),
+        ("NODE_FAIL", None, 143),
+        ("BOOT_FAIL", None, 143),
+        ("OUT_OF_MEMORY", None, 1),
+    ],
+)
+def test_each_end_state_maps_to_the_exit_contract(tmp_path, state, exit_code, expected):
+    assert slurm_job.finish(args(tmp_path), ended(state, exit_code), tmp_path / "work" / "outputs") == expected
+
+
+def test_a_completed_job_hands_the_steps_outputs_to_the_task(tmp_path):
+    outputs = tmp_path / "work" / "outputs"
+    outputs.mkdir(parents=True)
+    (outputs / "final_loss").write_text("1.25")
+    (outputs / "adapter_dir").write_text("/fsx/runs/x/train/adapter")
+    assert slurm_job.finish(args(tmp_path), ended("COMPLETED"), outputs) == 0
+    assert {p.name: p.read_text() for p in (tmp_path / "outputs").iterdir()} == {
+        "final_loss": "1.25",
+        "adapter_dir": "/fsx/runs/x/train/adapter",
+    }
+
+
+def test_a_timeout_is_retried_once_then_refused_naming_the_setting(tmp_path, capsys):
+    a = args(tmp_path)
+    (tmp_path / "work").mkdir()
+    assert slurm_job.finish(a, ended("TIMEOUT", None), tmp_path / "work" / "outputs") == 1
+    assert slurm_job.finish(a, ended("TIMEOUT", None), tmp_path / "work" / "outputs") == 2
+    assert "cluster.slurm.time_limit_min" in capsys.readouterr().err
+
+
+def test_the_script_is_a_constant_and_the_steps_argv_travels_as_json(tmp_path):
+    hostile = "--run-name=$(touch /tmp/pwn); `id` \\n 'x'"
+    spec = slurm_job.spec(
+        args(tmp_path, nodes=2, tasks_per_node=4, gpus_per_node=4), ["steps.train", hostile], tmp_path
+    )
+    assert spec.script == slurm_job.SCRIPT  # nothing of the step or its values in the batch script
+    argv = json.loads(spec.environment[slurm_job.ARGV_ENV])
+    assert argv == [sys.executable, "-m", "steps.train", hostile, f"--outputs-dir={tmp_path}"]
+    assert (spec.nodes, spec.tasks_per_node, spec.gpus_per_node) == (2, 4, 4)
+    assert spec.environment["PATH"] == os.environ.get("PATH", "/usr/bin:/bin")
+
+
+@pytest.mark.parametrize("argv", [[], ["--dataset-dir=/x"], ["steps/train.py"]])
+def test_a_missing_or_malformed_step_module_is_refused(tmp_path, argv):
+    (tmp_path / "token").write_text("t")
+    with pytest.raises(slurm_job.StepInputError, match="give the step module"):
+        slurm_job.run(args(tmp_path), argv)
+
+
+def test_the_token_file_missing_is_one_line_naming_the_secret(tmp_path, capsys):
+    own = [f"--token-file={tmp_path / 'absent'}", "--url=http://127.0.0.1:1", "--job-name=j",
+           f"--work-dir={tmp_path}"]  # fmt: skip
+    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mount the Slurm token Secret" in err
