@@ -84,7 +84,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy eksflow pipelines steps
 
-templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving objects
+templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving and Slinky objects
 	mkdir -p workflow-templates
 	for p in pipelines/[a-z]*.py; do n=$$(basename $$p .py | tr _ -); \
 		$(BIN)/python $$p render --kind WorkflowTemplate -o workflow-templates/$$n.yaml || exit 1; done
@@ -93,6 +93,7 @@ templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's Workflow
 	$(BIN)/python pipelines/champion_check.py render --kind CronWorkflow --cron '0 6 * * *' --timezone UTC \
 		-o workflow-templates/champion-check-cron.yaml
 	$(BIN)/python -m pipelines.serving -o workflow-templates/serving.yaml
+	$(BIN)/python -m pipelines.slinky -o workflow-templates/slinky.yaml
 
 docs: $(STAMP) ## regenerate docs/configuration.md from the pipelines' config models
 	$(BIN)/python -m eksflow.config_docs pipelines.llama_lora pipelines.lora_sweep pipelines.champion_check \

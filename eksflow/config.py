@@ -103,6 +103,35 @@ class CleanupSettings(Settings):
     keep_failed_s: int = Field(14 * 24 * 3600, ge=0, description="seconds a failed Workflow is kept")
 
 
+class SlurmSettings(Settings):
+    """The Slurm cluster of `cluster.launcher: slurm` (Slinky on EKS): its slurmrestd, and the job's scheduling.
+
+    The JWT is a key of a Secret (`token_secret`, key `token`) an operator creates once, e.g. from
+    `scontrol token username=<user> lifespan=<s>` or Slinky's Token object; it never travels as a parameter.
+    """
+
+    url: str = Field(
+        "http://slurm-restapi.slurm.svc.cluster.local:6820",
+        pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?/?$",
+        description="slurmrestd's address (Slinky's RestApi Service)",
+    )
+    api_version: Literal["v0.0.38", "v0.0.44"] = Field(
+        "v0.0.44", description="slurmrestd's OpenAPI version: v0.0.44 (Slurm 25.x, Slinky), v0.0.38 (Slurm 22.05)"
+    )
+    user: str = Field("slurm", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32, description="the token's Slurm user")
+    token_secret: str = Field(
+        "eksflow-slurm", pattern=K8S_NAME, max_length=253, description="Secret holding the JWT under key `token`"
+    )
+    partition: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm partition; empty: the default")
+    account: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm account; empty: the user's default")
+    qos: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm QoS; empty: the default")
+    time_limit_min: int = Field(0, ge=0, description="the job's time limit in minutes; 0: the partition's")
+    controller: str = Field("slurm", pattern=K8S_NAME, max_length=63, description="Slinky's Controller object")
+    slurm_namespace: str = Field(
+        "slurm", pattern=K8S_NAME, max_length=63, description="namespace of the Controller, NodeSets and RestApi"
+    )
+
+
 class ClusterSettings(Settings):
     """Where distributed steps run on EKS: node type (its accelerator profile), gang scheduling, the jobs' images.
 
@@ -111,10 +140,11 @@ class ClusterSettings(Settings):
 
     instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
     nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
-    launcher: Literal["rayjob", "mpijob"] = Field(
+    launcher: Literal["rayjob", "mpijob", "slurm"] = Field(
         "rayjob",
-        description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod) or mpijob "
-        "(MPI Operator MPIJob, mpirun over worker pods); Trainium always runs torchrun in a Volcano Job",
+        description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod), mpijob "
+        "(MPI Operator MPIJob, mpirun over worker pods) or slurm (a Slurm batch job through slurmrestd, srun ranks); "
+        "Trainium always runs torchrun in a Volcano Job",
     )
     scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
     queue: str = Field("eksflow", pattern=K8S_NAME, max_length=63, description="Kueue LocalQueue or Volcano Queue name")
@@ -129,6 +159,7 @@ class ClusterSettings(Settings):
     model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
     image: Image = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
     neuron_image: Image = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
+    slurm: SlurmSettings = SlurmSettings()
 
     @field_validator("instance_type")
     @classmethod

@@ -142,7 +142,7 @@ def check(pipeline: Pipeline) -> Plan:
             ),
             (f"{job.task}: world size", f"{layout.workers} workers"),
             *((f"{job.task}: {name}", value) for name, value in answer.rows),
-            (f"{job.task}: gang admission", f"{cluster.scheduler} queue {cluster.queue}"),
+            (f"{job.task}: gang admission", job.launcher.admission(cfg)),
             (f"{job.task}: attempts", f"{job.attempts(cfg)} at most (budget {cluster.retry_budget})"),
             (
                 f"{job.task}: cost per hour",

@@ -13,7 +13,9 @@ SLURM_CONF=<folder>/slurm.conf.
 This host is the one node (its short host name, at 127.0.0.1, with all its CPUs), partition `debug`, jobs
 requeued on failure (JobRequeue=1), finished jobs kept for an hour (MinJobAge) so their end state can be read.
 slurmrestd speaks openapi/v0.0.38 with JWT authentication on 127.0.0.1 only; it runs as `nobody` (it refuses
-root), and the token (`scontrol token`, user root, valid a day) is written to <folder>/token, mode 0600.
+root), and the token (`scontrol token`, user root, valid a day) is written to <folder>/token, mode 0600, and to
+<state>/secrets/eksflow-slurm/token ($EKSFLOW_STATE_DIR, default .eksflow), where a local run's Slurm task reads
+the Secret it mounts. `up` prints the `--set` flags that point a run at this cluster.
 
 Where Slurm cannot run (not root, no apt-get, a container without the privileges slurmd needs) `up` exits 3 with
 the reason on one line; tests that need Slurm skip with it.
@@ -38,6 +40,7 @@ PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "munge", "slurm-client")
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
 CTLD_PORT, SLURMD_PORT, REST_PORT = 16817, 16818, 16820
 API_VERSION = "v0.0.38"
+TOKEN_SECRET = "eksflow-slurm"  # cluster.slurm.token_secret's default
 EXIT_UNAVAILABLE = 3
 
 
@@ -204,9 +207,20 @@ def up() -> None:
     conf = write_config(root)
     start(root, conf)
     token_file = wait_ready(root, conf)
+    # Where a local run reads the Secret its Slurm task mounts (eksflow.local: <state>/secrets/<Secret name>).
+    secret = Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")).resolve() / "secrets" / TOKEN_SECRET
+    secret.mkdir(parents=True, exist_ok=True)
+    secret.chmod(0o700)
+    shutil.copyfile(token_file, secret / "token")
+    (secret / "token").chmod(0o600)
     print(f"SLURM_CONF={conf}")
     print(f"EKSFLOW_SLURM_URL={rest_url()}")
     print(f"EKSFLOW_SLURM_TOKEN_FILE={token_file}")
+    print(
+        f"run with: --set cluster.launcher=slurm --set cluster.slurm.url={rest_url()} "
+        f"--set cluster.slurm.api_version={API_VERSION} --set cluster.slurm.user=root",
+        file=sys.stderr,
+    )
 
 
 def down() -> None:

@@ -9,6 +9,8 @@ profile's kind:
 - volcano (Trainium): a resource template creating a Volcano Job running torchrun of `neuron_step` on every node.
 - mpijob (`cluster.launcher: mpijob`, GPU or CPU): an MPIJob (kubeflow.org/v2beta1) whose launcher runs
   `mpirun ... python -m <step> --launcher=mpi` over sshd worker pods.
+- slurm (`cluster.launcher: slurm`, GPU or CPU): a Slurm batch job through slurmrestd (Slinky), `srun` ranks of
+  `python -m <step> --launcher=mpi`, followed by one container task (eksflow.runtime.slurm_job).
 
 The step's settings must carry the worker layout (`num_workers`, `cpus_per_worker`, `use_gpu`): the profile sets
 `num_workers` to one per device on every node. A job's outputs reach downstream tasks through a `<task>-outputs`
@@ -27,7 +29,7 @@ from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
 
 # Importing a launcher's module registers it.
-from eksflow.launchers import container, mpijob, rayjob, volcano  # noqa: F401
+from eksflow.launchers import container, mpijob, rayjob, slurm, volcano  # noqa: F401
 from eksflow.launchers.base import LAYOUT_FIELDS, Job, JobRequest, layout, select
 from eksflow.pipeline import Pipeline, step_name
 from eksflow.refs import Ref, TaskRef, When

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
-from eksflow.config import ClusterSettings, PipelineConfig
+from eksflow.config import ClusterSettings, PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
 from eksflow.profiles import Profile
 from eksflow.refs import Ref, TaskRef, When
@@ -77,6 +77,11 @@ class Launcher(ABC):
     def prepare(self, request: JobRequest) -> JobRequest:
         """The request as this launcher runs it; PipelineError for a step it cannot run."""
         return request
+
+    def admission(self, cfg: PipelineConfig) -> str:
+        """One line for `plan`: what admits the job's pods all at once."""
+        cluster = cluster_of(cfg)
+        return f"{cluster.scheduler} queue {cluster.queue}"
 
     @abstractmethod
     def pods(self, cfg: PipelineConfig, job: Job) -> str:

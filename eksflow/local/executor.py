@@ -310,8 +310,7 @@ class _Run:
                 return result
 
     def _host_folder(self, mount: Mount) -> str:
-        root = self.state_dir / "volumes" if mount.scope == "state" else self.folder.volumes
-        host = root / mount.folder / mount.sub_path if mount.sub_path else root / mount.folder
+        host = mount.host_folder(self.state_dir, self.folder.volumes)
         host.mkdir(parents=True, exist_ok=True)
         return str(host)
 

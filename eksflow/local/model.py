@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eksflow.local.expressions import depends_references
@@ -34,9 +35,25 @@ class Mount:
     """A volume mounted into a task's process: `mount_path` maps to a host folder."""
 
     mount_path: str
-    scope: str  # "state" (a PVC: shared by all runs) | "run"
-    folder: str  # claim name or volume name
+    scope: str  # "state" (a PVC: shared by all runs) | "secret" (a Secret: see `host_folder`) | "run"
+    folder: str  # claim name, Secret name or volume name
     sub_path: str
+
+    def host_folder(self, state_dir: Path, run_volumes: Path) -> Path:
+        """The host folder this mount maps to (not created).
+
+        A PVC's is shared by every run (<state>/volumes/<claim>). A Secret's is <state>/secrets/<Secret name> when
+        that folder exists (this machine's own Secrets: `make slurm-up` writes eksflow-slurm/token there), else a
+        folder of the run (where the local fleet writes the keys it makes for the run). Anything else belongs to
+        the run.
+        """
+        if self.scope == "state":
+            root = state_dir / "volumes" / self.folder
+        elif self.scope == "secret" and (state_dir / "secrets" / self.folder).is_dir():
+            root = state_dir / "secrets" / self.folder
+        else:
+            root = run_volumes / self.folder
+        return root / self.sub_path if self.sub_path else root
 
 
 @dataclass(frozen=True)

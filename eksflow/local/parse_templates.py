@@ -155,16 +155,19 @@ def parse_memoize(raw: Any, where: str) -> Memoize | None:
 
 
 def parse_volumes(spec: Mapping[str, Any], where: str) -> dict[str, tuple[str, str]]:
-    """Volume name -> (scope, folder): a PVC is shared by all runs, anything else belongs to this run."""
+    """Volume name -> (scope, folder): a PVC is shared by all runs, a Secret may be this machine's, else the run's."""
     volumes: dict[str, tuple[str, str]] = {}
     for i, volume in enumerate(fields.mappings(spec.get("volumes"), f"{where}.volumes")):
         name = fields.text(volume.get("name"), f"{where}.volumes[{i}].name")
         claim = fields.mapping(volume.get("persistentVolumeClaim"), f"{where}.volumes[{i}].persistentVolumeClaim")
+        secret = fields.mapping(volume.get("secret"), f"{where}.volumes[{i}].secret")
         if claim:
             volumes[name] = (
                 "state",
                 fields.text(claim.get("claimName"), f"{where}.volumes[{i}].persistentVolumeClaim"),
             )
+        elif secret and secret.get("secretName") == name:  # eksflow names a Secret's volume after it
+            volumes[name] = ("secret", name)
         else:
             volumes[name] = ("run", name)
     for i, claim_template in enumerate(

@@ -168,9 +168,7 @@ def _host_paths(manifest: dict[str, Any], folder: RunFolder) -> dict[str, PathMa
         if isinstance(template, ContainerTemplate):
             pairs = {}
             for mount in template.mounts:
-                root = state_dir / "volumes" if mount.scope == "state" else folder.volumes
-                host = root / mount.folder / mount.sub_path if mount.sub_path else root / mount.folder
-                pairs[mount.mount_path] = str(host)
+                pairs[mount.mount_path] = str(mount.host_folder(state_dir, folder.volumes))
             maps[name] = PathMap(pairs.items())
             every.update(pairs)
     maps[""] = PathMap(every.items())

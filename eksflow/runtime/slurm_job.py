@@ -37,13 +37,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 from pydantic import Field
 
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
 from eksflow.runtime.args import StepArgs, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
-from eksflow.runtime.slurm import API_VERSIONS, JobSpec, JobStatus, SlurmApi, SlurmError, slurm_api
+from eksflow.runtime.slurm import JobSpec, JobStatus, SlurmApi, SlurmError, slurm_api
 from eksflow.runtime.slurm_task import ARGV_ENV
 
 PYTHON_ENV = "EKSFLOW_PYTHON"
@@ -51,18 +52,24 @@ EXIT_PREEMPTED = 143
 SCRIPT = """#!/bin/bash
 # eksflow: the step on every task of the allocation; its argv is $EKSFLOW_STEP_ARGV (JSON), never this text.
 set -euo pipefail
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-export MASTER_ADDR MASTER_PORT="${MASTER_PORT:-29500}"
+first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# The first node's address as slurmctld knows it (a pod IP on Slinky): its name may not resolve everywhere.
+MASTER_ADDR="$(scontrol show node "$first" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')"
+export MASTER_ADDR="${MASTER_ADDR:-$first}" MASTER_PORT="${MASTER_PORT:-29500}"
 exec srun --kill-on-bad-exit=1 "$EKSFLOW_PYTHON" -m eksflow.runtime.slurm_task
 """
 RETRIED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+# What the job's tasks get of this task's environment (the pipeline's `env` and the profile's EFA/NCCL settings
+# reach this container as these): never credentials (the NodeSet's pods have their own service account).
+FORWARDED = frozenset({"PYTHONPATH", "HOME", "RDMAV_FORK_SAFE"})
+FORWARDED_PREFIXES = ("EKSFLOW_", "HF_", "NCCL_", "FI_", "TORCH_", "OMP_", "CUDA_")
 
 
 class JobArgs(StepArgs):
     """Where slurmrestd is, what the job asks for, where its files go."""
 
     url: str = Field(pattern=r"^https?://", description="slurmrestd, e.g. http://slurm-restapi.slurm:6820")
-    api_version: str = Field("v0.0.38", description=f"slurmrestd's OpenAPI version, one of {API_VERSIONS}")
+    api_version: Literal["v0.0.38", "v0.0.44"] = Field("v0.0.38", description="slurmrestd's OpenAPI version")
     user: str = Field("root", min_length=1, description="the Slurm user the token was made for")
     token_file: Path = Field(description="the JWT (`scontrol token`), a file from a mounted Secret")
     job_name: str = Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$", max_length=200, description="unique per run")
@@ -134,15 +141,16 @@ def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
     """The job: the constant script, the step's argv as JSON in the environment, the resources."""
     module, *rest = step_argv
     # The step's outputs go to the shared file system, where this task (on another node) reads them.
-    argv = [sys.executable, "-m", module, *rest, f"--outputs-dir={outputs}"]
+    own = [item for item in rest if not item.startswith("--outputs-dir=")]
+    argv = [sys.executable, "-m", module, *own, f"--outputs-dir={outputs}"]
     environment = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         ARGV_ENV: json.dumps(argv),
         PYTHON_ENV: sys.executable,  # the step image's interpreter: Slurm's nodes run the same image
     }
-    for name in ("PYTHONPATH", "HOME", "EKSFLOW_RUN_DIR"):
-        if name in os.environ:
-            environment[name] = os.environ[name]
+    for name, value in os.environ.items():
+        if name in FORWARDED or name.startswith(FORWARDED_PREFIXES):
+            environment[name] = value
     return JobSpec(
         name=args.job_name,
         script=SCRIPT,

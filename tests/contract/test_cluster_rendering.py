@@ -36,6 +36,15 @@ VARIANTS = {
         "cluster.launcher=mpijob",
     ],
     "cpu-mpijob": ["cluster.launcher=mpijob", "train.strategy=deepspeed", "train.zero_stage=3"],
+    "p4d-slurm": [
+        "cluster.instance_type=p4d.24xlarge",
+        "cluster.nodes=2",
+        "cluster.zone=us-west-2a",
+        "cluster.launcher=slurm",
+        "cluster.slurm.partition=gpu",
+        "cluster.slurm.time_limit_min=600",
+    ],
+    "cpu-slurm": ["cluster.launcher=slurm"],
 }
 
 
@@ -75,7 +84,7 @@ def test_every_kind_of_every_variant_validates(variant, argo_validator):
 def test_embedded_jobs_validate_against_their_crds(variant, crd_validator):
     name, workflow = variant
     objects = embedded(workflow)
-    assert bool(objects) == (name != "cpu")
+    assert bool(objects) == (name != "cpu" and "slurm" not in name)  # a Slurm job is slurmrestd's, not an object
     for _, obj in objects:
         assert errors(crd_validator(obj), obj) == []
 
@@ -259,3 +268,23 @@ def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
     train_template = parse_manifest(workflow).templates["train"]
     assert isinstance(train_template, ContainerTemplate)
     assert train_template.command == ("python", "-m", "steps.train")
+
+
+def test_the_slurm_task_submits_the_train_step_with_the_token_from_its_secret():
+    workflow = render(VARIANTS["p4d-slurm"])
+    (template,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train"]
+    container = template["container"]
+    assert container["command"] == ["python", "-m", "eksflow.runtime.slurm_job"]
+    args = container["args"]
+    own, step = args[: args.index("--")], args[args.index("--") + 1 :]
+    assert {"--nodes=2", "--tasks-per-node=8", "--gpus-per-node=8", "--partition=gpu", "--time-limit-min=600",
+            "--api-version=v0.0.44", "--token-file=/etc/eksflow/slurm/token"} <= set(own)  # fmt: skip
+    assert "--job-name={{workflow.name}}-train" in own
+    assert step[0] == "steps.train" and step[-1] == "--launcher=mpi"
+    assert not [a for a in args if "token=" in a.lower() and "token-file" not in a]  # never the token itself
+    (volume,) = template["volumes"]
+    assert volume["secret"]["secretName"] == "eksflow-slurm"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["NCCL_PROTO"] == "simple"  # forwarded to the srun tasks
+    assert template["retryStrategy"]["limit"] == "1"
+    assert {o["name"] for o in template["outputs"]["parameters"]} >= {"adapter_dir", "final_loss"}

@@ -64,6 +64,7 @@ def slurm() -> Iterator[Slurm]:
     env = {
         **os.environ,
         "EKSFLOW_SLURM_DIR": str(folder),
+        "EKSFLOW_STATE_DIR": str(folder / "state"),  # where `up` leaves the token Secret for local runs
         "EKSFLOW_SLURM_CTLD_PORT": str(free_port()),
         "EKSFLOW_SLURM_SLURMD_PORT": str(free_port()),
         "EKSFLOW_SLURM_REST_PORT": str(free_port()),
@@ -198,3 +199,48 @@ def test_an_unreachable_slurmrestd_or_a_rejected_token_is_one_line_naming_the_ur
     log, _ = task.communicate(timeout=60)
     assert task.returncode == 1 and len(log.strip().splitlines()) == 1 and slurm.url in log, log
     assert "not-a-token-but-secret-looking" not in log
+
+
+def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(slurm, workdir):
+    """`cluster.launcher: slurm` rendered and run by the local executor: the same manifest a cluster gets."""
+    from eksflow import Pipeline, distributed
+    from eksflow.local import run_workflow
+    from eksflow.render import manifest
+    from steps import train
+    from tests.flagship import config
+
+    cfg = config(
+        [
+            "cluster.launcher=slurm",
+            f"cluster.slurm.url={slurm.url}",
+            "cluster.slurm.api_version=v0.0.38",
+            "cluster.slurm.user=root",
+            "train.max_steps=2",
+            "train.max_seq_len=64",
+            "train.micro_batch_size=2",
+            "train.strategy=ddp",
+            "train.precision=fp32",
+        ]
+    )
+    with Pipeline(cfg, title="slurm") as p:
+        distributed(
+            train,
+            cfg.train,
+            cfg.tracking,
+            cfg.model(str(workdir / "model")),
+            dataset_dir=str(workdir / "data"),
+            output_dir=p.run_dir / "train",
+            run_name=p.workflow_name,
+        )
+    state = Path(slurm.env["EKSFLOW_STATE_DIR"])
+    result = run_workflow(manifest(p), state, cwd=ROOT)
+    assert result.phase == "Succeeded", result.message
+    (run_dir,) = (state / "runs").iterdir()
+    node = json.loads((run_dir / "status.json").read_text())["status"]["nodes"]["train"]
+    outputs = {o["name"]: o["value"] for o in node["outputs"]["parameters"]}
+    adapter = state / "volumes" / "fsx-claim" / Path(outputs["adapter_dir"]).relative_to("/fsx")  # /fsx here
+    assert (adapter / "adapter_config.json").is_file()
+    job = slurm.job(f"{run_dir.name}-train")  # one job per run and task, named after both
+    assert job.state == "COMPLETED"
+    log = (run_dir / "logs" / "train.log").read_text()
+    assert f"submitted Slurm job {job.job_id}" in log and "strategy: ddp" in log

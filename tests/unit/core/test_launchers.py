@@ -8,11 +8,12 @@ import pytest
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
 from eksflow.config import cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers import base, mpijob
+from eksflow.launchers import base, mpijob, slurm
 from eksflow.launchers.base import Job, JobRequest, Launcher, named, refusal, register, select
 from eksflow.launchers.container import ContainerTask
 from eksflow.launchers.mpijob import MpiJob
 from eksflow.launchers.rayjob import RayJob
+from eksflow.launchers.slurm import SlurmLauncher
 from eksflow.launchers.volcano import VolcanoJob
 from eksflow.render import manifest
 from eksflow.templates import task
@@ -72,6 +73,9 @@ def configured(launcher, overrides=()):
         ("gpu", "mpijob", MpiJob),
         ("trainium", "rayjob", VolcanoJob),
         ("trainium", "mpijob", VolcanoJob),  # refused by `plan`, rendered as Trainium's own
+        ("cpu", "slurm", SlurmLauncher),
+        ("gpu", "slurm", SlurmLauncher),
+        ("trainium", "slurm", VolcanoJob),  # refused by `plan`, rendered as Trainium's own
     ],
 )
 def test_each_profile_kind_and_configured_launcher_select_one_launcher(kind, launcher, expected):
@@ -79,18 +83,20 @@ def test_each_profile_kind_and_configured_launcher_select_one_launcher(kind, lau
     cluster = cluster_of(config(overrides))
     profile = profiles.profile_for(cluster.instance_type)
     assert type(select(cluster, profile)) is expected
-    refused = mpijob.TRAINIUM_REFUSAL if (kind, launcher) == ("trainium", "mpijob") else None
+    refused = {("trainium", "mpijob"): mpijob.TRAINIUM_REFUSAL, ("trainium", "slurm"): slurm.REFUSAL}.get(
+        (kind, launcher)
+    )
     assert refusal(cluster, profile) == refused
     (job,) = build(config(overrides)).jobs
     assert type(job.launcher) is expected
 
 
 def test_an_unknown_launcher_is_refused_naming_the_field_and_the_registered_ones():
-    cluster = cluster_of(configured("slurm"))
+    cluster = cluster_of(configured("pbs"))
     with pytest.raises(PipelineError) as err:
         select(cluster, profiles.profile_for(cluster.instance_type))
     assert str(err.value) == (
-        "cluster.launcher: no launcher 'slurm'; registered: container, mpijob, rayjob, volcano; fix: --set "
+        "cluster.launcher: no launcher 'pbs'; registered: container, mpijob, rayjob, slurm, volcano; fix: --set "
         "cluster.launcher=<one of them>, or import the module registering it before building the pipeline"
     )
 

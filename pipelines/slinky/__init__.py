@@ -1,0 +1,1 @@
+"""The Slinky objects of the flagship's `cluster.launcher: slurm` (eksflow/launchers/slinky.py), for GitOps."""

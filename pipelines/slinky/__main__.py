@@ -1,0 +1,9 @@
+"""`python -m pipelines.slinky [-o FILE] [--config FILE] [--set k=v ...]`: the flagship's Slinky objects as YAML."""
+
+from __future__ import annotations
+
+from eksflow.launchers.slinky import objects
+from pipelines.common.gitops import write_objects
+
+if __name__ == "__main__":
+    raise SystemExit(write_objects("python -m pipelines.slinky", objects, None))
