@@ -171,18 +171,8 @@ class SlurmApiV0038(SlurmApi):
 
     def submission(self, spec: JobSpec) -> dict[str, Any]:
         """`{"job": {...}, "script": ...}`, the environment an object."""
-        job: dict[str, Any] = {
-            "name": spec.name,
-            "current_working_directory": spec.working_directory,
-            "standard_output": spec.standard_output,
-            "environment": dict(spec.environment),
-            "nodes": [spec.nodes, spec.nodes],  # [min, max]
-            "tasks_per_node": spec.tasks_per_node,
-            "tasks": spec.nodes * spec.tasks_per_node,
-            "cpus_per_task": spec.cpus_per_task,
-            "requeue": spec.requeue,
-        }
-        job.update(_optional(spec))
+        job = _common(spec)
+        job.update(environment=dict(spec.environment), nodes=[spec.nodes, spec.nodes])  # nodes: [min, max]
         if spec.time_limit_min:
             job["time_limit"] = spec.time_limit_min
         if spec.gpus_per_node:
@@ -214,19 +204,12 @@ class SlurmApiV0044(SlurmApi):
 
     def submission(self, spec: JobSpec) -> dict[str, Any]:
         """`{"job": {..., "script": ...}}`, the environment a list of NAME=value."""
-        job: dict[str, Any] = {
-            "name": spec.name,
-            "script": spec.script,
-            "current_working_directory": spec.working_directory,
-            "standard_output": spec.standard_output,
-            "environment": [f"{name}={value}" for name, value in spec.environment.items()],
-            "nodes": str(spec.nodes),
-            "tasks_per_node": spec.tasks_per_node,
-            "tasks": spec.nodes * spec.tasks_per_node,
-            "cpus_per_task": spec.cpus_per_task,
-            "requeue": spec.requeue,
-        }
-        job.update(_optional(spec))
+        job = _common(spec)
+        job.update(
+            script=spec.script,
+            environment=[f"{name}={value}" for name, value in spec.environment.items()],
+            nodes=str(spec.nodes),  # a range specification: "2" is exactly 2
+        )
         if spec.time_limit_min:
             job["time_limit"] = {"set": True, "infinite": False, "number": spec.time_limit_min}
         if spec.gpus_per_node:
@@ -255,9 +238,19 @@ def slurm_api(version: str, url: str, *, user: str, token: str, timeout_s: float
     return kinds[version](url, user, token, timeout_s)
 
 
-def _optional(spec: JobSpec) -> dict[str, str]:
-    """The scheduling fields given (an empty one is Slurm's default: the default partition, the user's account)."""
-    return {k: v for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos)) if v}
+def _common(spec: JobSpec) -> dict[str, Any]:
+    """The job fields both versions spell alike; a scheduling field left empty is Slurm's default."""
+    job: dict[str, Any] = {
+        "name": spec.name,
+        "current_working_directory": spec.working_directory,
+        "standard_output": spec.standard_output,
+        "tasks_per_node": spec.tasks_per_node,
+        "tasks": spec.nodes * spec.tasks_per_node,
+        "cpus_per_task": spec.cpus_per_task,
+        "requeue": spec.requeue,
+    }
+    job.update({k: v for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos)) if v})
+    return job
 
 
 def _json(text: str) -> dict[str, Any]:

@@ -205,3 +205,15 @@ def tiny_llama(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     LlamaForCausalLM(shape).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def training_folder(root: Path, model: Path) -> Path:
+    """`root` holding a copy of `model` (model/) and a dataset of 40 examples (data/train.jsonl)."""
+    import json
+    import shutil
+
+    shutil.copytree(model, root / "model")
+    (root / "data").mkdir()
+    rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"{i} plus {i} is {2 * i}."} for i in range(40)]
+    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root

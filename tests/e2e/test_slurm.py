@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.runtime.slurm import JobStatus, SlurmApi, slurm_api
+from tests.e2e.conftest import training_folder
 from tests.e2e.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,12 +85,7 @@ def slurm() -> Iterator[Slurm]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, tiny_llama) -> Path:
-    root = tmp_path_factory.mktemp("slurm-train")
-    shutil.copytree(tiny_llama, root / "model")
-    (root / "data").mkdir()
-    rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"{i} plus {i} is {2 * i}."} for i in range(40)]
-    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+    return training_folder(tmp_path_factory.mktemp("slurm-train"), tiny_llama)
 
 
 def train_argv(workdir: Path, out: Path, max_steps: int, **extra: object) -> list[str]:

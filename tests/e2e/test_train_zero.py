@@ -9,7 +9,6 @@ through Ray Train, the default launcher.
 """
 
 import io
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from eksflow.local.mpijob import mpirun
 from steps.common import checkpoints
 from steps.train import EXIT_PREEMPTED
 from steps.train.state import read_metrics
+from tests.e2e.conftest import training_folder
 from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +48,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, tiny_llama):
     """The session's tiny random Llama (tests/e2e/conftest.py) and a dataset of 40 examples."""
-    root = tmp_path_factory.mktemp("zero")
-    shutil.copytree(tiny_llama, root / "model")
-    (root / "data").mkdir()
-    rows = [{"prompt": f"What is {i} plus {i}?", "completion": f"{i} plus {i} is {2 * i}."} for i in range(40)]
-    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+    return training_folder(tmp_path_factory.mktemp("zero"), tiny_llama)
 
 
 def train_args(workdir: Path, out: Path, strategy: str, zero_stage: int = 2, **extra: object) -> list[str]:
