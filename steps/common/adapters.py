@@ -63,12 +63,12 @@ def registered_version(tracking_uri: str, model_name: str, version: str) -> Mode
     )
 
 
-def fetch(tracking_uri: str, model_name: str, version: str, dest: Path) -> str:
-    """Download a version's adapter folder to `dest` (which must not exist); returns the version's run id."""
+def fetch(registered: ModelVersion, dest: Path) -> None:
+    """Download a registered version's adapter folder to `dest` (which must not exist)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    registered = registered_version(tracking_uri, model_name, version)
+    model_name, version = registered.name, registered.version
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
@@ -93,7 +93,6 @@ def fetch(tracking_uri: str, model_name: str, version: str, dest: Path) -> str:
         os.replace(local, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return str(registered.run_id)
 
 
 def download(tracking_uri: str, model_name: str, version: str, folder: Path) -> Path:
@@ -101,7 +100,7 @@ def download(tracking_uri: str, model_name: str, version: str, folder: Path) -> 
     target = folder / f"v{version}"
     if not (target / CONFIG).is_file():
         shutil.rmtree(target, ignore_errors=True)
-        fetch(tracking_uri, model_name, version, target)
+        fetch(registered_version(tracking_uri, model_name, version), target)
     return target
 
 
@@ -119,8 +118,8 @@ def publish(
     `served_base` (which asks an engine) is not called. Publishing again is a no-op for the same base model folder
     (the checks run again all the same).
     """
-    run_id = str(registered_version(tracking_uri, model_name, version).run_id)
-    name = published_name(model_name, version, run_id)
+    registered = registered_version(tracking_uri, model_name, version)  # read once: name and download
+    name = published_name(model_name, version, str(registered.run_id))
     target = serving_dir / name
     base = None
     if (target / CONFIG).is_file():
@@ -131,7 +130,7 @@ def publish(
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=_made(serving_dir)))
     try:
         folder = staging / "adapter"
-        fetch(tracking_uri, model_name, version, folder)
+        fetch(registered, folder)
         check(folder)
         config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
         config["base_model_name_or_path"] = served_base() if base is None else base
