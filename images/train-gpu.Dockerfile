@@ -2,7 +2,9 @@
 # sshd, MPI Operator v2), running `python -m steps.train` (Ray Train or mpirun ranks, NCCL over EFA, DeepSpeed
 # ZeRO). Build from the repository root:
 #     docker build -f images/train-gpu.Dockerfile -t ghcr.io/eksflow/train-gpu:0.1.0 .
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# The base is pinned by digest (the multi-arch index of the tag); BASE_IMAGE may name a mirror of it.
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@sha256:ac55d124da4882b497f732d8dfd9a702d5447a5f29d08d56da6f64f0a1eb34bc
+FROM ${BASE_IMAGE}
 
 ARG EFA_INSTALLER_VERSION=1.43.1
 ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \

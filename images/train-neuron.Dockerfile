@@ -3,8 +3,11 @@
 #     docker build -f images/train-neuron.Dockerfile -t ghcr.io/eksflow/train-neuron:0.1.0 .
 # The base is AWS's Neuron training container: the Neuron SDK, torch-neuronx and its torch, EFA. Pin its tag to
 # the Neuron SDK release of the cluster's Neuron driver (https://gallery.ecr.aws/neuron/pytorch-training-neuronx).
-ARG NEURON_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.7.0-neuronx-py310-sdk2.24.1-ubuntu22.04
-FROM ${NEURON_IMAGE}
+# Not yet pinned by digest (no registry answers where this was written; resolve with `skopeo inspect --format
+# '{{.Digest}}' docker://<this image>` and append @sha256:<digest>; tests/contract/test_images.py lists the bases
+# still waiting for theirs).
+ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.7.0-neuronx-py310-sdk2.24.1-ubuntu22.04
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NEURON_CC_FLAGS="--cache_dir=/fsx/neuron-cache"

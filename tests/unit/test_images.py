@@ -1,0 +1,90 @@
+"""The logic of `make images` and `make check-images` that needs no buildah.
+
+What a build is given of this machine's pip configuration, and how a check fills a rendered template's command.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from images import pipconf
+from images.build import ROOT
+from images.buildah import Build, ImagesError, without_trailer
+from images.check import FSX, container_of, pod_command, step_modules, substituted, workflow_template
+
+
+def test_the_environment_wins_over_pip_config_files():
+    listed = "global.cert='/etc/ca.crt'\n:env:.cert='/run/other.crt'\nglobal.timeout='60'\nnoise\n"
+    assert pipconf.parse_config_list(listed) == {"cert": "/run/other.crt", "timeout": "60"}
+
+
+def test_local_paths_are_mounted_read_only_and_rewritten(tmp_path: Path):
+    (tmp_path / "mirror" / "simple").mkdir(parents=True)
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "ca.crt").write_text("certificate")
+    build = pipconf.for_build({
+        "index-url": "https://pypi.example.com/simple",
+        "extra-index-url": f"file://{tmp_path}/mirror/simple https://more.example.com/simple",
+        "find-links": str(tmp_path / "wheels"),
+        "cert": str(tmp_path / "ca.crt"),
+        "timeout": "60",
+        "user": "ignored",  # not a setting of where packages come from
+    })  # fmt: skip
+    assert build.index_url == "https://pypi.example.com/simple"  # remote: passed as it is (PIP_INDEX_URL)
+    inside = dict(build.mounts)
+    # a local index goes in with its parent: its pages link to ../../files/<wheel>
+    assert build.settings["extra-index-url"].split() == [
+        f"file://{inside[tmp_path / 'mirror']}/simple",
+        "https://more.example.com/simple",
+    ]
+    assert build.settings["find-links"] == inside[tmp_path / "wheels"]
+    assert build.settings["cert"] == inside[tmp_path / "ca.crt"]
+    assert all(path.startswith(f"{pipconf.INSIDE}/") for path in inside.values())
+    assert build.find_links == [tmp_path / "wheels"]
+    assert "user" not in build.settings and "index-url" not in build.settings
+    assert "[global]" in build.conf_text() and "timeout = 60" in build.conf_text()
+
+
+def test_a_configured_path_that_does_not_exist_is_one_clear_error(tmp_path: Path):
+    with pytest.raises(ImagesError, match=r"names .*gone, which does not exist"):
+        pipconf.for_build({"find-links": str(tmp_path / "gone")})
+
+
+def test_a_machine_without_a_pip_configuration_passes_nothing():
+    build = pipconf.for_build({})
+    assert (build.index_url, build.settings, build.mounts) == ("", {}, [])
+
+
+def test_builds_mount_read_only_and_take_values_as_separate_arguments(tmp_path: Path):
+    hostile = "x; rm -rf / $(reboot)"
+    argv = Build(tmp_path / "f", tmp_path, "t:1", {"BASE_IMAGE": hostile}, [(tmp_path, "/run/eksflow-build/0")]).argv()
+    assert ["--build-arg", f"BASE_IMAGE={hostile}"] == argv[argv.index("--build-arg") : argv.index("--build-arg") + 2]
+    assert f"{tmp_path}:/run/eksflow-build/0:ro" in argv
+    assert "--pull=never" in argv and "--layers" in argv
+
+
+def test_buildahs_own_lines_after_a_failure_are_left_out():
+    said = "Traceback\nModuleNotFoundError: No module named 'x'\nsubprocess exited with status 1\nError: exit status 1"
+    assert without_trailer(said).splitlines()[-1] == "ModuleNotFoundError: No module named 'x'"
+
+
+def test_a_placeholder_the_check_cannot_fill_is_refused():
+    assert substituted("--dir={{inputs.parameters.d}}/x", {"inputs.parameters.d": "/fsx/a"}) == "--dir=/fsx/a/x"
+    with pytest.raises(ImagesError, match="no value for"):
+        substituted("--dir={{inputs.parameters.other}}", {})
+
+
+def test_checks_run_the_flagships_validate_data_with_its_pods_args():
+    flagship = workflow_template("llama-lora")
+    argv, env = pod_command(flagship, "validate-data", {"inputs.parameters.dataset_dir": f"{FSX}/check/data"})
+    assert argv[:3] == ["python", "-m", "steps.validate_data"]
+    assert f"--dataset-dir={FSX}/check/data" in argv and "--report-dir=/fsx/runs/check-images/reports" in argv
+    assert not any("{{" in part for part in argv)
+    assert env["EKSFLOW_IMAGE"] == container_of(flagship, "validate-data")["image"]
+
+
+def test_every_step_a_rendered_template_runs_is_among_those_checked():
+    checked = set(step_modules())
+    for path in sorted((ROOT / "workflow-templates").glob("*.yaml")):
+        run = {line.split("- steps.")[1].strip() for line in path.read_text().splitlines() if "- steps." in line}
+        assert {f"steps.{name}" for name in run} <= checked, path.name
