@@ -242,7 +242,9 @@ def serve_and_probe(checker: Checker, container: Container, spec: dict[str, Any]
 
     The probe asks for a real generation, through the API key the Secret would hold, as the startupProbe does.
     """
-    argv = [*spec["command"], *spec.get("args", [])]
+    # A pod has a network namespace of its own; here the engine shares this machine's, so it listens on loopback
+    # only (and, as in the pod, answers nothing without the key).
+    argv = [*spec["command"], *spec.get("args", []), "--host=127.0.0.1"]
     probe = spec["readinessProbe"]["exec"]["command"]
     what = f"the readiness probe ({' '.join(probe[:3])}) answers on the engine the Deployment runs"
     model = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), "")

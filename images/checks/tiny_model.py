@@ -4,20 +4,22 @@
 
 Runs inside the steps image (its own torch, transformers and peft), so that `make check-images` can run the
 evaluate step for real in seconds: real weights would only add time. The adapter is trained by no one: its
-LoRA B matrices start at zero, so it answers as the base does.
+LoRA B matrices start at zero, so it answers as the base does. The e2e tests' `tiny_llama` is the same model.
 """
 
 import sys
 from pathlib import Path
+from typing import Any
 
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from steps.common.modeling import load_tokenizer
 
 
-def main(tokenizer_folder: Path, out: Path) -> None:
-    """Write <out>/model (random weights, the demo tokenizer) and <out>/adapter (LoRA on q and v)."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+def write_model(tokenizer_folder: Path, out: Path) -> Any:
+    """Write to `out` a random Llama of 2 layers, width 64, with the tokenizer of `tokenizer_folder`; the model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer(tokenizer_folder)
     torch.manual_seed(0)
     shape = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -31,8 +33,16 @@ def main(tokenizer_folder: Path, out: Path) -> None:
         eos_token_id=tokenizer.eos_token_id,
     )
     model = LlamaForCausalLM(shape)
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return model
+
+
+def main(tokenizer_folder: Path, out: Path) -> None:
+    """Write <out>/model and <out>/adapter (LoRA on q and v)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = write_model(tokenizer_folder, out / "model")
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     get_peft_model(model, lora).save_pretrained(str(out / "adapter"))
 

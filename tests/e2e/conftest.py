@@ -183,27 +183,10 @@ def tiny_llama(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """A random Llama of 2 layers, width 64, with the demo model's tokenizer: the model of the tests about training
     mechanics (strategies, checkpoints, preemption, fan-out), where real weights add only time. Measured: a 2-worker
     Ray FSDP run of 8 steps took 152 CPU s on SmolLM2-135M, 66 s on this."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from steps.common.modeling import load_tokenizer
+    from images.checks.tiny_model import write_model
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = load_tokenizer(resolve_model(DEMO_MODEL, model_cache))
-    torch.manual_seed(0)
-    shape = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(shape).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    write_model(resolve_model(DEMO_MODEL, model_cache), folder)
     return folder
 
 
