@@ -181,11 +181,9 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
             checker.run(container, f"{module} --help", ["python", "-m", module, "--help"], user, env, timeout_s=300)
         inputs = {"inputs.parameters.dataset_dir": f"{FSX}/check/data"}
         argv, env = pod_command(flagship, "validate-data", inputs)
-        rows = lambda: "" if checker.output("train_rows").strip().isdigit() else "no train_rows output"  # noqa: E731
-        if checker.run(container, "validate_data on the demo data", argv, user, env, rows):
+        if checker.run(container, "validate_data on the demo data", argv, user, env, lambda: validated(checker)):
             tiny = f"{FSX}/check/tiny"
-            model_cache = next(a.split("=", 1)[1] for a in argv if a.startswith("--model-cache-dir="))
-            demo = f"{model_cache}/{next(a.split('=', 1)[1] for a in argv if a.startswith('--base-model='))}"
+            demo = f"{flag(argv, '--model-cache-dir')}/{flag(argv, '--base-model')}"  # converted there by validate_data
             made = checker.run(container, "a tiny model and adapter", ["python", "/checks/tiny_model.py", demo, tiny],
                                user, env)  # fmt: skip
             inputs |= {"inputs.parameters.adapter_dir": f"{tiny}/adapter", "inputs.parameters.mlflow_run_id": "",
@@ -194,6 +192,19 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
             if made:
                 checker.run(container, "evaluate on the tiny model", argv, user, env, lambda: evaluated(checker))
     return checker.results
+
+
+def flag(argv: list[str], name: str) -> str:
+    """The value of `--name=value` in `argv`; ImagesError when the template passes no such flag."""
+    found = [part.split("=", 1)[1] for part in argv if part.startswith(f"{name}=")]
+    if not found:
+        raise ImagesError(f"the rendered command {' '.join(argv[:3])} has no {name}: run `make templates`")
+    return found[-1]
+
+
+def validated(checker: Checker) -> str:
+    """What is wrong with validate_data's outputs ("" if nothing): the rows it counted."""
+    return "" if checker.output("train_rows").strip().isdigit() else "no train_rows output"
 
 
 def evaluated(checker: Checker) -> str:
@@ -247,8 +258,7 @@ def serve_and_probe(checker: Checker, container: Container, spec: dict[str, Any]
     argv = [*spec["command"], *spec.get("args", []), "--host=127.0.0.1"]
     probe = spec["readinessProbe"]["exec"]["command"]
     what = f"the readiness probe ({' '.join(probe[:3])}) answers on the engine the Deployment runs"
-    model = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), "")
-    port = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--port=")), 8000)
+    model, port = flag(argv, "--model"), int(flag(argv, "--port"))
     if not (fsx_path(checker.fsx, model) / "config.json").is_file():
         checker.record(what, f"no base model at {model} on FSx (the steps image's check converts it there)")
         return
