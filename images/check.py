@@ -11,7 +11,9 @@ template gives the container, FSx at its mount path. The templates are the rende
   stayed in it;
 - steps: every step's `--help`; validate_data on the demo data, then evaluate on a tiny model, both with the
   args of their templates in the flagship WorkflowTemplate;
-- serve-cpu: what the vLLM Deployment runs, `--help` (vLLM's OpenAI server), and its readiness probe's module.
+- serve-cpu: the `--help` of what the vLLM Deployment runs (vLLM's OpenAI server, the readiness probe's module),
+  then the engine itself with the Deployment's command and env, until the readiness probe gets a real answer
+  (steps first: validate_data converts the demo model onto FSx, where the engine reads it).
 
 One line per check; exit 1 when any failed, naming each.
 """
@@ -43,7 +45,7 @@ TEMPLATES = ROOT / "workflow-templates"
 CHECKS = ROOT / "images" / "checks"
 FSX = "/fsx"
 OUTPUTS = "/tmp/outputs"
-ENGINE_START_S = 600  # the Deployment's startupProbe allows 20 minutes; a 135M model on 2 cores takes ~1
+ENGINE_START_S = 600  # the Deployment's startupProbe allows 20 minutes; the demo model on 2 cores starts in ~1
 POD_GROUP = "0"  # no runAsGroup in the pods' security context: the runtime's primary group is root's
 
 
