@@ -16,6 +16,7 @@ The LiteLLM proxy runs LiteLLM's own image (serving.proxy_image): eksflow builds
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import re
@@ -81,7 +82,12 @@ def default_arg(dockerfile: Path, name: str) -> str:
 
 def base_image(dockerfile: Path) -> str:
     """The base to build `dockerfile` on: its BASE_IMAGE if stored or pullable, else the stand-in (said so)."""
-    base = default_arg(dockerfile, "BASE_IMAGE")
+    return resolved_base(default_arg(dockerfile, "BASE_IMAGE"))
+
+
+@functools.cache  # the images share their base: one pull attempt (or wait for a silent registry) per run
+def resolved_base(base: str) -> str:
+    """`base` if stored or pullable, else the stand-in for it (said so), else ImagesError."""
     if buildah.exists(base):
         return base
     why = buildah.pull(base)
@@ -127,14 +133,18 @@ def torch_index(dockerfile: Path, pip: pipconf.BuildPip) -> str:
     """
     if os.environ.get("TORCH_INDEX_URL"):
         return os.environ["TORCH_INDEX_URL"]
-    default = default_arg(dockerfile, "TORCH_INDEX_URL")
+    pinned = re.search(r"torch==([\d.]+)", dockerfile.read_text(encoding="utf-8"))
+    return resolved_torch_index(default_arg(dockerfile, "TORCH_INDEX_URL"), pinned[1] if pinned else "", pip)
+
+
+@functools.cache  # one probe of the index per run, whichever image asks
+def resolved_torch_index(default: str, version: str, pip: pipconf.BuildPip) -> str:
+    """`default` if it answers, else pip's own index when its find-links hold torch `version`'s CPU wheel."""
     try:
         urllib.request.urlopen(urllib.request.Request(f"{default}/torch/", method="HEAD"), timeout=15).close()
         return default
     except (OSError, urllib.error.URLError) as error:
         why = str(getattr(error, "reason", error))
-    pinned = re.search(r"torch==([\d.]+)", dockerfile.read_text(encoding="utf-8"))
-    version = pinned[1] if pinned else ""
     wheels = [w for folder in pip.find_links for w in folder.glob(f"torch-{version}+cpu-cp311-*.whl")]
     if not wheels:
         raise ImagesError(

@@ -30,7 +30,7 @@ PATHS = ("index-url", "cert", "client-cert", "extra-index-url", "find-links", "c
 INDEXES = ("index-url", "extra-index-url")  # a local index links its files relatively (../../files/...)
 
 
-@dataclass
+@dataclass(eq=False)  # one per run, hashed by identity (build caches what it resolved with it)
 class BuildPip:
     """What a build needs of the host's pip: build arguments, read-only mounts, and the pip.conf to write."""
 
