@@ -16,7 +16,8 @@ While the job runs its output file is copied into this task's log. A job Slurm r
 failed node with JobRequeue) goes on under the same id and the step resumes from its checkpoint; this task keeps
 following it. How the job's end becomes this task's exit code (the workflow retries all but 2):
     COMPLETED                            0, the outputs copied
-    FAILED with the step's exit 2        2: bad input, never retried
+    FAILED with the step's exit 2        2: bad input, never retried (on any task: its other tasks, terminated
+                                         by srun, end the job with 143, so the task that refused says so)
     FAILED otherwise, CANCELLED by others 1: retried
     PREEMPTED, NODE_FAIL, BOOT_FAIL      143: retried, the step resumes from its checkpoint
     TIMEOUT                              1 the first time, 2 the second (raise the time limit)
@@ -45,7 +46,7 @@ from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
 from eksflow.runtime.args import StepArgs, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
 from eksflow.runtime.slurm import JobSpec, JobStatus, SlurmApi, SlurmError, slurm_api
-from eksflow.runtime.slurm_task import ARGV_ENV
+from eksflow.runtime.slurm_task import ARGV_ENV, REFUSED_ENV
 
 PYTHON_ENV = "EKSFLOW_PYTHON"
 EXIT_PREEMPTED = 143
@@ -107,6 +108,7 @@ def run(args: JobArgs, step_argv: Sequence[str]) -> int:
     if job is None:
         shutil.rmtree(outputs, ignore_errors=True)  # a new job: no outputs of an earlier one may be taken for its own
         outputs.mkdir(parents=True, exist_ok=True)
+        refused_file(args).unlink(missing_ok=True)
         job_id = api.submit(spec(args, step_argv, outputs))
         print(f"submitted Slurm job {job_id} ({args.job_name}) to {args.url}", file=sys.stderr, flush=True)
     else:
@@ -146,6 +148,7 @@ def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
     environment = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         ARGV_ENV: json.dumps(argv),
+        REFUSED_ENV: str(refused_file(args)),
         PYTHON_ENV: sys.executable,  # the step image's interpreter: Slurm's nodes run the same image
     }
     for name, value in os.environ.items():
@@ -187,6 +190,11 @@ def follow(api: SlurmApi, job_id: int, output: Path, poll_s: float) -> JobStatus
         time.sleep(poll_s)
 
 
+def refused_file(args: JobArgs) -> Path:
+    """The file a task of the job writes when the step refused its input (eksflow.runtime.slurm_task)."""
+    return args.work_dir / "refused-input"
+
+
 def finish(args: JobArgs, job: JobStatus, outputs: Path) -> int:
     """The task's exit code for how the job ended (see the module docstring); the outputs on success."""
     where = f"Slurm job {job.job_id} ended {job.state} (exit {job.exit_code}, reason {job.reason or 'none'})"
@@ -196,7 +204,7 @@ def finish(args: JobArgs, job: JobStatus, outputs: Path) -> int:
             if item.is_file():
                 atomic_write_text(args.outputs_dir / item.name, item.read_text(encoding="utf-8"))
         return 0
-    if job.state == "FAILED" and job.exit_code == EXIT_BAD_INPUT:
+    if job.state == "FAILED" and (job.exit_code == EXIT_BAD_INPUT or refused_file(args).exists()):
         print(f"{where}: the step refused its input; not retried", file=sys.stderr)
         return EXIT_BAD_INPUT
     if job.state in RETRIED:

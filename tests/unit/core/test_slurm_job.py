@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -88,3 +89,34 @@ def test_the_token_file_missing_is_one_line_naming_the_secret(tmp_path, capsys):
     assert slurm_job.main([*own, "--", "steps.train"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "mount the Slurm token Secret" in err
+
+
+def test_a_refusal_on_any_task_is_bad_input_though_srun_ends_with_the_others_143(tmp_path):
+    """srun --kill-on-bad-exit terminates the other tasks when one exits 2, and srun's exit is then 143."""
+    a = args(tmp_path)
+    (tmp_path / "work").mkdir()
+    assert slurm_job.finish(a, ended("FAILED", 143), tmp_path / "work" / "outputs") == 1
+    slurm_job.refused_file(a).touch()
+    assert slurm_job.finish(a, ended("FAILED", 143), tmp_path / "work" / "outputs") == 2
+
+
+def task(tmp_path, code: str) -> tuple[int, bool]:
+    """(exit code, whether the refusal file was written) of one task running `python -c code` as its step."""
+    refused = tmp_path / "refused-input"
+    step = json.dumps([sys.executable, "-c", code])
+    env = {**os.environ, "EKSFLOW_STEP_ARGV": step, "EKSFLOW_REFUSED_FILE": str(refused)}
+    done = subprocess.run([sys.executable, "-m", "eksflow.runtime.slurm_task"], env=env, timeout=60, check=False)
+    return done.returncode, refused.exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("import sys; sys.exit(2)", (2, True)),  # the step refused its input: the task says so
+        ("import sys; sys.exit(1)", (1, False)),
+        ("pass", (0, False)),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", (143, False)),  # as srun reports a signal
+    ],
+)
+def test_a_task_ends_as_its_step_did_and_records_a_refusal(tmp_path, code, expected):
+    assert task(tmp_path, code) == expected
