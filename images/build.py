@@ -134,18 +134,19 @@ def torch_index(dockerfile: Path, pip: pipconf.BuildPip) -> str:
     if os.environ.get("TORCH_INDEX_URL"):
         return os.environ["TORCH_INDEX_URL"]
     pinned = re.search(r"torch==([\d.]+)", dockerfile.read_text(encoding="utf-8"))
-    return resolved_torch_index(default_arg(dockerfile, "TORCH_INDEX_URL"), pinned[1] if pinned else "", pip)
+    default = default_arg(dockerfile, "TORCH_INDEX_URL")
+    return resolved_torch_index(default, pinned[1] if pinned else "", tuple(pip.find_links), pip.index_url)
 
 
 @functools.cache  # one probe of the index per run, whichever image asks
-def resolved_torch_index(default: str, version: str, pip: pipconf.BuildPip) -> str:
+def resolved_torch_index(default: str, version: str, find_links: tuple[Path, ...], index_url: str) -> str:
     """`default` if it answers, else pip's own index when its find-links hold torch `version`'s CPU wheel."""
     try:
         urllib.request.urlopen(urllib.request.Request(f"{default}/torch/", method="HEAD"), timeout=15).close()
         return default
     except (OSError, urllib.error.URLError) as error:
         why = str(getattr(error, "reason", error))
-    wheels = [w for folder in pip.find_links for w in folder.glob(f"torch-{version}+cpu-cp311-*.whl")]
+    wheels = [w for folder in find_links for w in folder.glob(f"torch-{version}+cpu-cp311-*.whl")]
     if not wheels:
         raise ImagesError(
             f"the PyTorch CPU index {default} cannot be reached ({why}) and pip's find-links hold no "
@@ -153,7 +154,7 @@ def resolved_torch_index(default: str, version: str, pip: pipconf.BuildPip) -> s
         )
     print(f"the PyTorch CPU index cannot be reached ({why}): torch {version}+cpu comes from {wheels[0].parent} "
           "(this machine's pip configuration)", flush=True)  # fmt: skip
-    return pip.index_url or "https://pypi.org/simple"
+    return index_url or "https://pypi.org/simple"
 
 
 def build(image: Image, pip: pipconf.BuildPip, conf: Path) -> float:
@@ -186,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     try:
         buildah.require_tools()
-        chosen = [image for image in images(options.config) if not options.only or image.name in options.only]
-        unknown = sorted(set(options.only or ()) - {image.name for image in images(options.config)})
+        known = images(options.config)
+        chosen = [image for image in known if not options.only or image.name in options.only]
+        unknown = sorted(set(options.only or ()) - {image.name for image in known})
         if unknown:
             raise ImagesError(f"no image named {', '.join(unknown)}; the CPU images are steps and serve-cpu")
         took = build_all(chosen)

@@ -172,9 +172,14 @@ class Container:
 
     def start(self, argv: Sequence[str], *, user: str, env: dict[str, str], mounts: Sequence[tuple[Path, str]],
               log: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-        """Start `argv` in the container in the background, its output to `log`; terminating it kills the command."""
+        """Start `argv` in the container in the background, its output to `log`, in a session of its own.
+
+        eksflow.local.process.stop_tree then stops it as a whole, as a pod's end does.
+        """
         with log.open("wb") as out:
-            return subprocess.Popen(self.command(argv, user, env, mounts), stdout=out, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                self.command(argv, user, env, mounts), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def run(
         self,

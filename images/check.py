@@ -27,7 +27,6 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.local.process import stop_tree
 from images import buildah
 from images.build import ROOT, STATE, images
 from images.buildah import Container, ImagesError, last_line, without_trailer
@@ -143,27 +143,28 @@ class Checker:
     def run(self, container: Container, what: str, argv: list[str], user: str, env: dict[str, str],
             check: Callable[[], str] | None = None, timeout_s: float = 900) -> bool:  # fmt: skip
         """Run `argv` as the pod would; `check` (after exit 0) says what is wrong with its results, "" if nothing."""
-        done = container.run(argv, user=f"{user}:{POD_GROUP}", env=env, mounts=self.mounts(user), timeout_s=timeout_s)
+        done = container.run(argv, user=f"{user}:{POD_GROUP}", env=env, mounts=self.mounts(), timeout_s=timeout_s)
         if done.returncode != 0:
             return self.record(what, f"exit {done.returncode}: {last_line(done.stderr or done.stdout)}")
         return self.record(what, check() if check else "")
 
-    def mounts(self, user: str) -> list[tuple[Path, str]]:
-        """FSx and the outputs folder, the user's as fsGroup and an emptyDir make them; the checks' own files."""
+    def give(self, user: str) -> None:
+        """Give FSx and the outputs folder, as this check prepared them, to the pod's user.
+
+        As fsGroup and an emptyDir do in a pod; what the steps write there is theirs already.
+        """
         for folder in (self.fsx, self.work / "outputs"):
-            chown_tree(folder, int(user))
+            for path in [folder, *folder.rglob("*")]:
+                os.chown(path, int(user), -1, follow_symlinks=False)
+
+    def mounts(self) -> list[tuple[Path, str]]:
+        """FSx, the outputs folder and the checks' own files, where the pod (and the check) has them."""
         return [(self.fsx, FSX), (self.work / "outputs", OUTPUTS), (CHECKS, "/checks:ro")]
 
     def output(self, name: str) -> str:
         """An output parameter the last step wrote ("" when it wrote none)."""
         path = self.work / "outputs" / name
         return path.read_text(encoding="utf-8") if path.is_file() else ""
-
-
-def chown_tree(folder: Path, uid: int) -> None:
-    """Give `folder` to the pod's user, as fsGroup and an emptyDir do in a pod."""
-    for path in [folder, *folder.rglob("*")]:
-        os.chown(path, uid, -1, follow_symlinks=False)
 
 
 def check_steps(image: str, fsx: Path) -> list[Result]:
@@ -177,6 +178,7 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
     data.mkdir(parents=True)
     for split in ("train.jsonl", "eval.jsonl"):
         shutil.copyfile(ROOT / "data" / "demo" / split, data / split)
+    checker.give(user)
     with Container(image) as container:
         checker.run(container, "no build configuration left", ["python", "/checks/no_build_config.py"], user, env)
         for module in step_modules():
@@ -241,6 +243,7 @@ def check_serve(image: str, tag_in_templates: str, fsx: Path) -> list[Result]:
             for name, value in env.items():  # the folders on FSx the fleet reads, which prepare-fleet makes
                 if name.endswith("_DIR") and value.startswith(f"{FSX}/"):
                     (fsx / value.removeprefix(f"{FSX}/")).mkdir(parents=True, exist_ok=True)
+            checker.give(user)
             checker.run(container, "no build configuration left", ["python3", "/checks/no_build_config.py"], user, env)
             probes = [spec.get(p, {}).get("exec", {}).get("command", []) for p in ("startupProbe", "readinessProbe")]
             for command in {tuple(c[:3]) for c in [spec["command"], *probes] if c[1:2] == ["-m"]}:
@@ -271,11 +274,11 @@ def serve_and_probe(checker: Checker, container: Container, spec: dict[str, Any]
     env = {**env, "VLLM_API_KEY": secrets.token_hex(16)}  # the serving Secret's vllm-api-key
     user_group = f"{user}:{POD_GROUP}"
     log = checker.work / "engine.log"
-    engine = container.start(argv, user=user_group, env=env, mounts=checker.mounts(user), log=log)
+    engine = container.start(argv, user=user_group, env=env, mounts=checker.mounts(), log=log)
     try:
         deadline = time.monotonic() + ENGINE_START_S
         while True:
-            answered = container.run(probe, user=user_group, env=env, mounts=checker.mounts(user), timeout_s=120)
+            answered = container.run(probe, user=user_group, env=env, mounts=checker.mounts(), timeout_s=120)
             if answered.returncode == 0:
                 checker.record(what)
                 return
@@ -288,12 +291,7 @@ def serve_and_probe(checker: Checker, container: Container, spec: dict[str, Any]
                 return
             time.sleep(5)
     finally:
-        engine.terminate()
-        try:
-            engine.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait()
+        stop_tree(engine, grace_s=60)  # as a pod ends: SIGTERM, then SIGKILL for what is left
 
 
 def fsx_path(fsx: Path, inside: str) -> Path:

@@ -30,7 +30,7 @@ PATHS = ("index-url", "cert", "client-cert", "extra-index-url", "find-links", "c
 INDEXES = ("index-url", "extra-index-url")  # a local index links its files relatively (../../files/...)
 
 
-@dataclass(eq=False)  # one per run, hashed by identity (build caches what it resolved with it)
+@dataclass
 class BuildPip:
     """What a build needs of the host's pip: build arguments, read-only mounts, and the pip.conf to write."""
 
@@ -101,7 +101,7 @@ def for_build(settings: dict[str, str]) -> BuildPip:
         if name == "index-url":
             build.index_url = rewritten[0]  # PIP_INDEX_URL, a build argument: it would override the file's
         else:
-            build.settings[name] = "\n".join(rewritten) if len(rewritten) > 1 else rewritten[0]
+            build.settings[name] = "\n".join(rewritten)
     return build
 
 
