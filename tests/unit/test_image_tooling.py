@@ -7,10 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from images import build as build_module
 from images import pipconf
 from images.build import ROOT
 from images.buildah import Build, ImagesError, without_trailer
-from images.check import FSX, container_of, pod_command, step_modules, substituted, workflow_template
+from images.check import (
+    FSX,
+    container_of,
+    history_problem,
+    pod_command,
+    step_modules,
+    substituted,
+    workflow_template,
+)
 
 
 def test_the_environment_wins_over_pip_config_files():
@@ -30,7 +39,7 @@ def test_local_paths_are_mounted_read_only_and_rewritten(tmp_path: Path):
         "timeout": "60",
         "user": "ignored",  # not a setting of where packages come from
     })  # fmt: skip
-    assert build.index_url == "https://pypi.example.com/simple"  # remote: passed as it is (PIP_INDEX_URL)
+    assert build.settings["index-url"] == "https://pypi.example.com/simple"  # remote: in the mounted pip.conf
     inside = dict(build.mounts)
     # a local index goes in with its parent: its pages link to ../../files/<wheel>
     assert build.settings["extra-index-url"].split() == [
@@ -41,7 +50,7 @@ def test_local_paths_are_mounted_read_only_and_rewritten(tmp_path: Path):
     assert build.settings["cert"] == inside[tmp_path / "ca.crt"]
     assert all(path.startswith(f"{pipconf.INSIDE}/") for path in inside.values())
     assert build.find_links == [tmp_path / "wheels"]
-    assert "user" not in build.settings and "index-url" not in build.settings
+    assert "user" not in build.settings
     assert "[global]" in build.conf_text() and "timeout = 60" in build.conf_text()
 
 
@@ -52,7 +61,45 @@ def test_a_configured_path_that_does_not_exist_is_one_clear_error(tmp_path: Path
 
 def test_a_machine_without_a_pip_configuration_passes_nothing():
     build = pipconf.for_build({})
-    assert (build.index_url, build.settings, build.mounts) == ("", {}, [])
+    assert (build.settings, build.mounts) == ({}, [])
+
+
+def test_no_index_url_of_this_machine_becomes_a_build_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The image's history records every build argument: the host's index (and its token) go in the mount only."""
+    monkeypatch.setattr(build_module, "base_image", lambda dockerfile: "python:3.11-slim-bookworm")
+    monkeypatch.setattr(build_module, "resolved_torch_index", lambda *args: "")  # the index did not answer
+    monkeypatch.delenv("TORCH_INDEX_URL", raising=False)
+    secret = "https://builder:s3cret-token@pypi.corp.example/simple"
+    pip = pipconf.for_build({"index-url": secret, "extra-index-url": f"{secret}-more"})
+    image = build_module.Image("steps", ROOT / "images" / "steps.Dockerfile", "steps:test")
+    made = build_module.image_build(image, pip, tmp_path / "pip.conf")
+    assert "s3cret-token" not in " ".join(made.argv())
+    assert set(made.build_args) == {"BASE_IMAGE", "TORCH_INDEX_URL", "PIP_CONFIG_FILE"}
+    assert (tmp_path / "pip.conf", pipconf.CONFIG_INSIDE) in made.mounts
+    assert secret in pip.conf_text()
+
+
+def test_a_torch_index_holding_a_credential_is_refused_before_any_build(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TORCH_INDEX_URL", "https://builder:s3cret-token@torch.corp.example/cpu")
+    with pytest.raises(ImagesError, match="TORCH_INDEX_URL holds a credential") as refused:
+        build_module.torch_index(ROOT / "images" / "steps.Dockerfile", pipconf.BuildPip())
+    assert "s3cret-token" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "problem"),
+    [
+        (["/bin/sh -c #(nop) ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"], ""),
+        (["|1 PIP_INDEX_URL=https://u:tok@mirror.example/simple /bin/sh -c pip install x"], "holding a credential"),
+        (["|1 X=https://mirror.example/simple?token=abc /bin/sh -c pip install x"], "holding a credential"),
+        (["|1 PIP_INDEX_URL=https://mirror.example/simple /bin/sh -c pip install x"], "pip address"),
+    ],
+    ids=["public-default", "userinfo", "query-token", "host-index"],
+)
+def test_the_image_history_check_finds_what_a_build_argument_leaked(recorded: list[str], problem: str):
+    found = history_problem(recorded, {"index-url": "https://mirror.example/simple", "cert": "/etc/ca.crt"})
+    assert problem in found and bool(found) == bool(problem)
+    assert "tok" not in found.replace("token", "")
 
 
 def test_builds_mount_read_only_and_take_values_as_separate_arguments(tmp_path: Path):
