@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import re
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +31,7 @@ from eksflow.kinds import kind_of
 from eksflow.profiles import PROFILES
 from eksflow.runtime.args import K8S_NAME, Settings
 from eksflow.runtime.shown import redact, url_setting_problem
+from eksflow.runtime.slurm import MAX_TIME_LIMIT_MIN, SlurmUrl, TimeLimitMin
 
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
 # ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
@@ -110,22 +112,23 @@ class SlurmSettings(Settings):
     `scontrol token username=<user> lifespan=<s>` or Slinky's Token object; it never travels as a parameter.
     """
 
-    url: str = Field(
+    url: SlurmUrl = Field(
         "http://slurm-restapi.slurm.svc.cluster.local:6820",
-        pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]+)?/?$",
-        description="slurmrestd's address (Slinky's RestApi Service)",
+        description="slurmrestd's address (Slinky's RestApi Service): http(s)://<DNS name or IP>[:<port 1-65535>]",
     )
     api_version: Literal["v0.0.38", "v0.0.44"] = Field(
         "v0.0.44", description="slurmrestd's OpenAPI version: v0.0.44 (Slurm 25.x, Slinky), v0.0.38 (Slurm 22.05)"
     )
     user: str = Field("slurm", pattern=r"^[a-z_][a-z0-9_-]*$", max_length=32, description="the token's Slurm user")
-    token_secret: str = Field(
-        "eksflow-slurm", pattern=K8S_NAME, max_length=253, description="Secret holding the JWT under key `token`"
+    token_secret: str = Field(  # also the name of the pod's volume: a DNS-1123 label, at most 63 characters
+        "eksflow-slurm", pattern=K8S_NAME, max_length=63, description="Secret holding the JWT under key `token`"
     )
     partition: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm partition; empty: the default")
     account: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm account; empty: the user's default")
     qos: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="Slurm QoS; empty: the default")
-    time_limit_min: int = Field(0, ge=0, description="the job's time limit in minutes; 0: the partition's")
+    time_limit_min: TimeLimitMin = Field(
+        0, description=f"the job's time limit in minutes, at most {MAX_TIME_LIMIT_MIN} (a year); 0: the partition's"
+    )
     controller: str = Field("slurm", pattern=K8S_NAME, max_length=63, description="Slinky's Controller object")
     slurm_namespace: str = Field(
         "slurm", pattern=K8S_NAME, max_length=63, description="namespace of the Controller, NodeSets and RestApi"
@@ -263,8 +266,9 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
     """One line per problem: `train.learning_rate: Input should be greater than 0 (got -1); fix: ...`."""
     lines = []
     for e in err.errors():
-        # `sweep.ranks[0]`: the item is named, and the fix sets the field that holds it (--set takes no index)
-        field_key = ".".join(str(p) for p in e["loc"] if isinstance(p, str))
+        # `evaluate.thresholds[0].value`: the item is named, and the fix sets the list that holds it, whole
+        # (`--set evaluate.thresholds=[...]`: --set takes no index, and nothing below one)
+        field_key = ".".join(str(p) for p in itertools.takewhile(lambda part: isinstance(part, str), e["loc"]))
         key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
         if e["type"] == "extra_forbidden":
             parent = ".".join(str(p) for p in e["loc"][:-1])
@@ -273,7 +277,8 @@ def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:
                 f"{', '.join(_valid_keys(config_type, e['loc'][:-1]))}"
             )
         elif isinstance(e.get("input"), dict) and e["type"] == "value_error":  # a rule across a section's fields
-            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {key}.<field>=<value>")
+            settable = f"{key}.<field>" if field_key == key else field_key
+            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')}; fix it with --set {settable}=<value>")
         else:
             got = _shorten(redact(repr(e.get("input"))))  # a refused URL may hold a password: never echo it
             lines.append(
@@ -382,6 +387,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"--config {path}: expected a mapping of sections, got {type(loaded).__name__}")
     return loaded
+
+
+def text_problem(key: str, value: str) -> str | None:
+    """Why text `value` may not be setting `key` (a `{{`, a NUL, too long, a credential in a URL), or None.
+
+    The rules every text a run takes is held to, whichever way it enters: a config value, a workflow parameter a
+    pipeline declares, a `-p` value of `retry` and `resubmit` (eksflow.parameters).
+    """
+    return next((why for _, why in _text_problems(value, key)), None)
 
 
 def _text_problems(value: object, key: str = "") -> Iterator[tuple[str, str]]:

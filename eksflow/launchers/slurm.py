@@ -9,6 +9,12 @@ mount the same FSx file system; the ranks meet at the allocation's first node (M
 Slurm (a preempted or failed node's job runs again under the same id and the step resumes from its checkpoint);
 the task's exit code follows the job's end (eksflow.runtime.slurm_job), so Argo's retry policy (all but 2) applies.
 
+The job's ranks get, of the task's environment, the variables this launcher gives the task's container: the
+profile's (HF_HUB_OFFLINE, EFA/NCCL) and the pipeline's `env` (config `env`, e.g. WANDB_PROJECT), named in
+`--forward-env` (values stay in the container's env entries, never in argv). A credential is refused there: the
+job's environment is kept in slurmctld's job record. The task also passes `--workflow-uid={{workflow.uid}}`:
+the job's comment, which a retried task checks before it follows a running job instead of submitting one.
+
 Locally the same task runs as a process against a real slurmrestd on 127.0.0.1 (`make slurm-up`, which writes the
 token where the task's Secret is read: .eksflow/secrets/<token_secret>/token).
 """
@@ -25,7 +31,8 @@ from eksflow.launchers.base import Job, JobRequest, Launcher, register, worker_l
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
-from eksflow.runtime.args import StepArgs
+from eksflow.runtime.args import StepArgs, to_argv
+from eksflow.runtime.shown import SECRET_ENV
 from eksflow.runtime.slurm_job import JobArgs
 from eksflow.templates import (
     FSX_VOLUME,
@@ -105,12 +112,19 @@ class SlurmLauncher(Launcher):
         argv, inputs = arguments(args_type, name, [request.settings, *request.sections], request.values)
         workers, threads = worker_layout(request.settings)
         nodes, tasks = layout(cfg, request.profile, workers)
+        env = {e["name"]: e["value"] for e in profiles.env(request.profile)} | dict(cfg.env)
+        if secret := next((env_name for env_name in cfg.env if env_name in SECRET_ENV), None):
+            raise PipelineError(
+                f"env.{secret}: cluster.launcher=slurm gives the pipeline's env to the Slurm job, whose environment "
+                "slurmctld keeps in its job record; a credential reaches the ranks only from a Secret: remove it"
+            )
         own = {
             "url": slurm.url,
             "api_version": slurm.api_version,
             "user": slurm.user,
             "token_file": f"{TOKEN_DIR}/token",
             "job_name": f"{{{{workflow.name}}}}-{name}",
+            "workflow_uid": "{{workflow.uid}}",
             "work_dir": f"{cfg.storage.fsx_mount}/runs/{{{{workflow.name}}}}/{name}/slurm",
             "partition": slurm.partition,
             "account": slurm.account,
@@ -120,10 +134,10 @@ class SlurmLauncher(Launcher):
             "tasks_per_node": tasks,
             "cpus_per_task": threads,
             "gpus_per_node": request.profile.devices if request.profile.kind == "gpu" else 0,
+            "forward_env": list(env),  # the names only: the job reads their values from this container's env
             "outputs_dir": OUTPUTS_DIR,  # the task's own: the step's outputs are copied here from the job's folder
         }
-        command = [f"--{key.replace('_', '-')}={value}" for key, value in own.items()]
-        args = [*command, "--", step.__name__, *argv, "--launcher=mpi"]
+        args = [*to_argv(own), "--", step.__name__, *argv, "--launcher=mpi"]
         image = request.cluster.image
         fingerprint = template_fingerprint(step, image, args, request.memoize, pipeline.parameter_values)
         memo, memo_inputs = memoization(cfg, name, fingerprint, request.memoize)
@@ -135,9 +149,8 @@ class SlurmLauncher(Launcher):
             args=args,
             inputs=[Parameter(name=arg) for arg in inputs] or None,
             outputs=[Parameter(name=o, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{o}")) for o in outputs],
-            # Forwarded to the job's tasks by eksflow.runtime.slurm_job (EFA/NCCL, HF_HUB_OFFLINE, the pipeline's).
-            env=[Env(name=e["name"], value=e["value"]) for e in profiles.env(request.profile)]
-            + [Env(name=env_name, value=value) for env_name, value in cfg.env.items()],
+            # Forwarded to the job's tasks by eksflow.runtime.slurm_job (--forward-env names them).
+            env=[Env(name=env_name, value=value) for env_name, value in env.items()],
             volumes=[
                 SecretVolume(
                     name=slurm.token_secret,

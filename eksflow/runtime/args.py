@@ -129,16 +129,20 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
         args = args_type.from_argv(argv)
         outputs = run(args)
     except ValidationError as err:
-        for line in _error_lines(err):
-            _print_error(line)
+        for line in error_lines(err):
+            print_error(line)
         return EXIT_BAD_INPUT
     except StepInputError as err:
-        _print_error(str(err))
+        print_error(str(err))
         return EXIT_BAD_INPUT
     except StepFailedError as err:
-        _print_error(str(err))
+        print_error(str(err))
         return EXIT_FAILED
-    write_outputs(args.outputs_dir, outputs)
+    try:
+        write_outputs(args.outputs_dir, outputs)
+    except OSError as err:  # a full or read-only folder: one line (no file is left half-written), and a retry may fit
+        print_error(f"cannot write the outputs to {args.outputs_dir}: {err.strerror or err}")
+        return EXIT_FAILED
     return 0
 
 
@@ -196,12 +200,13 @@ def _default(field: FieldInfo) -> str:
     return f"default {text!r}" if len(text) <= 200 else f"default {text[:197]!r}..."
 
 
-def _print_error(text: str) -> None:
+def print_error(text: str) -> None:
     """`error: <text>` on stderr, each line through `shown` (a report's lines stay lines; nothing else acts)."""
     print("error: " + "\n".join(shown(line) for line in text.split("\n")), file=sys.stderr)
 
 
-def _error_lines(err: ValidationError) -> list[str]:
+def error_lines(err: ValidationError) -> list[str]:
+    """One line per problem, naming the flag: `--max-steps: Input should be greater than 0 (got -1)`."""
     lines = []
     for e in err.errors():
         where = flag(str(e["loc"][0])) + "".join(f"[{p}]" for p in e["loc"][1:]) if e["loc"] else "arguments"

@@ -9,32 +9,49 @@ Two versions, because the two Slurms this project meets speak different ones:
   "script": ...}`, its environment an object, `time_limit` and `exit_code` plain integers, `job_state` a string.
 - v0.0.44: Slurm 25.x, what Slinky's slurm-operator deploys. The environment is a list of `NAME=value`, numbers
   that may be unset are `{"set": true, "number": n}`, `job_state` is a list of flags and `exit_code` an object
-  with `return_code`. Checked against the vendored OpenAPI document (eksflow/runtime/openapi/).
+  with `return_code`. Checked against its official OpenAPI document (tests/contract/schemas/slurm).
 
 What this client leaves out on purpose: `argv` (slurmrestd 22.05.8 segfaults on a v0.0.38 submission that has it,
 measured), so the job's arguments travel in its environment and the script stays a constant; `gres` strings
 other than `gpu:<n>`.
 
-Authentication is Slurm's JWT: `X-SLURM-USER-NAME` and `X-SLURM-USER-TOKEN` on every request. The token is never
-logged or put in an error message.
+Authentication is Slurm's JWT: `X-SLURM-USER-NAME` and `X-SLURM-USER-TOKEN` on every request. An empty token, or
+one holding anything but visible ASCII (a line break of a badly written Secret), is refused before any request
+(SlurmTokenError, bad input). Every error line goes through eksflow.runtime.shown, the token among its secrets:
+slurmrestd's own text (an answer's `errors[]`, a proxy's error page) may echo the header, and a terminal must not
+act on its control characters. Neither the token nor a part of it is ever printed.
+
+The settings that name a slurmrestd and a job's time limit are typed here (SlurmUrl, TimeLimitMin), for the config
+(cluster.slurm) and the job's arguments alike.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from eksflow.errors import EXIT_FAILED, EksflowError
+from pydantic import AfterValidator, Field, StrictInt
+
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
+from eksflow.runtime.shown import shown
 
 API_VERSIONS = ("v0.0.38", "v0.0.44")
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
+# Slurm keeps a time limit as uint32 minutes, and its two largest values are markers (NO_VAL, INFINITE): a limit
+# must stay far below them. A year is longer than any training job; a larger number is a unit mistake (seconds).
+MAX_TIME_LIMIT_MIN = 365 * 24 * 60
+MESSAGE_CHARS = 300  # of a server's error text: an error page can be long
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 class SlurmError(EksflowError):
@@ -42,6 +59,55 @@ class SlurmError(EksflowError):
 
     label = "slurm error"
     exit_code = EXIT_FAILED
+
+
+class SlurmTokenError(SlurmError):
+    """A token no request can carry (empty, a control character inside); refused before any request, not shown."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def slurmrestd_url(url: str) -> str:
+    """`url` if it is `http(s)://<host>[:<port>][/]`, the host a DNS name or an IP address; ValueError otherwise."""
+    example = "e.g. http://slurm-restapi.slurm:6820"
+    # urlsplit drops tabs and line breaks silently: the text is checked as given
+    if not url.isascii() or not url.isprintable() or " " in url:
+        raise ValueError(f"holds a space, control or non-ASCII character; give slurmrestd's address, {example}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port beyond 65535 or not a number, an unbalanced IPv6 bracket
+        raise ValueError(f"not http(s)://<host>:<port> with a port of 1-65535; {example}") from None
+    if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"give slurmrestd's address alone, http(s)://<host>:<port>; {example}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("holds a user name or password; the token comes from the Secret cluster.slurm.token_secret")
+    if port == 0 or (port is None and parts.netloc.endswith(":")):
+        raise ValueError(f"the port must be 1-65535; {example}")
+    host = parts.hostname or ""
+    if not (_is_ip_address(host) or _is_dns_name(host)):
+        raise ValueError(f"host {host!r} is neither a DNS name nor an IP address; {example}")
+    return url
+
+
+def token_problem(token: str) -> str:
+    """Why no request can carry `token` ("is empty", "holds a line break at position 14"), or "" when it can."""
+    if not token:
+        return "is empty"
+    position, char = next(((i, c) for i, c in enumerate(token) if not "!" <= c <= "~"), (-1, ""))
+    if position < 0:
+        return ""
+    if char in "\r\n":
+        what = "a line break"
+    elif not char.isprintable():  # tab, ESC, DEL, C1 controls, bidi overrides
+        what = "a control character"
+    else:
+        what = "a space" if char == " " else "a non-ASCII character"
+    return f"holds {what} at position {position}; a Slurm JWT is one line of ASCII letters, digits and . - _"
+
+
+SlurmUrl = Annotated[str, AfterValidator(slurmrestd_url)]
+TimeLimitMin = Annotated[StrictInt, Field(ge=0, le=MAX_TIME_LIMIT_MIN)]  # strict: `true` is no number of minutes
 
 
 @dataclass(frozen=True)
@@ -53,6 +119,7 @@ class JobSpec:
     environment: Mapping[str, str]
     working_directory: str
     standard_output: str  # stdout and stderr of the batch script, on the shared file system
+    comment: str = ""  # what marks the job as a run's own (eksflow.runtime.slurm_job adopts only jobs with its own)
     partition: str = ""
     account: str = ""
     qos: str = ""
@@ -74,6 +141,8 @@ class JobStatus:
     exit_code: int | None  # the batch script's return code, once known
     restarts: int  # how often the job was requeued
     reason: str = ""
+    user: str = ""  # the user the job runs as (`user_name`)
+    comment: str = ""
 
     @property
     def ended(self) -> bool:
@@ -92,6 +161,10 @@ class SlurmApi(ABC):
     version = ""
     collection_suffix = ""  # v0.0.44 names its collections with a trailing slash: /ping/, /jobs/
 
+    def __post_init__(self) -> None:
+        if problem := token_problem(self.token):
+            raise SlurmTokenError(f"the Slurm token {problem}")
+
     def ping(self) -> str:
         """The Slurm release slurmrestd answers for (it must reach slurmctld to answer)."""
         body = self._request("GET", f"ping{self.collection_suffix}")
@@ -102,7 +175,7 @@ class SlurmApi(ABC):
         """Submit the batch job; its id."""
         body = self._request("POST", "job/submit", self.submission(spec))
         if "job_id" not in body:
-            raise SlurmError(f"POST {self._url('job/submit')} answered without a job_id: {_errors(body)}")
+            raise self._error(f"POST {self._url('job/submit')} answered without a job_id: {self._said(_errors(body))}")
         return int(body["job_id"])
 
     def status(self, job_id: int) -> JobStatus | None:
@@ -153,15 +226,25 @@ class SlurmApi(ABC):
                 text = response.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as err:
             text = err.read().decode("utf-8", "replace")
-            raise SlurmError(f"{method} {url} answered {err.code}: {_errors(_json(text)) or text[:300]}") from err
+            said = self._said(_errors(_json(text)) or text)
+            raise self._error(f"{method} {url} answered {err.code}: {said}") from None
         except (OSError, ValueError) as err:
-            raise SlurmError(
+            raise self._error(
                 f"{method} {url} failed ({type(err).__name__}: {err}); is slurmrestd running there (cluster.slurm.url)?"
-            ) from err
+            ) from None
         body = _json(text)
         if errors := _errors(body):
-            raise SlurmError(f"{method} {url}: {errors}")
+            raise self._error(f"{method} {url}: {self._said(errors)}")
         return body
+
+    def _error(self, message: str) -> SlurmError:
+        """A SlurmError of `message` as it may be shown (eksflow.runtime.shown, the token among the secrets)."""
+        return SlurmError(shown(message, [self.token]))
+
+    def _said(self, text: str) -> str:
+        """The server's own text, shortened: the token is redacted first, so no part of it survives the cut."""
+        said = shown(text, [self.token])
+        return said if len(said) <= MESSAGE_CHARS else said[: MESSAGE_CHARS - 3] + "..."
 
 
 class SlurmApiV0038(SlurmApi):
@@ -193,6 +276,8 @@ class SlurmApiV0038(SlurmApi):
             exit_code=exit_code,
             restarts=int(job.get("restart_cnt") or 0),
             reason=str(job.get("state_reason") or ""),
+            user=str(job.get("user_name") or ""),
+            comment=str(job.get("comment") or ""),
         )
 
 
@@ -227,6 +312,8 @@ class SlurmApiV0044(SlurmApi):
             exit_code=int(code["number"]) if isinstance(code, Mapping) and code.get("set") else None,
             restarts=int(job.get("restart_cnt") or 0),
             reason=str(job.get("state_reason") or ""),
+            user=str(job.get("user_name") or ""),
+            comment=str(job.get("comment") or ""),
         )
 
 
@@ -249,7 +336,8 @@ def _common(spec: JobSpec) -> dict[str, Any]:
         "cpus_per_task": spec.cpus_per_task,
         "requeue": spec.requeue,
     }
-    job.update({k: v for k, v in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos)) if v})
+    optional = (("comment", spec.comment), ("partition", spec.partition), ("account", spec.account), ("qos", spec.qos))
+    job.update({k: v for k, v in optional if v})
     return job
 
 
@@ -265,3 +353,17 @@ def _errors(body: Mapping[str, Any]) -> str:
     """The `errors` list of a slurmrestd answer as one line ("" when there is none)."""
     found = [e for e in body.get("errors") or [] if isinstance(e, Mapping)]
     return "; ".join(str(e.get("description") or e.get("error") or e) for e in found)
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_dns_name(host: str) -> bool:
+    """RFC 1123 labels, 253 characters at most; an all-digit last label would be a malformed IPv4 address."""
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()

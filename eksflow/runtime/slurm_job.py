@@ -1,14 +1,23 @@
 r"""Run a step as a Slurm batch job through slurmrestd, follow it to its end, and end the way the step did.
 
     python -m eksflow.runtime.slurm_job --url=http://slurmrestd:6820 --token-file=/etc/eksflow/slurm/token \
-        --job-name=llama-lora-x7k2-train --work-dir=/fsx/runs/llama-lora-x7k2/slurm/train --nodes=2 \
-        --tasks-per-node=8 --gpus-per-node=8 --outputs-dir=/tmp/outputs -- steps.train --dataset-dir=... ...
+        --job-name=llama-lora-x7k2-train --workflow-uid=<uid> --work-dir=/fsx/runs/llama-lora-x7k2/slurm/train \
+        --nodes=2 --tasks-per-node=8 --gpus-per-node=8 --forward-env='["NCCL_PROTO","WANDB_PROJECT"]' \
+        --outputs-dir=/tmp/outputs -- steps.train --dataset-dir=... ...
 
 The task of `cluster.launcher: slurm` (eksflow/launchers/slurm.py). The job's script is a constant (SCRIPT): it
 runs the step on every task of the allocation with `srun`, and the step's argv travels in the job's environment
 as JSON (EKSFLOW_STEP_ARGV, run by eksflow.runtime.slurm_task), never in the script's text. Each task is one rank
 (the train step's `--launcher=mpi` reads srun's SLURM_PROCID and SLURM_NTASKS; MASTER_ADDR is the allocation's
 first node).
+
+What reaches the ranks' environment (and slurmctld's job record, which keeps it): PATH, PYTHONPATH and HOME, the
+job's own EKSFLOW_* variables above, and the variables --forward-env names, with this task's values. The Slurm
+launcher names exactly the variables it gives this task's container: the profile's (HF_HUB_OFFLINE, EFA/NCCL) and
+the pipeline's `env`. Nothing else of this task's environment goes (no prefix matches: HF_ would take HF_TOKEN), and
+--forward-env refuses the credentials eksflow knows (shown.SECRET_ENV): a rank gets a secret only from a Secret
+mounted on Slurm's nodes, never through the job's record.
+
 The step writes its outputs to <work-dir>/outputs on the shared file system; once the job COMPLETED they are
 copied to --outputs-dir, where Argo reads them.
 
@@ -21,16 +30,21 @@ following it. How the job's end becomes this task's exit code (the workflow retr
     FAILED otherwise, CANCELLED by others 1: retried
     PREEMPTED, NODE_FAIL, BOOT_FAIL      143: retried, the step resumes from its checkpoint
     TIMEOUT                              1 the first time, 2 the second (raise the time limit)
-SIGTERM or Ctrl-C (the workflow stopped, the run interrupted) cancels the job first. A job of the same name that
-has not ended (an earlier attempt of this task) is followed instead of submitting a second one.
+SIGTERM or Ctrl-C (the workflow stopped, the run interrupted) cancels the job first. An earlier attempt's job that
+has not ended is followed instead of submitting a second one: a job is taken for this task's only when its name,
+its user (--user, the token's) and its comment (made of --workflow-uid at submission) all match, so another
+user's job, or another workflow's of the same name, is never adopted.
 
-The JWT is read from --token-file (a mounted Secret), never from an argument, and never printed.
+The JWT is read from --token-file (a mounted Secret), never from an argument, and never printed: an empty token
+or one with a line break inside is refused before any request. Bad arguments end in one line each, naming the
+flag, with exit 2.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -40,12 +54,22 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
-from eksflow.runtime.args import StepArgs, StepInputError
+from eksflow.runtime.args import StepArgs, StepInputError, error_lines, print_error
 from eksflow.runtime.outputs import atomic_write_text
-from eksflow.runtime.slurm import JobSpec, JobStatus, SlurmApi, SlurmError, slurm_api
+from eksflow.runtime.shown import SECRET_ENV, shown
+from eksflow.runtime.slurm import (
+    JobSpec,
+    JobStatus,
+    SlurmApi,
+    SlurmError,
+    SlurmTokenError,
+    SlurmUrl,
+    TimeLimitMin,
+    slurm_api,
+)
 from eksflow.runtime.slurm_task import ARGV_ENV, REFUSED_ENV
 
 PYTHON_ENV = "EKSFLOW_PYTHON"
@@ -60,30 +84,47 @@ export MASTER_ADDR="${MASTER_ADDR:-$first}" MASTER_PORT="${MASTER_PORT:-29500}"
 exec srun --kill-on-bad-exit=1 "$EKSFLOW_PYTHON" -m eksflow.runtime.slurm_task
 """
 RETRIED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
-# What the job's tasks get of this task's environment (the pipeline's `env` and the profile's EFA/NCCL settings
-# reach this container as these): never credentials (the NodeSet's pods have their own service account).
-FORWARDED = frozenset({"PYTHONPATH", "HOME", "RDMAV_FORK_SAFE"})
-FORWARDED_PREFIXES = ("EKSFLOW_", "HF_", "NCCL_", "FI_", "TORCH_", "OMP_", "CUDA_")
+# What every job gets of this task's environment besides --forward-env: where Python and the user's files are.
+FORWARDED = ("PYTHONPATH", "HOME")
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+UUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"  # a Kubernetes object's uid
 
 
 class JobArgs(StepArgs):
     """Where slurmrestd is, what the job asks for, where its files go."""
 
-    url: str = Field(pattern=r"^https?://", description="slurmrestd, e.g. http://slurm-restapi.slurm:6820")
+    url: SlurmUrl = Field(description="slurmrestd, e.g. http://slurm-restapi.slurm:6820")
     api_version: Literal["v0.0.38", "v0.0.44"] = Field("v0.0.38", description="slurmrestd's OpenAPI version")
     user: str = Field("root", min_length=1, description="the Slurm user the token was made for")
     token_file: Path = Field(description="the JWT (`scontrol token`), a file from a mounted Secret")
     job_name: str = Field(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$", max_length=200, description="unique per run")
+    workflow_uid: str = Field(pattern=UUID, description="the workflow's uid: the job's comment, what adoption checks")
     work_dir: Path = Field(description="the job's folder on the shared file system (output file, step outputs)")
     partition: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="empty: the cluster's default")
     account: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="empty: the user's default")
     qos: str = Field("", pattern=r"^[-A-Za-z0-9_.]*$", description="empty: the default QoS")
-    time_limit_min: int = Field(0, ge=0, description="the job's time limit in minutes; 0: the partition's")
+    time_limit_min: TimeLimitMin = Field(0, description="the job's time limit in minutes; 0: the partition's")
     nodes: int = Field(1, ge=1)
     tasks_per_node: int = Field(1, ge=1, description="ranks per node (one per GPU)")
     cpus_per_task: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0)
+    forward_env: list[str] = Field(
+        [], description='names of this task\'s environment variables the job gets (their values), e.g. ["HF_HOME"]'
+    )
     poll_s: float = Field(2.0, gt=0, description="seconds between two looks at the job")
+
+    @field_validator("forward_env")
+    @classmethod
+    def _no_credentials(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(ENV_NAME, name):
+                raise ValueError(f"{name[:60]!r} is not an environment variable name (letters, digits, _)")
+            if name in SECRET_ENV:
+                raise ValueError(
+                    f"{name} is a credential, and the job's environment is kept in slurmctld's job record; "
+                    "give it to the ranks from a Secret mounted on Slurm's nodes"
+                )
+        return names
 
 
 class _StopSignalError(Exception):
@@ -98,35 +139,37 @@ def run(args: JobArgs, step_argv: Sequence[str]) -> int:
     """Submit (or adopt) the job, follow it, copy its outputs; the exit code the task ends with."""
     if not step_argv or not step_argv[0].replace(".", "").replace("_", "").isalnum():
         raise StepInputError("give the step module and its arguments after `--`: -- steps.train --dataset-dir=...")
-    try:
-        token = args.token_file.read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise StepInputError(f"--token-file={args.token_file}: {err.strerror}; mount the Slurm token Secret") from err
-    api = slurm_api(args.api_version, args.url, user=args.user, token=token)
+    api = client(args)
     outputs = args.work_dir / "outputs"
-    job = adopted(api, args.job_name)
-    if job is None:
-        shutil.rmtree(outputs, ignore_errors=True)  # a new job: no outputs of an earlier one may be taken for its own
-        outputs.mkdir(parents=True, exist_ok=True)
-        refused_file(args).unlink(missing_ok=True)
-        job_id = api.submit(spec(args, step_argv, outputs))
-        print(f"submitted Slurm job {job_id} ({args.job_name}) to {args.url}", file=sys.stderr, flush=True)
-    else:
-        job_id = job.job_id
-        print(f"following Slurm job {job_id} ({args.job_name}), {job.state}: an earlier attempt submitted it",
-              file=sys.stderr, flush=True)  # fmt: skip
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _StopSignalError(signum)
 
+    # From before the job exists: a stop during the submission still finds the job (by its comment) and cancels it.
     for signum in handlers:
         signal.signal(signum, stop)
+    job_id: int | None = None
     try:
+        job = adopted(api, args)
+        if job is None:
+            shutil.rmtree(outputs, ignore_errors=True)  # a new job: no earlier one's outputs may pass for its own
+            outputs.mkdir(parents=True, exist_ok=True)
+            refused_file(args).unlink(missing_ok=True)
+            job_id = api.submit(spec(args, step_argv, outputs))
+            _tell(f"submitted Slurm job {job_id} ({args.job_name}) to {args.url}")
+        else:
+            job_id = job.job_id
+            _tell(f"following Slurm job {job_id} ({args.job_name}), {job.state}: an earlier attempt submitted it")
         ended = follow(api, job_id, args.work_dir / "slurm.out", args.poll_s)
     except _StopSignalError as stopped:
-        api.cancel(job_id)
-        print(f"{stopped}: cancelled Slurm job {job_id}", file=sys.stderr, flush=True)
+        for signum in handlers:  # a second signal while cancelling ends the task as the signal would
+            signal.signal(signum, signal.SIG_DFL)
+        if job_id is None and (job := adopted(api, args)) is not None:
+            job_id = job.job_id
+        if job_id is not None:
+            api.cancel(job_id)
+            _tell(f"{stopped}: cancelled Slurm job {job_id}")
         return 128 + stopped.signum
     finally:
         for signum, handler in handlers.items():
@@ -134,9 +177,39 @@ def run(args: JobArgs, step_argv: Sequence[str]) -> int:
     return finish(args, ended, outputs)
 
 
-def adopted(api: SlurmApi, name: str) -> JobStatus | None:
-    """The job of this name that has not ended (an earlier attempt's), if any."""
-    return next((job for job in api.jobs() if job.name == name and not job.ended), None)
+def client(args: JobArgs) -> SlurmApi:
+    """The slurmrestd client with the token of --token-file; StepInputError, without the token, if it cannot be."""
+    try:
+        token = args.token_file.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise StepInputError(f"--token-file={args.token_file}: {err.strerror}; mount the Slurm token Secret") from err
+    except UnicodeDecodeError:
+        raise StepInputError(f"--token-file={args.token_file}: not UTF-8 text; it must hold the JWT alone") from None
+    try:
+        return slurm_api(args.api_version, args.url, user=args.user, token=token)
+    except SlurmTokenError as err:
+        raise StepInputError(
+            f"--token-file={args.token_file}: {err}; the Secret's key `token` holds what `scontrol token` prints "
+            "after SLURM_JWT="
+        ) from None
+
+
+def job_comment(workflow_uid: str) -> str:
+    """The comment of the jobs a workflow submits: what tells its own jobs from others of the same name."""
+    return f"eksflow workflow {workflow_uid}"
+
+
+def adopted(api: SlurmApi, args: JobArgs) -> JobStatus | None:
+    """This task's job from an earlier attempt, not ended: the same name, user and workflow (its comment)."""
+    comment = job_comment(args.workflow_uid)
+    return next(
+        (
+            job
+            for job in api.jobs()
+            if job.name == args.job_name and job.user == args.user and job.comment == comment and not job.ended
+        ),
+        None,
+    )
 
 
 def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
@@ -151,15 +224,16 @@ def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
         REFUSED_ENV: str(refused_file(args)),
         PYTHON_ENV: sys.executable,  # the step image's interpreter: Slurm's nodes run the same image
     }
-    for name, value in os.environ.items():
-        if name in FORWARDED or name.startswith(FORWARDED_PREFIXES):
-            environment[name] = value
+    for name in (*FORWARDED, *args.forward_env):
+        if name in os.environ:
+            environment[name] = os.environ[name]
     return JobSpec(
         name=args.job_name,
         script=SCRIPT,
         environment=environment,
         working_directory=str(args.work_dir),
         standard_output=str(args.work_dir / "slurm.out"),
+        comment=job_comment(args.workflow_uid),
         partition=args.partition,
         account=args.account,
         qos=args.qos,
@@ -181,7 +255,7 @@ def follow(api: SlurmApi, job_id: int, output: Path, poll_s: float) -> JobStatus
             raise SlurmError(f"Slurm job {job_id} vanished from slurmctld before this task saw it end")
         described = f"{status.state} (restarts {status.restarts})"
         if described != last:
-            print(f"Slurm job {job_id}: {described}", file=sys.stderr, flush=True)
+            _tell(f"Slurm job {job_id}: {described}")
             last = described
         if status.ended:
             time.sleep(min(poll_s, 1.0))  # the output file's last lines land after the state changes
@@ -205,20 +279,20 @@ def finish(args: JobArgs, job: JobStatus, outputs: Path) -> int:
                 atomic_write_text(args.outputs_dir / item.name, item.read_text(encoding="utf-8"))
         return 0
     if job.state == "FAILED" and (job.exit_code == EXIT_BAD_INPUT or refused_file(args).exists()):
-        print(f"{where}: the step refused its input; not retried", file=sys.stderr)
+        _tell(f"{where}: the step refused its input; not retried")
         return EXIT_BAD_INPUT
     if job.state in RETRIED:
-        print(f"{where}: retried; the step resumes from its checkpoint", file=sys.stderr)
+        _tell(f"{where}: retried; the step resumes from its checkpoint")
         return EXIT_PREEMPTED
     if job.state == "TIMEOUT":
         marker = args.work_dir / "timed-out"
         if marker.exists():
-            print(f"{where} a second time: raise cluster.slurm.time_limit_min", file=sys.stderr)
+            _tell(f"{where} a second time: raise cluster.slurm.time_limit_min")
             return EXIT_BAD_INPUT
         marker.touch()
-        print(f"{where}: retried once, from the checkpoint", file=sys.stderr)
+        _tell(f"{where}: retried once, from the checkpoint")
         return EXIT_FAILED
-    print(where, file=sys.stderr)
+    _tell(where)
     return EXIT_FAILED
 
 
@@ -242,6 +316,11 @@ def _copy_new(path: Path, offset: int) -> int:
     return offset + len(chunk)
 
 
+def _tell(line: str) -> None:
+    """A line of this task's own on stderr, through `shown`: slurmrestd's text (a state reason) among it."""
+    print(shown(line), file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: `python -m eksflow.runtime.slurm_job --name=value ... -- <step module> <step argv>`."""
     items = list(sys.argv[1:] if argv is None else argv)
@@ -251,12 +330,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return run(JobArgs.from_argv(own), step_argv)
-    except EksflowError as err:
-        print(f"{err.label}: {err}", file=sys.stderr)
-        return err.exit_code
-    except ValueError as err:  # the arguments' validation
-        print(f"bad input: {err}", file=sys.stderr)
+    except ValidationError as err:  # one line per bad argument, naming its flag, as every step's
+        for line in error_lines(err):
+            print_error(line)
         return EXIT_BAD_INPUT
+    except EksflowError as err:
+        _tell(f"{err.label}: {err}")
+        return err.exit_code
 
 
 if __name__ == "__main__":

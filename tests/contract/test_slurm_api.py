@@ -22,6 +22,7 @@ SPEC = JobSpec(
     environment={"PATH": "/usr/bin:/bin", "EKSFLOW_STEP_ARGV": json.dumps(["python3", "-m", "steps.train"])},
     working_directory="/fsx/runs/llama-lora-x7k2/slurm/train",
     standard_output="/fsx/runs/llama-lora-x7k2/slurm/train/slurm.out",
+    comment="eksflow workflow 5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab",
     partition="gpu",
     account="ml",
     qos="normal",
@@ -69,7 +70,19 @@ def test_every_path_the_client_calls_is_offered(version):
 @pytest.mark.parametrize("version", API_VERSIONS)
 def test_every_job_field_the_client_reads_exists(version):
     fields = document(version)["components"]["schemas"][JOB[version]]["properties"]
-    assert {"job_id", "name", "job_state", "exit_code", "restart_cnt", "state_reason"} <= set(fields)
+    read = {"job_id", "name", "job_state", "exit_code", "restart_cnt", "state_reason", "user_name", "comment"}
+    assert read <= set(fields)
+    # what adoption compares: the user the job runs as, and the comment the submission set
+    assert fields["user_name"]["type"] == fields["comment"]["type"] == "string"
+
+
+@pytest.mark.parametrize("version", API_VERSIONS)
+def test_the_submission_carries_the_comment_and_the_job_list_gives_it_back_with_the_user(version):
+    api = slurm_api(version, "http://slurmrestd:6820", user="root", token="t")
+    assert api.submission(SPEC)["job"]["comment"] == SPEC.comment
+    state = "RUNNING" if version == "v0.0.38" else ["RUNNING"]
+    status = api.parse({"job_id": 3, "name": "x", "job_state": state, "user_name": "root", "comment": SPEC.comment})
+    assert (status.user, status.comment, status.ended) == ("root", SPEC.comment, False)
 
 
 def test_v0044_job_states_and_exit_codes_parse_as_slinky_reports_them():

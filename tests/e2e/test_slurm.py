@@ -4,11 +4,13 @@ A one-node Slurm 22.05 runs on this machine for the module (scripts/local_slurm.
 slurmrestd on 127.0.0.1, ports of their own, everything in a temporary folder); where it cannot (not root, no
 apt-get) the module skips with the reason. eksflow.runtime.slurm_job submits the job, follows it, copies its
 outputs and ends with the exit contract; the job runs `python -m steps.train --launcher=mpi` on two srun tasks
-(DDP over gloo) of the session's tiny random Llama.
+(DDP over gloo) of the session's tiny random Llama. What the job was given is read where slurmctld keeps it: the
+job list's user and comment, and the environment file of its state folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.runtime.slurm import JobStatus, SlurmApi, slurm_api
+from eksflow.runtime.slurm import JobStatus, SlurmApi, SlurmError, slurm_api
+from eksflow.runtime.slurm_job import job_comment
 from tests.e2e.conftest import training_folder
 from tests.e2e.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+UID = "5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab"  # the workflow's, as Argo's {{workflow.uid}} gives it
 pytestmark = pytest.mark.slow
 
 
@@ -57,6 +61,12 @@ class Slurm:
     def scontrol(self, *args: str) -> str:
         return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, check=True).stdout
 
+    def environment(self, job_id: int) -> dict[str, str]:
+        """The job's environment as slurmctld keeps it (StateSaveLocation: a count, then NUL-ended NAME=value)."""
+        record = (self.folder / "state" / f"hash.{job_id % 10}" / f"job.{job_id}" / "environment").read_bytes()
+        entries = record[4:].decode().split("\0")
+        return dict(entry.split("=", 1) for entry in entries if entry)
+
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[Slurm]:
@@ -76,9 +86,16 @@ def slurm() -> Iterator[Slurm]:
         pytest.skip(started.stderr.strip())
     assert started.returncode == 0, started.stderr
     env.update(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
+    cluster = Slurm(folder, env)
     try:
-        yield Slurm(folder, env)
+        yield cluster
     finally:
+        with contextlib.suppress(SlurmError):  # a failed test's job must not outlive the daemons (its steps would)
+            deadline = time.monotonic() + 60
+            while (running := [job for job in cluster.api.jobs() if not job.ended]) and time.monotonic() < deadline:
+                for job in running:
+                    cluster.api.cancel(job.job_id)
+                time.sleep(1)
         subprocess.run([*script, "down"], check=False, env=env, capture_output=True, timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -116,6 +133,7 @@ def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra
         "url": slurm.url,
         "token-file": slurm.token_file,
         "job-name": name,
+        "workflow-uid": UID,
         "work-dir": work / "slurm",
         "tasks-per-node": 2,
         "outputs-dir": work / "task-outputs",
@@ -176,6 +194,44 @@ def test_interrupting_the_task_cancels_the_job(slurm, workdir, tmp_path):
     assert not [j for j in slurm.api.jobs() if j.name == "train-stop" and not j.ended]
 
 
+def until(task: subprocess.Popen[str], text: str, timeout_s: float = 120) -> str:
+    """The task's output up to the first line holding `text`."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not lines or text not in lines[-1]:
+        line = task.stdout.readline() if task.stdout else ""
+        assert line and time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+    return "".join(lines)
+
+
+def test_a_retried_task_follows_its_own_workflows_job_and_no_other(slurm, workdir, tmp_path):
+    """Its pod lost, the task's job goes on: the retry follows it; another workflow's task of the same name does not."""
+    argv = train_argv(workdir, tmp_path / "train", 200)
+    first = submitter(slurm, "train-adopt", tmp_path, argv)
+    job = slurm.wait("train-adopt", "RUNNING")
+    first.kill()
+    first.wait(30)
+    assert (job.user, job.comment) == ("root", job_comment(UID))  # as the real slurmrestd reports them
+    other_uid = UID.replace("5f0c", "6a1d")
+    other_argv = train_argv(workdir, tmp_path / "other-train", 200)
+    other = submitter(slurm, "train-adopt", tmp_path / "other", other_argv, **{"workflow-uid": other_uid})
+    log = until(other, "(restarts 0)")  # following its own job: Ctrl-C now cancels it
+    assert "submitted Slurm job" in log and f"Slurm job {job.job_id}" not in log, log
+    other.send_signal(signal.SIGINT)
+    assert other.wait(120) == 128 + signal.SIGINT
+    again = submitter(slurm, "train-adopt", tmp_path, argv)
+    log = until(again, "(restarts 0)")
+    assert f"following Slurm job {job.job_id} (train-adopt), RUNNING: an earlier attempt submitted it" in log, log
+    again.send_signal(signal.SIGINT)
+    log, _ = again.communicate(timeout=120)
+    assert again.returncode == 128 + signal.SIGINT, log
+    deadline = time.monotonic() + 60
+    while (status := slurm.api.status(job.job_id)) and status.state != "CANCELLED":  # COMPLETING: steps ending
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+
+
 def test_a_step_refusing_its_input_fails_the_task_with_2_and_no_retry(slurm, workdir, tmp_path):
     argv = train_argv(workdir, tmp_path / "train", 3, **{"dataset-dir": tmp_path / "no-such-data"})
     task = submitter(slurm, "train-bad", tmp_path, argv)
@@ -197,8 +253,11 @@ def test_an_unreachable_slurmrestd_or_a_rejected_token_is_one_line_naming_the_ur
     assert "not-a-token-but-secret-looking" not in log
 
 
-def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(slurm, workdir):
-    """`cluster.launcher: slurm` rendered and run by the local executor: the same manifest a cluster gets."""
+def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(slurm, workdir, monkeypatch):
+    """`cluster.launcher: slurm` rendered and run by the local executor: the same manifest a cluster gets.
+
+    The job's environment holds the pipeline's `env` and none of the credentials exported where the run started.
+    """
     from eksflow import Pipeline, distributed
     from eksflow.local import run_workflow
     from eksflow.render import manifest
@@ -216,8 +275,16 @@ def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(s
             "train.micro_batch_size=2",
             "train.strategy=ddp",
             "train.precision=fp32",
+            "env.WANDB_PROJECT=eksflow-e2e",
         ]
     )
+    exported = {
+        "HF_TOKEN": "hf_e2e_secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-e2e-secret",
+        "MLFLOW_TRACKING_TOKEN": "mlflow-e2e",
+    }
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
     with Pipeline(cfg, title="slurm") as p:
         distributed(
             train,
@@ -238,5 +305,11 @@ def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(s
     assert (adapter / "adapter_config.json").is_file()
     job = slurm.job(f"{run_dir.name}-train")  # one job per run and task, named after both
     assert job.state == "COMPLETED"
+    uid = json.loads((run_dir / "status.json").read_text())["metadata"]["uid"]
+    assert (job.user, job.comment) == ("root", job_comment(uid))
+    environment = slurm.environment(job.job_id)
+    assert environment["WANDB_PROJECT"] == "eksflow-e2e" and environment["HF_HUB_OFFLINE"] == "1"
+    assert not set(exported) & set(environment), sorted(environment)
+    assert not [v for v in environment.values() if any(secret in v for secret in exported.values())]
     log = (run_dir / "logs" / "train.log").read_text()
     assert f"submitted Slurm job {job.job_id}" in log and "strategy: ddp" in log

@@ -1,5 +1,7 @@
 """Pipeline config: defaults, YAML + --set overrides, and errors that name the field and the fix (S3)."""
 
+import re
+
 import pytest
 
 from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, load_config
@@ -41,6 +43,25 @@ def test_all_errors_are_reported_at_once_with_field_and_fix():
     assert any(
         line.startswith("train.lr: unknown key; valid keys in train:") and "learning_rate" in line for line in lines
     )
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "evaluate.thresholds=[{metric: exact_match, value: .nan}]",
+        "evaluate.thresholds=[{metric: exact_match, value: 0.5, op: '=='}]",
+    ],
+    ids=["nan-value", "unknown-op"],
+)
+def test_the_fix_hinted_for_a_list_item_is_a_set_that_loads(override):
+    # --set takes no index: the hint sets the whole list (it once read `--set evaluate.thresholds.value=<value>`)
+    with pytest.raises(ConfigError) as err:
+        config([override])
+    (line,) = str(err.value).splitlines()
+    hinted = re.search(r"fix it with --set (\S+)=<value>", line)
+    assert hinted is not None and hinted.group(1) == "evaluate.thresholds", line
+    fixed = config([f"{hinted.group(1)}=[{{metric: exact_match, value: 0.5}}]"])
+    assert fixed.evaluate.thresholds[0].value == 0.5
 
 
 @pytest.mark.parametrize(

@@ -10,18 +10,25 @@ import pytest
 from eksflow.runtime import slurm_job
 from eksflow.runtime.slurm import JobStatus
 
+UID = "5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab"  # the workflow's uid, as {{workflow.uid}} gives it
+
+
+def own_argv(tmp_path, **extra):
+    """slurm_job's own arguments, as the Slurm launcher renders them (`extra` added or replacing one)."""
+    given = {
+        "url": "http://127.0.0.1:6820",
+        "token_file": tmp_path / "token",
+        "job_name": "llama-lora-x7k2-train",
+        "workflow_uid": UID,
+        "work_dir": tmp_path / "work",
+        "outputs_dir": tmp_path / "outputs",
+        **extra,
+    }
+    return [f"--{k.replace('_', '-')}={v}" for k, v in given.items()]
+
 
 def args(tmp_path, **extra):
-    return slurm_job.JobArgs.from_argv(
-        [
-            "--url=http://127.0.0.1:6820",
-            f"--token-file={tmp_path / 'token'}",
-            "--job-name=llama-lora-x7k2-train",
-            f"--work-dir={tmp_path / 'work'}",
-            f"--outputs-dir={tmp_path / 'outputs'}",
-            *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()),
-        ]
-    )
+    return slurm_job.JobArgs.from_argv(own_argv(tmp_path, **extra))
 
 
 def ended(state: str, exit_code: int | None = 0) -> JobStatus:
@@ -84,11 +91,68 @@ def test_a_missing_or_malformed_step_module_is_refused(tmp_path, argv):
 
 
 def test_the_token_file_missing_is_one_line_naming_the_secret(tmp_path, capsys):
-    own = [f"--token-file={tmp_path / 'absent'}", "--url=http://127.0.0.1:1", "--job-name=j",
-           f"--work-dir={tmp_path}"]  # fmt: skip
+    own = own_argv(tmp_path, token_file=tmp_path / "absent", url="http://127.0.0.1:1")
     assert slurm_job.main([*own, "--", "steps.train"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "mount the Slurm token Secret" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("time-limit-min", "true"),  # a bool is no number of minutes
+        ("time-limit-min", str(10**23)),  # beyond Slurm's uint32 minutes
+        ("time-limit-min", "600.5"),
+        ("time-limit-min", "-1"),
+        ("url", "http://slurmrestd:99999"),
+        ("url", "http://-:6820"),
+        ("url", "http://slurmrestd:6820/x?y"),
+        ("workflow-uid", "{{workflow.uid}}"),  # never substituted: not a uid
+        ("forward-env", '["WANDB PROJECT"]'),
+    ],
+    ids=["bool", "1e23", "fraction", "negative", "port", "host", "path", "uid", "env-name"],
+)
+def test_each_bad_argument_is_one_line_naming_its_flag(tmp_path, capsys, flag, value):
+    own = own_argv(tmp_path, **{flag.replace("-", "_"): value})
+    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --{flag}: "), err
+    assert "pydantic" not in err and "validation error" not in err
+
+
+@pytest.mark.parametrize("secret", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN"])
+def test_a_credential_is_never_forwarded_even_when_named(tmp_path, capsys, secret):
+    own = own_argv(tmp_path, forward_env=json.dumps(["WANDB_PROJECT", secret]))
+    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --forward-env: Value error, {secret} is a credential")
+
+
+def test_the_job_gets_the_named_variables_and_no_credential(tmp_path, monkeypatch):
+    """HF_* once matched a prefix: an exported HF_TOKEN landed in slurmctld's job record."""
+    exported = {
+        "HF_TOKEN": "hf_secret_value",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret-value",
+        "MLFLOW_TRACKING_TOKEN": "mlflow-secret-value",
+        "EKSFLOW_VLLM_API_KEY": "vllm-secret-value",
+        "NCCL_SOCKET_IFNAME": "eth0",  # not named by the launcher: not the job's
+        "WANDB_PROJECT": "llama-lora",  # the pipeline's env
+        "HF_HUB_OFFLINE": "1",  # the profile's
+        "HOME": "/home/step",
+    }
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    a = args(tmp_path, forward_env=json.dumps(["HF_HUB_OFFLINE", "WANDB_PROJECT", "NOT_SET_HERE"]))
+    environment = slurm_job.spec(a, ["steps.train"], tmp_path).environment
+    assert {"WANDB_PROJECT": "llama-lora", "HF_HUB_OFFLINE": "1", "HOME": "/home/step"}.items() <= environment.items()
+    assert not {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN", "EKSFLOW_VLLM_API_KEY"} & set(environment)
+    assert "NCCL_SOCKET_IFNAME" not in environment and "NOT_SET_HERE" not in environment
+    assert not [v for v in environment.values() if "secret-value" in v or "secret_value" in v]
+
+
+def test_the_job_is_marked_with_the_workflows_uid(tmp_path):
+    spec = slurm_job.spec(args(tmp_path), ["steps.train"], tmp_path)
+    assert spec.comment == slurm_job.job_comment(UID) and UID in spec.comment
 
 
 def test_a_refusal_on_any_task_is_bad_input_though_srun_ends_with_the_others_143(tmp_path):
