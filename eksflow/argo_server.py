@@ -128,7 +128,7 @@ def list_workflows(
 
 def get_workflow(server: ArgoServer, name: str, *, session: requests.Session | None = None) -> WorkflowDetail:
     """One run with its arguments and every task's phase, times, message and output parameters."""
-    workflow = _get(server, name, session)
+    workflow = workflow_manifest(server, name, session)
     spec = workflow.get("spec") or {}
     arguments = (spec.get("arguments") or {}).get("parameters") or []
     parameters = {str(p.get("name")): str(p.get("value", "")) for p in arguments if isinstance(p, dict)}
@@ -144,7 +144,7 @@ def workflow_logs(
     session: requests.Session | None = None,
 ) -> Iterator[LogLine]:
     """The log lines of every task of a run, or of one task (all its attempts); with `follow`, until it ends."""
-    workflow = _get(server, name, session)
+    workflow = workflow_manifest(server, name, session)
     pods = {t.pod_name: t for t in tasks(workflow) if t.pod_name}
     chosen: list[str | None] = [None]  # None: every pod of the workflow, interleaved by the server
     if task is not None:
@@ -320,7 +320,7 @@ def _log_stream(
         except StreamIdleError:
             if not follow:
                 raise
-            if summary(_get(server, name, session)).phase in DONE:
+            if summary(workflow_manifest(server, name, session)).phase in DONE:
                 return
             if since is not None:
                 query = {**query, "logOptions.sinceTime.seconds": str(since)}
@@ -337,7 +337,8 @@ def _split_timestamp(content: str) -> tuple[int | None, str]:
     return second, content[match.end() :]
 
 
-def _get(server: ArgoServer, name: str, session: requests.Session | None) -> dict[str, Any]:
+def workflow_manifest(server: ArgoServer, name: str, session: requests.Session | None = None) -> dict[str, Any]:
+    """Workflow `name` as the server holds it (spec and status), checked to be a Workflow object."""
     answer = server.call("GET", _workflow_path(server, name), session=session)
     return workflow_object(answer, server.url, f"GET of workflow {name}")
 

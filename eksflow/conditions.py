@@ -3,7 +3,7 @@
     when=scored.passed                                  a bool output is true
     when=~scored.passed                                 ... is false
     when=chosen.accuracy >= 0.9                         a number output against a number (< <= > >=)
-    when=chosen.rank.eq(8) | chosen.rank.ne(16)         == and != are methods: `==` keeps its Python meaning
+    when=chosen.rank.eq(8) | chosen.rank.ne(16)         == and != are methods (`==` on an output is refused)
     when=(chosen.accuracy > 0.8) & ~staged.changed      & (and), | (or), ~ (not), grouped as written
 
 Only bool and number outputs take part: a step's outputs are validated against its Outputs model when it writes
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 Constant = bool | int | float
 NUMBERS = ("int", "float")
+# What a message advises for text or JSON outputs: Argo would paste their text into the expression.
+TEXT_ADVICE = "compare text in the step that writes it, and output a bool"
 
 
 class Condition(ABC):
@@ -119,10 +121,15 @@ def condition(when: Condition | Ref) -> Condition:
     """`when` as a Condition: a bool output stands for `output is true`."""
     if isinstance(when, Condition):
         return when
-    if when.kind not in ("bool", "any"):
+    if when.kind in NUMBERS:
         raise PipelineError(
             f"when={when.label}: an output of kind {when.kind} is no condition; compare it "
-            f"(e.g. {when.label} >= 0.9) or output a bool"
+            f"(e.g. {when.label} >= 0.9 or {when.label}.eq(0)) or output a bool"
+        )
+    if when.kind not in ("bool", "any"):
+        raise PipelineError(
+            f"when={when.label}: an output of kind {when.kind} is no condition, and a condition cannot read "
+            f"{when.kind}: {TEXT_ADVICE}"
         )
     return IsTrue(when)
 
@@ -133,9 +140,10 @@ def compared(left: Ref, op: str, right: Ref | Constant, right_kind: str) -> Comp
     if kinds <= set(NUMBERS) or (kinds == {"bool"} and op in ("==", "!=")):
         return Compared(left, op, right)
     what = " and ".join(sorted({left.kind, right_kind}))
+    advice = f"; {TEXT_ADVICE}" if kinds - {*NUMBERS, "bool"} else ""
     raise PipelineError(
         f"when={left.label} {op} {shown(right)}: compares {what}; a condition compares numbers "
-        "(< <= > >= .eq .ne) or bools (.eq .ne)"
+        f"(< <= > >= .eq .ne) or bools (.eq .ne){advice}"
     )
 
 

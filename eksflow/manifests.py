@@ -14,13 +14,18 @@ manifest is YAML, workflow/validate), and the local executor evaluates them as A
 (eksflow/local/expression_tags.py).
 
 Names that Argo generates and Kubernetes constrains stay plain tags (SAFE_REFERENCES): a workflow name is a DNS
-subdomain, a uid a UUID, `retries` an integer; none can hold YAML syntax.
+subdomain, a uid a UUID, `retries` an integer; none can hold YAML syntax. Any other `{{` in a string (text that is
+no reference, a brace before a tag: `x{{{workflow.name}}`) makes the string an expression too, whose literal parts
+have their braces escaped: the manifest text holds no `{{` but eksflow's own tags. The object is JSON data (what
+the API server takes): text, numbers, bools, null, lists and mappings with text keys; a set, bytes or any other
+Python object is refused, naming where it is, rather than written as a YAML tag (`!!set`, `!!binary`).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
@@ -30,8 +35,8 @@ from eksflow.errors import EksflowError
 SAFE_REFERENCES = frozenset({"workflow.name", "workflow.namespace", "workflow.uid", "retries"})
 REFERENCE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")  # as Argo (and eksflow.local.substitution) reads a tag
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TOKEN = "eksflow-expression-{}"  # a plain YAML scalar that marks where an expression tag goes
-_PLACED = re.compile(r"(?<= )eksflow-expression-(\d+)$", re.MULTILINE)  # `key: <marker>` or `- <marker>`
+_EXPRESSION_TAG = re.compile(r"\{\{\s*=")  # how Argo tells an expression tag from a simple one
+_MARKER = "eksflow-expression"  # a plain YAML scalar `<marker>-<n>` marks where expression tag n goes
 
 
 class ManifestError(EksflowError, ValueError):
@@ -41,34 +46,69 @@ class ManifestError(EksflowError, ValueError):
 def manifest_text(obj: Mapping[str, Any]) -> str:
     """`obj` as YAML for a resource template's `manifest`: every string with a reference becomes an expression tag."""
     expressions: list[str] = []
+    kind = str(obj.get("kind", "object"))
+    # A marker no string of the object holds, so that a value that looks like one stays a value.
+    strings = list(_strings(obj, kind))
+    marker, n = f"{_MARKER}-", 0
+    while any(marker in text for text in strings):
+        n += 1
+        marker = f"{_MARKER}{n}-"
 
     def mark(value: Any, where: str) -> Any:
         if isinstance(value, Mapping):
             for key in value:
-                if "{{" in str(key):
+                if "{{" in key:
                     raise ManifestError(f"{where}: a key cannot hold a reference ({key!r}); put it in a value")
             return {key: mark(item, f"{where}.{key}") for key, item in value.items()}
         if isinstance(value, list | tuple):
             return [mark(item, f"{where}[{i}]") for i, item in enumerate(value)]
-        if isinstance(value, str):
-            if _TOKEN.format("") in value:
-                raise ManifestError(f"{where}: {value!r} holds eksflow's own marker text")
-            if any(ref not in SAFE_REFERENCES for ref in REFERENCE.findall(value)):
-                expressions.append(expression(value, where))
-                return _TOKEN.format(len(expressions) - 1)
+        if isinstance(value, str) and not plain(value):
+            expressions.append(expression(value, where))
+            return f"{marker}{len(expressions) - 1}"
         return value
 
-    text = yaml.safe_dump(mark(obj, str(obj.get("kind", "object"))), sort_keys=False)
+    text = yaml.safe_dump(mark(obj, kind), sort_keys=False)
     placed: list[int] = []
 
     def place(match: re.Match[str]) -> str:
         placed.append(int(match.group(1)))
         return "{{=" + expressions[placed[-1]] + "}}"
 
-    text = _PLACED.sub(place, text)
+    # `key: <marker>` or `- <marker>`: a whole plain scalar
+    text = re.sub(rf"(?<= ){re.escape(marker)}(\d+)$", place, text, flags=re.MULTILINE)
     if sorted(placed) != list(range(len(expressions))):  # each marker once, as a whole plain scalar
         raise ManifestError(f"an expression could not be placed as a whole YAML value in {obj.get('kind')!r}")
     return text
+
+
+def plain(text: str) -> bool:
+    """Whether `text` can be written as it is: no `{{` but whole tags of names Argo generates."""
+    if "{{" not in text:
+        return True
+    tags = REFERENCE.findall(text)
+    return all(tag in SAFE_REFERENCES for tag in tags) and "{{" not in REFERENCE.sub("", text) and "{{{" not in text
+
+
+def _strings(value: Any, where: str) -> Iterator[str]:
+    """Every key and string of a manifest; ManifestError naming where a value is no JSON value."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ManifestError(f"{where}: the key {key!r} is {type(key).__name__}; a manifest's keys are text")
+            yield key
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}[{i}]")
+    elif isinstance(value, str):
+        yield value
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ManifestError(f"{where}: {value!r} is no JSON number; give a finite number")
+    elif value is not None and not isinstance(value, bool | int | float):
+        raise ManifestError(
+            f"{where}: a value of type {type(value).__name__} is no JSON value; give text, a number, a bool, null, "
+            "a list or a mapping (a set as a list, bytes as text)"
+        )
 
 
 def expression(text: str, where: str = "value") -> str:
@@ -76,14 +116,14 @@ def expression(text: str, where: str = "value") -> str:
 
     `--model={{inputs.parameters.model_dir}}` -> `toJson("--model=" + inputs.parameters.model_dir)`.
     """
+    if _EXPRESSION_TAG.search(text):
+        raise ManifestError(f"{where}: {text!r} already holds an expression tag; give the value, not an expression")
     terms: list[str] = []
     position = 0
     for match in REFERENCE.finditer(text):
         if match.start() > position:
             terms.append(literal(text[position : match.start()]))
         reference = match.group(1)
-        if reference.startswith("="):
-            raise ManifestError(f"{where}: {text!r} already holds an expression tag; give the value, not an expression")
         terms.append(variable(reference, where))
         position = match.end()
     if position < len(text):

@@ -15,7 +15,8 @@ literal holding `{{`) raise PipelineError naming the task and field when the pip
 anything runs.
 
 `fan_out` runs a sub-DAG once per item (Argo `withItems`/`withParam`); its outputs are JSON lists in item order.
-`on_exit` adds tasks to the exit handler, which runs whatever the outcome (`workflow_status` says which).
+`on_exit` adds tasks to the exit handler, which runs whatever the outcome (`workflow_status` says which), once the
+main DAG has ended: neither reads the other's outputs nor waits for its tasks (`after=`), as Argo allows.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from hera.workflows import DAG, Parameter, Task
 from hera.workflows import models as m
 
-from eksflow.conditions import condition
+from eksflow.conditions import Condition, condition
+from eksflow.config import text_problem
 from eksflow.errors import PipelineError
 from eksflow.kinds import Kind, kind_of
 from eksflow.refs import Item, Ref, Scope, TaskRef, When
@@ -73,11 +75,12 @@ class Pipeline:
         unknown = sorted(set(self.scheduled) - set(self.parameter_values))
         if unknown:
             raise PipelineError(f"scheduled= names parameters the pipeline does not declare: {', '.join(unknown)}")
-        for name, value in self.parameter_values.items():
+        for name in self.parameter_values:
             if not re.fullmatch(r"[A-Za-z_][\w\-]*", name):
                 raise PipelineError(f"workflow parameter name {name!r}: use letters, digits, '_' and '-'")
-            if "{{" in str(value):
-                raise PipelineError(f"workflow parameter {name}: its value holds '{{{{', which Argo would evaluate")
+        for name, value in [*self.parameter_values.items(), *self.scheduled.items()]:
+            if why := text_problem(name, str(value)):  # what `-p` values are held to as well (eksflow.parameters)
+                raise PipelineError(f"workflow parameter {name}: {why}")
         self.templates: dict[str, Container | Resource | DAG] = {}
         self.tasks: dict[str, TaskRef] = {}  # every task added, by name (names are unique in a workflow)
         self.jobs: list[Job] = []  # distributed tasks, for `plan`
@@ -131,7 +134,7 @@ class Pipeline:
     def on_exit(self) -> Iterator[None]:
         """Tasks added inside run when the workflow ends, whatever its outcome (Argo's onExit handler)."""
         if self.exit is None:
-            self.exit = Scope(EXIT_HANDLER)
+            self.exit = Scope(EXIT_HANDLER, exit=True)
         previous, self._dag = self._dag, self.exit
         try:
             yield
@@ -153,13 +156,14 @@ class Pipeline:
         dag = self._dag
         self._check_name(name, dag)
         self.templates[name] = template
-        arguments = [Parameter(name=arg, value=self._in_scope(ref, dag)) for arg, ref in (inputs or {}).items()]
+        where = f"task {name!r}"
+        arguments = [Parameter(name=arg, value=self._in_scope(ref, dag, where)) for arg, ref in (inputs or {}).items()]
         needs = [ref.producer for ref in (inputs or {}).values() if ref.producer is not None]
         condition = None
         if when is not None:
             condition, producers = self._condition(when, dag, name)
             needs += producers
-        needs += [after] if isinstance(after, TaskRef) else list(after)
+        needs += self._after(after, dag, where)
         dag.tasks.append(
             Task(
                 name=name,
@@ -222,13 +226,15 @@ class Pipeline:
         item_arguments = [
             Parameter(name=p, value=ref.argo) for p, ref in inner.inputs.values() if ref.dag is inner.items
         ]
-        arguments = [Parameter(name=param, value=self._in_scope(ref, outer)) for param, ref in outside]
+        arguments = [Parameter(name=param, value=self._in_scope(ref, outer, where)) for param, ref in outside]
         needs = [ref.producer for _, ref in outside if ref.producer is not None]
-        needs += [after] if isinstance(after, TaskRef) else list(after)
+        needs += self._after(after, outer, where)
+        for waited in inner.after:  # what the body's tasks run after: the fan-out task (or an enclosing one) waits
+            (needs if waited._dag is outer else outer.after).append(waited)
         if isinstance(items, Ref) and items.producer is not None:
             needs.append(items.producer)
         with_items = None if isinstance(items, Ref) else list(items)
-        with_param = self._in_scope(items, outer) if isinstance(items, Ref) else None
+        with_param = self._in_scope(items, outer, where) if isinstance(items, Ref) else None
         if parallelism is None:
             looped = Task(
                 name=name,
@@ -289,13 +295,24 @@ class Pipeline:
         if name in self.templates or name in (ENTRYPOINT, EXIT_HANDLER):
             raise PipelineError(f"task name {name!r} is used twice; give the second one another task_name=")
 
-    def _in_scope(self, ref: Ref, dag: Scope) -> str:
+    def _in_scope(self, ref: Ref, dag: Scope, where: str) -> str:
         """The expression standing for `ref` inside `dag`: itself, or an input of `dag` fed from outside it."""
         if ref.dag is None or ref.dag is dag:
             return ref.argo
+        if ref.dag.exit and not dag.exit:
+            raise PipelineError(
+                f"{where} reads {ref.label}, an output of an exit-handler task: the exit handler runs once the main "
+                "DAG has ended, so no main-DAG task can read its outputs"
+            )
+        if dag.exit and not ref.dag.exit:
+            raise PipelineError(
+                f"{where} reads {ref.label}, an output of a main-DAG task, which Argo's exit handler cannot read: "
+                "have that task write it into the run folder (p.run_dir / ...) and give this task that path"
+            )
         if dag.parent is None:
             raise PipelineError(
-                f"{ref.label} is not available here: outside its fan-out it is a list (a fan-out output)"
+                f"{where} reads {ref.label}, which is not available here: outside its fan-out it is a list (a "
+                "fan-out output)"
             )
         for param, known in dag.inputs.values():
             if known.argo == ref.argo and known.dag is ref.dag:
@@ -306,6 +323,11 @@ class Pipeline:
 
     def _condition(self, when: When, dag: Scope, task: str) -> tuple[str, list[TaskRef]]:
         """The Argo `when` expression of a task in `dag`, and the tasks whose outputs it reads."""
+        if not isinstance(when, Ref | Condition):
+            raise PipelineError(
+                f"task {task!r}: when={repr(when)[:60]} is a Python value, decided while the pipeline is built; give "
+                "a bool output or a condition on outputs (x >= 1, x.eq(0), a & b)"
+            )
         try:
             decided = condition(when)
         except PipelineError as err:
@@ -315,7 +337,30 @@ class Pipeline:
             if ref.producer is None:
                 raise PipelineError(f"task {task!r}: when= reads {ref.label}, which is not a task output")
             producers.append(ref.producer)
-        return decided.render(lambda ref: self._in_scope(ref, dag)), producers
+        return decided.render(lambda ref: self._in_scope(ref, dag, f"task {task!r}: when=")), producers
+
+    def _after(self, after: TaskRef | Sequence[TaskRef], dag: Scope, where: str) -> list[TaskRef]:
+        """The tasks `after=` names, each one `dag` can wait for (one of an enclosing DAG: its fan-out waits)."""
+        tasks = [after] if isinstance(after, TaskRef) else list(after)
+        for other in tasks:
+            said = f"{where}: after={other._name}"
+            if other._dag.exit and not dag.exit:
+                raise PipelineError(
+                    f"{said} is a task of the exit handler, which runs only once the main DAG has ended; put this "
+                    "task in the exit handler too (`with p.on_exit():`) or drop the after="
+                )
+            if dag.exit and not other._dag.exit:
+                raise PipelineError(
+                    f"{said} is a main-DAG task; the exit handler runs once the main DAG has ended, whatever its "
+                    "outcome: drop the after= (p.workflow_status says how the run ended)"
+                )
+            if other._dag is not dag and other._dag.encloses(dag):
+                dag.after.append(other)
+            elif other._dag is not dag:
+                raise PipelineError(
+                    f"{said} is inside fan-out {other._dag.name!r}; wait for the whole fan-out: after= its task"
+                )
+        return tasks
 
     def _depends(self, needs: Sequence[TaskRef], dag: Scope) -> str | None:
         """`a.Succeeded && b.Succeeded`: a consumer needs its producers to have succeeded (a skip skips it too)."""

@@ -46,6 +46,8 @@ class Ref:
                 producer=self.producer or part.producer,
                 dag=self.dag or part.dag,
             )
+        if "{{" in part:
+            raise PipelineError(f"{self.label} / {part[:60]!r}: the part holds '{{{{', which Argo would evaluate")
         return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", producer=self.producer, dag=self.dag)
 
     def __invert__(self) -> Condition:
@@ -73,12 +75,28 @@ class Ref:
         return self._compared(">=", other)
 
     def eq(self, other: Ref | Constant) -> Condition:
-        """`when=chosen.rank.eq(8)`: the output equals a number, a bool or another output (`==` stays Python's)."""
+        """`when=chosen.rank.eq(8)`: the output equals a number, a bool or another output."""
         return self._compared("==", other)
 
     def ne(self, other: Ref | Constant) -> Condition:
         """`when=chosen.rank.ne(8)`: the output differs from it."""
         return self._compared("!=", other)
+
+    # `==`, `!=` and truth would be decided by Python while the pipeline is built, long before the value exists
+    # (`when=x == 0` was False, always): refused, naming the method that makes a condition. Hashing stays by identity.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        raise PipelineError(f"{self.label} == {_named(other)}: compare an output with {self.label}.eq(...), not ==")
+
+    def __ne__(self, other: object) -> bool:
+        raise PipelineError(f"{self.label} != {_named(other)}: compare an output with {self.label}.ne(...), not !=")
+
+    def __bool__(self) -> bool:
+        raise PipelineError(
+            f"{self.label} has no value while the pipeline is built (it is known when the workflow runs); as a "
+            "condition give it as when=, combined with &, | and ~ (not and/or/not)"
+        )
 
     def _compared(self, op: str, other: Ref | Constant) -> Condition:
         # Whether both sides are task outputs is checked once the condition is a task's (Pipeline._condition).
@@ -90,6 +108,11 @@ class Ref:
 
 
 When = Ref | Condition
+
+
+def _named(value: object) -> str:
+    """How a message names the other side of a refused `==`."""
+    return value.label if isinstance(value, Ref) else repr(value)[:60]
 
 
 def ended(task: TaskRef) -> TaskRef:
@@ -139,10 +162,21 @@ class Scope:
     inputs: dict[int, tuple[str, Ref]] = field(default_factory=dict)
     parent: Scope | None = None
     items: Scope | None = None  # the scope of `{{item...}}`: the fan-out task's arguments
+    exit: bool = False  # in the exit handler, which runs once the main DAG has ended and reads none of its outputs
+    # tasks of enclosing DAGs that tasks of this fan-out's body run after: the fan-out task runs after them
+    after: list[TaskRef] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.parent is not None:
-            self.items = Scope(f"{self.name} items")
+            self.exit = self.parent.exit
+            self.items = Scope(f"{self.name} items", exit=self.exit)
+
+    def encloses(self, other: Scope) -> bool:
+        """Whether `other` is this DAG or a fan-out body inside it."""
+        inner: Scope | None = other
+        while inner is not None and inner is not self:
+            inner = inner.parent
+        return inner is self
 
 
 class Item:

@@ -26,7 +26,6 @@ from hera.workflows import (
     Resource,
     Resources,
     RetryStrategy,
-    SecretVolume,
 )
 from hera.workflows import models as m
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -34,8 +33,9 @@ from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, PipelineError
 from eksflow.kinds import Kind, accepts, kind_of
-from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
+from eksflow.manifests import REFERENCE, SAFE_REFERENCES, ManifestError, manifest_text
 from eksflow.pipeline import Pipeline, literal_problem, step_name
+from eksflow.pods import check_metadata, checked_annotations, checked_labels, secret_volumes
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
 from eksflow.sections import Section, section_values
@@ -119,7 +119,8 @@ def task(
     task's output, a workflow parameter, `p.run_dir / ...`). The other keywords are the task's own options (a
     step whose Args has a field of one of these names is refused: rename the field). Without `retry_strategy`
     the config's `retry` section applies; the step's declared GAUGES are emitted besides `prometheus`. `labels`,
-    `annotations` and `node_selector` go on the pod; `secrets` mounts Secrets read-only: {mount path: Secret name}.
+    `annotations` and `node_selector` go on the pod; `secrets` mounts Secrets read-only: {mount path: Secret name};
+    all literal text, checked now by Kubernetes' rules (eksflow.pods).
 
     `memoize` lists what, besides this task's own step code, settings and image, decides its result: content keys
     (task outputs that name data by digest, letters, digits and '-' only) and upstream tasks (their step code and
@@ -134,6 +135,8 @@ def task(
     fingerprint = template_fingerprint(step, image, argv, memoize, pipeline.parameter_values)
     memo, memo_inputs = memoization(pipeline.cfg, name, fingerprint, memoize)
     inputs = {**inputs, **memo_inputs}
+    where = f"task {name!r}"
+    folders = {pipeline.cfg.storage.fsx_mount: "the FSx volume", OUTPUTS_DIR: "the outputs folder"}
     container = Container(
         name=name,
         image=image,
@@ -148,19 +151,15 @@ def task(
             *(Env(name=env_name, value=value) for env_name, value in pipeline.cfg.env.items()),
             Env(name="EKSFLOW_IMAGE", value=image),  # lineage: the image a model was registered from
         ],
-        volumes=[
-            SecretVolume(name=secret, secret_name=secret, default_mode=0o440, mount_path=path, read_only=True)
-            for path, secret in (secrets or {}).items()
-        ]
-        or None,
+        volumes=secret_volumes(secrets, folders, {FSX_VOLUME}, where) or None,
         volume_mounts=[m.VolumeMount(name=FSX_VOLUME, mount_path=pipeline.cfg.storage.fsx_mount)],
         resources=resources,
         retry_strategy=retry_strategy or step_retry(pipeline.cfg),
         security_context=RESTRICTED,
         metrics=merged_metrics(step_gauges(pipeline.cfg, step, name), prometheus),
-        labels=dict(labels) if labels else None,
-        annotations={**path_annotation(args_type), **(annotations or {})} or None,
-        node_selector=dict(node_selector) if node_selector else None,
+        labels=checked_labels("labels", labels, where) or None,
+        annotations=checked_annotations(annotations, path_annotation(args_type), where) or None,
+        node_selector=checked_labels("node_selector", node_selector, where) or None,
         memoize=memo,
     )
     added = pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
@@ -316,37 +315,6 @@ def arguments(
     return to_argv(rendered), inputs
 
 
-def parameter_problems(workflow: Mapping[str, Any], values: Mapping[str, str]) -> list[str]:
-    """Why new workflow parameter values (`retry -p`, `resubmit -p`) would fail the steps that take them.
-
-    Each value is checked as the Args field of every step template that takes the parameter whole as a flag
-    (`--base-model={{workflow.parameters.base_model}}`): the same rules the config applies, before a run starts.
-    """
-    import importlib
-
-    declared = {p.get("name") for p in workflow.get("spec", {}).get("arguments", {}).get("parameters", [])}
-    problems = [f"-p {name}: the workflow has no parameter {name!r}" for name in values if name not in declared]
-    for template in workflow.get("spec", {}).get("templates", []):
-        command = (template.get("container") or {}).get("command") or []
-        if command[:2] != ["python", "-m"] or len(command) < 3:
-            continue
-        try:
-            args_type = importlib.import_module(command[2]).Args
-        except (ImportError, AttributeError):
-            continue  # not a step of this project: its own image checks it
-        for item in template["container"].get("args") or []:
-            option, _, value = str(item).partition("=")
-            name = value.removeprefix("{{workflow.parameters.").removesuffix("}}")
-            field = args_type.model_fields.get(option.removeprefix("--").replace("-", "_"))
-            if name not in values or value != f"{{{{workflow.parameters.{name}}}}}" or field is None:
-                continue
-            try:
-                _adapter(field).validate_python(values[name])
-            except ValidationError as err:
-                problems.append(f"-p {name}={values[name]!r}: {command[2]} {option}: {err.errors()[0]['msg']}")
-    return list(dict.fromkeys(problems))
-
-
 def _adapter(field: FieldInfo) -> TypeAdapter[Any]:
     """Validates a value as the field would, constraints (ge, pattern, ...) included."""
     annotation: Any = field.annotation
@@ -433,6 +401,11 @@ def resource(
         )
 
     wired_manifest = wire(manifest)
+    check_metadata(wired_manifest, f"resource {name!r}: {manifest.get('kind', 'object')}")
+    try:
+        text = manifest_text(wired_manifest)  # parameters as JSON-encoding expressions, never as text
+    except ManifestError as err:
+        raise PipelineError(f"resource {name!r}: {err}") from None
     template = Resource(
         name=name,
         action=action,
@@ -440,7 +413,7 @@ def resource(
         success_condition=success,
         failure_condition=failure,
         retry_strategy=retry_strategy,
-        manifest=manifest_text(wired_manifest),  # parameters as JSON-encoding expressions, never as text
+        manifest=text,
         metrics=prometheus,
         inputs=[Parameter(name=param) for param in wired] or None,
         memoize=memoize,

@@ -5,7 +5,8 @@ the template and a TaskContext (the node, its substitution scope, its folder, an
 for volumes and a supervised process with its log) and returns an Attempt. The executor owns retries, timing,
 status and stopping; a handler only turns a template into a process.
 
-- ContainerHandler: the container's command and args, `python` being this interpreter, with its env.
+- ContainerHandler: the container's command and args, `python` being this interpreter, with its env; a Secret it
+  mounts is the attempt's read-only copy of it (secret_mounts.py).
 - ResourceHandler: the object the manifest creates, described by the handler of its kind in resources.py (a
   RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
   new kinds register there. An object of a run service's kind (services.py) goes to that service of the run,
@@ -32,6 +33,8 @@ from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, Res
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
 from eksflow.local.retry import Attempt
+from eksflow.local.rundir import writing
+from eksflow.local.secret_mounts import copy_folder, read_only_secrets
 from eksflow.local.substitution import Scope, UnresolvedError
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
@@ -72,7 +75,11 @@ class ContainerHandler:
         assert isinstance(template, ContainerTemplate)
         try:
             output_paths = {output.name: ctx.scope.substitute(output.path or "") for output in template.outputs}
-            pairs = [(m.mount_path, ctx.host_folder(m)) for m in template.mounts]
+            # A Secret is mounted as the attempt's read-only copy of it (eksflow.local.secret_mounts).
+            pairs = [
+                (m.mount_path, str(copy_folder(ctx.task_dir, m)) if m.scope == "secret" else ctx.host_folder(m))
+                for m in template.mounts
+            ]
             mounted = [m.mount_path for m in template.mounts]
             for path in output_paths.values():
                 folder = posixpath.dirname(path)
@@ -92,8 +99,10 @@ class ContainerHandler:
         if _PYTHON.fullmatch(os.path.basename(argv[0])):
             argv[0] = sys.executable  # the project's environment, not whatever `python` is on PATH
         shutil.rmtree(ctx.task_dir / "outputs", ignore_errors=True)  # a fresh pod: no stale outputs
-        (ctx.task_dir / "outputs").mkdir(parents=True, exist_ok=True)
-        attempt = ctx.execute(argv, env, template.deadline_s)
+        with writing(ctx.task_dir / "outputs"):
+            (ctx.task_dir / "outputs").mkdir(parents=True, exist_ok=True)
+        with read_only_secrets(template.mounts, ctx.host_folder, ctx.task_dir):
+            attempt = ctx.execute(argv, env, template.deadline_s)
         outputs, missing = read_outputs(template.outputs, output_paths, paths)
         attempt.outputs = outputs
         if attempt.phase is Phase.SUCCEEDED and missing:
@@ -154,15 +163,16 @@ class ResourceHandler:
                 "unquoted; use a --state-dir whose path has only letters, digits and @%+=:,./-"
             )
         env = map_env(job.env, paths, rules)
-        env["PATH"] = os.pathsep.join(
-            [
-                str(python_shims(ctx.task_dir / "bin")),
-                os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun, mpirun) first
-                env.get("PATH") or ctx.env.get("PATH", ""),
-            ]
-        )
-        if job.prepare is not None:
-            env.update(job.prepare(ctx.task_dir))
+        with writing(ctx.task_dir):  # the shims and what the kind prepares (an MPIJob's hostfile) live there
+            env["PATH"] = os.pathsep.join(
+                [
+                    str(python_shims(ctx.task_dir / "bin")),
+                    os.path.dirname(sys.executable),  # this environment's tools (ray, torchrun, mpirun) first
+                    env.get("PATH") or ctx.env.get("PATH", ""),
+                ]
+            )
+            if job.prepare is not None:
+                env.update(job.prepare(ctx.task_dir))
         argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
         return ctx.execute(argv, env, min(deadlines) if deadlines else None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from eksflow.local.errors import LocalExecutorError
 from eksflow.local.expressions import depends_references
 
 EXIT_HANDLER = "onExit"  # the node name Argo gives the workflow's exit handler
@@ -40,20 +41,32 @@ class Mount:
     sub_path: str
 
     def host_folder(self, state_dir: Path, run_volumes: Path) -> Path:
-        """The host folder this mount maps to (not created).
+        """The host folder this mount maps to (not created); LocalExecutorError if a name would lead out of it.
 
         A PVC's is shared by every run (<state>/volumes/<claim>). A Secret's is <state>/secrets/<Secret name> when
         that folder exists (this machine's own Secrets: `make slurm-up` writes eksflow-slurm/token there), else a
         folder of the run (where the local fleet writes the keys it makes for the run). Anything else belongs to
-        the run.
+        the run. The manifest's names are checked when it is read (parse_templates); whatever they hold, the folder
+        stays inside its base here (a Secret's even with links resolved).
         """
+        relative = PurePosixPath(self.folder, self.sub_path)
+        if len(PurePosixPath(self.folder).parts) != 1 or relative.is_absolute() or ".." in relative.parts:
+            raise LocalExecutorError(
+                f"volume {self.folder!r} (subPath {self.sub_path!r}) at {self.mount_path} would name a folder "
+                "outside the state folder; give names without '/' or '..'"
+            )
         if self.scope == "state":
-            root = state_dir / "volumes" / self.folder
+            base = state_dir / "volumes"
         elif self.scope == "secret" and (state_dir / "secrets" / self.folder).is_dir():
-            root = state_dir / "secrets" / self.folder
+            base = state_dir / "secrets"
         else:
-            root = run_volumes / self.folder
-        return root / self.sub_path if self.sub_path else root
+            base = run_volumes
+        folder = base / relative
+        if self.scope == "secret" and not folder.resolve().is_relative_to(base.resolve()):
+            raise LocalExecutorError(
+                f"Secret {self.folder!r} at {self.mount_path}: its folder {folder} leads outside {base}"
+            )
+        return folder
 
 
 @dataclass(frozen=True)

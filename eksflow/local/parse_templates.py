@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eksflow.local import expression_tags, node, resources
@@ -21,6 +21,7 @@ from eksflow.local.model import (
 from eksflow.local.paths import path_rules
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
+from eksflow.names import dns_label_problem, dns_subdomain_problem
 
 RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
 RESOURCE_ACTIONS = ("create", "apply")  # both make the job run; get/patch/delete act on an object that is not here
@@ -158,14 +159,14 @@ def parse_volumes(spec: Mapping[str, Any], where: str) -> dict[str, tuple[str, s
     """Volume name -> (scope, folder): a PVC is shared by all runs, a Secret may be this machine's, else the run's."""
     volumes: dict[str, tuple[str, str]] = {}
     for i, volume in enumerate(fields.mappings(spec.get("volumes"), f"{where}.volumes")):
-        name = fields.text(volume.get("name"), f"{where}.volumes[{i}].name")
+        name = _object_name(volume.get("name"), f"{where}.volumes[{i}].name", dns_label_problem)
         claim = fields.mapping(volume.get("persistentVolumeClaim"), f"{where}.volumes[{i}].persistentVolumeClaim")
         secret = fields.mapping(volume.get("secret"), f"{where}.volumes[{i}].secret")
+        if secret:
+            _object_name(secret.get("secretName"), f"{where}.volumes[{i}].secret.secretName", dns_subdomain_problem)
         if claim:
-            volumes[name] = (
-                "state",
-                fields.text(claim.get("claimName"), f"{where}.volumes[{i}].persistentVolumeClaim"),
-            )
+            at = f"{where}.volumes[{i}].persistentVolumeClaim.claimName"
+            volumes[name] = ("state", _object_name(claim.get("claimName"), at, dns_subdomain_problem))
         elif secret and secret.get("secretName") == name:  # eksflow names a Secret's volume after it
             volumes[name] = ("secret", name)
         else:
@@ -177,6 +178,14 @@ def parse_volumes(spec: Mapping[str, Any], where: str) -> dict[str, tuple[str, s
         name = fields.text(metadata.get("name"), f"{where}.volumeClaimTemplates[{i}].metadata.name")
         volumes[name] = ("run", name)  # Argo creates (and deletes) this claim per workflow
     return volumes
+
+
+def _object_name(value: Any, where: str, problem: Callable[[str], str]) -> str:
+    """A Kubernetes name the manifest gives (it names a folder here): LocalExecutorError unless it keeps the rule."""
+    name = fields.text(value, where)
+    if found := problem(name):
+        raise LocalExecutorError(f"{where}: {found}")
+    return name
 
 
 def template_annotations(template: Mapping[str, Any], where: str) -> Mapping[str, Any]:
@@ -217,7 +226,10 @@ def parse_container(
         mount_path = fields.text(mount.get("mountPath"), f"{m_at}.mountPath").rstrip("/")
         if not mount_path.startswith("/"):
             raise LocalExecutorError(f"{m_at}.mountPath must be absolute, got {mount_path!r}")
-        mounts.append(Mount(mount_path, scope, folder, fields.optional_text(mount, "subPath", m_at) or ""))
+        sub_path = fields.optional_text(mount, "subPath", m_at) or ""
+        if sub_path.startswith("/") or ".." in sub_path.split("/"):
+            raise LocalExecutorError(f"{m_at}.subPath must be a relative path without '..', got {sub_path!r}")
+        mounts.append(Mount(mount_path, scope, folder, sub_path))
     return ContainerTemplate(
         name=fields.text(template.get("name"), f"{where}.name"),
         inputs=parse_inputs(template, where),

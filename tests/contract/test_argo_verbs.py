@@ -376,3 +376,67 @@ def test_a_workflow_name_cannot_reach_another_path(fake):
     with pytest.raises(ArgoServerError, match="is not a workflow name"):
         retry_workflow(connect(fake), "../other")
     assert fake.requests == []
+
+
+# `data_source` is declared from `data.source` and taken whole by stage_data's --source: what the config refuses,
+# `-p` is refused too, checked against the run's own Workflow before the server is asked to start anything.
+HOSTILE_SOURCES = {
+    "no-bucket": ("s3://", "-p data_source='s3://': steps.stage_data --source: Value error, names no valid bucket"),
+    "empty": ("", "-p data_source='': steps.stage_data --source: Value error, is empty"),
+    "relative-file-uri": ("file://../../etc", "steps.stage_data --source: Value error, is not file:///absolute/path"),
+    "argo-expression": ("{{workflow.name}}", "-p data_source: holds '{{', which Argo would evaluate"),
+    "too-long": ("a" * 70_000, "-p data_source: 70000 bytes of text; at most 65536"),
+}
+
+
+def flagship_run(stored: bool) -> dict:
+    """A failed run of the flagship: its spec inline (submitted), or stored from its WorkflowTemplate (scheduled)."""
+    from eksflow.config import load_config
+    from eksflow.render import manifest
+    from pipelines.llama_lora import LlamaLoraConfig, build
+
+    spec = manifest(build(load_config(LlamaLoraConfig)))["spec"]
+    run = workflow(NAME, "Failed")
+    if stored:
+        run["spec"] = {"workflowTemplateRef": {"name": "llama-lora"}}
+        run["status"]["storedWorkflowTemplateSpec"] = spec
+    else:
+        run["spec"] = spec
+    return run
+
+
+def cli_verb(fake, capsys, monkeypatch, *argv: str) -> tuple[int, str]:
+    from eksflow.cli import main
+    from pipelines.llama_lora import build
+
+    monkeypatch.setenv("ARGO_SERVER", fake.address)
+    monkeypatch.setenv("ARGO_SECURE", "false")
+    with pytest.raises(SystemExit) as exit_info:
+        main(build, list(argv))
+    return int(exit_info.value.code or 0), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["submitted", "scheduled"])
+@pytest.mark.parametrize("command", ["retry", "resubmit"])
+@pytest.mark.parametrize("source", HOSTILE_SOURCES, ids=HOSTILE_SOURCES)
+def test_a_parameter_the_config_refuses_is_refused_before_the_server_starts_a_run(
+    fake, capsys, monkeypatch, swagger_validator, stored, command, source
+):
+    run = flagship_run(stored)
+    assert [e.message for e in swagger_validator("io.argoproj.workflow.v1alpha1.Workflow").iter_errors(run)] == []
+    fake.route("GET", WF_PATH, Reply(200, run))
+    fake.route("PUT", f"{WF_PATH}/{command}", Reply(200, workflow(NAME, "Running")))
+    value, why = HOSTILE_SOURCES[source]
+    code, err = cli_verb(fake, capsys, monkeypatch, command, NAME, "-p", f"data_source={value}")
+    assert code == 2
+    assert err.startswith("config error: -p data_source") and why in err, err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400
+    assert [r.method for r in fake.requests] == ["GET"]  # nothing was retried or resubmitted
+
+
+def test_a_parameter_within_the_rules_is_sent(fake, capsys, monkeypatch):
+    fake.route("GET", WF_PATH, Reply(200, flagship_run(stored=False)))
+    fake.route("PUT", f"{WF_PATH}/resubmit", Reply(200, workflow("llama-lora-9qz4m", "Pending")))
+    code, err = cli_verb(fake, capsys, monkeypatch, "resubmit", NAME, "-p", "data_source=s3://datasets/dates")
+    assert code == 0, err
+    assert fake.requests[-1].json()["parameters"] == ["data_source=s3://datasets/dates"]

@@ -18,15 +18,18 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from eksflow import Pipeline, PipelineConfig, PipelineError, task
 from eksflow.config import ClusterSettings, config_type, load_config
 from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.profiles import VARIANT_DEFAULTS
 from eksflow.render import manifest
+from eksflow.templates import resource
 from pipelines.llama_lora import LlamaLoraConfig
 from pipelines.serving.rollout import rollout_pipeline
 from tests.argo_substitution import substitute, unresolved
 from tests.commands import python
+from tests.unit.test_pipeline import make
 
 GENERATED = {"workflow.name": "llama-lora-abc12", "workflow.uid": "0-1", "workflow.namespace": "argo", "retries": "0"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,3 +210,75 @@ def test_a_step_refuses_a_newline_in_a_location_argument(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: --base-model: ") and "control characters" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def resource_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """The resource template `resource()` renders for `obj`, a task's output wired in where a string names it."""
+    with Pipeline(PipelineConfig(name="t"), title="test") as p:
+        made = task(make, out_dir="/x")
+        resource("obj", {"apiVersion": "v1", "kind": "ConfigMap", **json_loads_with(obj, str(made.path))})
+    return next(t for t in manifest(p)["spec"]["templates"] if t["name"] == "obj")
+
+
+def json_loads_with(obj: Any, output: str) -> Any:
+    """`obj` with every "OUTPUT" in its strings replaced by the task output's reference."""
+    if isinstance(obj, dict):
+        return {k: json_loads_with(v, output) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [json_loads_with(v, output) for v in obj]
+    return obj.replace("OUTPUT", output) if isinstance(obj, str) else obj
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"a": {1, 2}}, "ConfigMap.data.a: a value of type set is no JSON value; give text, a number, a bool, null"),
+        ({"a": b"\x00\xff"}, "ConfigMap.data.a: a value of type bytes is no JSON value"),
+        ({"a": [1, frozenset()]}, "ConfigMap.data.a[1]: a value of type frozenset is no JSON value"),
+        ({"a": {"b": object()}}, "ConfigMap.data.a.b: a value of type object is no JSON value"),
+        ({"a": float("nan")}, "ConfigMap.data.a: nan is no JSON number"),
+        ({1: "x"}, "ConfigMap.data: the key 1 is int; a manifest's keys are text"),
+        ({"a": '{{=toJson({"b": sprig.env("HOME")})}}'}, "ConfigMap.data.a: '{{=toJson"),
+    ],
+    ids=["set", "bytes", "frozenset", "object", "nan", "int-key", "expression-with-braces"],
+)
+def test_data_that_is_no_json_value_is_refused_in_one_line_naming_where(data, message):
+    with pytest.raises(PipelineError) as refused:
+        resource_template({"data": data})
+    assert str(refused.value).startswith(f"resource 'obj': {message}"), refused.value
+    assert "\n" not in str(refused.value)
+
+
+BRACES = {
+    "brace-before-tag": ("x{{{workflow.name}}", "x{llama-lora-abc12"),
+    "brace-before-output": ("x{OUTPUT", "x{P"),
+    "unclosed": ("a {{ b", "a {{ b"),
+    "closing-first": ("}}{{", "}}{{"),
+    "tag-then-braces": ("{{workflow.uid}}{{{", "0-1{{{"),
+    "end-brace": ("x{", "x{"),
+    "start-brace": ("{workflow.name}}", "{workflow.name}}"),
+}
+
+
+def test_braces_in_data_reach_the_object_as_text_and_the_text_holds_no_other_tag():
+    """A `{{` that is no whole reference, or a brace before one, is data: the manifest holds only eksflow's tags."""
+    data = {name: value for name, (value, _) in BRACES.items()}
+    data["split"] = ["{", "{workflow.name}}"]  # next to each other in the object, never in the text
+    template = resource_template({"data": data})
+    text = template["resource"]["manifest"]
+    assert "{{{" not in text
+    tags = REFERENCE.findall(text)
+    assert all(tag.startswith("=") or tag in SAFE_REFERENCES for tag in tags), tags
+    assert "{{" not in REFERENCE.sub("", text)
+    made = both_ways(template, {"inputs.parameters.path": "P"})
+    assert made["data"] == {**{name: value for name, (_, value) in BRACES.items()}, "split": ["{", "{workflow.name}}"]}
+
+
+def test_a_value_that_looks_like_eksflow_s_marker_is_data():
+    data = {"a": "eksflow-expression-0", "b": "OUTPUT", "c": "eksflow-expression1-0", "d": "- eksflow-expression-1"}
+    made = both_ways(resource_template({"data": data}), {"inputs.parameters.path": "P"})
+    assert made["data"] == {**data, "b": "P"}
+    # a setting that reaches a manifest may hold it too (a pipeline's name is on every object it creates)
+    cfg = load_config(LlamaLoraConfig, None, ["name=eksflow-expression-0"])
+    deployment = next(t for t in manifest(rollout_pipeline(cfg))["spec"]["templates"] if t["name"] == "vllm")
+    assert both_ways(deployment, {})["metadata"]["labels"]["eksflow.dev/pipeline"] == "eksflow-expression-0"

@@ -72,9 +72,11 @@ LAYERS = (
     "eksflow.argo_server",
     "eksflow.submit",
     "eksflow.config",  # the base config
+    "eksflow.parameters",  # the rules a workflow parameter's values are held to (retry/resubmit -p)
     "eksflow.conditions",  # when= expressions
     "eksflow.sections",  # shared groups of arguments
     "eksflow.refs",  # values and tasks being wired
+    "eksflow.pods",  # a task's pod options, checked by Kubernetes' rules
     "eksflow.pipeline",  # the DAG under construction
     "eksflow.templates",  # task(), resource(): step and resource templates
     "eksflow.launchers",  # distributed(): a step across workers

@@ -95,6 +95,7 @@ def test_an_output_passed_on_wires_the_parameter_and_the_dependency():
         (lambda p: task(make), "missing required argument out_dir"),
         (lambda p: (task(make, out_dir="/x"), task(make, out_dir="/y")), "task name 'make' is used twice"),
         (lambda p: task(use, path="a {{workflow.name}}"), "argument path holds '{{'"),
+        (lambda p: task(use, path=p.run_dir / "{{=sprig.env('HOME')}}"), "run_dir / \"{{=sprig.env('HOME')}}\": the"),
         (lambda p: task(use, path="p", when=task(make, out_dir="/x").rows), "an output of kind int is no condition"),
         (lambda p: task(use, path=p.parameters.src), "no workflow parameter 'src'; declared: source"),
         (lambda p: p.workflow_status, "workflow_status is only known in the exit handler"),
@@ -107,6 +108,7 @@ def test_an_output_passed_on_wires_the_parameter_and_the_dependency():
         "missing-arg",
         "twice",
         "braces",
+        "braces-in-path",
         "when",
         "param",
         "status",
@@ -266,4 +268,106 @@ def test_a_condition_used_as_a_python_bool_says_how_to_combine():
         task(use, path="p", when=made.rows > 1 and made.ok)
 
     with pytest.raises(PipelineError, match=r"combine conditions with &, \| and ~"):
+        build(body)
+
+
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        (lambda made: made.rows == 0, "make.rows == 0: compare an output with make.rows.eq(...), not =="),
+        (lambda made: made.rows != 0, "make.rows != 0: compare an output with make.rows.ne(...), not !="),
+        (lambda made: made.ok and made.ok, "make.ok has no value while the pipeline is built"),
+        (lambda made: True, "task 'use': when=True is a Python value, decided while the pipeline is built"),
+        (lambda made: "x", "task 'use': when='x' is a Python value"),
+    ],
+    ids=["eq", "ne", "and", "bool", "text"],
+)
+def test_a_python_comparison_of_an_output_fails_in_one_line_naming_the_method(condition, message):
+    def body(p):
+        made = task(make, out_dir="/x")
+        task(use, path="p", when=condition(made))
+
+    with pytest.raises(PipelineError) as refused:
+        build(body)
+    assert str(refused.value).startswith(message), refused.value
+    assert "\n" not in str(refused.value)
+
+
+def test_outputs_stay_usable_as_keys():
+    def body(p):
+        made = task(make, out_dir="/x")
+        rows, again = made.rows, made.rows
+        assert {rows: 1, again: 2}[rows] == 1 and len({rows, again, rows}) == 2
+        assert rows in [rows] and rows is not again
+
+    build(body)
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        (lambda made: made.path, "when=make.path: an output of kind text is no condition, and a condition cannot read "
+         "text: compare text in the step that writes it, and output a bool"),
+        (lambda made: made.path >= 1, "when=make.path >= 1: compares int and text; a condition compares numbers "
+         "(< <= > >= .eq .ne) or bools (.eq .ne); compare text in the step that writes it, and output a bool"),
+        (lambda made: made.rows, "when=make.rows: an output of kind int is no condition; compare it (e.g. make.rows "
+         ">= 0.9 or make.rows.eq(0)) or output a bool"),
+    ],
+    ids=["text", "text-compared", "number"],
+)  # fmt: skip
+def test_a_condition_on_text_advises_comparing_it_in_the_step(when, message):
+    def body(p):
+        made = task(make, out_dir="/x")
+        task(use, path="p", when=when(made))
+
+    with pytest.raises(PipelineError) as refused:
+        build(body)
+    assert str(refused.value).removeprefix("task 'use': ") == message
+
+
+def exit_task(p, **values):
+    with p.on_exit():
+        return task(use, task_name="cleanup", path="p", **values)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (lambda p: task(use, path="p", after=exit_task(p)), "task 'use': after=cleanup is a task of the exit handler, "
+         "which runs only once the main DAG has ended; put this task in the exit handler too"),
+        (lambda p: exit_task(p, after=task(make, out_dir="/x")), "task 'cleanup': after=make is a main-DAG task; the "
+         "exit handler runs once the main DAG has ended, whatever its outcome: drop the after="),
+        (lambda p: exit_task(p, note=task(make, out_dir="/x").path), "task 'cleanup' reads make.path, an output of a "
+         "main-DAG task, which Argo's exit handler cannot read: have that task write it into the run folder"),
+        (lambda p: exit_task(p, when=task(make, out_dir="/x").ok), "task 'cleanup': when= reads make.ok, an output "
+         "of a main-DAG task, which Argo's exit handler cannot read"),
+        (lambda p: task(use, path="p", rows=exit_task(p).score), "task 'use' reads cleanup.score, an output of an "
+         "exit-handler task: the exit handler runs once the main DAG has ended"),
+    ],
+    ids=["main-after-exit", "exit-after-main", "exit-reads-main", "exit-when-main", "main-reads-exit"],
+)  # fmt: skip
+def test_the_main_dag_and_the_exit_handler_do_not_wait_for_or_read_each_other(body, message):
+    with pytest.raises(PipelineError) as refused:
+        build(body)
+    assert str(refused.value).startswith(message), refused.value
+
+
+def test_after_a_task_outside_a_fan_out_orders_the_fan_out():
+    def body(p):
+        first = task(make, out_dir="/x")
+        p.fan_out(lambda item: {"score": task(use, path=item.value, after=first).score}, ["a", "b"], task_name="each")
+
+    rendered = build(body)
+    assert dag(rendered)["each"]["depends"] == "make.Succeeded"
+    assert "depends" not in dag(rendered, "each")["use"]
+
+
+def test_after_a_task_inside_a_fan_out_is_refused_naming_the_fan_out():
+    def body(p):
+        inside = []
+        p.fan_out(lambda item: {"score": inside.append(task(use, path=item.value)) or inside[0].score}, ["a"],
+                  task_name="each")  # fmt: skip
+        task(make, out_dir="/x", after=inside[0])
+
+    with pytest.raises(PipelineError, match=r"^task 'make': after=use is inside fan-out 'each'; wait for the whole"):
         build(body)
