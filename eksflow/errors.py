@@ -21,3 +21,9 @@ class PipelineError(EksflowError):
     """A pipeline that cannot be built; the message names the task and field, and the fix."""
 
     label = "pipeline error"
+
+
+class NotFoundError(EksflowError):
+    """What a command names (a run, a task of a run) does not exist; the message lists what does."""
+
+    label = "not found"

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from eksflow.config import ConfigError, PipelineConfig
-from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, NotFoundError
 from eksflow.pipeline import Pipeline
 from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
@@ -129,6 +130,8 @@ def execute(
             soft_wrap=True,
         )
         return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
+    except NotFoundError:
+        raise  # `--resume` naming no run: the command line's "not found" line
     except LocalExecutorError as err:
         console.print(f"[red]cannot run locally:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
@@ -136,10 +139,13 @@ def execute(
 
 
 def print_result(result: RunResult, console: Console) -> int:
-    """Every task's phase and outputs (container paths shown as this machine's folders), the report, what next."""
+    """Every task's phase and outputs (container paths shown as this machine's folders), the report, what next.
+
+    The phases are the executor's own: status.json may be behind them when the state folder could not be written.
+    """
     from eksflow.local import Phase, load_run
 
-    view = load_run(result.run_dir.parent.parent, result.name)
+    view = replace(load_run(result.run_dir.parent.parent, result.name), nodes=result.nodes)
     console.print()
     for key, node in view.nodes.items():
         cached = " (memoized: outputs of an earlier run)" if node.memoization and node.memoization.hit else ""

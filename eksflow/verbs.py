@@ -7,8 +7,9 @@
     python pipelines/llama_lora.py resubmit llama-lora-x7k2p
 
 Local runs (in --state-dir) by default; the Argo Server's when ARGO_SERVER is set (or --argo-server is given),
-with the argo CLI's connection settings. Bad input exits 2, a run that fails exits 1, one line each. A run name is
-a workflow name (eksflow.names), never a path. Everything printed from a run or a server's answer (names,
+with the argo CLI's connection settings. Bad input exits 2, a run that fails exits 1, one line each; a run or
+task that is not there is "not found" (exit 2). A run name is a workflow name (eksflow.names), never a path. The
+local read verbs (list, get, logs) write nothing. Everything printed from a run or a server's answer (names,
 messages, outputs, log lines) goes through eksflow.runtime.shown: no terminal escapes, no rich markup, no token.
 """
 
@@ -28,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from eksflow.config import ConfigError
-from eksflow.errors import EXIT_FAILED
+from eksflow.errors import EXIT_FAILED, NotFoundError
 from eksflow.runtime.shown import shown
 from eksflow.submit import add_connection_options
 
@@ -83,8 +84,8 @@ def run_verb(args: argparse.Namespace, pipeline: str, root: Path, console: Conso
 def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], root: Path, console: Console) -> int:
     from eksflow import local
     from eksflow.local.runs import run_folder
+    from eksflow.parameters import parameter_problems
     from eksflow.run import execute_env, print_result
-    from eksflow.templates import parameter_problems
 
     try:
         if args.command == "list":
@@ -124,6 +125,8 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
             result = local.retry_run(args.state_dir, args.name, parameters, **settings)
         else:
             result = local.resubmit_run(args.state_dir, args.name, parameters, **settings)
+    except NotFoundError:
+        raise  # a run or task that is not there: "not found", not a config error
     except local.LocalExecutorError as err:
         raise ConfigError(str(err)) from None
     return print_result(result, console)
@@ -151,6 +154,7 @@ def _local_logs(args: argparse.Namespace, console: Console) -> int:
 def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], console: Console) -> int:
     from eksflow import argo_server
     from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError
+    from eksflow.parameters import parameter_problems
 
     try:
         server = ArgoServer.from_options(args)
@@ -182,6 +186,10 @@ def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str],
                 sys.stdout.write(shown(f"{entry.task}: {entry.content}" if not args.task else entry.content) + "\n")
                 sys.stdout.flush()
             return 0
+        if parameters:  # checked before the server starts anything, as for a local run
+            workflow = argo_server.workflow_manifest(server, args.name)
+            if problems := parameter_problems(workflow, parameters):
+                raise ConfigError("\n".join(problems))
         if args.command == "retry":
             argo_server.retry_workflow(server, args.name, parameters)
         else:

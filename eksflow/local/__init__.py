@@ -10,13 +10,15 @@
     register_run_service(kinds, factory, check=) (a RunService per run for objects of `kinds`; RunServiceError)
 
 RunResult.resumable says whether to suggest `--resume` (not after a bad-input failure, exit 2); RunInterrupted
-(Ctrl-C, SIGTERM, SIGHUP) carries `exit_code` (128 + signal). Modules: executor.py (driving a run), runs.py (the
-verbs), manifest.py/model.py (what a manifest may hold), scheduler.py, handlers.py, process.py, status.py,
-services.py (run services: objects a run applies whose processes live as long as the run;
-register_run_service(kinds, factory) adds one, e.g. the LLM layer's serving fleet: pipelines/serving/local_fleet.py).
+(Ctrl-C, SIGTERM, SIGHUP) carries `exit_code` (128 + signal). RunNotFoundError ("not found") names a run or task
+that is not there; StateWriteError, a state folder that cannot be written (a run is refused before it starts).
+Modules: executor.py (driving a run), runs.py (the verbs), manifest.py/model.py (what a manifest may hold),
+scheduler.py, handlers.py, process.py, status.py, services.py (run services: objects a run applies whose processes
+live as long as the run; register_run_service(kinds, factory) adds one, e.g. the LLM layer's serving fleet:
+pipelines/serving/local_fleet.py).
 """
 
-from eksflow.local.errors import LocalExecutorError, RunInterrupted
+from eksflow.local.errors import LocalExecutorError, RunInterrupted, RunNotFoundError, StateWriteError
 from eksflow.local.executor import run_workflow
 from eksflow.local.phase import Phase
 from eksflow.local.runs import (
@@ -45,11 +47,13 @@ __all__ = [
     "NodeType",
     "Phase",
     "RunInterrupted",
+    "RunNotFoundError",
     "RunResult",
     "RunService",
     "RunServiceError",
     "RunSummary",
     "RunView",
+    "StateWriteError",
     "changed_inputs",
     "find_nodes",
     "follow_log",

@@ -1,14 +1,25 @@
-"""The local executor's exceptions: one for what it cannot run, one for a run stopped from outside."""
+"""The local executor's exceptions: what it cannot run, a missing run, an unwritable state folder, a stopped run."""
 
 from __future__ import annotations
 
 import signal
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EksflowError, NotFoundError
 
 
 class LocalExecutorError(EksflowError):
     """A manifest or run folder the local executor cannot run; the message names the field and the fix."""
+
+
+class RunNotFoundError(LocalExecutorError, NotFoundError):
+    """A run (or a task of a run) that the state folder does not hold; the message lists those it does."""
+
+
+class StateWriteError(LocalExecutorError):
+    """The state folder could not be written (read-only, full, no permission); one line naming the file and the fix.
+
+    Before a run starts it refuses the run (exit 2); during a run, the run stops and ends Failed.
+    """
 
 
 class RunInterrupted(KeyboardInterrupt):

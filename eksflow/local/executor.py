@@ -11,6 +11,12 @@ fails.
 
 Ctrl-C, SIGTERM and SIGHUP all stop a run the same way: running tasks get SIGTERM (SIGKILL after the grace),
 status.json records Failed "interrupted", and RunInterrupted is raised carrying the signal (exit 128 + signal).
+
+A state folder that cannot be written (read-only, full, no permission) refuses a run before anything starts
+(StateWriteError; a new run's folder is removed). One that fails during the run (status.json, owner.json, a log, a
+task's folder, a memoization entry) stops it the same way, in one line: its tasks are stopped, its exit handler is
+not started (its work would need the same folder; a resume runs it), and it ends Failed with that line. What is on
+disk stays whole: every file is the last version written in full, and no temporary file is left.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +41,7 @@ from rich.console import Console
 from eksflow.local import process
 from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay, format_duration, log_tail
-from eksflow.local.errors import LocalExecutorError, RunInterrupted
+from eksflow.local.errors import LocalExecutorError, RunInterrupted, StateWriteError
 from eksflow.local.handlers import TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
@@ -43,7 +50,7 @@ from eksflow.local.node import Node, Requests, Ticket, machine, template_request
 from eksflow.local.phase import Phase
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
 from eksflow.local.retry import Attempt, next_delay
-from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
+from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document, writing
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.services import RunServices
 from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
@@ -103,6 +110,7 @@ class _Run:
         self.abort = threading.Event()
         self.abort_reason = ""
         self.signalled: int | None = None
+        self.state_error: str | None = None  # why the state folder could not be written, once it could not
         self.threads: dict[str, threading.Thread] = {}
         self.base_env = {**os.environ, **settings.env}
         self.values = {"name": name, "uid": uid, "namespace": NAMESPACE}
@@ -111,7 +119,8 @@ class _Run:
         self.book = NodeBook(kept, on_change=self._changed)
         self.node = Node(settings.node or machine(), on_release=self.book.wake)
         self.owner = folder.claim(None)
-        self.writer = LatestWriter(compact_json)  # status.json and owner.json, off the tasks' path
+        folder.write_status(self.status_document())  # before anything starts: a folder it cannot write refuses it
+        self.writer = LatestWriter(compact_json, self._state_failed)  # status.json and owner.json, off the tasks' path
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
         self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
@@ -132,8 +141,9 @@ class _Run:
         if node is not None and (node.phase is not Phase.PENDING or node.message):  # a Pending one's reason
             self.display.phase_changed(node)
 
-    def write_status(self) -> None:
-        document = run_document(
+    def status_document(self) -> dict[str, Any]:
+        """status.json's content now."""
+        return run_document(
             name=self.name,
             uid=self.uid,
             labels=self.wf.labels,
@@ -145,7 +155,9 @@ class _Run:
             nodes=self.book.nodes.values(),
             overrides=self.overrides,
         )
-        self.writer.submit(self.folder.status, document)
+
+    def write_status(self) -> None:
+        self.writer.submit(self.folder.status, self.status_document())
 
     def _tell_watchdog(self, note: str) -> None:
         """A task process started or ended: the watchdog follows the live ones."""
@@ -189,6 +201,12 @@ class _Run:
             self.abort_reason = reason
             self.abort.set()
 
+    def _state_failed(self, error: StateWriteError) -> None:
+        """The state folder could not be written: the run stops, and ends Failed with the first such line."""
+        if self.state_error is None:
+            self.state_error = str(error)
+        self.stop(self.state_error)
+
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: raising here could cut the scheduler's bookkeeping in half. The loop sees it within a tick.
         if self.signalled is None:
@@ -222,7 +240,7 @@ class _Run:
             self.display.note(f"warning: no watchdog ({exc}); if this process is killed, stop its tasks by hand")
             return
         self.owner.watchdog = self.watchdog.pid
-        self.folder.write_owner(self.owner)
+        self.writer.submit(self.folder.owner, owner_document(self.owner))
 
     def _end_watchdog(self) -> None:
         """Tell the watchdog the run ended well; it exits on its own (no waiting for its interpreter to start)."""
@@ -259,18 +277,25 @@ class _Run:
     def _pod_thread(self, unit: Unit, ticket: Ticket) -> None:
         try:
             result = self._attempts(unit, ticket)
+        except StateWriteError as exc:  # its log or folder: the run cannot keep its state, so it stops
+            self._state_failed(exc)
+            result = Attempt(Phase.ERROR, None, str(exc), 0.0)
         except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
             result = Attempt(Phase.ERROR, None, f"local executor error: {exc!r}", 0.0)
         self.book.set(unit.key, result.phase, result.message, exit_code=result.exit_code, outputs=result.outputs)
         if result.phase is Phase.SUCCEEDED:
-            self.scheduler.save_memo(unit)
+            try:
+                self.scheduler.save_memo(unit)
+            except StateWriteError as exc:
+                self._state_failed(exc)
 
     def _attempts(self, unit: Unit, ticket: Ticket) -> Attempt:
         """Every attempt of a pod, each placed on the node first, retried per its retryStrategy."""
         template = unit.template
         handler = handler_for(template)
         task_dir = self.folder.task_dir(unit.key)
-        task_dir.mkdir(parents=True, exist_ok=True)
+        with writing(task_dir):
+            task_dir.mkdir(parents=True, exist_ok=True)
         first_start = time.monotonic()
         attempt = 0
         while True:
@@ -286,7 +311,8 @@ class _Run:
                 services=self.services,
                 stop_reason=self.stop_reason,
             )
-            (task_dir / "progress").unlink(missing_ok=True)
+            with writing(task_dir):
+                (task_dir / "progress").unlink(missing_ok=True)
             if attempt:
                 ticket = self._ask_node(unit, attempt)
                 self.book.wake()
@@ -311,7 +337,8 @@ class _Run:
 
     def _host_folder(self, mount: Mount) -> str:
         host = mount.host_folder(self.state_dir, self.folder.volumes)
-        host.mkdir(parents=True, exist_ok=True)
+        with writing(host):
+            host.mkdir(parents=True, exist_ok=True)
         return str(host)
 
     def _execute(self, key: str, attempt: int, argv: list[str], env: dict[str, str], deadline: float | None) -> Attempt:
@@ -325,9 +352,7 @@ class _Run:
             "PYTHONUNBUFFERED": "1",
             RUN_DIR_ENV: str(self.folder.path),  # manifest.yaml and status.json: what a report task reads
         }
-        with open(log_path, "ab") as log:
-            log.write(f"===== {key}: attempt {attempt + 1}, {now()} =====\n".encode())
-            log.flush()
+        with self.folder.open_log(key, f"===== {key}: attempt {attempt + 1}, {now()} =====\n") as log:
             try:
                 ended = process.run(
                     argv,
@@ -375,13 +400,16 @@ class _Run:
                 self.display.note(f"workflow {self.name}: {self.folder.path}")
                 self.write_status()
                 self._guarded(self._run_entrypoint)
-                if self.signalled is None and self.wf.on_exit is not None:
+                if self.signalled is None and self.state_error is None and self.wf.on_exit is not None:
                     on_exit = self.wf.on_exit
                     self._guarded(lambda: self._run_exit_handler(on_exit))
                 with self.book.lock:  # like Argo, the workflow stays Running until its exit handler has ended
                     self.phase, self.message = self.outcome
                     self.finished_at = now()
                     self.write_status()
+                self.writer.flush()
+                if self.state_error is not None:  # the last status.json may be among what could not be written
+                    self.phase, self.message = Phase.FAILED, self.state_error
             except BaseException as exc:
                 # A bug in the executor (or a KeyboardInterrupt outside the signal handler): stop every task and
                 # say so in status.json, rather than leave processes running and a run that claims Running.
@@ -418,8 +446,12 @@ class _Run:
         try:
             part()
         except Exception as exc:
-            reason = f"local executor error: {type(exc).__name__}: {exc}"
-            self.stop(reason)
+            if isinstance(exc, StateWriteError):  # a memoization entry the scheduler could not record
+                self._state_failed(exc)
+                reason = str(exc)
+            else:
+                reason = f"local executor error: {type(exc).__name__}: {exc}"
+                self.stop(reason)
             for thread in list(self.threads.values()):
                 thread.join(KILL_GRACE_S + 5)
             with self.book.lock:
@@ -473,21 +505,37 @@ def execute_run(
     settings: RunSettings,
     started_at: str | None = None,
     overrides: list[dict[str, Any]] | None = None,
+    manifest: dict[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> RunResult:
-    """Run `workflow` in `folder` (claimed for the run's duration), keeping the `kept` nodes of an earlier try."""
-    folder.make()
-    run = _Run(
-        workflow,
-        folder,
-        folder.path.parent.parent,
-        name=name,
-        uid=uid or str(uuid.uuid4()),
-        parameters=parameters,
-        kept={k: replace(n) for k, n in kept.items()},
-        settings=settings,
-        started_at=started_at or now(),
-        overrides=list(overrides or []),
-    )
+    """Run `workflow` in `folder` (claimed for the run's duration), keeping the `kept` nodes of an earlier try.
+
+    A new run gives its `manifest` (and `config`) to keep in the folder. StateWriteError, before anything starts,
+    if the folder cannot be written: a new run's folder is removed then, an earlier run's is left as it was.
+    """
+    try:
+        folder.make()
+        if manifest is not None:
+            folder.write_manifest(manifest)
+        if config is not None:
+            folder.write_config(config)
+        run = _Run(
+            workflow,
+            folder,
+            folder.path.parent.parent,
+            name=name,
+            uid=uid or str(uuid.uuid4()),
+            parameters=parameters,
+            kept={k: replace(n) for k, n in kept.items()},
+            settings=settings,
+            started_at=started_at or now(),
+            overrides=list(overrides or []),
+        )
+    except StateWriteError:
+        folder.release()
+        if manifest is not None:  # a run that could not start leaves no folder behind
+            shutil.rmtree(folder.path, ignore_errors=True)
+        raise
     try:
         return run.execute()
     except BaseException:
@@ -526,9 +574,8 @@ def run_workflow(
             f"run folder {folder.path} already exists (metadata.name {name!r} is fixed); resume it with "
             "resume_workflow, delete it, or use metadata.generateName"
         )
-    folder.make()
-    folder.write_manifest(plain)
-    if config is not None:
-        folder.write_config(config)
     settings = RunSettings(cwd, dict(env or {}), console, memoize)
-    return execute_run(workflow, folder, name=name, uid=None, parameters=values, kept={}, settings=settings)
+    return execute_run(
+        workflow, folder, name=name, uid=None, parameters=values, kept={}, settings=settings, manifest=plain,
+        config=config,
+    )  # fmt: skip

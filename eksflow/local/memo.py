@@ -5,7 +5,7 @@ can name the task's inputs) in the cache before running; an entry younger than m
 at once with the saved outputs and `memoizationStatus.hit: true`, as the controller does. A miss runs the task and
 saves its outputs when it succeeds. Argo keeps a cache in a ConfigMap of that name, one entry per key; here it is
 `state_dir/memoize/<configMap name>/<key>.json`, holding the entry as Argo writes it (nodeID, outputs,
-creationTimestamp, lastHitTimestamp).
+creationTimestamp, lastHitTimestamp). An entry that cannot be written raises StateWriteError (rundir.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eksflow.local.model import Memoize
 from eksflow.local.parse_templates import MEMO_KEY
-from eksflow.local.rundir import atomic_write
+from eksflow.local.rundir import atomic_write, writing
 from eksflow.local.status import Memoization, now, parse_time
 
 
@@ -73,7 +73,8 @@ class MemoCache:
     def save(self, memoize: Memoize, key: str, node_id: str, outputs: dict[str, str]) -> None:
         """Save a successful node's outputs under `key`."""
         path = self._entry(memoize.cache, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        with writing(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
         stamp = now()
         entry = {
             "nodeID": node_id,

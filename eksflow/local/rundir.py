@@ -9,27 +9,34 @@
         tasks/<node>/      outputs/ (output parameter files), progress ($ARGO_PROGRESS_FILE), bin/ (shims)
         volumes/<name>     emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
 
-A run whose status says Running but whose executor is gone (killed, machine rebooted) is recorded as Failed
-"executor stopped" by the first reader that notices (`settle`), and task processes it left behind are found by
-their recorded PIDs and start times.
+A run whose status says Running but whose executor is gone (killed, machine rebooted) reads as Failed "executor
+stopped" (`read_settled`: computed, never written, so `list`, `get` and `logs` work on a read-only or full state
+folder); the watchdog, or the next executor of the run (`settle`), records it. Task processes it left behind are
+found by their recorded PIDs and start times.
+
+Every write goes to a temporary sibling first and is renamed over the file, so a reader never sees half of one; a
+write that fails (a full disk, a read-only folder) removes its temporary file and raises StateWriteError (`writing`):
+one line naming the file, the cause and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import yaml
 
-from eksflow.local.errors import LocalExecutorError
+from eksflow.local.errors import LocalExecutorError, StateWriteError
 from eksflow.local.status import file_name, load_document, now
-from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, session_members, start_time
+from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, session_members, start_time, stopped_document
 
 try:
     import fcntl
@@ -96,9 +103,10 @@ class RunFolder:
         self._lock: IO[str] | None = None
 
     def make(self) -> None:
-        """Create the folder and its subfolders."""
-        for sub in (self.logs, self.tasks, self.volumes):
-            sub.mkdir(parents=True, exist_ok=True)
+        """Create the folder and its subfolders; StateWriteError if the state folder cannot be written."""
+        with writing(self.path):
+            for sub in (self.logs, self.tasks, self.volumes):
+                sub.mkdir(parents=True, exist_ok=True)
 
     def log(self, key: str) -> Path:
         """The log file of node `key`."""
@@ -108,10 +116,22 @@ class RunFolder:
         """The scratch folder of node `key` (outputs, progress, shims)."""
         return self.tasks / file_name(key)
 
+    def open_log(self, key: str, header: str) -> BinaryIO:
+        """Node `key`'s log, opened for appending, `header` written; StateWriteError if it cannot be written."""
+        path = self.log(key)
+        with writing(path):
+            log = open(path, "ab")  # noqa: SIM115 (the caller closes it once the attempt has ended)
+            try:
+                log.write(header.encode())
+                log.flush()
+            except OSError:
+                log.close()
+                raise
+        return log
+
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Keep the manifest as given."""
-        text = yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-        self.manifest.write_text(text, encoding="utf-8")
+        atomic_write(self.manifest, yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         """Keep the config the manifest was built from: a resume with other settings names the keys that differ."""
@@ -145,9 +165,10 @@ class RunFolder:
     # -- ownership -------------------------------------------------------------------------------------------
 
     def claim(self, watchdog: int | None) -> Owner:
-        """Become the run's executor: refused (one line) while another executor holds it."""
+        """Become the run's executor: refused (one line) while another executor holds it, or if it cannot be written."""
         if fcntl is not None:
-            handle = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+            with writing(self.lock_path):
+                handle = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
             deadline = time.monotonic() + _LOCK_RETRY_S
             while True:
                 try:
@@ -217,12 +238,29 @@ class RunFolder:
     def settle(self) -> dict[int, str]:
         """If the run claims to be Running but its executor is gone, record it as Failed "executor stopped".
 
-        Returns the task processes (PID -> node key) the dead executor left running, for the caller to stop or
-        report; empty when the run is owned by a live executor or ended cleanly.
+        For the run's next executor (resume, retry): StateWriteError if the folder cannot be written. Returns the
+        task processes (PID -> node key) the dead executor left running, for the caller to stop or report; empty
+        when the run is owned by a live executor or ended cleanly.
         """
         if self.held():
             return {}
-        mark_stopped(str(self.path), STOPPED_MESSAGE)
+        with writing(self.status):
+            mark_stopped(str(self.path), STOPPED_MESSAGE)
+        return self._orphans()
+
+    def read_settled(self) -> tuple[dict[str, Any], dict[str, Any], dict[int, str]]:
+        """What a reader sees: the manifest, status.json, and the task processes a dead executor left running.
+
+        A run whose executor is gone reads as settle() would record it, but nothing is written: reading works on a
+        read-only or full state folder. LocalExecutorError if the folder is not a run's.
+        """
+        held = self.held()  # first: an executor that ended wrote its last status.json before it let go
+        manifest, document = self.read()
+        if held or not stopped_document(document, STOPPED_MESSAGE):
+            return manifest, document, {}
+        return manifest, document, self._orphans()
+
+    def _orphans(self) -> dict[int, str]:
         owner = self.read_owner()
         return {} if owner is None else owner.orphans()
 
@@ -233,11 +271,13 @@ class LatestWriter:
     status.json changes with every phase change; writing it under the run's lock put a file write (milliseconds
     on a busy machine) on the path of every task. Here each change hands over a finished document (built under the
     lock, so it is consistent) and returns; the writer thread serializes and replaces the file, skipping documents
-    that a newer one for the same file has already replaced. `flush` waits until the latest ones are on disk.
+    that a newer one for the same file has already replaced. `flush` waits until the latest ones are on disk. A
+    write that fails leaves the file as it was and goes to `on_error`; later documents are still tried.
     """
 
-    def __init__(self, encode: Callable[[dict[str, Any]], str]) -> None:
+    def __init__(self, encode: Callable[[dict[str, Any]], str], on_error: Callable[[StateWriteError], None]) -> None:
         self._encode = encode
+        self._on_error = on_error
         self._cond = threading.Condition()
         self._latest: dict[Path, dict[str, Any]] = {}
         self._submitted = 0
@@ -263,7 +303,10 @@ class LatestWriter:
                 documents, number, self._latest = self._latest, self._submitted, {}
             try:
                 for path, document in documents.items():
-                    atomic_write(path, self._encode(document))
+                    try:
+                        atomic_write(path, self._encode(document))
+                    except StateWriteError as exc:
+                        self._on_error(exc)
             finally:
                 with self._cond:
                     self._written = number
@@ -290,7 +333,34 @@ def compact_json(document: dict[str, Any]) -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename."""
+    """Write `text` to `path` through a temporary file and a rename; StateWriteError, no temporary file left, if not."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Writes to the state folder inside: an OSError becomes StateWriteError, one line naming the file and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise StateWriteError(state_problem(exc, path)) from None
+
+
+def state_problem(exc: OSError, path: Path) -> str:
+    """One line: the file of the state folder that could not be written, why, and what to do."""
+    failed = Path(os.fsdecode(exc.filename)) if exc.filename else path
+    # A temporary sibling (`.status.json.tmp`) means its file; a folder `mkdir` could not make is named as it is.
+    where = path if failed.parent == path.parent and failed.name.startswith(f".{path.name}.") else failed
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space on its disk, or use another state folder (--state-dir, EKSFLOW_STATE_DIR)"
+    else:
+        fix = "use a state folder this user can write (--state-dir, EKSFLOW_STATE_DIR)"
+    return f"cannot write the state folder: {where}: {exc.strerror or type(exc).__name__}; {fix}"

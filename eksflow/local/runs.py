@@ -7,7 +7,9 @@
     retry_run(state_dir, name, parameters)         argo retry -p: the same, with workflow parameters overridden
     resubmit_run(state_dir, name, parameters)      argo resubmit: a new run of the same manifest
 
-Every reader settles a run whose executor is gone: its status.json stops claiming Running (rundir.py).
+Readers never write: a run whose executor is gone reads as Failed "executor stopped" without its status.json
+being touched (rundir.py), so they work on a read-only or full state folder. A run (or task) a caller names that
+is not there raises RunNotFoundError (label "not found", exit 2).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from eksflow.local import process
-from eksflow.local.errors import LocalExecutorError
+from eksflow.local.errors import LocalExecutorError, RunNotFoundError
 from eksflow.local.executor import RunSettings, execute_run, run_workflow
 from eksflow.local.manifest import effective_parameters, parse_manifest, plain_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
@@ -85,14 +87,14 @@ def runs_dir(state_dir: Path) -> Path:
 
 
 def run_folder(state_dir: Path, name: str) -> RunFolder:
-    """The folder of run `name`; LocalExecutorError if `name` is no run name or there is no such run."""
+    """The folder of run `name`; LocalExecutorError if `name` is no run name, RunNotFoundError if there is none."""
     if problem := workflow_name_problem(name):  # a name, never a path: `../x` or `/abs` would leave runs_dir
         raise LocalExecutorError(problem)
     folder = RunFolder(runs_dir(state_dir) / name)
     if not (folder.status.exists() and folder.manifest.exists()):
         known = sorted(p.name for p in runs_dir(state_dir).glob("*") if (p / "status.json").exists())
         listed = ", ".join(known[-10:]) or "none"
-        raise LocalExecutorError(f"no run {name!r} in {runs_dir(state_dir)} (runs there: {listed})")
+        raise RunNotFoundError(f"no run {name!r} in {runs_dir(state_dir)} (runs there: {listed})")
     return folder
 
 
@@ -101,9 +103,8 @@ def list_runs(state_dir: Path) -> list[RunSummary]:
     summaries = []
     for path in runs_dir(state_dir).glob("*/status.json"):
         folder = RunFolder(path.parent)
-        folder.settle()
         try:
-            _, document = folder.read()
+            _, document, _ = folder.read_settled()
         except LocalExecutorError:
             continue  # a folder being created, or not a run's
         status = document.get("status", {})
@@ -133,10 +134,9 @@ def _duration(started: str | None, finished: str | None) -> float | None:
 
 
 def load_run(state_dir: Path, name: str) -> RunView:
-    """Run `name`: its phase, parameters and every node (settled first if its executor is gone)."""
+    """Run `name`: its phase, parameters and every node (as Failed if its executor is gone); nothing is written."""
     folder = run_folder(state_dir, name)
-    orphans = folder.settle()
-    manifest, document = folder.read()
+    manifest, document, orphans = folder.read_settled()
     status = document.get("status", {})
     return RunView(
         name=name,
@@ -187,7 +187,7 @@ def find_nodes(view: RunView, task: str) -> list[str]:
         return matches
     known = ", ".join(dict.fromkeys(n.display_name for n in view.nodes.values())) or "none"
     asked = repr(task) if len(task) <= 60 else f"{task[:60]!r}... ({len(task)} characters)"
-    raise LocalExecutorError(f"no node of run {view.name!r} is called {asked}; give one of: {known}")
+    raise RunNotFoundError(f"no node of run {view.name!r} is called {asked}; give one of: {known}")
 
 
 def find_node(view: RunView, task: str) -> str:
@@ -358,9 +358,10 @@ def _rerun(
     if overrides:
         history.append({"at": now(), "parameters": overrides})
     # A run service's processes lived only as long as the earlier try: its objects, and what used them, run again.
-    # So does the exit handler, as Argo runs onExit again on every retry: its nodes of the earlier try are not kept.
+    # So does the exit handler, as Argo runs onExit again on every retry: its nodes of the earlier try are not kept,
+    # nor any node under them (a DAG handler's tasks), so its work (a report, an alert) sees this try's outcome.
     again = restarted(workflow) | set(workflow.on_exit.tasks if workflow.on_exit else ())
-    kept = {key: node for key, node in read_nodes(document, folder.path).items() if key not in again}
+    kept = _without(read_nodes(document, folder.path), again)
     return execute_run(
         workflow,
         folder,
@@ -372,6 +373,18 @@ def _rerun(
         started_at=status.get("startedAt"),
         overrides=history,
     )
+
+
+def _without(nodes: dict[str, NodeStatus], dropped: set[str]) -> dict[str, NodeStatus]:
+    """`nodes` less the `dropped` ones and every node under them (their children, and theirs)."""
+    gone = set()
+    stack = [key for key in dropped if key in nodes]
+    while stack:
+        key = stack.pop()
+        if key not in gone:
+            gone.add(key)
+            stack += [child for child in nodes[key].children if child in nodes]
+    return {key: node for key, node in nodes.items() if key not in gone}
 
 
 def resubmit_run(

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 try:
     from eksflow.local.phase import Phase
@@ -110,14 +111,11 @@ def stop_sessions(sids: list[int], grace_s: float) -> None:
         signal_session(sid, signal.SIGKILL)
 
 
-def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
-    """Rewrite status.json of a run whose executor is gone: Running becomes Failed `message`; whether it changed."""
-    path = os.path.join(run_dir, "status.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except (OSError, ValueError):
-        return False
+def stopped_document(document: dict[str, Any], message: str = STOPPED_MESSAGE) -> bool:
+    """Record in `document` (status.json's content) that its executor is gone: Running becomes Failed `message`.
+
+    Whether it changed: only a run that claims Running (or Pending) is settled.
+    """
     status = document.get("status", {})
     if status.get("phase") not in (Phase.RUNNING, Phase.PENDING):
         return False
@@ -128,10 +126,31 @@ def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
             node.update(phase=str(Phase.FAILED), message=message, finishedAt=stamp)
         elif node.get("phase") == Phase.PENDING:
             node.update(phase=str(Phase.OMITTED), message=f"not run: {message}")
+    return True
+
+
+def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
+    """Rewrite status.json of a run whose executor is gone (stopped_document); whether it changed.
+
+    Raises OSError when the folder cannot be written, leaving status.json as it was and no temporary file.
+    """
+    path = os.path.join(run_dir, "status.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(document, dict) or not stopped_document(document, message):
+        return False
     tmp = os.path.join(run_dir, ".status.json.watchdog")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=2, ensure_ascii=False)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return True
 
 
@@ -158,7 +177,8 @@ def watch(run_dir: str, grace_s: float) -> None:
             elif text.startswith("-"):
                 live.pop(int(text[1:]), None)
     stop_sessions(list(live), grace_s)
-    mark_stopped(run_dir)
+    with contextlib.suppress(OSError):  # a state folder that cannot be written: readers show the run Failed anyway
+        mark_stopped(run_dir)
 
 
 if __name__ == "__main__":

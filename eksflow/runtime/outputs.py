@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -35,19 +36,29 @@ def write_outputs(outputs_dir: Path, outputs: BaseModel) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary sibling, fsync, then rename over `path`."""
+    """Write to a temporary sibling, fsync, then rename over `path`.
+
+    On failure (a full disk, a read-only folder) the OSError propagates, `path` is as it was, and the temporary
+    file is removed.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 class Progress:
     """Report `done/total` to $ARGO_PROGRESS_FILE (Argo UI, local executor table) and to the log.
 
-    Writes at most every `min_interval_s` seconds, and always the final value.
+    Writes at most every `min_interval_s` seconds, and always the final value; a progress file that cannot be
+    written (a full or read-only folder) is skipped.
     """
 
     def __init__(self, total: int, label: str, *, min_interval_s: float = 2.0) -> None:
@@ -78,7 +89,8 @@ class Progress:
             return
         self._last_write = now
         if self._file:
-            Path(self._file).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(Path(self._file), f"{self.done}/{self.total}")
+            with contextlib.suppress(OSError):  # a display only: a full disk fails the outputs, not the work
+                Path(self._file).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(Path(self._file), f"{self.done}/{self.total}")
         suffix = f" {note}" if note else ""
         print(f"[{self.label}] {self.done}/{self.total}{suffix}", file=sys.stderr, flush=True)

@@ -17,8 +17,9 @@ scores, errors and latency as a picture and a table, with where the rollout stop
 canary-<percent>.json reports). Sections whose task did not run say so.
 
 MLflow: every run the workflow started (the `mlflow_run_id` outputs, and runs tagged `eksflow.workflow=<name>`)
-that is still RUNNING ends FINISHED when the workflow succeeded, FAILED otherwise; the page is logged to the
-first training run (artifact folder `report`). With no tracking URI both are skipped.
+that is still RUNNING ends FINISHED when the workflow succeeded, FAILED otherwise; a resumed workflow's exit
+handler runs again, and a run an output names that the earlier try ended gets the new outcome. The page is logged
+to the first training run (artifact folder `report`). With no tracking URI both are skipped.
 
 Where the page goes: `$EKSFLOW_RUN_DIR/report.html` in a local run (the folder the CLI prints), else
 `<report_dir>/report.html`; a copy in the outputs folder is the Argo output artifact `report` (ARTIFACTS), which

@@ -7,7 +7,7 @@ task exists to prevent, so a failure there fails the task (after the page is wri
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from steps.common import tracking
 CURVES = ("loss", "learning_rate", "tokens_per_s")  # what the train step logs every log_every steps
 REPORT_ARTIFACT = "report"  # artifact folder of the page in the MLflow run
 ACTIVE = ("RUNNING", "SCHEDULED")  # statuses of a run nobody ended
+ENDED_TAG = "eksflow.ended_as"  # on each run this task ends: the status it gave it (FINISHED or FAILED)
 # Tags naming a run's workflow: the train step's, and register's when it starts a run of its own.
 WORKFLOW_TAGS = (tracking.WORKFLOW_TAG, "workflow_name")
 EXPERIMENTS_PER_SEARCH = 50
@@ -100,10 +101,14 @@ def workflow_run_ids(tracking_uri: str, workflow_name: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def end_runs(tracking_uri: str, run_ids: Sequence[str], succeeded: bool) -> list[EndedRun]:
+def end_runs(
+    tracking_uri: str, run_ids: Sequence[str], succeeded: bool, *, kept: Collection[str] = ()
+) -> list[EndedRun]:
     """End every still-active run of `run_ids`: FINISHED when the workflow succeeded, FAILED otherwise.
 
-    Runs already ended keep their status (a step may have ended its own run, or a retry of this task did).
+    Runs already ended keep their status (a step may have ended its own run, or a retry of this task did), but
+    for those of `kept` (runs the workflow's succeeded tasks name) that an earlier try of this task ended with
+    the other status: a resumed workflow's outcome replaces the failed try's, as its page does.
     """
     from mlflow.exceptions import MlflowException
 
@@ -118,8 +123,10 @@ def end_runs(tracking_uri: str, run_ids: Sequence[str], succeeded: bool) -> list
                 if err.error_code == "RESOURCE_DOES_NOT_EXIST":
                     continue  # an id from another server (a step pointed elsewhere): nothing here to end
                 raise
-            if run.info.status in ACTIVE:
+            ended_here = run.data.tags.get(ENDED_TAG) == run.info.status  # by an earlier try, and nobody since
+            if run.info.status in ACTIVE or (run_id in kept and ended_here and run.info.status != status):
                 client.set_terminated(run_id, status=status)
+                client.set_tag(run_id, ENDED_TAG, status)
                 ended.append(EndedRun(run_id, str(run.info.run_name or ""), status))
     return ended
 

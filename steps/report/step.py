@@ -107,7 +107,7 @@ def _mlflow(
             notes.append(f"the workflow is {facts.phase}: its MLflow runs were left as they are")
     else:
         try:
-            ended = end_runs(args.tracking_uri, open_ids, succeeded=facts.phase == "Succeeded")
+            ended = end_runs(args.tracking_uri, open_ids, succeeded=facts.phase == "Succeeded", kept=all_ids)
         except tracking.TrackingError as err:
             notes.append(f"MLflow runs {', '.join(open_ids)} could not be ended: {err}")
             failure = err

@@ -9,7 +9,7 @@ import pytest
 from eksflow.local import resume_workflow
 from eksflow.local.phase import FULFILLED
 from eksflow.local.scheduler import Scheduler
-from tests.unit.local.manifests import APPEND, EXIT_WITH, container, lines, run, task, workflow
+from tests.unit.local.manifests import APPEND, EXIT_WITH, container, dag, lines, run, task, workflow
 
 # The exit handler records the workflow's phase as status.json says it while the handler runs.
 STATUS_NOW = (
@@ -51,6 +51,29 @@ def test_a_resumed_run_runs_its_exit_handler_again(tmp_path: Path) -> None:
         "work": "Succeeded",
         "onExit": "Succeeded",
     }
+
+
+def test_a_resumed_run_runs_every_task_of_its_exit_handler_dag_again_with_the_new_outcome(tmp_path: Path) -> None:
+    flag = tmp_path / "fail-once"
+    flag.write_text("")
+    code = "import os, sys; os.path.exists(sys.argv[1]) and (os.remove(sys.argv[1]), sys.exit(1))"
+    manifest = workflow(
+        [task("work", "work")],
+        [
+            container("work", code, str(flag)),
+            container("notify", APPEND, str(tmp_path / "exit.log"), "{{workflow.status}}"),
+            dag("exit-handler", [task("report", "notify"), task("alert", "notify", "report")]),
+        ],
+        onExit="exit-handler",
+    )
+    first = run(manifest, tmp_path)
+    assert first.phase == "Failed" and first.nodes["onExit.report"].phase == "Succeeded"
+    again = resume_workflow(first.run_dir, cwd=tmp_path)
+    assert again.phase == "Succeeded"
+    assert lines(tmp_path / "exit.log") == ["Failed", "Failed", "Succeeded", "Succeeded"]  # report, alert; twice
+    assert {k: n.phase for k, n in again.nodes.items()} == dict.fromkeys(
+        ["work", "onExit", "onExit.report", "onExit.alert"], "Succeeded"
+    )
 
 
 @pytest.mark.parametrize("where", ["entrypoint", "exit-handler"])

@@ -76,6 +76,25 @@ def test_a_failed_run_ends_the_run_its_failed_train_task_never_named(tmp_path, u
     assert "<header class='Failed'>" in text and text.count("<polyline class='series'") == 2  # curve up to the failure
 
 
+def test_a_resumed_workflows_report_finishes_the_run_its_failed_try_ended_and_says_succeeded(
+    tmp_path, uri, monkeypatch
+):
+    name = "wf-resumed"
+    trained = train_run(uri, name)  # its train task succeeded on the first try and is kept by the resume
+    attempt = train_run(uri, name, points=0)  # a failed attempt's run: no output names it
+    run_dir = make_run(tmp_path, "succeeded", run_id=trained, name=name)
+    monkeypatch.setenv(RUN_DIR_ENV, str(run_dir))
+    first = run(args(tmp_path, name, uri, "Failed"))  # a later task failed: the first try's exit handler
+    assert sorted(first.ended_runs) == sorted([trained, attempt]) and status_of(uri, trained) == "FAILED"
+
+    again = run(args(tmp_path, name, uri, "Succeeded"))  # resumed, it succeeded: the exit handler runs again
+
+    assert again.ended_runs == [trained]
+    assert (status_of(uri, trained), status_of(uri, attempt)) == ("FINISHED", "FAILED")
+    text = Path(again.report).read_text()
+    assert "<header class='Succeeded'>" in text and f"{trained}</code> {name} \u2192 <b>FINISHED" in text
+
+
 def test_runs_of_a_workflow_still_running_are_left_alone(tmp_path, uri, monkeypatch):
     name = "wf-running"
     trained = train_run(uri, name, points=1)
