@@ -12,6 +12,8 @@ VLLM_STAMP := $(VLLM_VENV)/.eksflow-installed
 LITELLM_VENV := .venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.eksflow-installed
 MODEL ?= llama-lora
+# $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
+shell_word = '$(subst ','\'',$(1))'
 LOCAL_FSX := .eksflow/volumes/fsx-claim
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -110,11 +112,11 @@ check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh re
 	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed
 
 serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL), keyed (.eksflow/serve/api-key; after `make run`)
-	$(BIN)/python -m steps.serve --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+	$(BIN)/python -m steps.serve --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
 
 rollback: $(STAMP) ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
-	$(BIN)/python -m steps.rollback --model-name=$(MODEL) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+	$(BIN)/python -m steps.rollback --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--outputs-dir=.eksflow/rollback $(ARGS)
 
 mlflow-ui: $(STAMP) ## browse local runs, model versions and lineage tags at http://127.0.0.1:5000

@@ -41,8 +41,9 @@ With no champion served, every step gives the candidate all traffic: a step belo
 saying so, and the 100 % step is the one analysis.
 
 Writes canary-<percent>.json and .md to --report-dir and to the candidate's MLflow run (artifacts canary/,
-metrics canary_<percent>_<name>). Exits 1 naming the failing rule (the exit handler then rolls back), 2 for bad
-input (no evaluation report for the version, no probe rows).
+metrics canary_<percent>_<name>). Exits 1 naming the failing rule, and first the part of the fleet that died when
+one did (the vLLM engine, or the LiteLLM proxy the live traffic goes through): the exit handler then rolls back. 2
+for bad input (no evaluation report for the version, no probe rows).
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def _run(args: Args) -> Outputs:
     asked = send_probes(args, state, probes)
     metrics = analyse(args, state, live, probes, asked)
     passed, reason = gate(metrics, rules)
-    if not passed and (down := vllm.engine_down(args.vllm_url)):
+    if not passed and (down := component_down(args)):
         reason = f"{down}; {reason}"  # the cause first: every metric failing after it is its effect
     report = write_report(args, state, metrics, rules, passed, reason, sizing, live, probes, asked)
     _log_to_mlflow(args, state.candidate_version, metrics, report)
@@ -239,6 +240,14 @@ def _run(args: Args) -> Outputs:
         )
     rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
     return Outputs(reason=reason, metrics=metrics, report=str(report))
+
+
+def component_down(args: Args) -> str:
+    """Which part of the fleet the analysis used is not running: the engine, else the proxy; "" when both run.
+
+    The pre-traffic step sends nothing through the proxy, so only the engine counts there.
+    """
+    return vllm.engine_down(args.vllm_url) or ("" if args.pre_traffic else litellm_proxy.proxy_down(args.proxy_url))
 
 
 def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "exact_match") -> list[Probe]:

@@ -5,7 +5,8 @@ r"""The rollout's exit handler: roll back whatever did not finish; record the ou
 Argo runs it when the workflow ends however it ends: succeeded, a task failed (a canary analysis, a killed
 server), or the workflow was stopped or hit its deadline. If the rollout reached promotion there is nothing to
 undo (rollout.phase=Healthy). Otherwise, with a candidate on the fleet: every request of the public name goes
-back to the champion's slot (when a champion is served), the candidate's adapter is unpublished (no engine can
+back to the champion's slot (without a champion, the candidate's slot loses its weight: the proxy answers the name
+503 until a rollout routes it), the candidate's adapter is unpublished (no engine can
 resolve it again; the engine in reach drops it at once; other pods keep it in memory, unrouted, until they
 restart), and the candidate version is tagged rollout.phase=Degraded with the reason (the failing step's own
 message, from the state file).
@@ -15,7 +16,7 @@ training was skipped) has nothing to undo.
 
 After a rollback the champion must answer its probe set (the first held-out rows `evaluate` scored for it) through
 the proxy, from its slot, before the task says it is serving: an engine that died takes the champion down with the
-candidate, and routing back then restores no service.
+candidate, and routing back then restores no service; the task names what is down, the engine or the proxy.
 
 Outputs (one file each under --outputs-dir):
     phase             Healthy, Degraded, or empty when no candidate was rolled out
@@ -58,9 +59,12 @@ def run(args: Args) -> Outputs:
         return Outputs(phase="Healthy", reason="promoted")
     reason = state.failure or f"workflow {args.workflow_status} before promotion (last finished: {state.stage})"
     key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
+    candidate_slot = state.candidate_slot
     if state.champion_slot is not None:
-        weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, 0.0)
+        weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, candidate_slot, 0.0)
         rollout.best_effort("route traffic back to the champion", lambda: rollout.routes(args).set_weights(weights))
+    else:  # nothing to route back to: the public name is refused (503) rather than answered by a failed candidate
+        rollout.best_effort("take the traffic off the candidate", lambda: rollout.routes(args).withdraw(candidate_slot))
     vllm_url = args.vllm_url or state.vllm_url
     if state.candidate_adapter:
         _withdraw(args, state.candidate_adapter, vllm_url, key)
@@ -80,12 +84,24 @@ def run(args: Args) -> Outputs:
     if not why:
         rollout.log(f"{rolled}; traffic on {champion}, which answers its probe set through the proxy")
     else:
-        down = vllm.engine_down(vllm_url) if vllm_url else "no fleet address"
-        rollout.log(
-            f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({down or why}): in the cluster its "
-            "Deployment restarts the engine; here, bring the champion back with `make serve`"
-        )
+        rollout.log(f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({_cause(args, vllm_url, why)})")
     return Outputs(phase="Degraded", reason=reason, champion_serving=str(not why).lower())
+
+
+def _cause(args: Args, vllm_url: str, why: str) -> str:
+    """Which part of the fleet is down, and what brings it back; else why the probes failed."""
+    engine_down = vllm.engine_down(vllm_url) if vllm_url else "no fleet address"
+    if engine_down:
+        return (
+            f"{engine_down}: in the cluster its Deployment restarts the engine; here, bring the champion back with "
+            "`make serve`"
+        )
+    if down := litellm_proxy.proxy_down(args.proxy_url):
+        return (
+            f"{down}; the engine is up: in the cluster the proxy's Deployment restarts it; here, `make serve` serves "
+            "the champion without the proxy"
+        )
+    return why
 
 
 def _withdraw(args: Args, adapter: str, vllm_url: str, key: str) -> None:

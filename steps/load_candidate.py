@@ -117,6 +117,8 @@ def _run(args: Args) -> Outputs:
     slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
     if state.champion_slot is not None:  # the champion keeps all traffic until the first canary step
         rollout.routes(args).set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))
+    else:  # no weight left by an earlier rollout: the candidate answers no user before its analysis
+        rollout.routes(args).withdraw(slot)
     name, answer = rollout.publish_to_slot(
         args, args.model_version, slot, lambda adapter: check_candidate(args, adapter), timeout_s=args.timeout_s
     )

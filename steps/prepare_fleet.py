@@ -18,6 +18,7 @@ Outputs (one file each under --outputs-dir):
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def fleet_name(pipeline: str, base_model: str) -> str:
 def service_url(name: str, namespace: str, port: int) -> str:
     """The in-cluster address of Service `name`."""
     return f"http://{name}.{namespace}.svc.cluster.local:{port}"
+
+
+def fleet_addresses(pipeline: str, namespace: str, port: int) -> str:
+    """A regular expression matching the address of every fleet of `pipeline`: where its proxy may send requests."""
+    any_fleet = re.escape(f"{pipeline}-vllm-") + "[0-9a-f]{8}"  # fleet_name's form, for any base model
+    return re.escape(service_url("\0", namespace, port)).replace(re.escape("\0"), any_fleet)
 
 
 def run(args: Args) -> Outputs:

@@ -84,6 +84,7 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
+    key_path(args.serve_dir)  # a key file that cannot be kept fails before any download
     tracking.require_registry(args.tracking_uri)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
@@ -129,24 +130,40 @@ def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
     return str(found.version)
 
 
+def key_path(serve_dir: Path) -> Path:
+    """serve_dir/api-key; StepInputError (exit 2) when something other than a file is in its place."""
+    path = serve_dir / KEY_FILE
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        raise StepInputError(
+            f"--serve-dir: {path} is not a file (a folder or a broken link?); remove it, and the next start makes a "
+            "new key there"
+        )
+    return path
+
+
 def api_key(serve_dir: Path) -> str:
     """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`.
 
     A key file that others could read (group or other permission bits) is replaced: that key may have leaked.
+    Anything else in its place (`key_path`), or a file that cannot be read or written, is bad input (exit 2).
     """
-    path = serve_dir / KEY_FILE
-    if path.is_file():
-        key = path.read_text(encoding="utf-8").strip()
-        if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
-            return key
-        if key:
-            print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
-        path.unlink()
-    serve_dir.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(key + "\n")
+    path = key_path(serve_dir)
+    try:
+        if path.is_file():
+            key = path.read_text(encoding="utf-8").strip()
+            if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
+                return key
+            if key:
+                print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
+            path.unlink()
+        serve_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(key + "\n")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise StepInputError(f"--serve-dir: cannot keep the API key in {path} ({why}); give a folder you own") from None
     return key
 
 

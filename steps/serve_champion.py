@@ -6,11 +6,13 @@ r"""Make sure the fleet serves the champion: its adapter published, its slot rou
 
 Idempotent, and the first rollout task. The champion's adapter is published to the fleet's adapter folder (once:
 a published adapter stays) and its slot in the routes file names it; every engine of the fleet, a pod just started
-included, resolves it by name at its first request. The champion must answer a real generation before the task
-succeeds. Its slot is its `serving.slot` tag (blue for a version that has none). The state file records the
-champion this rollout compares against and, at promotion, moves `champion` from (RO4). A champion trained on
-another base model cannot share this fleet's engines: the rollout then goes ahead without a live champion (its
-recorded scores still gated `evaluate`).
+included, resolves it by name at its first request. The champion must answer a real generation, and then the
+public name through the proxy from the champion's slot, before the task succeeds: a proxy is ready (its Service
+sends it clients) only once the routes file routes the public name to one of the pipeline's engines
+(steps/common/litellm_routes.py), which this task does. Its slot is its `serving.slot` tag (blue for a version
+that has none). The state file records the champion this rollout compares against and, at promotion, moves
+`champion` from (RO4). A champion trained on another base model cannot share this fleet's engines: the rollout
+then goes ahead without a live champion (its recorded scores still gated `evaluate`).
 
 Outputs (one file each under --outputs-dir):
     champion_version  the version serving as champion, empty when there is none (yet, or on this engine)
@@ -37,7 +39,9 @@ class Args(FleetArgs):
         description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
     )
     max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
-    timeout_s: int = Field(300, ge=1, description="seconds for the adapter's first answer")
+    timeout_s: int = Field(
+        300, ge=1, description="seconds for the adapter's first answer, and then for its answer through the proxy"
+    )
 
 
 class Outputs(BaseModel):
@@ -76,6 +80,7 @@ def _run(args: Args) -> Outputs:
     rollout.routes(args).set_weights(
         litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0)
     )
+    rollout.wait_routed(args, slot, timeout_s=args.timeout_s)
     rollout.tag_version(args.tracking_uri, args.model_name, version, {rollout.SLOT_TAG: slot})
     rollout.write_state(
         args.state_file,

@@ -4,8 +4,9 @@ r"""One canary step: give the candidate `--percent` of the public model name's t
 
 The weights change in the routes file on FSx that every LiteLLM proxy pod reads (steps/common/litellm_proxy.py);
 no request fails during the change, and the next request is routed by the new weights. Without a live champion
-the candidate takes all traffic at the first step. The analysis task that follows (steps.canary) measures the
-share the candidate actually got.
+the candidate takes all traffic at the first step, and the step waits until the public name answers from it through
+the proxy (until then nothing routed the name, so no proxy pod was ready). The analysis task that follows
+(steps.canary) measures the share the candidate actually got.
 
 Outputs (one file each under --outputs-dir):
     weights   slot id -> weight now in force, as JSON
@@ -26,6 +27,7 @@ class Args(FleetArgs):
     """The share to give the candidate."""
 
     percent: float = Field(gt=0, le=100, description="the candidate's share of the public name's requests, percent")
+    timeout_s: int = Field(300, ge=1, description="seconds for the proxy to answer from a slot it had no route to")
 
 
 class Outputs(BaseModel):
@@ -43,6 +45,8 @@ def run(args: Args) -> Outputs:
         weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, args.percent)
         routes = rollout.routes(args)
         routes.set_weights(weights)
+        if state.champion_slot is None:  # no champion routed the name before: the proxy may become ready only now
+            rollout.wait_routed(args, state.candidate_slot, timeout_s=args.timeout_s)
         percent = 100.0 if state.champion_slot is None else args.percent
         rollout.write_state(
             args.state_file, state.model_copy(update={"percent": percent, "stage": f"{STEP}-{args.percent:g}"})

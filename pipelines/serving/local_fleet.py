@@ -17,7 +17,11 @@ does here what the cluster would do:
 - apps/v1 Deployment of the LiteLLM proxy (`litellm --config ...`): a proxy process from .venv-litellm
   ($EKSFLOW_LITELLM) in the folder its ConfigMap volume maps to, holding the ConfigMap's files unchanged
   (config.yaml and the routes callback); it routes by the routes file on the run's FSx volume, as every proxy
-  pod does.
+  pod does, to the engines this fleet runs only ($EKSFLOW_UPSTREAMS: its one engine's address, where the
+  cluster's pods admit the pipeline's fleet Services). The proxy is new with the run, so a routes file an
+  earlier run left (naming that run's engine) is removed before it starts. Its task succeeds once it answers
+  /health/liveliness; it is ready, as its pod's readiness probe would say, once the run routes the public name
+  to the engine (serve-champion), and refuses the name (503) until then.
 - v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after
   it allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>; free
   text is never rewritten.
@@ -47,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -66,6 +71,8 @@ from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules
 from eksflow.local.paths import PathMap, map_argv, map_env
 from eksflow.local.process import ProcessTracker
+from pipelines.serving.objects import MODEL_LABEL
+from steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV, unrouted
 from steps.common.vllm import READY_PROMPT
 
 FLEET_KINDS = {
@@ -101,9 +108,10 @@ class _Process:
     port: int
     labels: dict[str, str]
     log: Path
-    model: str = ""  # vLLM: the served base model name, asked by the readiness check
+    model: str = ""  # vLLM: the served base model name, asked by the readiness check; LiteLLM: the public name
     api_key: str = ""  # vLLM: its VLLM_API_KEY
     wanted: str = ""  # an adopted engine: the base model folder it must serve
+    routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
@@ -202,6 +210,12 @@ class LocalFleet:
         else:
             cwd = self._proxy_folder(template.get("spec") or {}, name)
             argv = [_interpreter("EKSFLOW_LITELLM", ".venv-litellm/bin/litellm", self.cwd), *args]
+            # The engines this fleet runs: its one engine (its own or the adopted one), whatever the cluster's
+            # pattern of fleet Services says. A routes file left by an earlier run names that run's engine, which
+            # is gone or someone else's by now: this proxy is new, so its routes start empty, as a new fleet's.
+            env[UPSTREAMS_ENV] = re.escape(f"http://127.0.0.1:{self.engine_port()}")
+            model = labels.get(MODEL_LABEL, "")
+            _remove_leftover(Path(env.get(ROUTES_FILE_ENV, "")))
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             popen = subprocess.Popen(
@@ -211,6 +225,7 @@ class LocalFleet:
         if self.tracker is not None:
             self.tracker.started(f"fleet-{name}", popen.pid)
         process = _Process(name, role, popen, port, labels, log, model, env.get("VLLM_API_KEY", ""))
+        process.routes = (env.get(ROUTES_FILE_ENV, ""), env.get(UPSTREAMS_ENV, ""))
         self._processes[name] = process
         return process
 
@@ -244,8 +259,11 @@ class LocalFleet:
                 ready = _status(f"{base}/health/liveliness") == 200
             if ready:
                 owner = f"pid {process.popen.pid}" if process.popen else f"adopted from ${ADOPT_ENV}"
+                # The proxy's task waits for it to start, not for its readiness: that needs routes, which the
+                # rollout's steps write only after this task (objects.proxy_deployment).
+                state = f"started; {_routed(process)}" if process.role == "litellm" else "ready"
                 return (
-                    f"{process.role} {process.name} on 127.0.0.1:{process.port} ({owner}) ready after "
+                    f"{process.role} {process.name} on 127.0.0.1:{process.port} ({owner}) {state} after "
                     f"{time.monotonic() - started:.0f} s; log: {process.log.relative_to(self.run_dir)}"
                 )
             time.sleep(1.0)
@@ -395,6 +413,20 @@ class LocalFleet:
             for file_name, text in self._config_maps[config_map].items():
                 (folder / file_name).write_text(text, encoding="utf-8")
         return folder
+
+
+def _remove_leftover(routes_file: Path) -> None:
+    """Remove the routes file an earlier run's proxy routed by (a folder in its place is the hook's to report)."""
+    if routes_file.name and (routes_file.is_symlink() or routes_file.is_file()):
+        routes_file.unlink()
+
+
+def _routed(proxy: _Process) -> str:
+    """Whether the proxy is ready: its readiness probe's verdict on its routes (steps/common/litellm_routes.py)."""
+    why, _ = unrouted(proxy.model, *proxy.routes)
+    if not why:
+        return f"ready: it routes {proxy.model!r} to this run's engine"
+    return f"not ready, and it refuses {proxy.model!r} (503) until the run routes it to its engine ({why})"
 
 
 def _share_adapters(run_folder: str, where: str) -> None:

@@ -11,7 +11,8 @@ objects as local processes for the run's lifetime (eksflow/local/fleet.py).
                               generation, the inference profile's GPUs, tolerations, /dev/shm
     <pipeline>-proxy          ConfigMap (LiteLLM's config and the routes callback) + Deployment + Service +
                               PodDisruptionBudget: the public model name, routed by weight across the two slots
-                              by the routes file on FSx (mounted read-only: steps/common/litellm_proxy.py)
+                              by the routes file on FSx (mounted read-only: steps/common/litellm_proxy.py), to
+                              the pipeline's fleet Services only; a pod is ready once the file routes the name
     <pipeline>-vllm, <pipeline>-proxy   NetworkPolicies (ingress): vLLM pods admit only the proxy's pods and the
                               workflow's rollout steps (label eksflow.dev/rollout=<pipeline>, set on the steps that
                               mount the serving Secret); the proxy admits those steps and its clients, pods labelled
@@ -40,6 +41,7 @@ from eksflow.runtime.args import Location, Settings
 from pipelines.common import LlmPipelineConfig, base_model_field
 from steps.canary import CanarySettings
 from steps.common import litellm_proxy, litellm_routes, rollout, vllm
+from steps.prepare_fleet import fleet_addresses
 
 SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
 CALLBACK_SOURCE = Path(litellm_routes.__file__)  # shipped in the proxy's ConfigMap, beside config.yaml
@@ -268,6 +270,8 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
             _secret_env(cfg, "LITELLM_MASTER_KEY", rollout.MASTER_KEY_FILE),
             _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE),
             {"name": litellm_routes.ROUTES_FILE_ENV, "value": routes_file(cfg)},
+            # The only engines it may send a request (and the vLLM key) to: this pipeline's fleet Services.
+            {"name": litellm_routes.UPSTREAMS_ENV, "value": fleet_addresses(cfg.name, cfg.namespace, cfg.serving.port)},
             {"name": "LITELLM_LOCAL_MODEL_COST_MAP", "value": "True"},  # no price-list download at every start
         ],
         "ports": [{"name": "http", "containerPort": cfg.serving.proxy_port}],
@@ -276,7 +280,20 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
             {"name": "config", "mountPath": PROXY_CONFIG_DIR, "readOnly": True},
             {"name": "fsx", "mountPath": cfg.storage.fsx_mount, "readOnly": True},  # the routes file
         ],
-        "readinessProbe": {"httpGet": {"path": "/health/readiness", "port": "http"}, "periodSeconds": 10},
+        # Ready (a client of the Service) once LiteLLM answers and the routes file routes the public name to one
+        # of the fleets: never on a routes file naming other addresses, nor before a rollout routed the name.
+        "readinessProbe": {
+            "exec": {
+                "command": [
+                    "python3",
+                    f"{PROXY_CONFIG_DIR}/{CALLBACK_SOURCE.name}",
+                    cfg.model_name,
+                    str(cfg.serving.proxy_port),
+                ]
+            },
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+        },
         "livenessProbe": {"httpGet": {"path": "/health/liveliness", "port": "http"}, "periodSeconds": 20},
         "securityContext": _security(profile),
     }

@@ -12,11 +12,12 @@ candidate that fails it never answers a user.
 
 Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
 `finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py) are applied by Argo resource
-templates (action apply, no owner reference: the fleet outlives the workflow; a Deployment's task succeeds once a
-pod is available, i.e. its readiness probe generated). Rollout steps reach the fleet by its Service addresses; the
-keys come from the serving Secret mounted as files, and the steps that mount it carry objects.ROLLOUT_LABEL, the
-label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one shift/analyze
-pair each, after the pre-traffic analysis.
+templates (action apply, no owner reference: the fleet outlives the workflow; the engine's task succeeds once a
+pod is available, i.e. its readiness probe generated; the proxy's once applied, as its pods are ready only when the
+routes file routes the public name, which serve-champion then waits for). Rollout steps reach the fleet by its
+Service addresses; the keys come from the serving Secret mounted as files, and the steps that mount it carry
+objects.ROLLOUT_LABEL, the label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one
+shift/analyze pair each, after the pre-traffic analysis.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def rollout(
     config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
     for name, manifest, wait in [
         ("proxy-config", config_map, False),  # the config before the proxy that mounts it
-        ("proxy", proxy, True),
+        # Not awaited: a proxy pod is ready only once the routes file routes the public name, which serve-champion
+        # (or, without a champion, the first shift) does and then waits for through the proxy's Service.
+        ("proxy", proxy, False),
         ("proxy-service", proxy_service, False),
         ("proxy-pdb", proxy_pdb, False),
     ]:

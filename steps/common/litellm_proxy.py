@@ -11,7 +11,9 @@ One mechanism, here and in the cluster: the routes file. It lives on FSx next to
 (`<fsx>/serving/<model>/routes.json`); every proxy pod mounts FSx read-only and its callback
 (steps/common/litellm_routes.py) reads the file at each request whose file changed, and the rollout steps rewrite
 it with one atomic rename: a request sees the old routes or the new ones, never half of each, and no request to
-the public name fails during a change. The file names, per slot, its weight, its adapter and its fleet's address.
+the public name fails during a change. The file names, per slot, its weight, its adapter and its fleet's address;
+a proxy sends requests (with the vLLM key) only to addresses of its own fleets ($EKSFLOW_UPSTREAMS), keeps the
+last good routes when the file is damaged, and is ready only once the file routes the public name.
 Why not the alternatives: LiteLLM's model-management API needs the proxy's Postgres database, whose Prisma engines
 cannot be fetched offline, so it could never run here and would ship untested; a ConfigMap would need the steps to
 hold RBAC to write it, and the kubelet propagates a change to mounted pods only after up to a minute; a restart
@@ -22,6 +24,7 @@ rename to every client at once. The canary's analysis measures the shares each s
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any, Literal
 
 from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.outputs import atomic_write_text
+from steps.common import litellm_routes
 
 Slot = Literal["blue", "green"]
 SLOTS: tuple[Slot, Slot] = ("blue", "green")
@@ -99,27 +103,74 @@ def weights_for(public_name: str, champion: Slot | None, candidate: Slot, candid
 
 @dataclass(frozen=True)
 class RoutesFile:
-    """The routes file on FSx that every proxy pod reads: {public name: {slot id: weight, adapter, api_base}}."""
+    """The routes file on FSx that every proxy pod reads: {public name: {slot id: weight, adapter, api_base}}.
+
+    What it writes is checked as the proxies check it (litellm_routes.parse): a weight is a finite number >= 0,
+    and a slot takes traffic only once an adapter and an engine are assigned to it.
+    """
 
     path: Path
     public_name: str
 
     def assign(self, slot: Slot, adapter: str, vllm_url: str) -> None:
-        """Send the slot's requests to `adapter` on the fleet at `vllm_url` (the slot's weight is unchanged)."""
+        """Send the slot's requests to `adapter` on the fleet at `vllm_url`.
+
+        The slot keeps its weight only when it already named this adapter on this fleet (serve-champion again on
+        a serving fleet); a new assignment starts at weight 0 and takes traffic once a step gives it weight: a
+        weight left by an earlier rollout never sends users to an adapter that was not analysed.
+        """
+        api_base = f"{vllm_url.rstrip('/')}/v1"
+        if not adapter.strip() or not litellm_routes.origin(api_base):
+            raise RoutingError(f"refusing to route {slot} to adapter {adapter!r} at {vllm_url!r}: no http(s) address")
         routes = self.read()
         group = routes.setdefault(self.public_name, {})
         current = group.get(slot_id(self.public_name, slot), {})
+        same = current.get("adapter") == adapter and current.get("api_base") == api_base
         group[slot_id(self.public_name, slot)] = {
-            "weight": float(current.get("weight", 0.0)),
+            "weight": float(current.get("weight", 0.0)) if same else 0.0,
             "adapter": adapter,
-            "api_base": f"{vllm_url.rstrip('/')}/v1",
+            "api_base": api_base,
         }
         self._write(routes)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Route by `weights` (slot id -> weight) from the next request on; only assigned slots may take traffic."""
+        known = {slot_id(self.public_name, s) for s in SLOTS}
+        for deployment_id, weight in weights.items():
+            if deployment_id not in known:
+                raise RoutingError(
+                    f"refusing weights for {deployment_id!r}: the slots of {self.public_name} are {sorted(known)}"
+                )
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
+                raise RoutingError(f"refusing weight {weight!r} for {deployment_id}: a weight is a finite number >= 0")
         if not any(w > 0 for w in weights.values()):
             raise RoutingError(f"refusing weights {dict(weights)}: at least one slot must take traffic")
+        self._update(weights)
+
+    def withdraw(self, slot: Slot) -> None:
+        """The slot takes no more traffic (weight 0), even when that leaves the public name without a route."""
+        if slot_id(self.public_name, slot) in self.read().get(self.public_name, {}):
+            self._update({slot_id(self.public_name, slot): 0.0})
+
+    def read(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The whole file (every public name it routes; empty when it does not exist yet)."""
+        try:
+            return litellm_routes.parse(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError) as err:
+            raise RoutingError(f"routes file {self.path} is unreadable ({err}); delete it to start over") from err
+        except litellm_routes.DamagedRoutesError as err:
+            raise RoutingError(
+                f"routes file {self.path} is damaged ({err}); the proxies keep routing by the last good routes: "
+                "delete it to start over"
+            ) from err
+
+    def describe(self) -> str:
+        """The file, as logs show it."""
+        return f"routes file {self.path}"
+
+    def _update(self, weights: Mapping[str, float]) -> None:
         routes = self.read()
         group = routes.setdefault(self.public_name, {})
         for deployment_id, weight in weights.items():
@@ -128,25 +179,21 @@ class RoutesFile:
             group.setdefault(deployment_id, {})["weight"] = float(weight)
         self._write(routes)
 
-    def read(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """The whole file (every public name it routes; empty when it does not exist yet)."""
-        try:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            raise RoutingError(f"routes file {self.path} is unreadable ({err}); delete it to start over") from err
-        if not isinstance(loaded, dict) or not all(
-            isinstance(group, dict) and all(isinstance(route, dict) for route in group.values())
-            for group in loaded.values()
-        ):
-            raise RoutingError(f"routes file {self.path} is not a routes file; delete it to start over")
-        return loaded
-
-    def describe(self) -> str:
-        """The file, as logs show it."""
-        return f"routes file {self.path}"
-
     def _write(self, routes: dict[str, dict[str, dict[str, Any]]]) -> None:
+        text = json.dumps(routes, indent=2, sort_keys=True)
+        litellm_routes.parse(text)  # what every proxy will accept, or a bug here: never a file they keep refusing
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps(routes, indent=2, sort_keys=True))
+        atomic_write_text(self.path, text)
+
+
+def proxy_down(base_url: str, timeout_s: float = 5) -> str:
+    """Why the LiteLLM proxy at `base_url` is not running ("" when its liveness route answers 200)."""
+    import requests
+
+    try:
+        response = requests.get(f"{base_url}/health/liveliness", timeout=timeout_s)
+    except requests.RequestException as err:
+        return f"the LiteLLM proxy at {base_url} does not answer ({type(err).__name__}): it died or is unreachable"
+    if response.status_code != 200:
+        return f"the LiteLLM proxy at {base_url} is unhealthy (/health/liveliness answered {response.status_code})"
+    return ""

@@ -13,6 +13,7 @@ Keys never travel as parameters: steps read them from the serving Secret mounted
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -142,6 +143,30 @@ def publish_to_slot(
     expected = f"(reference {reference!r})" if reference else "(the generic readiness prompt: no evaluation report)"
     log(f"v{version} ({name}) answered {answer.text!r} to held-out row 0 {expected}")
     return name, answer
+
+
+def wait_routed(args: FleetArgs, slot: Slot, *, timeout_s: float) -> vllm.Answer:
+    """Until the public name answers through the proxy from `slot`, which the routes file gives all its traffic.
+
+    A proxy pod is ready (and its Service sends it requests) only once the routes file routes the public name
+    (steps/common/litellm_routes.py), so this waits for the proxy too. StepFailedError naming the proxy, and why
+    (the proxy itself named when it does not answer at all), after `timeout_s`.
+    """
+    key = secret(args.secrets_dir, MASTER_KEY_FILE)
+    expected = litellm_proxy.slot_id(args.model_name, slot)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = vllm.chat(args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, max_tokens=2, timeout_s=60)
+        if answer.ok and answer.served_by == expected:
+            return answer
+        if time.monotonic() > deadline:
+            got = f"{answer.served_by} answered" if answer.ok else f"{answer.status or 'no answer'} ({answer.error})"
+            down = litellm_proxy.proxy_down(args.proxy_url) if not answer.status else ""
+            raise StepFailedError(
+                f"the public name {args.model_name!r} is not answered from {expected} through the proxy after "
+                f"{timeout_s:g} s ({down or 'last: ' + got}); the routes file is {args.routes_file}"
+            )
+        time.sleep(1.0)
 
 
 def not_answering(args: FleetArgs, version: str, slot: Slot, *, timeout_s: float = 60) -> str:

@@ -16,7 +16,7 @@ from eksflow.pipeline import EXIT_HANDLER
 from pipelines.serving import objects as serving
 from pipelines.serving.local_fleet import FLEET_KINDS
 from pipelines.serving.rollout import gitops_objects
-from steps import canary, finish_rollout, load_candidate, promote, serve_champion, shift_traffic
+from steps import canary, finish_rollout, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
 from steps.common import litellm_routes, vllm_auth
 from tests.argo_substitution import resource_objects
 from tests.flagship import config, rendered
@@ -133,6 +133,23 @@ def test_every_proxy_pod_routes_by_the_routes_file_on_fsx_with_the_shipped_callb
     config = yaml.safe_load(data["config.yaml"])
     assert config["litellm_settings"]["callbacks"] == ["litellm_routes.handler"]
     assert [d["model_info"]["id"] for d in config["model_list"]] == ["llama-lora-blue", "llama-lora-green"]
+
+
+def test_a_proxy_pod_routes_only_to_the_pipelines_fleets_and_is_ready_only_once_they_are_routed(workflow):
+    cfg = load_config()
+    (container,) = serving.proxy_deployment(cfg)["spec"]["template"]["spec"]["containers"]
+    upstreams = re.compile(next(e["value"] for e in container["env"] if e["name"] == "EKSFLOW_UPSTREAMS"))
+    for base_model in ("smollm2-135m-instruct", "s3://models/other"):
+        fleet = prepare_fleet.fleet_name(cfg.name, base_model)
+        assert upstreams.fullmatch(prepare_fleet.service_url(fleet, cfg.namespace, cfg.serving.port))
+    assert not upstreams.fullmatch(f"http://{serving.proxy_name(cfg)}.{cfg.namespace}.svc.cluster.local:8000")
+    # The pod's readiness probe is the shipped callback run as a script (stdlib only: the image's python3).
+    assert container["readinessProbe"]["exec"]["command"] == [
+        "python3", "/etc/litellm/litellm_routes.py", cfg.model_name, str(cfg.serving.proxy_port)
+    ]  # fmt: skip
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    # Not awaited: no pod is ready before serve-champion routes the name, and serve-champion runs after this task.
+    assert "successCondition" not in templates["proxy"]["resource"]
 
 
 @pytest.mark.parametrize("image", ["docker.litellm.ai/berriai/litellm-database:1.82.7", "litellm/litellm:latest"])

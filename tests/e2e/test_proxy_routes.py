@@ -6,7 +6,9 @@ engines behind it are two small OpenAI-style servers that answer with the model 
 under test is LiteLLM (weights per request, and the request sent to the adapter and fleet the file assigns to the
 picked slot), measured on hundreds of requests in seconds; the real vLLM engine behind the same proxy is
 tests/e2e/test_rollout.py's. These tests fail when a LiteLLM upgrade breaks either hook the callback relies on
-(`_router_weights` before routing, the deployment hook after it).
+(`_router_weights` before routing, the deployment hook after it). The callback sends nothing to an address outside
+its fleet (EKSFLOW_UPSTREAMS) and keeps the last good routes when the file is damaged; the proxy a run's local
+fleet starts never routes by the routes file an earlier run left, and is not ready until the run routes the name.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,7 +32,8 @@ import pytest
 import requests
 
 from pipelines.serving import objects
-from steps.common import litellm_proxy, litellm_routes
+from pipelines.serving.local_fleet import LocalFleet
+from steps.common import litellm_proxy, litellm_routes, rollout
 from tests.e2e.processes import free_port
 from tests.flagship import config
 
@@ -40,14 +45,23 @@ pytestmark = pytest.mark.slow
 
 
 class Engine:
-    """An OpenAI-style server answering each chat request with `<engine>:<model asked for>`, recording the asks."""
+    """An OpenAI-style server answering each chat request with `<engine>:<model asked for>`, recording the asks.
 
-    def __init__(self, name: str, api_key: str) -> None:
+    `requests` records every request that reached it, as (path, Authorization header), before any check.
+    """
+
+    def __init__(self, name: str, api_key: str, port: int = 0) -> None:
         self.asked: list[str] = []
+        self.requests: list[tuple[str, str]] = []
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                engine.requests.append((self.path, self.headers.get("Authorization", "")))
+                self.send_error(404)
+
             def do_POST(self) -> None:
+                engine.requests.append((self.path, self.headers.get("Authorization", "")))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.headers.get("Authorization") != f"Bearer {api_key}":
                     self.send_error(401)
@@ -77,7 +91,7 @@ class Engine:
             def log_message(self, *args: object) -> None:
                 """Quiet."""
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -97,6 +111,7 @@ class Proxy:
             "LITELLM_MASTER_KEY": self.master_key,
             litellm_proxy.VLLM_KEY_ENV: vllm_key,
             litellm_routes.ROUTES_FILE_ENV: str(self.routes.path),
+            litellm_routes.UPSTREAMS_ENV: "|".join(re.escape(e.url) for e in engines.values()),  # the fleet's
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
         self.log = folder / "proxy.log"
@@ -121,14 +136,7 @@ class Proxy:
 
     def ask(self) -> tuple[int, str, str]:
         """(status, the slot that answered, the answer) of one chat request to the public name."""
-        response = requests.post(
-            f"{self.url}/v1/chat/completions",
-            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-            headers={"Authorization": f"Bearer {self.master_key}"},
-            timeout=60,
-        )
-        text = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 else response.text
-        return response.status_code, response.headers.get("x-litellm-model-id", ""), text
+        return ask(self.url, self.master_key)
 
     def ask_many(self, count: int) -> list[tuple[int, str, str]]:
         with ThreadPoolExecutor(8) as pool:
@@ -141,6 +149,18 @@ class Proxy:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def ask(url: str, master_key: str) -> tuple[int, str, str]:
+    """(status, the slot that answered, the answer or the error) of one chat request to the public name."""
+    response = requests.post(
+        f"{url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        headers={"Authorization": f"Bearer {master_key}"},
+        timeout=60,
+    )
+    text = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 else response.text
+    return response.status_code, response.headers.get("x-litellm-model-id", ""), text
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +198,112 @@ def test_a_change_applies_from_the_next_request_and_a_slot_can_move_to_another_f
     assert proxy.ask() == (200, GREEN, "fleet-b:llama-lora-v3-cccccccc")
     proxy.routes.set_weights(litellm_proxy.weights_for(MODEL, "green", "blue", 100))
     assert {proxy.ask() for _ in range(20)} == {(200, BLUE, "fleet-a:llama-lora-v1-aaaaaaaa")}
+
+
+DAMAGED = {
+    "truncated": '{"llama-lora": {"llama-lora-blue": {"wei',
+    "empty": "",
+    "list": "[]",
+    "null-slot": '{"llama-lora": {"llama-lora-blue": null}}',
+    "weight-text": '{"llama-lora": {"llama-lora-blue": {"weight": "abc"}}}',
+    "weight-nan": '{"llama-lora": {"llama-lora-blue": {"weight": NaN}}}',
+    "weight-negative": '{"llama-lora": {"llama-lora-blue": {"weight": -1}}}',
+}
+
+
+def replace(path: Path, text: str) -> None:
+    """Write the routes file in one rename, as the steps do."""
+    tmp = path.with_name(".routes.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_a_damaged_routes_file_keeps_the_last_good_routes_with_one_log_line_each(proxy):
+    proxy.routes.assign("blue", "llama-lora-v1-aaaaaaaa", proxy.engines["fleet-a"].url)
+    proxy.routes.set_weights(litellm_proxy.weights_for(MODEL, "green", "blue", 100))
+    good = (200, BLUE, "fleet-a:llama-lora-v1-aaaaaaaa")
+    assert proxy.ask() == good
+    path, text = proxy.routes.path, proxy.routes.path.read_text()
+    for damage in DAMAGED.values():
+        replace(path, damage)
+        assert [proxy.ask() for _ in range(3)] == [good] * 3, damage
+    path.unlink()
+    path.mkdir()  # a folder in place of the file
+    assert [proxy.ask() for _ in range(3)] == [good] * 3
+    path.rmdir()
+    replace(path, text)
+    assert proxy.ask() == good
+    damaged = [line for line in proxy.log.read_text().splitlines() if " is damaged (" in line]
+    assert len(damaged) == len(DAMAGED) + 1, damaged  # one line per problem, not one per request
+    assert all(line.startswith(f"eksflow routes: routes file {path} is damaged (") for line in damaged), damaged
+    assert all(line.endswith("routing by the last good routes") for line in damaged), damaged
+
+
+def test_a_slot_naming_an_address_outside_the_fleet_gets_no_request_nor_key(proxy):
+    stranger = Engine("stranger", "any")  # listening, but not one of the fleet's engines
+    try:
+        proxy.routes.assign("green", "llama-lora-v2-bbbbbbbb", stranger.url)
+        for green_percent in (50, 100):
+            proxy.routes.set_weights(litellm_proxy.weights_for(MODEL, "blue", "green", green_percent))
+            answers = proxy.ask_many(20)
+            assert {a for a in answers if a[0] == 200} <= {(200, BLUE, "fleet-a:llama-lora-v1-aaaaaaaa")}, answers
+        assert {status for status, _, _ in answers} == {503}  # nothing routes the name at 100 % to the stranger
+        assert stranger.requests == []
+    finally:
+        stranger.server.shutdown()
+
+
+def test_a_runs_proxy_never_routes_by_the_routes_file_an_earlier_run_left(tmp_path):
+    """The stale routes of every local run: the last run's file names its engine's port, where another process
+    listens now. The proxy the run's fleet starts sends it nothing (no key either), refuses the public name and is
+    not ready until the run routes the name to its own engine; then it answers from there."""
+    cfg = config()
+    claim = tmp_path / "state" / "volumes" / cfg.storage.fsx_claim
+    routes_file = claim / Path(objects.routes_file(cfg)).relative_to(cfg.storage.fsx_mount)
+    listener = Engine("listener", "any")  # on the port the earlier run's engine had
+    stale = {"weight": 100.0, "adapter": "llama-lora-v1-aaaaaaaa", "api_base": f"{listener.url}/v1"}
+    routes_file.parent.mkdir(parents=True)
+    routes_file.write_text(json.dumps({MODEL: {BLUE: stale}}))
+    fleet = LocalFleet(tmp_path / "state", tmp_path / "run", ROOT)
+    engine: Engine | None = None
+    try:
+        notes = [fleet.apply(obj, obj["kind"], lambda: "") for obj in objects.proxy_objects(cfg)]
+        assert "started; not ready" in notes[1] and "refuses 'llama-lora' (503)" in notes[1], notes[1]
+        assert not routes_file.exists()  # the new proxy's routes start empty, as a new fleet's
+        replace(routes_file, json.dumps({MODEL: {BLUE: stale}}))  # and a file naming another address is refused
+        proxy = fleet._processes[objects.proxy_name(cfg)]
+        url = f"http://127.0.0.1:{proxy.port}"
+        keys = tmp_path / "run" / "volumes" / cfg.serving.secret
+        master_key = (keys / rollout.MASTER_KEY_FILE).read_text()
+        vllm_key = (keys / rollout.VLLM_KEY_FILE).read_text()
+
+        def probe() -> subprocess.CompletedProcess[str]:
+            """The pod's readiness probe: the shipped callback file run as a script, in the proxy's environment."""
+            command = objects.proxy_deployment(cfg)["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+            callback, public, _ = command["exec"]["command"][1:]
+            routes, upstreams = proxy.routes
+            env = {**os.environ, litellm_routes.ROUTES_FILE_ENV: routes, litellm_routes.UPSTREAMS_ENV: upstreams,
+                   "TMPDIR": str(tmp_path)}  # fmt: skip
+            script = tmp_path / "run" / "fleet" / objects.proxy_name(cfg) / "config" / Path(callback).name
+            argv = [sys.executable, str(script), public, str(proxy.port)]
+            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+
+        refused = [ask(url, master_key) for _ in range(10)]
+        assert {status for status, _, _ in refused} == {503}, refused
+        assert "is not routed to an engine of this fleet" in refused[0][2]
+        not_ready = probe()
+        assert not_ready.returncode == 1 and "not an engine of this fleet" in not_ready.stderr, not_ready.stderr
+        # serve-champion: the champion on this run's engine, with all the traffic.
+        engine = Engine("engine", vllm_key, port=fleet.engine_port())
+        routes = litellm_proxy.RoutesFile(routes_file, MODEL)
+        routes.assign("blue", "llama-lora-v2-bbbbbbbb", engine.url)
+        routes.set_weights(litellm_proxy.weights_for(MODEL, "blue", "green", 0))
+        assert [ask(url, master_key) for _ in range(5)] == [(200, BLUE, "engine:llama-lora-v2-bbbbbbbb")] * 5
+        assert probe().returncode == 0
+        assert listener.requests == []  # not one request, so never the run's vLLM key
+        assert all(auth == f"Bearer {vllm_key}" for _, auth in engine.requests)
+    finally:
+        fleet.stop()
+        listener.server.shutdown()
+        if engine is not None:
+            engine.server.shutdown()

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -217,13 +218,42 @@ def published(registry: str, version: str) -> str:
     return adapters.published_name(MODEL, version, str(adapters.registered_version(registry, MODEL, version).run_id))
 
 
+class Listener:
+    """Whatever listens now on the port an earlier run's engine had: it records every request that reaches it."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+        listener = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                listener.requests.append((self.path, self.headers.get("Authorization", "")))
+                self.send_error(500)
+
+            def log_message(self, *args: object) -> None:
+                """Quiet."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_cache, registry, adopt_engine):
     """A rerun on unchanged data registers the champion's version again: nothing is loaded, canaried or promoted,
-    and `previous` still names the version before the champion."""
+    and `previous` still names the version before the champion. The routes file the earlier run left names a port
+    where another process listens now: the run's proxy sends it nothing, and is not ready before serve-champion."""
     loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    listener = Listener()
+    left = json.loads((state / "volumes" / "fsx-claim" / "serving" / MODEL / "routes.json").read_text())
+    for route in left[MODEL].values():
+        route["api_base"] = f"{listener.url}/v1"
+    (state / "volumes" / "fsx-claim" / "serving" / MODEL / "routes.json").write_text(json.dumps(left))
     run = Run(state, model_cache, "2")
     result = run.finish()
+    listener.server.shutdown()
     assert result.phase == "Succeeded", result.message
+    assert listener.requests == []  # no request, so never the run's vLLM key
+    assert "started; not ready" in run.node("proxy")["message"], run.node("proxy")
     candidate = outputs(run.node("load-candidate"))
     assert candidate["rolls_out"] == "false" and candidate["candidate_slot"] == "", candidate
     log = (run.run_dir / "logs" / "load-candidate.log").read_text()

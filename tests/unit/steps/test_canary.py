@@ -208,8 +208,8 @@ def test_routes_file_is_replaced_whole_and_refuses_all_zero(tmp_path):
             "m-green": {"weight": 10.0, "adapter": "m-v2-bbbbbbbb", "api_base": "http://v:8000/v1"},
         }
     }
-    routes.assign("green", "m-v3-cccccccc", "http://v:8000")  # a new candidate in the slot: its weight stays
-    assert routes.read()["m"]["m-green"] == {"weight": 10.0, "adapter": "m-v3-cccccccc", "api_base": "http://v:8000/v1"}
+    routes.assign("green", "m-v3-cccccccc", "http://v:8000")  # a new candidate in the slot: no traffic until a step
+    assert routes.read()["m"]["m-green"] == {"weight": 0.0, "adapter": "m-v3-cccccccc", "api_base": "http://v:8000/v1"}
     with pytest.raises(litellm_proxy.RoutingError, match="at least one slot"):
         routes.set_weights({"m-blue": 0, "m-green": 0})
     assert not list(tmp_path.glob(".*tmp"))  # no half-written file left behind

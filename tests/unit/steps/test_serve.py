@@ -1,11 +1,18 @@
-"""steps.serve (`make serve`): a key made once and kept 0600, shown in the curl line; --host checked (SE2)."""
+"""steps.serve (`make serve`): a key made once and kept 0600, shown in the curl line; --host and the key's place
+checked; `make serve`/`make rollback` pass MODEL as one argument."""
 
+import os
 import shlex
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from steps import serve
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -48,3 +55,52 @@ def test_the_curl_line_sends_the_key():
     words = shlex.split(curl)
     assert words[words.index("-H") + 1] == "Authorization: Bearer k3y"
     assert "http://127.0.0.1:8000/v1/chat/completions" in words
+
+
+@pytest.mark.parametrize("kind", ["folder", "dangling-link"])
+def test_a_key_path_that_is_no_file_exits_2_in_one_line_before_the_registry_is_read(tmp_path, capsys, kind):
+    key = tmp_path / "serve" / serve.KEY_FILE
+    if kind == "folder":
+        key.mkdir(parents=True)
+    else:
+        key.parent.mkdir()
+        key.symlink_to(tmp_path / "gone")
+    argv = [
+        "--model-name=llama-lora",
+        f"--tracking-uri=sqlite:///{tmp_path}/none/mlflow.db",
+        f"--serve-dir={key.parent}",
+    ]
+    assert serve.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"error: --serve-dir: {key} is not a file (a folder or a broken link?); remove it, "
+                                "and the next start makes a new key there"]  # fmt: skip
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("target", ["serve", "rollback"])
+@pytest.mark.parametrize(
+    "hostile",
+    ["a b; touch {marker}", "x`touch {marker}`", "it's\"; touch {marker}"],
+    ids=["command", "backquote", "quotes"],
+)
+def test_make_passes_a_hostile_model_as_one_argument_that_the_step_refuses_in_one_line(tmp_path, target, hostile):
+    """`make serve MODEL=...`: the value reaches the step whole (no shell splitting or command), which refuses it."""
+    marker = tmp_path / "ran"
+    hostile = hostile.format(marker=marker)
+    bin_dir = Path(sys.executable).parent  # this environment, whichever checkout runs the test
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-o", "setup", "-o", ".venv/.eksflow-installed", target, f"BIN={bin_dir}",
+         f"MODEL={hostile}", f"ARGS=--outputs-dir={tmp_path / 'out'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False, env=outside_make(),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert not marker.exists()  # no command of the value ran
+    step_lines = [line for line in done.stderr.splitlines() if not line.startswith("make:")]
+    assert step_lines == [
+        f"error: --model-name: String should match pattern '^[A-Za-z0-9][A-Za-z0-9._\\-]{{0,127}}$' (got {hostile!r})"
+    ], done.stderr
+
+
+def outside_make() -> dict[str, str]:
+    """This environment without what a calling make adds (`make test` runs the tests): a user's own `make serve`."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
