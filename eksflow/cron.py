@@ -5,7 +5,10 @@ its controller schedules with `cron.New()`, whose parser is the same: `Minute | 
 Descriptor`. So a schedule is five fields (no seconds), or a descriptor (@yearly, @annually, @monthly, @weekly,
 @daily, @midnight, @hourly, `@every <Go duration>`), optionally after a `TZ=<zone> ` or `CRON_TZ=<zone> ` prefix.
 This module mirrors robfig/cron v3.0.1's parser.go rule for rule, quirks included (`?` means `*` in every field,
-`*-5` reads as `*`, empty list items such as `1,,2` are skipped), so it accepts and refuses the same strings.
+`*-5` reads as `*`), so it refuses every string Argo refuses. It refuses two more kinds, which robfig/cron would
+run otherwise than written: an empty list item (`0 3 * * 1,` runs on Mondays only: the list was cut short), and an
+`@every` duration that is not a whole number of seconds of at least 1s (`@every 0s`, `1ns` and `-5m` would start a
+run every second; `1.5s` runs every second).
 """
 
 from __future__ import annotations
@@ -91,7 +94,12 @@ def _parse(spec: str, timezone: str) -> None:
             f"e.g. {EXAMPLE}"
         )
     for text, field in zip(fields, FIELDS, strict=True):
-        for item in (part for part in text.split(",") if part):  # strings.FieldsFunc drops empty items
+        items = text.split(",")
+        if "" in items:  # robfig/cron skips it (strings.FieldsFunc): `1,` runs as `1`, a list cut short
+            raise _RefusedError(
+                f"{field.name} list {_short(text)} has an empty item; remove the extra comma or add the missing value"
+            )
+        for item in items:
             _check_range(item, field)
 
 
@@ -165,9 +173,24 @@ def _check_descriptor(spec: str) -> None:
     if spec in DESCRIPTORS:
         return
     if spec.startswith(EVERY):
-        why = go_duration_error(spec[len(EVERY) :])
-        if why:
-            raise _RefusedError(f"{why}; use a Go duration such as '@every 1h30m' (units h, m, s, ms, us, ns)")
+        duration = spec[len(EVERY) :]
+        try:
+            nanoseconds = go_duration(duration)
+        except ValueError as why:
+            raise _RefusedError(f"{why}; use a Go duration such as '@every 1h30m' (units h, m, s, ms, us, ns)") from why
+        # robfig/cron's Every() runs a delay under 1s every second and drops fractions of a second: what would run
+        # is not what was written (`@every -5m` and `@every 1ns` start a workflow every second), so refuse it.
+        if nanoseconds < _SECOND:
+            size = "not positive" if nanoseconds <= 0 else "under one second"
+            raise _RefusedError(
+                f"duration {_short(duration)} is {size}, and Argo's cron would start a run every second; "
+                "give at least 1s, e.g. '@every 6h'"
+            )
+        if nanoseconds % _SECOND:
+            raise _RefusedError(
+                f"duration {_short(duration)} has a fraction of a second, which Argo's cron drops; "
+                "give whole seconds, e.g. '@every 90s'"
+            )
         return
     raise _RefusedError(
         f"unknown descriptor {_short(spec)}; use one of {', '.join(DESCRIPTORS)} or '@every <duration>' "
@@ -178,26 +201,27 @@ def _check_descriptor(spec: str) -> None:
 _UNITS = {"ns": 1, "us": 1_000, "\u00b5s": 1_000, "\u03bcs": 1_000, "ms": 1_000_000, "s": 10**9}
 _UNITS |= {"m": 60 * 10**9, "h": 3600 * 10**9}
 _DIGITS = frozenset("0123456789")
+_SECOND = _UNITS["s"]
 
 
-def go_duration_error(text: str) -> str | None:
-    """Why Go's time.ParseDuration refuses `text` (number and unit, repeated: 1h30m, 1.5s; int64 ns), or None."""
+def go_duration(text: str) -> int:
+    """Go's time.ParseDuration: `text` (number and unit, repeated: 1h30m, 1.5s) in int64 ns; ValueError if refused."""
     s = text
     if s[:1] in ("-", "+"):
         s = s[1:]
     if s == "0":
-        return None
+        return 0
     if not s:
-        return f"invalid duration {_short(text)}"
+        raise ValueError(f"invalid duration {_short(text)}")
     total = 0
     while s:
         if s[0] != "." and s[0] not in _DIGITS:
-            return f"invalid duration {_short(text)}"
+            raise ValueError(f"invalid duration {_short(text)}")
         i = _count_digits(s)
         whole, s = s[:i], s[i:]
         value = _bounded_int(whole, 1 << 63)
         if value > 1 << 63:
-            return f"invalid duration {_short(text)} (too long)"
+            raise ValueError(f"invalid duration {_short(text)} (too long)")
         fraction, scale, has_fraction = 0, 1.0, False
         if s.startswith("."):
             s = s[1:]
@@ -209,24 +233,24 @@ def go_duration_error(text: str) -> str | None:
                     break
                 fraction, scale = fraction * 10 + int(digit), scale * 10
         if not whole and not has_fraction:
-            return f"invalid duration {_short(text)}"
+            raise ValueError(f"invalid duration {_short(text)}")
         k = next((n for n, c in enumerate(s) if c == "." or c in _DIGITS), len(s))
         unit, s = s[:k], s[k:]
         if not unit:
-            return f"missing unit in duration {_short(text)}"
+            raise ValueError(f"missing unit in duration {_short(text)}")
         if unit not in _UNITS:
-            return f"unknown unit {_short(unit)} in duration {_short(text)}"
+            raise ValueError(f"unknown unit {_short(unit)} in duration {_short(text)}")
         if value > (1 << 63) // _UNITS[unit]:
-            return f"invalid duration {_short(text)} (too long)"
+            raise ValueError(f"invalid duration {_short(text)} (too long)")
         value *= _UNITS[unit]
         if fraction > 0:
             value += int(float(fraction) * (float(_UNITS[unit]) / scale))  # float64 arithmetic, as in Go
         total += value
         if value > 1 << 63 or total > 1 << 63:
-            return f"invalid duration {_short(text)} (too long)"
+            raise ValueError(f"invalid duration {_short(text)} (too long)")
     if not text.startswith("-") and total > _INT64_MAX:
-        return f"invalid duration {_short(text)} (too long)"
-    return None
+        raise ValueError(f"invalid duration {_short(text)} (too long)")
+    return -total if text.startswith("-") else total
 
 
 def _short(text: str) -> str:

@@ -59,10 +59,14 @@ class LoraSweepConfig(LlmPipelineConfig):
 
 
 def grid(cfg: LoraSweepConfig) -> list[dict[str, Any]]:
-    """One item per candidate: a name, its LoRA shape and learning rate."""
+    """One item per candidate: a name, its LoRA shape and learning rate.
+
+    The name is also the candidate's folder, so it spells the rate exactly (Python's shortest repr, distinct for
+    distinct floats): `:g` gave 0.001 and 0.0010000001 one name, and the two candidates one folder.
+    """
     return [
         {
-            "name": f"r{rank}-lr{lr:g}",
+            "name": f"r{rank}-lr{lr!r}",
             "lora": cfg.train.lora.model_copy(update={"rank": rank, "alpha": 2 * rank}).model_dump(mode="json"),
             "learning_rate": lr,
         }

@@ -79,7 +79,8 @@ class EvaluateSettings(Settings):
     @field_validator("task_metrics")
     @classmethod
     def _known_task_metrics(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        # Resolved here, so the pipeline (render, run, submit) and the step refuse the same names, before anything runs.
+        # Resolved here, so the pipeline (render, run, submit) and the step refuse the same names, before anything runs;
+        # resolving imports only a module of this project's own packages (eksflow.runtime.metrics.project_module).
         for name in names:
             resolve(name)
         return names

@@ -8,11 +8,12 @@ Built in (`evaluate.task_metrics`):
     rouge_l      ROUGE-L F1 over whitespace tokens: partial credit for free text (summaries, rewrites)
 A user's own metric is named `package.module:function`: a function (answer, reference) -> float in [0, 1] (NaN
 leaves the row out) that its module declares with `@eksflow.runtime.task_metric`. The config is text, so a name
-is trusted only that far: the module is imported (which runs its top level, as any import does), and the name is
-refused unless the module declared that very function, with a signature that takes (answer, reference). Nothing
-is called to check it. Standard-library modules are refused before any import: no metric lives there. The module
-must be importable where the config is validated (render, run, submit) and in the evaluate step's image (e.g. the
-project's steps package).
+is trusted only that far: the module must be a file of one of this project's own packages, found on the file system
+before anything is imported (eksflow.runtime.metrics: eksflow, the standard library and installed packages are
+refused unimported); it is then imported (which runs its top level, as any import does), and the name is refused
+unless the module declared that very function, with a signature that takes (answer, reference). Nothing is called
+to check it. The project is the one this file belongs to (PROJECT_ROOT): the checkout a pipeline is rendered and
+run from, /app in the step's image (which copies the project's steps package there).
 
 A task metric's value on the eval set is the mean over the rows it scores; no row scored gives NaN, which every
 threshold fails closed on.
@@ -20,23 +21,22 @@ threshold fails closed on.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
 import numbers
 import re
-import sys
 from collections.abc import Sequence
-from types import ModuleType
+from pathlib import Path
 
-from eksflow.runtime.metrics import Metric, declared
+from eksflow.runtime.metrics import Metric, declared, package_root, project_module
 
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 HOW_TO_DECLARE = (
-    "a custom metric is a function of your own module marked with @eksflow.runtime.task_metric, taking "
-    "(answer, reference) and returning a float in [0, 1]"
+    "a custom metric is a function of a module in this project's own packages (e.g. steps/my_metrics.py) marked "
+    "with @eksflow.runtime.task_metric, taking (answer, reference) and returning a float in [0, 1]"
 )
+PROJECT_ROOT = package_root(Path(__file__))  # whose packages may declare metrics: this step's own project
 
 
 def exact_match(answer: str, reference: str) -> float:
@@ -93,9 +93,10 @@ def resolve(name: str) -> Metric:
             f"unknown task metric {name!r}: use one of {', '.join(BUILT_IN)} or your own as 'package.module:function'"
         )
     module_name, _, attribute = name.partition(":")
-    if module_name.partition(".")[0] in sys.stdlib_module_names:
-        raise ValueError(f"task metric {name!r} is in the standard library; {HOW_TO_DECLARE}")
-    module = _import(name, module_name)
+    try:
+        module = project_module(module_name, PROJECT_ROOT)
+    except ValueError as err:
+        raise ValueError(f"task metric {name!r}: {err}; {HOW_TO_DECLARE}") from err
     function = declared(name)
     # The module's own attribute, read without getattr (a module __getattr__ would run code): it must be the
     # declared function itself, not a name rebound to something else after the decorator ran.
@@ -104,21 +105,6 @@ def resolve(name: str) -> Metric:
         raise ValueError(f"task metric {name!r} is not declared a metric by {module_name}; {HOW_TO_DECLARE}")
     _check_signature(name, function)
     return function
-
-
-def _import(name: str, module_name: str) -> ModuleType:
-    """The module metric `name` lives in; ValueError when it is missing or its import fails."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module_name + ".").startswith(err.name + "."):
-            raise ValueError(
-                f"task metric {name!r}: no module {module_name!r} on the path; is it in the project's steps package "
-                "(and so in the step's image)?"
-            ) from err
-        raise ValueError(f"task metric {name!r}: importing {module_name} failed: {err}") from err
-    except Exception as err:  # the user's module top level raised: bad config, said in one line, not a traceback
-        raise ValueError(f"task metric {name!r}: importing {module_name} failed: {type(err).__name__}: {err}") from err
 
 
 def _check_signature(name: str, function: Metric) -> None:

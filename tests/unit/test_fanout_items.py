@@ -53,3 +53,36 @@ def test_a_bad_grid_is_refused_in_one_line_before_anything_renders(setting, firs
     assert done.stdout == ""
     assert done.stderr.startswith(first_line), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("rates", "names"),
+    [
+        ("[0.001,0.0010000001]", ["r8-lr0.001", "r8-lr0.0010000001"]),  # one name (and folder) when spelled `:g`
+        ("[0.0001,0.00010000000000001]", ["r8-lr0.0001", "r8-lr0.00010000000000001"]),
+        ("[2e-5,0.001]", ["r8-lr2e-05", "r8-lr0.001"]),
+    ],
+    ids=["below-g-precision", "last-digit", "usual"],
+)
+def test_every_sweep_candidate_has_a_name_and_folder_of_its_own(rates, names):
+    from eksflow.config import load_config
+    from pipelines.lora_sweep import LoraSweepConfig, grid
+
+    items = grid(load_config(LoraSweepConfig, overrides=["sweep.ranks=[8]", f"sweep.learning_rates={rates}"]))
+    assert [item["name"] for item in items] == names
+    assert [float(item["name"].partition("-lr")[2]) for item in items] == [item["learning_rate"] for item in items]
+
+
+@pytest.mark.parametrize(
+    ("setting", "first_line"),
+    [
+        ("sweep.learning_rates=[0.001,1.0e-3]", "config error: sweep.learning_rates: Value error, 0.001 given more"),
+        ("sweep.ranks=[8,8.0]", "config error: sweep.ranks: Value error, 8 given more than once"),
+    ],
+    ids=["learning-rate", "rank"],
+)
+def test_a_grid_value_given_twice_in_other_spellings_is_refused_naming_it(setting, first_line):
+    done = python(str(ROOT / "pipelines" / "lora_sweep.py"), "render", "--set", setting)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(first_line), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -2,22 +2,38 @@
 
 The config is text anyone who submits a run may write. Before this rule, `evaluate.task_metrics` imported any
 callable: `shutil:copyfile` overwrote a file named by the model's answer, `os:system` ran it as a shell command.
+Then checking a name imported whatever module it named: `mlflow.__main__:x` ran MLflow's command line while
+`render` checked the config. Only a module of the project's own packages, found on the file system, is imported.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from eksflow.runtime import task_metric
-from steps.evaluate import EvaluateSettings
+from steps.evaluate import EvaluateSettings, metrics
 from steps.evaluate.metrics import resolve, score
 from steps.evaluate.step import main
 
+ROOT = Path(__file__).resolve().parents[3]
 _FRESH = itertools.count()
+CANARY = """
+import os
+import pathlib
+
+print("imported: code named by a config ran")
+pathlib.Path(os.environ["METRIC_CANARY"]).write_text("imported")
+"""
 
 USER_METRICS = """
     import os
@@ -75,18 +91,27 @@ USER_METRICS = """
 """
 
 
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
-    """A fresh importable package (a new name per test: imports are cached) holding the user's modules."""
+    """A fresh package (a new name per test: imports are cached) of a project in tmp_path: the user's modules.
+
+    The project is the evaluate step's: metrics.PROJECT_ROOT is set to it, as a copy of the step would find it.
+    """
     name = f"user_metrics_{next(_FRESH)}"
-    package = tmp_path / "src" / name
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "mine.py").write_text(textwrap.dedent(USER_METRICS))
-    (package / "broken.py").write_text("raise RuntimeError('the top level failed')\n")
-    (package / "reexport.py").write_text(f"from {name}.mine import starts_alike\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    project = tmp_path / "project"
+    write(project / name / "__init__.py", "")
+    write(project / name / "mine.py", USER_METRICS)
+    write(project / name / "broken.py", "raise RuntimeError('the top level failed')\n")
+    write(project / name / "reexport.py", f"from {name}.mine import starts_alike\n")
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.setattr(metrics, "PROJECT_ROOT", project)
     monkeypatch.setenv("METRIC_MARKER", str(tmp_path / "called"))
+    monkeypatch.setenv("METRIC_CANARY", str(tmp_path / "canary"))
     return name
 
 
@@ -116,8 +141,9 @@ def test_a_declared_metric_is_accepted_without_being_called_and_then_scores(user
         ("{pkg}.mine:three_arguments", "cannot be called as three_arguments(answer, reference)"),
         ("{pkg}.mine:awaited", "is a coroutine or generator function"),
         ("{pkg}.broken:metric", "importing {pkg}.broken failed: RuntimeError: the top level failed"),
-        ("{pkg}.missing:metric", "no module '{pkg}.missing' on the path"),
-        ("no_such_package_here:metric", "no module 'no_such_package_here' on the path"),
+        ("{pkg}.missing:metric", "{pkg}.missing is not in this project's packages"),
+        ("no_such_package_here:metric", "no_such_package_here is not in this project's packages"),
+        ("{pkg}..mine:starts_alike", "unknown task metric '{pkg}..mine:starts_alike'"),
         ("../x:y", "unknown task metric '../x:y'"),
         ("os.path:join", "is in the standard library"),
         ("bleu", "unknown task metric 'bleu'"),
@@ -149,7 +175,7 @@ def test_the_step_refuses_an_undeclared_metric_with_exit_2_before_any_work(tmp_p
     )
     assert code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --task-metrics: ") and "'shutil:copyfile' is in the standard library" in err
+    assert err.startswith("error: --task-metrics: ") and "'shutil:copyfile': shutil is in the standard library" in err
     assert "@eksflow.runtime.task_metric" in err and len(err.strip().splitlines()) == 1
     assert target.read_text() == "kept" and not (tmp_path / "outputs").exists()
 
@@ -175,3 +201,134 @@ def test_a_metric_returning_a_non_number_is_refused():
 def test_built_in_metrics_need_no_declaration():
     names = ("exact_match", "contains", "json_match", "rouge_l")
     assert EvaluateSettings(task_metrics=names).task_metrics == names
+
+
+@pytest.mark.parametrize(
+    ("metric", "refusal"),
+    [
+        ("mlflow.__main__:x", "mlflow.__main__ is not in this project's packages"),  # MLflow's CLI on our argv
+        ("tqdm.__main__:x", "tqdm.__main__ is not in this project's packages"),
+        ("cpuinfo.__main__:x", "cpuinfo.__main__ is not in this project's packages"),
+        ("jsonschema.__main__:x", "jsonschema.__main__ is not in this project's packages"),
+        ("json.tool:main", "json.tool is in the standard library"),
+        ("eksflow.cli:main", "eksflow.cli is part of eksflow"),
+        ("eksflow.runtime.metrics:task_metric", "eksflow.runtime.metrics is part of eksflow"),
+        ("canary_site_pkg:metric", "canary_site_pkg is not in this project's packages"),
+        ("canary_site_pkg.mod:metric", "canary_site_pkg.mod is not in this project's packages"),
+    ],
+    ids=lambda value: value.split(" ")[0],
+)
+def test_a_module_outside_the_project_is_refused_before_any_import(tmp_path, monkeypatch, metric, refusal):
+    site_like = tmp_path / "lib" / "site-packages"  # installed, on the path, outside the project
+    write(site_like / "canary_site_pkg" / "__init__.py", CANARY)
+    write(site_like / "canary_site_pkg" / "mod.py", CANARY)
+    monkeypatch.syspath_prepend(str(site_like))
+    monkeypatch.setenv("METRIC_CANARY", str(tmp_path / "canary"))
+    module = metric.partition(":")[0]
+    already = module in sys.modules
+    with pytest.raises(ValidationError) as caught:
+        EvaluateSettings(task_metrics=("exact_match", metric), thresholds=())
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("task_metrics",) and refusal in error["msg"], error["msg"]
+    assert "\n" not in error["msg"] and "@eksflow.runtime.task_metric" in error["msg"]
+    assert not (tmp_path / "canary").exists()
+    assert (module in sys.modules) == already  # nothing was imported
+
+
+@pytest.mark.parametrize(
+    ("layout", "metric", "refusal"),
+    [
+        ("main", "{pkg}.__main__:x", "{pkg}.__main__ is a __main__ or __init__ module"),
+        ("main", "{pkg}.__init__:x", "{pkg}.__init__ is a __main__ or __init__ module"),
+        ("top-level-file", "setup_{n}:x", "setup_{n} is not in this project's packages"),
+        ("symlink-out", "{pkg}.linked:x", "{pkg}.linked is not in this project's packages"),
+        ("shadowed", "{pkg}.mine:starts_alike", "{pkg} is imported from {site}"),
+    ],
+    ids=["dunder-main", "dunder-init", "top-level-file", "symlink-out", "shadowed-by-installed"],
+)
+def test_a_project_file_that_runs_code_or_leads_out_is_refused_unimported(
+    user_package, tmp_path, monkeypatch, layout, metric, refusal
+):
+    project, site_like = tmp_path / "project", tmp_path / "lib" / "site-packages"
+    n = user_package.rsplit("_", 1)[1]
+    write(site_like / "canary.py", CANARY)
+    if layout == "main":
+        write(project / user_package / "__main__.py", CANARY)
+    elif layout == "top-level-file":
+        write(project / f"setup_{n}.py", CANARY)
+    elif layout == "symlink-out":
+        (project / user_package / "linked.py").symlink_to(site_like / "canary.py")
+    else:  # an installed package of the project's package name, found first on the path
+        write(site_like / user_package / "__init__.py", CANARY)
+        monkeypatch.syspath_prepend(str(site_like))
+    with pytest.raises(ValidationError) as caught:
+        EvaluateSettings(task_metrics=(metric.format(pkg=user_package, n=n),), thresholds=())
+    (error,) = caught.value.errors()
+    expected = refusal.format(pkg=user_package, n=n, site=site_like / user_package)
+    assert expected in error["msg"], error["msg"]
+    assert not (tmp_path / "canary").exists()
+
+
+def test_a_config_naming_an_installed_module_fails_render_in_one_line_and_runs_nothing():
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "pipelines" / "llama_lora.py"),
+            "render",
+            "--set",
+            'evaluate.task_metrics=["exact_match","mlflow.__main__:x"]',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""  # MLflow's command line did not answer eksflow's argv
+    assert done.stderr.startswith("config error: evaluate.task_metrics: "), done.stderr
+    assert "mlflow.__main__ is not in this project's packages" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+MY_METRICS = """
+    from eksflow.runtime import task_metric
+
+
+    @task_metric
+    def starts_alike(answer: str, reference: str) -> float:
+        return float(answer[:3] == reference[:3])
+"""
+
+
+def test_a_metric_of_the_project_renders_and_the_step_in_its_image_layout_accepts_it(tmp_path):
+    # A project as the step's image holds it (/app: its packages, PYTHONPATH=/app), copied from this checkout.
+    project = tmp_path / "app"
+    for package in ("steps", "pipelines"):
+        shutil.copytree(ROOT / package, project / package, ignore=shutil.ignore_patterns("__pycache__"))
+    write(project / "steps" / "my_metrics.py", MY_METRICS)
+    name = "steps.my_metrics:starts_alike"
+    env = {**os.environ, "PYTHONPATH": str(project)}
+
+    def python(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv], cwd=project, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    names = ["exact_match", name]
+    rendered = python("-m", "pipelines.llama_lora", "render", "--set", f"evaluate.task_metrics={json.dumps(names)}")
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"--task-metrics={json.dumps(names, separators=(',', ':'))}" in rendered.stdout
+    step = python(
+        "-m",
+        "steps.evaluate",
+        f"--dataset-dir={tmp_path}",
+        f"--adapter-dir={tmp_path / 'no-adapter'}",
+        "--base-model=smollm2-135m-instruct",
+        f"--report-dir={tmp_path / 'reports'}",
+        f"--outputs-dir={tmp_path / 'outputs'}",
+        f"--task-metrics={json.dumps(names)}",
+        "--thresholds=[]",
+    )
+    assert step.returncode == 2, step.stderr  # its arguments passed, the metric included: then the missing adapter
+    assert "task metric" not in step.stderr and "no-adapter" in step.stderr, step.stderr
