@@ -39,12 +39,8 @@ def pipeline_labels(pipeline: str) -> dict[str, str]:
 
 def workflow_name_problem(name: str) -> str:
     """Why `name` is not a workflow name, naming the rule (the name shortened and escaped), or "" if it is one."""
-    if len(name) <= MAX_WORKFLOW_NAME and _WORKFLOW_NAME.match(name):
-        return ""
-    return (
-        f"{shown(name)} is not a workflow name: lowercase letters, digits, '-' and '.', starting and ending with a "
-        f"letter or digit, at most {MAX_WORKFLOW_NAME} characters (`list` shows the runs)"
-    )
+    problem = dns_subdomain_problem(name, "a workflow name")
+    return f"{problem} (`list` shows the runs)" if problem else ""
 
 
 def generate_name_problem(prefix: str) -> str:
@@ -72,13 +68,13 @@ def dns_label_problem(name: str) -> str:
     )
 
 
-def dns_subdomain_problem(name: str) -> str:
-    """Why `name` is not a DNS-1123 subdomain (an object's name: a claim, a Secret), or ""."""
+def dns_subdomain_problem(name: str, what: str = "a DNS-1123 subdomain") -> str:
+    """Why `name` is not a DNS-1123 subdomain (an object's name: a workflow, a claim, a Secret), or ""."""
     if len(name) <= MAX_WORKFLOW_NAME and _WORKFLOW_NAME.match(name):
         return ""
     return (
-        f"{shown(name)} is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', each part starting and "
-        f"ending with a letter or digit, at most {MAX_WORKFLOW_NAME} characters"
+        f"{shown(name)} is not {what}: lowercase letters, digits, '-' and '.', each part starting and ending with a "
+        f"letter or digit, at most {MAX_WORKFLOW_NAME} characters"
     )
 
 

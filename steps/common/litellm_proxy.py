@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.outputs import atomic_write_text
-from steps.common import litellm_routes
+from steps.common import litellm_routes, vllm
 
 Slot = Literal["blue", "green"]
 SLOTS: tuple[Slot, Slot] = ("blue", "green")
@@ -188,12 +188,4 @@ class RoutesFile:
 
 def proxy_down(base_url: str, timeout_s: float = 5) -> str:
     """Why the LiteLLM proxy at `base_url` is not running ("" when its liveness route answers 200)."""
-    import requests
-
-    try:
-        response = requests.get(f"{base_url}/health/liveliness", timeout=timeout_s)
-    except requests.RequestException as err:
-        return f"the LiteLLM proxy at {base_url} does not answer ({type(err).__name__}): it died or is unreachable"
-    if response.status_code != 200:
-        return f"the LiteLLM proxy at {base_url} is unhealthy (/health/liveliness answered {response.status_code})"
-    return ""
+    return vllm.server_down("the LiteLLM proxy", base_url, "/health/liveliness", timeout_s)

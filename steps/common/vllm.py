@@ -313,14 +313,19 @@ def chat(
 
 def engine_down(base_url: str, timeout_s: float = 5) -> str:
     """Why the engine at `base_url` is not running ("" when its liveness route answers 200)."""
+    return server_down("the vLLM engine", base_url, "/health", timeout_s)
+
+
+def server_down(what: str, base_url: str, liveness: str, timeout_s: float = 5) -> str:
+    """Why `what` at `base_url` is not running ("" when its `liveness` route answers 200), in one line naming it."""
     import requests
 
     try:
-        response = requests.get(f"{base_url}/health", timeout=timeout_s)
+        response = requests.get(f"{base_url}{liveness}", timeout=timeout_s)
     except requests.RequestException as err:
-        return f"the vLLM engine at {base_url} does not answer ({type(err).__name__}): it died or is unreachable"
+        return f"{what} at {base_url} does not answer ({type(err).__name__}): it died or is unreachable"
     if response.status_code != 200:
-        return f"the vLLM engine at {base_url} is unhealthy (/health answered {response.status_code})"
+        return f"{what} at {base_url} is unhealthy ({liveness} answered {response.status_code})"
     return ""
 
 

@@ -14,19 +14,10 @@ import pytest
 from eksflow.runtime.args import StepFailedError
 from steps import canary, finish_rollout
 from steps.common import litellm_proxy, rollout, tracking
-from steps.common.rollout import RolloutState
+from tests.unit.steps import test_canary_probes
 
 MODEL = "llama-lora"
-STATE = RolloutState(
-    champion_version="1",
-    champion_slot="blue",
-    champion_adapter="llama-lora-v1-aaaaaaaa",
-    candidate_version="2",
-    candidate_slot="green",
-    candidate_adapter="llama-lora-v2-bbbbbbbb",
-    percent=10,
-    stage="shift-10",
-)
+STATE = test_canary_probes.STATE.model_copy(update={"percent": 10, "stage": "shift-10"})
 
 
 class Engine:
