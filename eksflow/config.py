@@ -5,7 +5,9 @@
         image: str = image_field("ghcr.io/example/greeter:0.1.0")  # the project's own step image
         greeting: GreetSettings = GreetSettings()                  # a step's own Settings model is the section
 
-Defaults live in the models; a YAML file (`--config`) and `--set dotted.key=value` only override. A `--set` value
+Defaults live in the models; a YAML file (`--config`) and `--set dotted.key=value` only override, each onto the
+pipeline's declared default at any depth (`train: TrainSettings = TrainSettings(max_steps=30)` keeps max_steps=30
+under `--set train.learning_rate=...`; a list is replaced whole, a map merged key by key). A `--set` value
 is read as the target field's type: a text field takes the text as given (quotes, newlines and all), any other
 field parses it as YAML. Unknown keys are errors, every error is reported at once, one line each, naming the key
 and the fix. Text that Argo would evaluate (`{{`) and text longer than MAX_TEXT_BYTES are refused here, before
@@ -25,6 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
+from pydantic_core import to_jsonable_python
 
 from eksflow.errors import EksflowError
 from eksflow.kinds import kind_of
@@ -238,7 +241,7 @@ def config_type(build: Callable[..., Any]) -> type[PipelineConfig]:
 
 
 def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:
-    """Defaults, then the YAML file, then each `dotted.key=value` override, validated as one; ConfigError if bad."""
+    """The declared defaults, the YAML file, then each `dotted.key=value` merged over them; ConfigError if bad."""
     raw: dict[str, Any] = _read_yaml(path) if path is not None else {}
     problems = []
     for item in overrides:
@@ -252,14 +255,49 @@ def load_config(config_type: type[C], path: Path | None = None, overrides: Itera
             problems.append(str(err))
     if problems:
         raise ConfigError("\n".join(problems))
+    fields = config_type.model_fields
+    declared = {  # the defaults of the fields given: each override goes onto its own (`_onto`)
+        key: fields[key].get_default(call_default_factory=True, validated_data={})
+        for key in raw
+        if key in fields and not fields[key].is_required()
+    }
     try:
-        cfg = config_type.model_validate(raw)
+        cfg = config_type.model_validate(_onto(declared, {}, raw))
     except ValidationError as err:
         raise ConfigError("\n".join(explain(err, config_type))) from err
     text_problems = [f"{key}: {why}" for key, why in _text_problems(cfg)]
     if text_problems:
         raise ConfigError("\n".join(text_problems))
     return cfg
+
+
+def _merged(default: object, given: object) -> object:
+    """`given` over `default`, key by key at any depth where both are sections (or maps); anything else replaces it."""
+    if not isinstance(given, dict):
+        return given  # a value, a list (replaced whole) or null (an optional section left out)
+    if isinstance(default, BaseModel):
+        current = {name: getattr(default, name) for name in type(default).model_fields}
+        return _onto(current, {name: current[name] for name in default.model_fields_set}, given)
+    if isinstance(default, dict):
+        return {**default, **{key: _merged(default.get(key), value) for key, value in given.items()}}
+    return given
+
+
+def _onto(current: dict[str, Any], kept: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A model's fields to validate: `kept` (those its default was given), then each key `given` changes, merged.
+
+    Validated alone, `{"train": {...}}` would rebuild `train` from its class's defaults and drop the pipeline's own
+    `TrainSettings(max_steps=30)`; merged, an override reads as if added to that constructor call. A key given the
+    value it has (as is, or as `config` prints it) is left out: `model_fields_set` stays what the pipeline set plus
+    what an override changed (plan checks a layout the user set). Kept values are validated again, so a validator
+    must accept its own output (tests/unit/test_config_defaults.py checks ours).
+    """
+    changed = {
+        key: value
+        for key, value in given.items()
+        if key in kept or key not in current or value not in (current[key], to_jsonable_python(current[key]))
+    }
+    return {**kept, **{key: _merged(current.get(key), value) for key, value in changed.items()}}
 
 
 def explain(err: ValidationError, config_type: type[BaseModel]) -> list[str]:

@@ -23,9 +23,9 @@ def kind_of(annotation: Any) -> Kind:
     if origin in (typing.Union, UnionType):
         kinds = {kind_of(a) for a in typing.get_args(annotation) if a is not type(None)}
         return kinds.pop() if len(kinds) == 1 else "any"
-    if origin is Literal:
-        values = typing.get_args(annotation)
-        return "bool" if all(isinstance(v, bool) for v in values) else "text"
+    if origin is Literal:  # the kind its values share: `Literal[8, 16]` takes `--set ...=16` as a number
+        kinds = {kind_of(type(v)) for v in typing.get_args(annotation)}
+        return kinds.pop() if len(kinds) == 1 else "any"
     if origin in (list, tuple, dict, set, frozenset):
         return "json"
     if annotation is bool:
