@@ -5,26 +5,41 @@ profile implies (workers vs devices or vCPUs, EFA in one zone, the retry budget)
 (`preflight` in its contract module, see eksflow.runtime.preflight) about memory and anything else only the step
 knows, and prices the run. Every problem is a `field: what is wrong; fix: ...` line; `check` raises ConfigError
 with all of them at once (exit 2), otherwise returns the rows of the plan table.
+
+The pods that keep running, the Deployments and StatefulSets the pipeline's resource tasks apply (a serving fleet),
+are read from those tasks' manifests: replicas, each container's requests and devices, and the instance type their
+node selector or node affinity pins (eksflow.profiles.placement). They are priced per hour, as they serve after the
+workflow ends; where nothing pins the instance type the plan gives the requests and says the cost is unknown.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
+from hera.workflows import Resource
 from rich.console import Console
 from rich.table import Table
 
+from eksflow import profiles
 from eksflow.config import ConfigError, PipelineConfig, cluster_of
 from eksflow.launchers import Job
 from eksflow.launchers.base import refusal, worker_layout
+from eksflow.local.node import QuantityError, Requests, container_requests, cpu_text, quantity
 from eksflow.pipeline import Pipeline
 from eksflow.refs import Ref
 from eksflow.runtime.preflight import Layout, Preflight
 
 PRICES = Path(__file__).with_name("prices.yaml")
+SERVICE_KINDS = ("Deployment", "StatefulSet")  # pods that keep running once applied: priced per hour
+DEVICES = {profiles.GPU_RESOURCE: "GPU", profiles.NEURON_RESOURCE: "Neuron device"}
+# An expression tag, a whole YAML value of a resource template's manifest (eksflow.manifests): known at run time.
+_EXPRESSION_TAG = re.compile(r"(?<= )\{\{=.*\}\}$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -153,9 +168,166 @@ def check(pipeline: Pipeline) -> Plan:
                 f"${hourly * cluster.expected_hours:,.2f} for {cluster.expected_hours:g} h",
             ),
         ]
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return Plan(rows)
+    fleet_rows, fleet_problems = services_plan(pipeline, table)
+    if problems + fleet_problems:
+        raise ConfigError("\n".join(problems + fleet_problems))
+    return Plan(rows + fleet_rows)
+
+
+@dataclass(frozen=True)
+class Service:
+    """A Deployment or StatefulSet a resource task applies: how many pods, what each asks for, where they may run."""
+
+    task: str
+    kind: str
+    replicas: int | None  # None: set at run time (a parameter or a task output)
+    requests: Requests  # per pod: CPU and memory
+    devices: dict[str, int]  # per pod, by resource name: GPUs, Neuron devices
+    placement: profiles.Placement
+    outlives: bool  # applied with no owner reference: it keeps running (and costing) after the workflow
+
+    @property
+    def requests_text(self) -> str:
+        """Each pod's CPU and memory requests, memory in Gi whatever its size (`cpu 44, memory 172Gi`)."""
+        return f"cpu {cpu_text(self.requests.cpu_m)}, memory {self.requests.memory / 2**30:g}Gi"
+
+    @property
+    def devices_text(self) -> str:
+        """Each pod's devices, e.g. `4 GPUs`, or `none`."""
+        return ", ".join(_many(n, DEVICES[name]) for name, n in self.devices.items() if n) or "none"
+
+    def per_node(self) -> dict[str, int]:
+        """The pinned instance types eksflow knows, each with how many pods one node holds (0: not one)."""
+        known = [t for t in self.placement.instance_types if t in profiles.NODES]
+        return {t: _pods_per_node(self, profiles.NODES[t]) for t in known}
+
+
+def services(pipeline: Pipeline) -> tuple[list[Service], list[str]]:
+    """Every Deployment and StatefulSet the pipeline's resource tasks apply, as the manifests Argo gets say."""
+    found, problems = [], []
+    for task, template in pipeline.templates.items():
+        if not isinstance(template, Resource) or not isinstance(template.manifest, str):
+            continue
+        obj = yaml.safe_load(_EXPRESSION_TAG.sub("'(set at run time)'", template.manifest))
+        if not isinstance(obj, dict) or obj.get("kind") not in SERVICE_KINDS:
+            continue
+        spec = obj.get("spec") or {}
+        pod = (spec.get("template") or {}).get("spec") or {}
+        resources = [c.get("resources") or {} for c in pod.get("containers") or []]
+        replicas = spec.get("replicas", 1)  # Kubernetes' default
+        try:
+            requests = sum((container_requests(r) for r in resources), Requests())
+            devices = {name: sum(_device_count(r, name) for r in resources) for name in DEVICES}
+        except QuantityError as err:
+            problems.append(f"{task}: {err}; fix the {obj['kind']}'s container resources")
+            continue
+        found.append(
+            Service(
+                task=task,
+                kind=obj["kind"],
+                replicas=replicas if isinstance(replicas, int) else None,
+                requests=requests,
+                devices=devices,
+                placement=profiles.placement(pod),
+                outlives=not template.set_owner_reference,
+            )
+        )
+    return found, problems
+
+
+def services_plan(pipeline: Pipeline, table: Mapping[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The rows of every Deployment and StatefulSet and their total cost per hour; the problems found."""
+    found, problems = services(pipeline)
+    rows: list[tuple[str, str]] = []
+    priced: list[tuple[float, float]] = []
+    unknown = []
+    for service in found:
+        service_rows, cost = service_plan(service, table)
+        rows += service_rows
+        per_node = service.per_node()
+        if per_node and len(per_node) == len(service.placement.instance_types) and not any(per_node.values()):
+            problems.append(
+                f"{service.task}: a pod requests {service.requests_text} and devices: {service.devices_text}, more "
+                f"than one {' or '.join(per_node)} node has; fix: lower its requests or pin a larger instance type"
+            )
+        if cost is None:
+            unknown.append(f"{service.task}: unknown")
+        else:
+            priced.append(cost)
+    if found:
+        parts = [_dollars(sum(c[0] for c in priced), sum(c[1] for c in priced))] if priced else []
+        known = " plus ".join(parts + ([", ".join(unknown)] if unknown else []))
+        # A fleet the workflow leaves running costs for as long as it serves, which no run length bounds.
+        when = "after the workflow ends" if any(s.outlives for s in found) else "while the workflow runs"
+        rows.append(("serving: cost per hour", f"{known}; it serves {when}: a cost per hour, not per run"))
+    return rows, problems
+
+
+def service_plan(
+    service: Service, table: Mapping[str, Any]
+) -> tuple[list[tuple[str, str]], tuple[float, float] | None]:
+    """One service's rows and its cost per hour: a range where several instance types may hold it; None: unknown."""
+    usd: Mapping[str, float] = table["usd_per_hour"]
+    name, replicas, types = service.task, service.replicas, service.placement.instance_types
+    life = "left running after the workflow" if service.outlives else "deleted with the workflow"
+    rows = [
+        (f"{name}: pods", f"{'set at run time' if replicas is None else replicas} ({service.kind}, {life})"),
+        (f"{name}: requests per pod", service.requests_text),
+        (f"{name}: devices per pod", service.devices_text),
+    ]
+    capacity = "/".join(service.placement.capacity_types) or "any capacity type"
+    unpriced = [t for t in types if t not in profiles.NODES or t not in usd]
+    per_node = {t: n for t, n in service.per_node().items() if n} if types and not unpriced else {}
+    if not types:
+        instance = (
+            f"not pinned (no {profiles.INSTANCE_TYPE_LABEL}, nor Karpenter's instance-family and instance-size, in "
+            "its node selector or node affinity): the cluster picks"
+        )
+        why = "no instance type to price"
+    elif unpriced:
+        instance, why = f"{' or '.join(types)}, {capacity}", f"eksflow has no shape or price for {', '.join(unpriced)}"
+    elif not per_node:
+        instance, why = f"{' or '.join(types)}, {capacity}", "a pod fits no node of it"
+    elif replicas is None:
+        instance = " or ".join(f"{t} ({_many(n, 'pod')} per node)" for t, n in per_node.items()) + f", {capacity}"
+        why = "the replicas are set at run time"
+    else:
+        nodes = {t: math.ceil(replicas / n) for t, n in per_node.items()}
+        costs = [usd[t] * count for t, count in nodes.items()]
+        instance = " or ".join(f"{t} x {nodes[t]} ({_many(n, 'pod')} per node)" for t, n in per_node.items())
+        dated = f"(on-demand, {table['region']}, prices as of {table['as_of']})"
+        rows += [
+            (f"{name}: instance", f"{instance}, {capacity}"),
+            (f"{name}: cost per hour", f"{_dollars(min(costs), max(costs))} {dated}"),
+        ]
+        return rows, (min(costs), max(costs))
+    return [*rows, (f"{name}: instance", instance), (f"{name}: cost per hour", f"unknown: {why}")], None
+
+
+def _pods_per_node(service: Service, node: profiles.Profile) -> int:
+    """How many of the service's pods one node holds by their requests (0: not one), at most its replicas."""
+    fits = [service.replicas or 1]
+    if service.requests.cpu_m:
+        fits.append(node.vcpus * 1000 // service.requests.cpu_m)
+    if service.requests.memory:
+        fits.append(node.memory_gib * 2**30 // service.requests.memory)
+    offered = {profiles.NEURON_RESOURCE if node.kind == "trainium" else profiles.GPU_RESOURCE: node.devices}
+    fits += [offered.get(name, 0) // n for name, n in service.devices.items() if n]
+    return min(fits)
+
+
+def _device_count(resources: Mapping[str, Any], name: str) -> int:
+    """A container's devices of one kind: its limits (an extended resource's requests must equal them), or requests."""
+    value = (resources.get("limits") or {}).get(name, (resources.get("requests") or {}).get(name))
+    return 0 if value is None else quantity(value, name)
+
+
+def _many(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _dollars(low: float, high: float) -> str:
+    return f"${low:,.2f}" if low == high else f"${low:,.2f} to ${high:,.2f}"
 
 
 def print_plan(plan: Plan, console: Console) -> None:

@@ -3,10 +3,13 @@
 A profile is what one node offers (devices, EFA interfaces, CPU, memory, device memory). Everything derived from it
 (resource requests, node selector, tolerations, EFA/NCCL or Neuron environment, /dev/shm, security context) is
 rendered here as plain Kubernetes dicts, so the RayJob, the Volcano Job and the Argo templates wire pods the same way.
+`placement` reads it back: the instance types a pod's node selector or required node affinity pins it to (what
+`plan` prices a serving Deployment by); NODES holds every node shape eksflow knows, the inference-only ones included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +21,9 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+# Karpenter's labels for a node's instance family and size (g5 + xlarge): together they name the instance type.
+INSTANCE_FAMILY_LABEL = "karpenter.k8s.aws/instance-family"
+INSTANCE_SIZE_LABEL = "karpenter.k8s.aws/instance-size"
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}  # Karpenter never consolidates a node under a training pod
 SHM_VOLUME = "dshm"
 NEURON_CACHE_VOLUME = "neuron-cache"
@@ -66,6 +72,17 @@ PROFILES: dict[str, Profile] = {
         Profile("trn1n.32xlarge", "trainium", 16, 2, 32, 16, 128, 512),
     )
 }
+# Nodes only the serving fleet uses (L4 GPUs): not training profiles (cluster.instance_type refuses them).
+SERVING_ONLY: dict[str, Profile] = {
+    p.instance_type: p
+    for p in (
+        _gpu("g6.xlarge", 1, 24, 0, 4, 16),
+        _gpu("g6.2xlarge", 1, 24, 0, 8, 32),
+        _gpu("g6.12xlarge", 4, 24, 0, 48, 192),
+        _gpu("g6.48xlarge", 8, 24, 0, 192, 768),
+    )
+}
+NODES: dict[str, Profile] = {**PROFILES, **SERVING_ONLY}  # every node shape eksflow knows (and prices.yaml prices)
 VARIANT_DEFAULTS: dict[Kind, str] = {"cpu": "m6i.4xlarge", "gpu": "g5.12xlarge", "trainium": "trn1.32xlarge"}
 
 # NCCL over EFA (aws-ofi-nccl): libfabric's EFA provider with GPUDirect RDMA; fork-safe verbs for dataloader workers.
@@ -170,3 +187,44 @@ def volume_mounts(profile: Profile, fsx_mount: str) -> list[dict[str, str]]:
     if profile.kind == "trainium":
         mounts.append({"name": NEURON_CACHE_VOLUME, "mountPath": "/var/neuron-cache"})
     return mounts
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pod may run, as its node selector and required node affinity say; () where they do not say."""
+
+    instance_types: tuple[str, ...]
+    capacity_types: tuple[str, ...]  # on-demand, spot
+
+
+def placement(pod_spec: Mapping[str, Any]) -> Placement:
+    """The instance types a pod is pinned to: node.kubernetes.io/instance-type, or Karpenter's family and size.
+
+    The node selector holds in every term of the required node affinity, and a node that matches any one term
+    will do, so each term pins its own types and the pod may land on any of them; one term that pins none (or no
+    term, with no selector) leaves the instance type to the cluster. Only `In` expressions pin; `NotIn`, `Exists`
+    and `Gt` narrow without naming a type.
+    """
+    selector = {key: {str(value)} for key, value in (pod_spec.get("nodeSelector") or {}).items()}
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    types: set[str] = set()
+    capacity: set[str] = set()
+    pinned = capacity_pinned = True
+    for term in required.get("nodeSelectorTerms") or [{}]:
+        allowed = dict(selector)
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("operator") == "In":
+                values = {str(v) for v in expression.get("values") or []}
+                key = expression.get("key")
+                allowed[key] = allowed[key] & values if key in allowed else values
+        if INSTANCE_TYPE_LABEL in allowed:
+            types |= allowed[INSTANCE_TYPE_LABEL]
+        elif INSTANCE_FAMILY_LABEL in allowed and INSTANCE_SIZE_LABEL in allowed:
+            types |= {f"{f}.{s}" for f in allowed[INSTANCE_FAMILY_LABEL] for s in allowed[INSTANCE_SIZE_LABEL]}
+        else:
+            pinned = False
+        capacity |= allowed.get(CAPACITY_TYPE_LABEL, set())
+        capacity_pinned &= CAPACITY_TYPE_LABEL in allowed
+    return Placement(tuple(sorted(types)) if pinned else (), tuple(sorted(capacity)) if capacity_pinned else ())

@@ -38,7 +38,7 @@ def test_items_within_the_rules_build():
     [
         ("sweep.ranks=[0]", "config error: sweep.ranks[0]: Input should be greater than or equal to 1"),
         ("sweep.ranks=[-4]", "config error: sweep.ranks[0]: Input should be greater than or equal to 1"),
-        ("sweep.ranks=[100000]", "pipeline error: task 'train' (steps.train): argument lora="),
+        ("sweep.ranks=[100000]", "config error: sweep.ranks: rank 100000 is above the default serving engine's"),
         ("sweep.learning_rates=[.nan]", "config error: sweep.learning_rates[0]: Input should be a finite number"),
         ("sweep.learning_rates=[.inf]", "config error: sweep.learning_rates[0]: Input should be a finite number"),
         ("sweep.learning_rates=[-1]", "config error: sweep.learning_rates[0]: Input should be greater than 0"),

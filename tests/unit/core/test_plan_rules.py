@@ -4,12 +4,17 @@ import re
 import shlex
 
 import pytest
+import yaml
 
 from eksflow import plan
 from eksflow.cli import check_schedule
-from eksflow.config import ConfigError
+from eksflow.config import ConfigError, config_type, load_config
 from eksflow.launchers.rayjob import entrypoint
 from eksflow.profiles import PROFILES
+from pipelines import llama_lora, lora_sweep
+from pipelines.serving.objects import ServingConfig
+from steps.train import TrainSettings
+from tests.commands import python
 from tests.flagship import config, pipeline
 
 
@@ -170,3 +175,69 @@ def test_the_mpijob_launcher_is_planned_for_gpu_and_refused_for_trainium():
     assert rows["train: pods"] == "1 MPI launcher + 1 worker pod(s) x 8 slot(s): mpirun -np 8"
     (line,) = problems("cluster.instance_type=trn1.32xlarge", "cluster.launcher=mpijob")
     assert line.startswith("cluster.launcher:") and "--set cluster.launcher=rayjob" in line
+
+
+FLAGSHIP, SWEEP = "pipelines/llama_lora.py", "pipelines/lora_sweep.py"
+
+
+@pytest.mark.parametrize(
+    ("file", "args", "line"),
+    [
+        (
+            FLAGSHIP,
+            ["plan", "--set", "train.lora.rank=64"],
+            "config error: train.lora.rank: rank 64 is above serving.engine.max_lora_rank (16), so vLLM could not "
+            "load the trained adapter; train at rank 16 or less, or raise serving.engine.max_lora_rank to 64 (got "
+            "64); fix it with --set train.lora.rank=<value> or in the --config file",
+        ),
+        (
+            FLAGSHIP,
+            ["render", "--set", "train.lora.rank=20"],  # the smallest rank vLLM takes that holds 20 is 32
+            "config error: train.lora.rank: rank 20 is above serving.engine.max_lora_rank (16), so vLLM could not "
+            "load the trained adapter; train at rank 16 or less, or raise serving.engine.max_lora_rank to 32 (got "
+            "20); fix it with --set train.lora.rank=<value> or in the --config file",
+        ),
+        (
+            SWEEP,
+            ["plan", "--set", "sweep.ranks=[8,32,16]"],
+            "config error: sweep.ranks: rank 32 is above the default serving engine's max_lora_rank (16), so vLLM "
+            "could not load the trained adapter; train at rank 16 or less (got (8, 32, 16)); fix it with --set "
+            "sweep.ranks=<value> or in the --config file",
+        ),
+    ],
+    ids=["flagship-plan", "flagship-render", "sweep-grid"],
+)
+def test_a_lora_rank_serving_cannot_load_is_refused_in_one_line(file, args, line):
+    """Not after training, when load-candidate finds the adapter's rank: wherever the config is loaded."""
+    result = python(file, *args)
+    assert (result.returncode, result.stderr.strip().splitlines(), result.stdout) == (2, [line], "")
+
+
+@pytest.mark.parametrize(
+    ("module", "settings"),
+    [
+        (llama_lora, {"train": {"lora": {"rank": 16}}}),
+        (llama_lora, {"train": {"lora": {"rank": 64}}, "serving": {"engine": {"max_lora_rank": 64}}}),
+        (lora_sweep, {"sweep": {"ranks": [4, 16]}}),
+    ],
+    ids=["flagship-at-the-limit", "flagship-limit-raised", "sweep-at-the-limit"],
+)
+def test_a_lora_rank_at_the_engine_limit_is_planned(tmp_path, module, settings):
+    (tmp_path / "ranks.yaml").write_text(yaml.safe_dump(settings))
+    built = module.build(load_config(config_type(module.build), tmp_path / "ranks.yaml"))
+    assert dict(plan.check(built).rows)["train: cost per hour"].startswith("$")
+
+
+def test_a_users_own_serving_pipeline_gets_the_rank_rule_for_its_own_sections(tmp_path):
+    """Every LoraSettings section of a ServingConfig is held to the engine, whatever the pipeline names it."""
+
+    class Text2Sql(ServingConfig):
+        finetune: TrainSettings = TrainSettings()
+        refine: TrainSettings = TrainSettings()
+
+    with pytest.raises(ConfigError) as err:
+        load_config(Text2Sql, None, ["finetune.lora.rank=32", "refine.lora.rank=128"])
+    keys = [line.split(":")[0] for line in str(err.value).splitlines()]
+    assert keys == ["finetune.lora.rank", "refine.lora.rank"]
+    (tmp_path / "raised.yaml").write_text(yaml.safe_dump({"serving": {"engine": {"max_lora_rank": 32}}}))
+    assert load_config(Text2Sql, tmp_path / "raised.yaml", ["finetune.lora.rank=32"]).finetune.lora.rank == 32
