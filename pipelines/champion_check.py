@@ -13,7 +13,7 @@ The exit handler writes the run's report (steps.report), whatever the outcome.
 from __future__ import annotations
 
 from eksflow import Pipeline, main, name_field, retry, task
-from pipelines.common import BIG, LlmPipelineConfig, run_report
+from pipelines.common import BIG, LlmPipelineConfig, MlflowSettings, run_report
 from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
@@ -24,6 +24,7 @@ class ChampionCheckConfig(LlmPipelineConfig):
     """Where the fresh data is, and the thresholds the champion must still meet (the flagship's by default)."""
 
     name: str = name_field("champion-check")
+    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")  # the flagship's model, whose champion it checks
     data: StageSettings = StageSettings()
     validation: ValidateSettings = ValidateSettings()
     evaluate: EvaluateSettings = EvaluateSettings()

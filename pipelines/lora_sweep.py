@@ -7,17 +7,19 @@ Each grid point (LoRA rank x learning rate) is one iteration of a fan-out (Argo 
 its own folder, then its own evaluation against the thresholds (and the champion). `select-best` ranks those that
 passed by `evaluate.champion_metric`; the winner is registered (alias `challenger`), and nothing is when none
 passed. The other sections are the flagship's (pipelines/llama_lora.py). The exit handler writes the run's report
-(steps.report) and ends its MLflow runs, whatever the outcome.
+(steps.report) and ends its MLflow runs, whatever the outcome. The grid's largest rank must fit the default serving
+engine's max_lora_rank: the winner is served by the fleet of the model it is registered into.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from eksflow import ClusterSettings, Item, Location, Pipeline, Ref, Settings, distributed, main, name_field, task
-from pipelines.common import BIG, LlmPipelineConfig, base_model_field, lineage, run_report
+from pipelines.common import BIG, LlmPipelineConfig, MlflowSettings, base_model_field, lineage, run_report
+from pipelines.serving.objects import ServingSettings, refuse_unservable_ranks
 from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
 from steps.evaluate import EvaluateSettings
 from steps.stage_data import StageSettings
@@ -49,6 +51,7 @@ class LoraSweepConfig(LlmPipelineConfig):
     """The flagship's data, training and evaluation sections, plus the grid; it registers into the flagship's model."""
 
     name: str = name_field("lora-sweep")
+    mlflow: MlflowSettings = MlflowSettings(model_name="llama-lora")  # the flagship's model: its challenger
     base_model: Location = base_model_field()
     cluster: ClusterSettings = ClusterSettings()
     data: StageSettings = StageSettings()
@@ -56,6 +59,14 @@ class LoraSweepConfig(LlmPipelineConfig):
     train: TrainSettings = TrainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
     sweep: SweepSettings = SweepSettings()
+
+    @model_validator(mode="after")
+    def _servable_ranks(self) -> LoraSweepConfig:
+        # The winner is served where its registered model is (the flagship's fleet), by an engine this config does
+        # not hold: the default engine's limit is the one a grid can be held to.
+        limit = ServingSettings().engine.max_lora_rank
+        refuse_unservable_ranks({"sweep.ranks": self.sweep.ranks}, limit, "the default serving engine's max_lora_rank")
+        return self
 
 
 def grid(cfg: LoraSweepConfig) -> list[dict[str, Any]]:

@@ -21,7 +21,9 @@ Two kinds of traffic, both real requests to the running fleet:
   while the engine, the adapter and the prompts are unchanged (steps/common/probe_cache.py), else asks again.
 
 Metrics (declarative rules like evaluate.thresholds, the same code: steps.evaluate.gate; missing or NaN fails):
-    served_score          the task metric (exact match by default) of the served candidate on the probe rows
+    served_score          `task_metric` of the served candidate on the probe rows: any task metric the version was
+                          evaluated with (its report lists them), a built-in or the project's own, which scores
+                          the served answers as evaluate scored its own (steps.evaluate.metrics.resolve)
     evaluated_score       what `evaluate` measured for this version on the same rows (its report's per-row scores)
     served_gap            |served_score - evaluated_score|: a wrong adapter, base model or chat template shows
                           here (RO3); bfloat16 serving vs float32 evaluation flips a row now and then
@@ -43,7 +45,8 @@ saying so, and the 100 % step is the one analysis.
 Writes canary-<percent>.json and .md to --report-dir and to the candidate's MLflow run (artifacts canary/,
 metrics canary_<percent>_<name>). Exits 1 naming the failing rule, and first the part of the fleet that died when
 one did (the vLLM engine, or the LiteLLM proxy the live traffic goes through): the exit handler then rolls back. 2
-for bad input (no evaluation report for the version, no probe rows).
+for bad input (no evaluation report for the version, no probe rows, a task_metric the version was not evaluated
+with).
 """
 
 from __future__ import annotations
@@ -55,17 +58,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError, run_step
+from eksflow.runtime.metrics import Metric
 from steps.common import canary_sizing, litellm_proxy, probe_cache, rollout, tracking, vllm
 from steps.common.canary_sizing import Sizing
 from steps.common.rollout import FleetArgs, RolloutState
-from steps.evaluate.gate import COMPARISONS, Threshold, gate
-from steps.evaluate.metrics import resolve
-from steps.evaluate.report import evaluated_rows
+from steps.evaluate import metrics as task_metrics
+from steps.evaluate.gate import COMPARISONS, LOSS_METRICS, Threshold, gate
+from steps.evaluate.metrics import configured
+from steps.evaluate.report import evaluation
 
 STEP = "analyze"
 CANARY_METRICS = (
@@ -104,7 +108,11 @@ class CanarySettings(Settings):
     concurrency: int = Field(4, ge=1, le=64, description="live requests in flight at once")
     traffic_max_tokens: int = Field(8, ge=1, description="answer length of a live request (routing, errors, latency)")
     probe_rows: int = Field(16, ge=1, description="held-out rows sent to candidate and champion")
-    task_metric: Literal["exact_match", "contains"] = Field("exact_match", description="scored like evaluate")
+    task_metric: str = Field(
+        "exact_match",
+        description="how served answers are scored, as evaluate scored them: one of evaluate.task_metrics, a custom "
+        "one by its function's name or module:function",
+    )
     thresholds: tuple[Threshold, ...] = Field(
         (
             Threshold(metric="served_gap", op="<=", value=0.125),
@@ -131,6 +139,17 @@ class CanarySettings(Settings):
                 f"weights {', '.join(same)} would name the same canary step; give weights that differ within 6 digits"
             )
         return weights
+
+    @field_validator("task_metric")
+    @classmethod
+    def _scores_answers(cls, name: str) -> str:
+        if name in LOSS_METRICS:
+            raise ValueError(f"{name} is not a score of an answer; name a task metric (evaluate.task_metrics)")
+        # A short name is matched among the task metrics the version was evaluated with (see served_metric), as
+        # the pipeline matches it among evaluate.task_metrics; a full one is checked as evaluate checks its own.
+        if name not in task_metrics.BUILT_IN and not name.isidentifier():
+            task_metrics.resolve(name)
+        return name
 
     @field_validator("thresholds", "champion_thresholds")
     @classmethod
@@ -216,8 +235,9 @@ def _run(args: Args) -> Outputs:
         rollout.log(reason)
         rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
         return Outputs(reason=reason, metrics={}, report="")
-    rows = evaluated_rows(args.tracking_uri, args.model_name, state.candidate_version)
-    probes = probe_set(rows, args.probe_rows, args.task_metric)
+    evaluated = evaluation(args.tracking_uri, args.model_name, state.candidate_version)
+    metric, scorer = served_metric(args.task_metric, evaluated.task_metrics, state.candidate_version)
+    probes = probe_set(evaluated.rows, args.probe_rows, metric)
     rules = [*args.thresholds, *(args.champion_thresholds if state.champion_slot else ())]
     if args.pre_traffic:  # the candidate answers no user yet, only the probes below
         rules = [r for r in rules if r.metric not in ROUTING_METRICS]
@@ -226,7 +246,7 @@ def _run(args: Args) -> Outputs:
     )
     rollout.log(f"canary at {args.percent:g}%: {sizing.describe()}")
     live = send_live_traffic(args, [p.prompt for p in probes], sizing.requests)
-    asked = send_probes(args, state, probes)
+    asked = send_probes(args, state, probes, scorer)
     metrics = analyse(args, state, live, probes, asked)
     passed, reason = gate(metrics, rules)
     if not passed and (down := component_down(args)):
@@ -248,6 +268,24 @@ def component_down(args: Args) -> str:
     The pre-traffic step sends nothing through the proxy, so only the engine counts there.
     """
     return vllm.engine_down(args.vllm_url) or ("" if args.pre_traffic else litellm_proxy.proxy_down(args.proxy_url))
+
+
+def served_metric(name: str, evaluated: Sequence[str], version: str) -> tuple[str, Metric]:
+    """`canary.task_metric` as the key of evaluate's per-row scores, and the function that scores served answers.
+
+    A short name is matched among the task metrics the version was evaluated with (its report lists them), so
+    nothing the evaluation did not name is imported; the function is resolved as evaluate resolved it.
+    """
+    try:
+        key = configured(name, evaluated) if evaluated else name  # an older report lists none: rows keyed in full
+        if key is None:
+            raise ValueError(
+                f"{name!r} is not a task metric v{version} was evaluated with "
+                f"({', '.join(evaluated) or 'none listed'}); name one of them"
+            )
+        return key, task_metrics.resolve(key)
+    except ValueError as err:
+        raise StepInputError(f"--task-metric: {err}") from err
 
 
 def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "exact_match") -> list[Probe]:
@@ -283,8 +321,8 @@ def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vl
         return list(pool.map(one, range(count)))
 
 
-def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[str, Asked]:
-    """The candidate's (and the champion's) answer and score on every probe, from the probe cache or asked.
+def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Metric) -> dict[str, Asked]:
+    """The candidate's (and the champion's) answer and its `scorer` score on every probe, from the probe cache or asked.
 
     A model is asked unless the rollout's probe cache holds its answers for the same engine, adapter and prompts
     and this is not the pre-traffic step (a resumed analyze-0 measures again).
@@ -316,7 +354,7 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe]) -> dict[st
                     probe.candidate_latency_s = answer.latency_s if answer.status else math.nan
             probe_cache.remember(cache_file, model, key, before, f"{STEP}-{args.percent:g}", answers)
         for probe, answer in zip(probes, answers, strict=True):  # no answer, no score: NaN, never a 0 that averages
-            score = resolve(args.task_metric)(answer.text, probe.reference) if answer.ok else math.nan
+            score = scorer(answer.text, probe.reference) if answer.ok else math.nan
             setattr(probe, role, answer.text if answer.ok else f"<error: {answer.error or answer.status}>")
             setattr(probe, f"{role}_score", score)
     return asked

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from eksflow import Location, Pipeline, PipelineConfig, Ref, Resources, Section, Settings, TaskRef, config_hash, task
 from eksflow.config import StorageSettings
@@ -42,9 +42,8 @@ class MlflowSettings(Settings):
     experiment: str = Field(
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
     )
-    # The flagship registers this model, the sweep registers into it, the champion check checks it.
     model_name: str = Field(
-        "llama-lora",
+        "",
         pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$",
         description="registered model name; empty: the pipeline's name",
     )
@@ -96,6 +95,20 @@ class LlmPipelineConfig(PipelineConfig):
     storage: ModelStorage = ModelStorage()
     mlflow: MlflowSettings = MlflowSettings()
 
+    # A declared default is validated as a given value is: `mlflow: MlflowSettings = MlflowSettings(ui_url=...)`,
+    # redeclared by a pipeline, still gets its model named (_model_named).
+    model_config = ConfigDict(validate_default=True)
+
+    @field_validator("mlflow")
+    @classmethod
+    def _model_named(cls, mlflow: MlflowSettings, info: ValidationInfo) -> MlflowSettings:
+        # Named in the config itself, not only when read: every task, `config` and the lineage hash see the model
+        # the versions go to, and a config leaving it to the pipeline's name hashes as one naming it does.
+        name = info.data.get("name")
+        if mlflow.model_name or name is None:  # no name: refused itself, saying why
+            return mlflow
+        return mlflow.model_copy(update={"model_name": name})
+
     @property
     def experiment(self) -> str:
         """The MLflow experiment of this pipeline's runs: configured, or the pipeline's name."""
@@ -103,8 +116,8 @@ class LlmPipelineConfig(PipelineConfig):
 
     @property
     def model_name(self) -> str:
-        """The registered model this pipeline's versions go to: configured, or the pipeline's name."""
-        return self.mlflow.model_name or self.name
+        """The registered model this pipeline's versions go to: configured, or the pipeline's name (_model_named)."""
+        return self.mlflow.model_name
 
     @property
     def tracking(self) -> Tracking:

@@ -22,16 +22,21 @@ objects as local processes for the run's lifetime (eksflow/local/fleet.py).
 Keys come from one Secret (serving.secret) that an operator creates once, never from a parameter:
     kubectl create secret generic eksflow-serving --from-literal=vllm-api-key=... \
         --from-literal=litellm-master-key=sk-...
+
+ServingConfig refuses, when the config is loaded, a LoRA rank the engine cannot load (refuse_unservable_ranks: every
+LoraSettings section's rank against serving.engine.max_lora_rank; a grid of ranks calls it too).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from eksflow import profiles
 from eksflow.config import Image, image_field, pinned_image
@@ -41,7 +46,10 @@ from eksflow.runtime.args import Location, Settings
 from pipelines.common import LlmPipelineConfig, base_model_field
 from steps.canary import CanarySettings
 from steps.common import litellm_proxy, litellm_routes, rollout, vllm
+from steps.evaluate import EvaluateSettings
+from steps.evaluate.metrics import configured, shown
 from steps.prepare_fleet import fleet_addresses
+from steps.train import LoraSettings
 
 SECRETS_DIR = str(rollout.FleetArgs.model_fields["secrets_dir"].default)
 CALLBACK_SOURCE = Path(litellm_routes.__file__)  # shipped in the proxy's ConfigMap, beside config.yaml
@@ -49,20 +57,12 @@ MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the l
 FLEET_LABEL = "eksflow.dev/fleet"
 ROLLOUT_LABEL = "eksflow.dev/rollout"  # on the workflow's pods that talk to the fleet (value: the pipeline's name)
 PROXY_CONFIG_DIR = "/etc/litellm"
+ENGINE_RANK_LIMIT = "serving.engine.max_lora_rank"  # the largest LoRA rank the fleet's engine loads
 COMPROMISED_LITELLM = ("1.82.7", "1.82.8")  # malicious releases on PyPI: never deploy them
-# Inference nodes beyond the training table: L4 GPUs (g6), 24 GiB each; requests/limits come from the profile.
-_G6 = {
-    p.instance_type: p
-    for p in (
-        Profile("g6.xlarge", "gpu", 1, 1, 24, 0, 4, 16),
-        Profile("g6.2xlarge", "gpu", 1, 1, 24, 0, 8, 32),
-        Profile("g6.12xlarge", "gpu", 4, 1, 24, 0, 48, 192),
-        Profile("g6.48xlarge", "gpu", 8, 1, 24, 0, 192, 768),
-    )
-}
+# Inference nodes: CPU, g5, p4d and the inference-only L4 GPUs (g6); requests/limits come from the profile.
 INFERENCE_PROFILES: dict[str, Profile] = {
     **{name: p for name, p in profiles.PROFILES.items() if p.kind == "cpu" or name.startswith(("g5.", "p4d."))},
-    **_G6,
+    **profiles.SERVING_ONLY,
 }
 
 
@@ -111,12 +111,87 @@ class ServingSettings(Settings):
         return image
 
 
+def lora_ranks(section: BaseModel, key: str = "") -> dict[str, int]:
+    """The rank of every LoRA adapter a config trains (each LoraSettings in it, at any depth), by dotted key."""
+    if isinstance(section, LoraSettings):
+        return {f"{key}.rank": section.rank}
+    found: dict[str, int] = {}
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        if isinstance(value, BaseModel):
+            found |= lora_ranks(value, f"{key}.{name}" if key else name)
+    return found
+
+
+def refuse_unservable_ranks(
+    trained: Mapping[str, int | Sequence[int]], max_lora_rank: int, limit: str = ENGINE_RANK_LIMIT
+) -> None:
+    """Refuse (ValidationError) a LoRA rank the serving engine cannot load, at the key of the setting that holds it.
+
+    vLLM sizes its LoRA buffers by --max-lora-rank and refuses a larger adapter, which load-candidate finds only
+    after training: a config's validator calls this, so the config is refused wherever it is loaded (plan, render,
+    run, submit, config). `trained` maps each setting to its rank, or to its ranks (a grid: the largest must fit);
+    `limit` names where `max_lora_rank` comes from: the config's own serving.engine.max_lora_rank (the fix may
+    raise it), or an engine the config does not hold.
+    """
+    errors = []
+    for key, value in trained.items():
+        rank = max(value) if isinstance(value, Sequence) else value
+        if rank > max_lora_rank:
+            fit = next((r for r in vllm.VLLM_RANKS if r >= rank), None)  # the smallest --max-lora-rank that holds it
+            raise_limit = f", or raise {limit} to {fit}" if limit == ENGINE_RANK_LIMIT and fit else ""
+            problem = (
+                f"rank {rank} is above {limit} ({max_lora_rank}), so vLLM could not load the trained adapter; "
+                f"train at rank {max_lora_rank} or less{raise_limit}"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            errors.append(InitErrorDetails(type=error, loc=tuple(key.split(".")), input=value))
+    if errors:
+        raise ValidationError.from_exception_data("LoRA ranks", errors)
+
+
 class ServingConfig(LlmPipelineConfig):
-    """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary."""
+    """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary.
+
+    Where the pipeline also evaluates (a section of EvaluateSettings), the canary's task_metric must be one of
+    its task_metrics: the canary compares the served answers' scores with the evaluation's, row by row. Every LoRA
+    rank it trains (each LoraSettings section, e.g. train.lora.rank) must fit serving.engine.max_lora_rank.
+    """
 
     base_model: Location = base_model_field()
     serving: ServingSettings = ServingSettings()
     canary: CanarySettings = CanarySettings()
+
+    @model_validator(mode="after")
+    def _canary_scores_an_evaluated_metric(self) -> ServingConfig:
+        # The canary compares its scores of the served answers with evaluate's per-row scores of the same metric:
+        # a metric evaluate does not score has no row to compare with, which the rollout would find after training.
+        evaluated = [(key, section) for key, section in self if isinstance(section, EvaluateSettings)]
+        problems = [_not_evaluated(self.canary.task_metric, section.task_metrics, key) for key, section in evaluated]
+        if problem := next((p for p in problems if p), ""):
+            # Raised as the field's own error is, so the one line names the key to fix: canary.task_metric.
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            details = InitErrorDetails(type=error, loc=("canary", "task_metric"), input=self.canary.task_metric)
+            raise ValidationError.from_exception_data(type(self).__name__, [details])
+        return self
+
+    @model_validator(mode="after")
+    def _servable_ranks(self) -> ServingConfig:
+        refuse_unservable_ranks(lora_ranks(self), self.serving.engine.max_lora_rank)
+        return self
+
+
+def _not_evaluated(name: str, task_metrics: Sequence[str], section: str) -> str:
+    """Why `canary.task_metric` names no metric of `<section>.task_metrics`; "" when it names one."""
+    try:
+        if configured(name, task_metrics) is not None:
+            return ""
+    except ValueError as err:  # a short name two of them share
+        return str(err)
+    return (
+        f"{name!r} is none of {section}.task_metrics ({', '.join(shown(task_metrics))}): the canary compares its "
+        f"scores of the served answers with evaluate's of the same metric; name one of them or add it there"
+    )
 
 
 def proxy_name(cfg: ServingConfig) -> str:

@@ -3,8 +3,11 @@
     python -m steps.evaluate --dataset-dir=/fsx/run/data --adapter-dir=/fsx/run/train/checkpoints/step-40/adapter
 
 Metrics (tuned, and the base model as `base_<name>` on the same examples): eval_loss and perplexity over the
-completion tokens, exact_match and contains over batched greedy answers, and `<metric>_gain` = tuned - base.
-The gate passes only if every threshold holds; a missing or NaN metric fails closed.
+completion tokens, the task metrics (`task_metrics`) over batched greedy answers, and `<task metric>_gain` =
+tuned - base.
+The gate passes only if every threshold holds; a missing or NaN metric fails closed. A threshold and champion_metric
+name a custom task metric by its function's name (`starts_alike`, when no other task metric has it) or in full
+(`steps.my_metrics:starts_alike`); validation turns either into the full name, the key of the metrics and reports.
 
 Champion/challenger: when model `--model-name` has a version with alias `champion` whose tag `eval_set_digest`
 equals this run's (sha256 of eval.jsonl), the tuned `champion_metric` must also beat the champion's recorded score
@@ -35,13 +38,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from eksflow.runtime.args import Location, Settings, StepArgs
 from steps.common import tracking
 from steps.common.base_model import default_cache_dir
-from steps.evaluate.gate import LOSS_METRICS, Threshold, metric_names
-from steps.evaluate.metrics import resolve
+from steps.evaluate.gate import LOSS_METRICS, Threshold, threshold_metric
+from steps.evaluate.metrics import configured, resolve, shown
 
 
 class EvaluateSettings(Settings):
@@ -55,7 +58,10 @@ class EvaluateSettings(Settings):
     )
     thresholds: tuple[Threshold, ...] = Field(
         (Threshold(metric="exact_match", value=0.6), Threshold(metric="exact_match_gain", value=0.2)),
-        description="every rule must hold for the gate to pass",
+        validate_default=True,  # the default rules too must read metrics task_metrics gives
+        description="every rule must hold for the gate to pass; a rule names eval_loss, perplexity or a task metric "
+        "(yours by its function's name or module:function), base_<metric> for the base model's score, or "
+        "<task metric>_gain for tuned - base",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
     # ~1,000 examples put a 95% Wilson interval of an exact match near 0.5 at +-0.03, enough to gate on
@@ -68,7 +74,11 @@ class EvaluateSettings(Settings):
     max_new_tokens: int = Field(
         0, ge=0, description="greedy answer length cap; 0: the longest reference in tokens plus a margin"
     )
-    champion_metric: str = Field("exact_match", description="tuned metric compared with the champion's score")
+    champion_metric: str = Field(
+        "exact_match",
+        validate_default=True,
+        description="tuned metric compared with the champion's score: eval_loss, perplexity or a task metric",
+    )
     champion_margin: float = Field(
         0.0,
         ge=0.0,
@@ -94,18 +104,26 @@ class EvaluateSettings(Settings):
             )
         return self
 
-    @model_validator(mode="after")
-    def _thresholds_name_known_metrics(self) -> EvaluateSettings:
-        known = metric_names(self.task_metrics)
-        for rule in self.thresholds:
-            if rule.metric not in known:
-                raise ValueError(f"threshold on unknown metric {rule.metric!r}; known metrics: {', '.join(known)}")
-        comparable = [*LOSS_METRICS, *self.task_metrics]
-        if self.champion_metric not in comparable:
-            raise ValueError(
-                f"champion_metric {self.champion_metric!r} is not a tuned metric; choose one of {', '.join(comparable)}"
-            )
-        return self
+    # A metric named after task_metrics (a short name included) becomes the key the evaluation's metrics have, here,
+    # once: the gate, the reports, the registry's tags and the sweep's ranking all read that one key.
+    @field_validator("thresholds")
+    @classmethod
+    def _known_metrics(cls, rules: tuple[Threshold, ...], info: ValidationInfo) -> tuple[Threshold, ...]:
+        task_metrics = info.data.get("task_metrics")
+        if task_metrics is None:  # refused itself, saying why
+            return rules
+        return tuple(rule.model_copy(update={"metric": threshold_metric(rule.metric, task_metrics)}) for rule in rules)
+
+    @field_validator("champion_metric")
+    @classmethod
+    def _a_tuned_metric(cls, name: str, info: ValidationInfo) -> str:
+        task_metrics = info.data.get("task_metrics")
+        if task_metrics is None or name in LOSS_METRICS:
+            return name
+        if (metric := configured(name, task_metrics)) is None:
+            tuned = ", ".join([*LOSS_METRICS, *shown(task_metrics)])
+            raise ValueError(f"champion_metric {name!r} is not a tuned metric; choose one of {tuned}")
+        return metric
 
 
 class Args(EvaluateSettings, StepArgs):

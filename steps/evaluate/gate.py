@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from eksflow.runtime.args import Settings
+from steps.evaluate.metrics import configured, shown
 
 COMPARISONS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -63,10 +64,42 @@ class ChampionCheck(BaseModel):
     actual: float | None = None
 
 
-def metric_names(task_metrics: Sequence[str]) -> list[str]:
-    """Every metric a threshold may name."""
-    names = [*LOSS_METRICS, *task_metrics]
-    return [*names, *(f"base_{n}" for n in names), *(f"{n}_gain" for n in task_metrics)]
+def threshold_metric(name: str, task_metrics: Sequence[str]) -> str:
+    """The key of the evaluation's metrics (`combine`) that a threshold naming `name` reads.
+
+    `name` is a tuned metric (eval_loss, perplexity or a task metric), `base_<metric>` (the base model's score on
+    the same examples) or `<task metric>_gain` (tuned - base), a custom task metric by its full or its short name
+    (steps.evaluate.metrics.configured: matched among `task_metrics`, nothing imported). ValueError naming the
+    metrics known, or every metric the name could mean.
+    """
+    tuned = [*LOSS_METRICS, *task_metrics]
+    forms = (("", "", tuned), ("base_", "", tuned), ("", "_gain", list(task_metrics)))
+    if name in (f"{prefix}{metric}{suffix}" for prefix, suffix, pool in forms for metric in pool):
+        return name
+    found = set()
+    for prefix, suffix, pool in forms:
+        inner = name.removeprefix(prefix).removesuffix(suffix)
+        if inner and f"{prefix}{inner}{suffix}" == name:
+            try:
+                metric = configured(inner, pool)
+            except ValueError as err:
+                raise ValueError(f"threshold on {name!r}: {err}") from err
+            if metric is not None:
+                found.add(f"{prefix}{metric}{suffix}")
+    if len(found) > 1:
+        either = " or ".join(sorted(found))
+        raise ValueError(f"threshold on {name!r} could read {either}; name the one you mean in full")
+    if not found:
+        raise ValueError(f"threshold on unknown metric {name!r}; known metrics: {known_metrics(task_metrics)}")
+    return found.pop()
+
+
+def known_metrics(task_metrics: Sequence[str]) -> str:
+    """What a threshold may name, for a message: the tuned metrics, then the base and gain forms in words."""
+    return (
+        f"{', '.join([*LOSS_METRICS, *shown(task_metrics)])}; each as base_<metric> for the base model's score, "
+        "and a task metric as <metric>_gain for tuned - base"
+    )
 
 
 def gate(metrics: Mapping[str, float], thresholds: Sequence[Threshold]) -> tuple[bool, str]:

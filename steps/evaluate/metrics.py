@@ -15,6 +15,10 @@ unless the module declared that very function, with a signature that takes (answ
 to check it. The project is the one this file belongs to (PROJECT_ROOT): the checkout a pipeline is rendered and
 run from, /app in the step's image (which copies the project's steps package there).
 
+Where a metric is named once `task_metrics` lists it (a threshold, `champion_metric`, `canary.task_metric`), the
+function's name alone (its short name, `function`) will do when no other listed metric has it: `configured`
+matches it among the listed names as text, so a short name never leads to a module the config did not list.
+
 A task metric's value on the eval set is the mean over the rows it scores; no row scored gives NaN, which every
 threshold fails closed on.
 """
@@ -79,6 +83,34 @@ BUILT_IN: dict[str, Metric] = {
     "json_match": json_match,
     "rouge_l": rouge_l,
 }
+
+
+def short_name(metric: str) -> str:
+    """A metric's name without its module: `starts_alike` for `steps.my_metrics:starts_alike`; a built-in's own."""
+    return metric.rpartition(":")[2]
+
+
+def configured(name: str, task_metrics: Sequence[str]) -> str | None:
+    """The metric of `task_metrics` that `name` names, by its full name or a custom one by its short name; or None.
+
+    A full name wins (`exact_match` is the built-in even beside a custom `pkg.mod:exact_match`). Pure text: nothing
+    is imported. ValueError, naming both, when two listed custom metrics have that short name.
+    """
+    if name in task_metrics:
+        return name
+    matches = [metric for metric in task_metrics if ":" in metric and short_name(metric) == name]
+    if len(matches) > 1:
+        raise ValueError(f"{name!r} is the short name of both {' and '.join(matches)}; name the one you mean in full")
+    return matches[0] if matches else None
+
+
+def shown(task_metrics: Sequence[str]) -> list[str]:
+    """The names to offer for `task_metrics`: a custom metric's short name where that names it alone, else its full."""
+    shorts = [short_name(metric) for metric in task_metrics]
+    return [
+        metric if ":" in metric and shorts.count(short) > 1 else short
+        for metric, short in zip(task_metrics, shorts, strict=True)
+    ]
 
 
 def resolve(name: str) -> Metric:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eksflow.runtime.args import StepInputError
@@ -153,8 +154,21 @@ def log_to_run(
     tracking.log_files(uri, run_id, [report, report.with_name(TABLE_FILE)], REPORT_ARTIFACT)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What `evaluate` recorded for a registered version: the task metrics it scored with, its per-row scores."""
+
+    task_metrics: list[str]  # as evaluate.task_metrics named them: the keys of each row's scores
+    rows: list[dict[str, object]]  # in order: prompt, reference, answer and one score per task metric
+
+
 def evaluated_rows(tracking_uri: str, model_name: str, version: str) -> list[dict[str, object]]:
-    """The held-out rows `evaluate` scored for a registered version, in order (its report in the version's run).
+    """The held-out rows `evaluate` scored for a registered version, in order (see `evaluation`)."""
+    return evaluation(tracking_uri, model_name, version).rows
+
+
+def evaluation(tracking_uri: str, model_name: str, version: str) -> Evaluation:
+    """The task metrics and per-row scores of a registered version's evaluation (its report in the version's run).
 
     Raises StepInputError when the version's run has no report: what is served cannot be compared with what was
     evaluated without it.
@@ -171,5 +185,6 @@ def evaluated_rows(tracking_uri: str, model_name: str, version: str) -> list[dic
                 f"--model-name={model_name}: version {version} has no {REPORT_ARTIFACT}/{REPORT_FILE} in run "
                 f"{run_id}; served == evaluated cannot be checked without evaluate's per-row scores"
             ) from err
-    rows = json.loads(text).get("rows") or []
-    return [r for r in rows if isinstance(r, dict)]
+    report = json.loads(text)
+    rows, listed = report.get("rows") or [], report.get("task_metrics") or []
+    return Evaluation([m for m in listed if isinstance(m, str)], [r for r in rows if isinstance(r, dict)])

@@ -1,12 +1,16 @@
 """Pipeline config: defaults, YAML + --set overrides, and errors that name the field and the fix (S3)."""
 
+import json
 import re
 
 import pytest
 
-from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, load_config
+from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, config_hash, load_config, name_field
+from pipelines.champion_check import ChampionCheckConfig
+from pipelines.common import LlmPipelineConfig, MlflowSettings
 from pipelines.llama_lora import LlamaLoraConfig
-from tests.flagship import config
+from pipelines.lora_sweep import LoraSweepConfig
+from tests.flagship import config, rendered
 
 
 def test_defaults_are_valid():
@@ -118,3 +122,35 @@ def test_missing_unreadable_and_malformed_config_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         config(path=tmp_path / "list.yaml")
+
+
+class Text2SqlConfig(LlmPipelineConfig):
+    name: str = name_field("text2sql")
+
+
+class Text2SqlOwnMlflow(LlmPipelineConfig):
+    """A pipeline redeclaring the section for another key leaves model_name to the pipeline's name too."""
+
+    name: str = name_field("text2sql")
+    mlflow: MlflowSettings = MlflowSettings(ui_url="http://mlflow.example.com")
+
+
+@pytest.mark.parametrize("config_type", [Text2SqlConfig, Text2SqlOwnMlflow], ids=["inherited", "redeclared"])
+def test_a_pipeline_registers_into_its_own_name_unless_one_is_configured(config_type):
+    cfg = load_config(config_type)
+    assert cfg.mlflow.model_name == cfg.model_name == cfg.tracking.model_name == "text2sql"
+    assert load_config(config_type, None, ["mlflow.experiment=sql"]).model_name == "text2sql"
+    assert load_config(config_type, None, ["name=sql-nightly"]).model_name == "sql-nightly"
+    assert load_config(config_type, None, ["mlflow.model_name=shared"]).model_name == "shared"
+
+
+def test_the_flagship_renamed_registers_serves_and_reports_under_its_new_name():
+    manifest = json.dumps(rendered(["name=text2sql"]))
+    assert "--model-name=text2sql" in manifest and "llama-lora" not in manifest
+
+
+def test_the_flagship_sweep_and_champion_check_keep_the_flagships_model():
+    for config_type in (LlamaLoraConfig, LoraSweepConfig, ChampionCheckConfig):
+        assert load_config(config_type).model_name == "llama-lora", config_type.__name__
+    # Left to the pipeline's name or named, the same settings: one lineage hash
+    assert config_hash(config()) == config_hash(config(["mlflow.model_name=llama-lora"]))

@@ -10,6 +10,7 @@ from steps import canary
 from steps.common import probe_cache, vllm
 from steps.common.rollout import RolloutState
 from steps.common.vllm import Answer
+from steps.evaluate.metrics import exact_match
 
 STATE = RolloutState(
     champion_version="1",
@@ -78,7 +79,7 @@ def step(
         }
     )
     probes = [canary.Probe(prompt=p, reference=f"llama-lora-v2-bbbbbbbb says {p}", evaluated=1.0) for p in prompts]
-    return canary.send_probes(args, STATE, probes), probes
+    return canary.send_probes(args, STATE, probes, exact_match), probes
 
 
 def test_each_model_answers_once_and_later_steps_reuse_its_answers(tmp_path, monkeypatch):

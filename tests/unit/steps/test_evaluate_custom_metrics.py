@@ -8,13 +8,13 @@ Then checking a name imported whatever module it named: `mlflow.__main__:x` ran 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,11 +22,11 @@ from pydantic import ValidationError
 
 from eksflow.runtime import task_metric
 from steps.evaluate import EvaluateSettings, metrics
+from steps.evaluate.gate import Threshold, combine, gate
 from steps.evaluate.metrics import resolve, score
 from steps.evaluate.step import main
 
 ROOT = Path(__file__).resolve().parents[3]
-_FRESH = itertools.count()
 CANARY = """
 import os
 import pathlib
@@ -91,6 +91,16 @@ USER_METRICS = """
 """
 
 
+OTHER_METRICS = """
+    from eksflow.runtime import task_metric
+
+
+    @task_metric
+    def starts_alike(answer: str, reference: str) -> float:  # the short name of mine.starts_alike too
+        return float(answer[:1] == reference[:1])
+"""
+
+
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
@@ -102,12 +112,13 @@ def user_package(tmp_path, monkeypatch):
 
     The project is the evaluate step's: metrics.PROJECT_ROOT is set to it, as a copy of the step would find it.
     """
-    name = f"user_metrics_{next(_FRESH)}"
+    name = f"user_metrics_{uuid.uuid4().hex}"  # unique across this module's copies (another test imports it)
     project = tmp_path / "project"
     write(project / name / "__init__.py", "")
     write(project / name / "mine.py", USER_METRICS)
     write(project / name / "broken.py", "raise RuntimeError('the top level failed')\n")
     write(project / name / "reexport.py", f"from {name}.mine import starts_alike\n")
+    write(project / name / "other.py", OTHER_METRICS)
     monkeypatch.syspath_prepend(str(project))
     monkeypatch.setattr(metrics, "PROJECT_ROOT", project)
     monkeypatch.setenv("METRIC_MARKER", str(tmp_path / "called"))
@@ -332,3 +343,71 @@ def test_a_metric_of_the_project_renders_and_the_step_in_its_image_layout_accept
     )
     assert step.returncode == 2, step.stderr  # its arguments passed, the metric included: then the missing adapter
     assert "task metric" not in step.stderr and "no-adapter" in step.stderr, step.stderr
+
+
+@pytest.mark.parametrize(
+    ("written", "reads"),
+    [
+        ("starts_alike", "{pkg}.mine:starts_alike"),
+        ("{pkg}.mine:starts_alike", "{pkg}.mine:starts_alike"),
+        ("base_starts_alike", "base_{pkg}.mine:starts_alike"),
+        ("starts_alike_gain", "{pkg}.mine:starts_alike_gain"),
+        ("exact_match_gain", "exact_match_gain"),
+        ("base_eval_loss", "base_eval_loss"),
+    ],
+    ids=["short", "full", "base-short", "gain-short", "built-in-gain", "base-loss"],
+)
+def test_a_threshold_names_a_custom_metric_by_its_short_or_full_name(user_package, tmp_path, written, reads):
+    full = f"{user_package}.mine:starts_alike"
+    written, reads = written.format(pkg=user_package), reads.format(pkg=user_package)
+    settings = EvaluateSettings(
+        task_metrics=("exact_match", full),
+        thresholds=(Threshold(metric=written, op=">=", value=0.5),),
+        champion_metric="starts_alike",
+    )
+    (rule,) = settings.thresholds
+    assert rule.metric == reads and settings.champion_metric == full  # the key evaluate's metrics have
+    tuned = {"eval_loss": 0.5, "perplexity": 1.65, "exact_match": 0.5, full: 0.75}
+    measured = combine(tuned, {**tuned, full: 0.25}, settings.task_metrics)
+    _, reason = gate(measured, settings.thresholds)
+    assert reads in measured and "missing" not in reason, reason  # the gate reads what evaluate measured
+    assert not (tmp_path / "called").exists()
+
+
+def test_a_short_name_two_task_metrics_share_is_refused_in_one_line_naming_both(user_package):
+    mine, other = f"{user_package}.mine:starts_alike", f"{user_package}.other:starts_alike"
+    with pytest.raises(ValidationError) as caught:
+        EvaluateSettings(
+            task_metrics=(mine, other),
+            thresholds=(Threshold(metric="starts_alike_gain", value=0.1),),
+            champion_metric="starts_alike",
+        )
+    threshold, champion = caught.value.errors()
+    both = f"'starts_alike' is the short name of both {mine} and {other}; name the one you mean in full"
+    assert threshold["loc"] == ("thresholds",) and both in threshold["msg"] and "\n" not in threshold["msg"]
+    assert champion["loc"] == ("champion_metric",) and both in champion["msg"]
+    settings = EvaluateSettings(
+        task_metrics=(mine, other), thresholds=(Threshold(metric=f"{other}_gain", value=0.1),), champion_metric=mine
+    )
+    assert (settings.thresholds[0].metric, settings.champion_metric) == (f"{other}_gain", mine)
+
+
+def test_a_short_name_is_matched_only_among_the_listed_metrics_and_imports_nothing(user_package, tmp_path):
+    with pytest.raises(ValidationError) as caught:
+        EvaluateSettings(task_metrics=("exact_match",), thresholds=(Threshold(metric="starts_alike", value=0.5),))
+    (error,) = caught.value.errors()
+    assert error["msg"].startswith("Value error, threshold on unknown metric 'starts_alike'; known metrics: ")
+    assert f"{user_package}.mine" not in sys.modules and user_package not in sys.modules  # declared, never looked up
+    assert not (tmp_path / "called").exists()
+
+
+def test_the_metrics_a_threshold_may_name_are_listed_as_a_user_writes_them(user_package):
+    full = f"{user_package}.mine:starts_alike"
+    with pytest.raises(ValidationError) as caught:
+        EvaluateSettings(task_metrics=("exact_match", full), thresholds=(Threshold(metric="accuracy", value=0.5),))
+    (error,) = caught.value.errors()
+    assert (
+        "known metrics: eval_loss, perplexity, exact_match, starts_alike; each as base_<metric> for the base "
+        "model's score, and a task metric as <metric>_gain for tuned - base" in error["msg"]
+    ), error["msg"]
+    assert "base_eval_loss" not in error["msg"] and f"base_{user_package}" not in error["msg"]
