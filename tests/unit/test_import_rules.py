@@ -86,6 +86,7 @@ LAYERS = (
     "eksflow.verbs",
     "eksflow.config_docs",
     "eksflow.cli",
+    "eksflow.llm",  # the LLM library (`eksflow[llm]`), built on the SDK: the SDK never imports it
     "eksflow",  # the flat public namespace, loading each name on first use
 )
 
