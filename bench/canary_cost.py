@@ -3,9 +3,9 @@
     .venv/bin/python bench/canary_cost.py [--weights 10,50,100] [--share-tolerance 0.25] [--probe-rows 16]
         [--fixed 40] [--seconds-per-request 1.04]
 
-Counts only, nothing is served: the sized live requests come from steps.common.canary_sizing with the default
-share_z limit; probes are the candidate's and the champion's `--probe-rows` each, sent at every step before and at
-the first step only now (reused while nothing changed). The time is an estimate: requests x
+Counts only, nothing is served: the sized live requests come from eksflow.llm.steps.common.canary_sizing with the
+default share_z limit; probes are the candidate's and the champion's `--probe-rows` each, sent at every step before and
+at the first step only now (reused while nothing changed). The time is an estimate: requests x
 `--seconds-per-request`, by default the 70-84 s a step of 40 live requests and 2 x 16 probes took on 2 cores
 (~75 s / 72 requests), live and probe requests counted alike (a live answer is capped at 8 tokens, a probe's
 date answer is about as long). The real cost is what the rollout e2e run measures.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from steps.canary import CanarySettings
-from steps.common import canary_sizing
+from eksflow.llm.steps.canary import CanarySettings
+from eksflow.llm.steps.common import canary_sizing
 
 
 def main() -> None:

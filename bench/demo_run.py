@@ -10,9 +10,9 @@ for each task, how long it waited for the node (Pending: from its creation to it
 how long it ran (from that header to its end), so the table shows where the workflow's time goes, and the evaluate
 and canary costs (evaluate; the analyze-* tasks together) on their own lines.
 
-`ab` exports another commit into a temporary git worktree (this checkout's virtualenvs linked in) and runs the same
-command there, then here, one after the other (a run is ~10-16 minutes on 2 cores: there is no interleaving of
-rounds; run it on a quiet machine and say the load).
+`ab` exports another commit into a temporary git worktree (this checkout's .venv linked in, its serving engines named by
+their variables) and runs the same command there, then here, one after the other (a run is ~10-16 minutes on 2 cores:
+there is no interleaving of rounds; run it on a quiet machine and say the load).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eksflow.local.status import file_name  # noqa: E402  (after the path: bench/ is not a package)
+from eksflow.llm.engines import ENGINES  # noqa: E402  (after the path: bench/ is not a package)
+from eksflow.llm.engines import command as command_of  # noqa: E402
+from eksflow.local.status import file_name  # noqa: E402
 
 HEADER = re.compile(r"^===== (?P<key>\S+): attempt (?P<attempt>\d+), (?P<at>\S+) =====$", re.MULTILINE)
-VENVS = (".venv", ".venv-vllm", ".venv-litellm")
 
 
 def seconds(start: str | None, end: str | None) -> float:
@@ -75,6 +76,8 @@ def run_demo(tree: Path, models: Path, extra: list[str]) -> dict[str, Any]:
     command = [str(tree / ".venv" / "bin" / "python"), str(tree / "pipelines" / "llama_lora.py"), "run"]
     command += ["--state-dir", str(state), "--set", f"storage.model_cache={models}", *extra]
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # The engines this checkout installed (eksflow.llm.engines), named by the variables every tree's fleet reads.
+    env |= {engine.override_env: command_of(engine) for engine in ENGINES.values()}
     started = time.monotonic()
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
@@ -96,7 +99,7 @@ def run_demo(tree: Path, models: Path, extra: list[str]) -> dict[str, Any]:
 
 def convert_model(models: Path) -> None:
     """The demo base model, converted once into `models` (not part of any timed run)."""
-    from steps.common.base_model import DEMO_MODEL, resolve_model
+    from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 
     resolve_model(DEMO_MODEL, models)
 
@@ -121,8 +124,7 @@ def worktree(ref: str) -> Path:
     """A git worktree of `ref` in a temporary folder, with this checkout's virtualenvs linked in."""
     folder = Path(tempfile.mkdtemp(prefix="demo-tree-")) / ref
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref], check=True)
-    for venv in VENVS:
-        (folder / venv).symlink_to(ROOT / venv)
+    (folder / ".venv").symlink_to(ROOT / ".venv")
     return folder
 
 

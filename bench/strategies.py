@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/strategies.py --rounds 2 --steps 3 --warmup 1
 
-Each variant is the train step's own loop (`steps.train.loop.train_worker`) in 2 ranks of `mpirun -np 2` (one
-thread each, gloo), as `--launcher=mpi` runs it, on the real demo model (SmolLM2-135M-Instruct, resolved offline)
+Each variant is the train step's own loop (`eksflow.llm.steps.train.loop.train_worker`) in 2 ranks of `mpirun -np 2`
+(one thread each, gloo), as `--launcher=mpi` runs it, on the real demo model (SmolLM2-135M-Instruct, resolved offline)
 with the same LoRA shape (r16 on q/k/v/o), sequence length and micro-batch for every variant. Every example is
 longer than --seq tokens and truncated to it, so a step is 2 x micro-batch x seq real tokens (no padding):
 forward, backward, gradient reduction, clipping, AdamW, LR schedule. A step's time is the interval between the
@@ -112,11 +112,11 @@ def run_variant(args: argparse.Namespace, name: str, workdir: Path) -> dict[str,
 
 def rank(args: argparse.Namespace) -> int:
     """One rank: the train loop with a clock on every optimizer step, then RESULT with its intervals and RSS."""
-    from steps.common.base_model import resolve_model
-    from steps.train import TrainSettings, mpi
-    from steps.train.loop import LoopConfig, train_worker
-    from steps.train.parallel import TorchUpdate
-    from steps.train.zero import ZeroUpdate
+    from eksflow.llm.steps.common.base_model import resolve_model
+    from eksflow.llm.steps.train import TrainSettings, mpi
+    from eksflow.llm.steps.train.loop import LoopConfig, train_worker
+    from eksflow.llm.steps.train.parallel import TorchUpdate
+    from eksflow.llm.steps.train.zero import ZeroUpdate
 
     marks: list[float] = []  # the end of each optimizer step
     for update in (TorchUpdate, ZeroUpdate):  # whatever the strategy

@@ -4,8 +4,8 @@
         --extra eksflow='.venv/bin/python bench/train.py'
 
 The harness interleaves the variants round by round and prints tokens/s and ratios; this script runs
-`steps.train.train_worker` (the loop every Ray Train worker runs, here with `--launcher=local`: one process) on
-the harness's model, sequence length, micro-batch, LoRA shape and thread count, and prints `RESULT {...}`.
+`eksflow.llm.steps.train.train_worker` (the loop every Ray Train worker runs, here with `--launcher=local`: one process)
+on the harness's model, sequence length, micro-batch, LoRA shape and thread count, and prints `RESULT {...}`.
 
 Same work per step as the peers: every example is longer than BENCH_SEQ tokens and truncated to it, so a step
 is BENCH_MB x BENCH_SEQ real tokens (no padding), forward + backward + AdamW. The step's own extras stay in:
@@ -30,11 +30,11 @@ from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from steps.common import token_cache
-from steps.common.data import TRAIN_FILE
-from steps.train import TrainSettings
-from steps.train.data import batch_indices
-from steps.train.loop import LoopConfig, local_context, train_worker
+from eksflow.llm.steps.common import token_cache
+from eksflow.llm.steps.common.data import TRAIN_FILE
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.data import batch_indices
+from eksflow.llm.steps.train.loop import LoopConfig, local_context, train_worker
 
 STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
 
@@ -134,7 +134,7 @@ def real_tokens(cache_dir: Path, settings: TrainSettings) -> list[int]:
 
 
 def _demo_model() -> str:
-    from steps.common.base_model import resolve_model
+    from eksflow.llm.steps.common.base_model import resolve_model
 
     return str(resolve_model("smollm2-135m-instruct"))
 

@@ -123,6 +123,9 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
     if args.command in VERBS:
         pipeline_name = str(config_type(build).model_fields["name"].default)
         return run_verb(args, pipeline_name, project_root(build), console)
+    from eksflow.runtime.metrics import use_project
+
+    use_project(project_root(build))  # a config names custom metrics of this project's packages only
     cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
     if args.command == "run":  # local paths mean the caller's folder; tasks run in the project's
         from eksflow.run import localized

@@ -417,5 +417,5 @@ def literal_problem(value: object) -> str | None:
 
 
 def step_name(module: ModuleType) -> str:
-    """`steps.stage_data` -> `stage-data` (Argo names are kebab-case, derived, never typed by hand)."""
+    """`eksflow.llm.steps.stage_data` -> `stage-data` (Argo names are kebab-case, derived, never typed by hand)."""
     return module.__name__.rsplit(".", 1)[-1].replace("_", "-")

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 OUTPUTS_DIR = "/tmp/outputs"  # steps write one file per output parameter here
 FSX_VOLUME = "fsx"
+LLM_STEPS = "eksflow.llm.steps"  # eksflow's own steps (`eksflow[llm]`): their memo keys hash that package only
 PATH_ARGS_ANNOTATION = "eksflow.dev/path-args"  # the argv flags holding container paths: the only ones mapped locally
 # The Kubernetes "restricted" Pod Security Standard.
 RESTRICTED = m.SecurityContext(
@@ -213,8 +214,13 @@ def template_fingerprint(
 
 
 def package_sources(step: ModuleType) -> list[str]:
-    """The text of every module of the step's top-level package (`steps`: the step and what it shares)."""
-    top = sys.modules.get(step.__name__.split(".")[0])
+    """The text of every module of the step's package: the step and the modules it shares.
+
+    A project's top-level package (`steps`), or eksflow.llm.steps for eksflow's own steps: not the whole SDK, whose
+    changes change no step's work.
+    """
+    name = step.__name__
+    top = sys.modules.get(LLM_STEPS if name.startswith(f"{LLM_STEPS}.") else name.split(".")[0])
     folder = Path(getattr(top, "__file__", "") or "").parent if top is not None else None
     if folder is None or not (folder / "__init__.py").is_file():
         return []

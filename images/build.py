@@ -59,8 +59,8 @@ def images(config: Path | None = None) -> list[Image]:
     `image` names the steps image, `serving.cpu_image` vLLM's on CPU nodes.
     """
     from eksflow.config import load_config
+    from eksflow.llm.serving.objects import ServingConfig
     from pipelines.llama_lora import LlamaLoraConfig
-    from pipelines.serving.objects import ServingConfig
 
     steps = load_config(LlamaLoraConfig, config, ())
     serving = load_config(ServingConfig, config, ())

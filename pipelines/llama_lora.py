@@ -1,10 +1,10 @@
 """Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> roll out on vLLM (gated on the eval).
 
 Training runs unless `retrain` is if-data-changed (what the CronWorkflow passes) and the staged data has the digest
-the champion was trained on; a skipped train skips everything after it. The rollout (pipelines/serving/rollout.py)
+the champion was trained on; a skipped train skips everything after it. The rollout (eksflow/llm/serving/rollout.py)
 starts the serving fleet as soon as the data is staged, then canaries the registered version through LiteLLM's
 weighted routing and promotes it. The exit handler rolls back whatever did not reach promote, then writes the run's
-report (steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
+report (eksflow.llm.steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
 
     python pipelines/llama_lora.py run                          # the whole pipeline here, no cluster
     python pipelines/llama_lora.py render > workflow.yaml       # the Argo Workflow `run` executes
@@ -19,22 +19,20 @@ from __future__ import annotations
 from pydantic import Field
 
 from eksflow import ClusterSettings, Pipeline, distributed, ended, main, name_field, task
-from pipelines.common import BIG, lineage, run_report
-from pipelines.serving.objects import ServingConfig
-from pipelines.serving.rollout import finish_rollout, rollout
-from steps import champion, evaluate, register, stage_data, train, train_neuron, validate_data
-from steps.champion import Retrain
-from steps.evaluate import EvaluateSettings
-from steps.stage_data import StageSettings
-from steps.train import TrainSettings
-from steps.validate_data import ValidateSettings
+from eksflow.llm import BIG, ServingConfig, finish_rollout, lineage, rollout, run_report
+from eksflow.llm.steps import champion, evaluate, register, stage_data, train, train_neuron, validate_data
+from eksflow.llm.steps.champion import Retrain
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.stage_data import StageSettings
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.validate_data import ValidateSettings
 
 
 class LlamaLoraConfig(ServingConfig):
     """The flagship's sections: each is the step's own Settings, so the pipeline and the step check the same rules.
 
     From ServingConfig: base_model, serving (the vLLM fleet and LiteLLM proxy) and canary (weights, analysis); from
-    LlmPipelineConfig: mlflow and storage.model_cache (pipelines/common).
+    LlmPipelineConfig: mlflow and storage.model_cache (eksflow/llm/pipeline.py).
     """
 
     name: str = name_field("llama-lora")
@@ -117,7 +115,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             resources=BIG,
             when=scored.passed,
         )
-        rollout(  # vLLM fleet, LiteLLM proxy, canary steps, promote (pipelines/serving/rollout.py)
+        rollout(  # vLLM fleet, LiteLLM proxy, canary steps, promote (eksflow/llm/serving/rollout.py)
             cfg,
             model_version=registered.model_version,
             evaluated_champion=scored.champion_version,

@@ -7,8 +7,8 @@ Each grid point (LoRA rank x learning rate) is one iteration of a fan-out (Argo 
 its own folder, then its own evaluation against the thresholds (and the champion). `select-best` ranks those that
 passed by `evaluate.champion_metric`; the winner is registered (alias `challenger`), and nothing is when none
 passed. The other sections are the flagship's (pipelines/llama_lora.py). The exit handler writes the run's report
-(steps.report) and ends its MLflow runs, whatever the outcome. The grid's largest rank must fit the default serving
-engine's max_lora_rank: the winner is served by the fleet of the model it is registered into.
+(eksflow.llm.steps.report) and ends its MLflow runs, whatever the outcome. The grid's largest rank must fit the default
+serving engine's max_lora_rank: the winner is served by the fleet of the model it is registered into.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from eksflow import ClusterSettings, Item, Location, Pipeline, Ref, Settings, distributed, main, name_field, task
-from pipelines.common import BIG, LlmPipelineConfig, MlflowSettings, base_model_field, lineage, run_report
-from pipelines.serving.objects import ServingSettings, refuse_unservable_ranks
-from steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
-from steps.evaluate import EvaluateSettings
-from steps.stage_data import StageSettings
-from steps.train import TrainSettings
-from steps.validate_data import ValidateSettings
+from eksflow.llm import BIG, LlmPipelineConfig, MlflowSettings, base_model_field, lineage, run_report
+from eksflow.llm.serving.objects import ServingSettings, refuse_unservable_ranks
+from eksflow.llm.steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.stage_data import StageSettings
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.validate_data import ValidateSettings
 
 
 class SweepSettings(Settings):

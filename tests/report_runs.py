@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from steps.report.collect import (
+from eksflow.llm.steps.report.collect import (
     collect,
     evaluation_tasks,
     registration_tasks,
@@ -25,10 +25,10 @@ from steps.report.collect import (
     training_tasks,
     validation_tasks,
 )
-from steps.report.html import Page, render
-from steps.report.runs import EndedRun, TrainingRun
-from steps.report.step import _evaluation, _validation
-from steps.report.workflow import host_paths, read_local
+from eksflow.llm.steps.report.html import Page, render
+from eksflow.llm.steps.report.runs import EndedRun, TrainingRun
+from eksflow.llm.steps.report.step import _evaluation, _validation
+from eksflow.llm.steps.report.workflow import host_paths, read_local
 from tests.flagship import config, rendered
 
 NAME = "llama-lora-t3st1"

@@ -1,7 +1,7 @@
 """The MPIJob launcher (kubeflow.org/v2beta1, MPI Operator v0.8): mpirun in a launcher pod over sshd worker pods.
 
 `cluster.launcher: mpijob` runs a distributed step through it on GPU nodes (and on CPU nodes: one worker pod, a rank
-per worker); the step's Args need a `launcher` field taking "mpi" (steps.train has one):
+per worker); the step's Args need a `launcher` field taking "mpi" (eksflow.llm.steps.train has one):
 
     Launcher  one small pod, no devices, started once every worker's sshd is up (launcherCreationPolicy):
                 mpirun -np <nodes x slots> --bind-to none --map-by slot -x PATH -x NCCL_...
@@ -158,7 +158,7 @@ class MpiJob(JobLauncher):
             raise PipelineError(
                 f"distributed({request.step.__name__}): cluster.launcher=mpijob runs it as `--launcher=mpi` ranks of "
                 'mpirun, but its Args have no `launcher` field; fix: give its Args a `launcher` field taking "mpi" '
-                "(as steps.train has), or --set cluster.launcher=rayjob"
+                "(as eksflow.llm.steps.train has), or --set cluster.launcher=rayjob"
             )
         return replace(request, values={**request.values, "launcher": "mpi"})
 

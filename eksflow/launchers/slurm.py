@@ -82,8 +82,8 @@ class SlurmLauncher(Launcher):
         if "launcher" not in args_type.model_fields:
             raise PipelineError(
                 f"distributed({request.step.__name__}): cluster.launcher=slurm runs it as `--launcher=mpi` srun "
-                "tasks, and its Args have no `launcher` field; fix: add one taking 'mpi' (as steps.train has), or "
-                "--set cluster.launcher=rayjob"
+                "tasks, and its Args have no `launcher` field; fix: add one taking 'mpi' (as eksflow.llm.steps.train "
+                "has), or --set cluster.launcher=rayjob"
             )
         return request
 

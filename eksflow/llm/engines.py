@@ -2,7 +2,8 @@
 
     python -m eksflow.llm.engines install            # both, where they are missing (what `make setup` runs)
     python -m eksflow.llm.engines install vllm       # one
-    python -m eksflow.llm.engines where              # each engine's command, or how it is missing
+    python -m eksflow.llm.engines where              # each engine's program, or how it is missing
+    python -m eksflow.llm.engines where vllm         # vLLM's interpreter alone (exit 1 if it is not installed)
 
 Each engine runs in a virtualenv of its own: vLLM's pins (transformers, fastapi, setuptools) clash with the training
 stack, and the proxy is another process (another image in the cluster). Each is installed from a hash-locked file
@@ -13,8 +14,9 @@ reviewed release is refused) into a cache folder every project on the machine sh
         vllm-<lock digest>/        the virtualenv; complete once `eksflow-engine.json` is in it
         vllm-<lock digest>.lock    held while one process installs it (another waits, then uses it)
 
-A folder is named after its lock's digest and the interpreter's version, so an upgrade of eksflow that changes a
-lock installs a new folder beside the old one, and an interrupted install (no stamp) is removed and made again.
+A folder is named after the digest of what its lock installs and the interpreter's version, so an upgrade of
+eksflow that changes a lock installs a new folder beside the old one, and an interrupted install (no stamp) is
+removed and made again.
 $EKSFLOW_VLLM_PYTHON and $EKSFLOW_LITELLM name an engine installed elsewhere instead.
 """
 
@@ -101,8 +103,10 @@ def cache_dir() -> Path:
 
 
 def folder(engine: Engine) -> Path:
-    """The engine's virtualenv: named after its lock and this interpreter's version."""
-    digest = hashlib.sha256(engine.lock.read_bytes())
+    """The engine's virtualenv: named after what its lock installs (not its comments) and this Python's version."""
+    text = engine.lock.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    digest = hashlib.sha256("\n".join(lines).encode())
     digest.update(f"{sys.version_info.major}.{sys.version_info.minor}".encode())
     return cache_dir() / f"{engine.name}-{digest.hexdigest()[:12]}"
 
@@ -128,9 +132,30 @@ def command(engine: Engine) -> str:
     )
 
 
+def eksflow_path() -> str:
+    """A folder holding only `eksflow` (a link to this package), for an engine interpreter's PYTHONPATH.
+
+    An engine imports eksflow's standard-library-only modules (vLLM's key middleware); the folder eksflow is
+    installed in holds the training stack too, whose pins would shadow the engine's own.
+    """
+    package = Path(__file__).resolve().parents[1]
+    home = cache_dir() / f"eksflow-{hashlib.sha256(str(package).encode()).hexdigest()[:12]}"
+    link = home / "eksflow"
+    try:
+        if not (link.is_symlink() and link.resolve() == package):
+            home.mkdir(parents=True, exist_ok=True)
+            made = home / f".eksflow-{os.getpid()}"
+            made.unlink(missing_ok=True)
+            made.symlink_to(package, target_is_directory=True)
+            os.replace(made, link)  # whole or not at all, whoever else makes it meanwhile
+    except OSError as err:
+        raise EngineError(f"cannot write the engines' folder {home} ({err.strerror}); set {CACHE_ENV}") from None
+    return str(home)
+
+
 def ensure(names: Sequence[str], say: Callable[[str], None] = print) -> dict[str, str]:
     """Each named engine's program, installing those that are missing (once per machine); EngineError if one fails."""
-    return {name: installed(ENGINES[name]) or install(ENGINES[name], say) for name in names}
+    return {name: command(ENGINES[name]) if installed(ENGINES[name]) else install(ENGINES[name], say) for name in names}
 
 
 def install(engine: Engine, say: Callable[[str], None] = print) -> str:
@@ -197,12 +222,13 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`install [NAME ...]` or `where`; one line and exit 1 when an engine cannot be installed."""
+    """`install [NAME ...]` or `where [NAME ...]`; one line and exit 1 for an engine missing or failing to install."""
     parser = argparse.ArgumentParser(prog="python -m eksflow.llm.engines", description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     add = verbs.add_parser("install", help="install the named engines (default: all) where they are missing")
     add.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(ENGINES)}")
-    verbs.add_parser("where", help="each engine's program, or how it is missing")
+    where = verbs.add_parser("where", help="each engine's program, or how it is missing; NAMEs: their programs only")
+    where.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(ENGINES)}")
     args = parser.parse_args(argv)
     if unknown := sorted(set(getattr(args, "names", [])) - set(ENGINES)):
         parser.error(f"no engine named {', '.join(unknown)}; the engines: {', '.join(ENGINES)}")
@@ -211,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, program in ensure(args.names or list(ENGINES)).items():
                 print(f"{name}: {program}")
             return 0
-        for name, engine in ENGINES.items():
+        for name in args.names:
+            print(command(ENGINES[name]))
+        for name, engine in {} if args.names else ENGINES.items():
             print(f"{name}: {installed(engine) or f'not installed ({folder(engine)})'}")
         return 0
     except EngineError as err:

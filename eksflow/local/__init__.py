@@ -15,7 +15,7 @@ that is not there; StateWriteError, a state folder that cannot be written (a run
 Modules: executor.py (driving a run), runs.py (the verbs), manifest.py/model.py (what a manifest may hold),
 scheduler.py, handlers.py, process.py, status.py, services.py (run services: objects a run applies whose processes
 live as long as the run; register_run_service(kinds, factory) adds one, e.g. the LLM layer's serving fleet:
-pipelines/serving/local_fleet.py).
+eksflow/llm/serving/local_fleet.py).
 """
 
 from eksflow.local.errors import LocalExecutorError, RunInterrupted, RunNotFoundError, StateWriteError

@@ -38,7 +38,7 @@ from typing import Any
 
 from rich.console import Console
 
-from eksflow.local import process
+from eksflow.local import process, services
 from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay, format_duration, log_tail
 from eksflow.local.errors import LocalExecutorError, RunInterrupted, StateWriteError
@@ -513,6 +513,7 @@ def execute_run(
     A new run gives its `manifest` (and `config`) to keep in the folder. StateWriteError, before anything starts,
     if the folder cannot be written: a new run's folder is removed then, an earlier run's is left as it was.
     """
+    services.prepare(workflow)  # before any task, and before a new run's folder: a missing engine is one line now
     try:
         folder.make()
         if manifest is not None:

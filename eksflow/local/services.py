@@ -3,7 +3,7 @@
 One small interface, like the task handlers' (handlers.py): a project registers the kinds a service takes and a
 factory, and the executor does the rest for every run.
 
-    register_run_service({("apps/v1", "Deployment"), ("v1", "Service")}, factory, check=None)
+    register_run_service({("apps/v1", "Deployment"), ("v1", "Service")}, factory, check=None, prepare=None)
     factory(state_dir, run_dir, cwd, tracker) -> RunService   # one per run, made when the run starts
 
 The executor makes one service of each registered factory when a run starts (making one must be cheap: nothing
@@ -13,17 +13,19 @@ starts before an object is applied), hands it every object of its kinds that a r
 `stop` once when the run ends, after the exit handler: succeeded, failed or interrupted. A service tells the run's
 ProcessTracker of each process it starts, so the watchdog stops them if the executor dies. `check` (optional) looks
 at an object up front, with placeholders, so an object the service could never run fails before the run starts.
+`prepare` (optional) is given, once before a run or a resume starts anything, every object of its kinds that the
+workflow applies: it makes what they will need on this machine (an engine's install), or refuses the run in one line.
 
 A resumed run applies the objects of service kinds again, with every task after them (`restarted`): the
 processes ended with the earlier try. An object of a kind nobody registered fails up front, as any unknown resource
-kind does (resources.py). This project's serving fleet (vLLM and LiteLLM) is one: pipelines/serving/local_fleet.py.
+kind does (resources.py). This project's serving fleet (vLLM and LiteLLM) is one: eksflow/llm/serving/local_fleet.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -68,11 +70,15 @@ class RunService(Protocol):
 
 ServiceFactory = Callable[[Path, Path, Path, ProcessTracker | None], RunService]  # (state_dir, run_dir, cwd, tracker)
 Check = Callable[[Mapping[str, Any], str], None]  # (manifest, where); raises RunServiceError for what cannot run
+Prepare = Callable[[Sequence[Mapping[str, Any]]], None]  # the workflow's objects of its kinds (with placeholders)
 
 _REGISTERED: list[tuple[frozenset[Kind], ServiceFactory]] = []
+_PREPARE: dict[frozenset[Kind], Prepare] = {}
 
 
-def register_run_service(kinds: Iterable[Kind], factory: ServiceFactory, check: Check | None = None) -> None:
+def register_run_service(
+    kinds: Iterable[Kind], factory: ServiceFactory, check: Check | None = None, prepare: Prepare | None = None
+) -> None:
     """Hand every applied object of `kinds` ((apiVersion, kind) pairs) to a service `factory` makes for each run."""
     wanted = frozenset(kinds)
     for known, made in _REGISTERED:
@@ -81,6 +87,8 @@ def register_run_service(kinds: Iterable[Kind], factory: ServiceFactory, check: 
         if taken := sorted(known & wanted):
             raise ValueError(f"{taken} already go to the run service {made!r}; register each kind once")
     _REGISTERED.append((wanted, factory))
+    if prepare is not None:
+        _PREPARE[wanted] = prepare
     for api_version, kind in sorted(wanted):
         register_kind(kind, api_version, functools.partial(_describe, check))
 
@@ -145,21 +153,33 @@ class RunServices:
                 stack.callback(service.stop)
 
 
+def prepare(workflow: Workflow) -> None:
+    """Give each service's `prepare` the objects of its kinds that `workflow` applies. Raises what it raises."""
+    applied = [manifest for _, manifest in _service_objects(workflow)]
+    for kinds, made in _PREPARE.items():
+        if mine := [m for m in applied if (m.get("apiVersion"), m.get("kind")) in kinds]:
+            made(mine)
+
+
+def _service_objects(workflow: Workflow) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(template name, object with placeholders) of each resource template applying an object of a service kind."""
+    kinds = service_kinds()
+    for name, template in workflow.templates.items():
+        if isinstance(template, ResourceTemplate):
+            manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest)) or {}
+            if (manifest.get("apiVersion"), manifest.get("kind")) in kinds:
+                yield name, manifest
+
+
 def restarted(workflow: Workflow) -> set[str]:
     """Main tasks a resumed run runs again: those applying an object of a run service, and every task after one.
 
     A service's processes ended with the earlier try; its objects must be applied again, and the tasks that used
     them (loaded state into them, talked to them) ran against processes that are gone.
     """
-    kinds = service_kinds()
     tasks = workflow.dag(workflow.entrypoint).tasks
-    found = set()
-    for name, task in tasks.items():
-        template = workflow.templates.get(task.template)
-        if isinstance(template, ResourceTemplate):
-            manifest = yaml.safe_load(REFERENCE.sub(PLACEHOLDER, template.manifest)) or {}
-            if (manifest.get("apiVersion"), manifest.get("kind")) in kinds:
-                found.add(name)
+    applying = {name for name, _ in _service_objects(workflow)}
+    found = {name for name, task in tasks.items() if task.template in applying}
     grown = True
     while grown:  # every task that needs one of them, directly or not
         after = {name for name, task in tasks.items() if set(task.needs()) & found} - found

@@ -6,17 +6,17 @@
     def starts_alike(answer: str, reference: str) -> float:
         return float(answer[:3] == reference[:3])
 
-A config names it `package.module:starts_alike` (`evaluate.task_metrics`). A config is text anyone who can submit
-a run may write, and importing a module runs its top level (`mlflow.__main__` runs MLflow's command line), so a
-name is checked on the file system before anything is imported (`project_module`): the module must be a file of
-one of the project's own packages, a folder with `__init__.py` in the project root. The project root is the
-folder holding the top-level package of the code that checks the name (`package_root`: for the evaluate step,
-the checkout the pipeline is rendered from, and /app in the step's image, where its packages are copied), so
-rendering a config and running the step accept the same names without being told where the project is. eksflow's
-own package, the standard library and everything installed (site-packages) are refused before any import; so
-are `__main__` and `__init__` modules, which run a program or a package again when imported. Only then is the
-module imported, and the name accepted only if the module declared that very function here: whatever else it
-holds (a class, an undecorated helper, a name rebound after the decorator ran) cannot be named.
+A config names it `package.module:starts_alike` (`evaluate.task_metrics`). A config is text anyone who can submit a run
+may write, and importing a module runs its top level (`mlflow.__main__` runs MLflow's command line), so a name is
+checked on the file system before anything is imported (`project_module`): the module must be a file of one of the
+project's own packages, a folder with `__init__.py` in the project root (`project_root`): the folder holding the
+pipeline's top-level package while a pipeline file's command line checks its config (eksflow.cli calls `use_project`),
+and the working directory of a step, which is that folder in a local run and /app in the step's image (where a project
+copies its packages), so rendering a config and running the step accept the same names. eksflow's own package, the
+standard library and everything installed (site-packages) are refused before any import; so are `__main__` and
+`__init__` modules, which run a program or a package again when imported. Only then is the module imported, and the name
+accepted only if the module declared that very function here: whatever else it holds (a class, an undecorated helper, a
+name rebound after the decorator ran) cannot be named.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ M = TypeVar("M", bound=Metric)
 
 _DECLARED: dict[str, Metric] = {}  # "module:function" -> the function the decorator saw
 SDK_PACKAGE = "eksflow"  # its modules declare no metric, and some of them act when imported
+_project: Path | None = None
 
 
 def task_metric(function: M) -> M:
@@ -59,12 +60,15 @@ def declared(reference: str) -> Metric | None:
     return _DECLARED.get(reference)
 
 
-def package_root(module_file: Path) -> Path:
-    """The folder holding the top-level package of `module_file`: the project root of the code in that file."""
-    folder = module_file.resolve().parent
-    while (folder / "__init__.py").is_file():
-        folder = folder.parent
-    return folder
+def use_project(root: Path) -> None:
+    """Take `root` as the project whose packages may declare metrics (the pipeline's, while its config is checked)."""
+    global _project  # noqa: PLW0603 (one project per process: the pipeline file's, or the step's working directory)
+    _project = root
+
+
+def project_root() -> Path:
+    """The project whose packages may declare metrics: the one `use_project` named, else the working directory."""
+    return _project or Path.cwd()
 
 
 def project_module(module_name: str, root: Path) -> types.ModuleType:

@@ -3,7 +3,7 @@ r"""Run a step as a Slurm batch job through slurmrestd, follow it to its end, an
     python -m eksflow.runtime.slurm_job --url=http://slurmrestd:6820 --token-file=/etc/eksflow/slurm/token \
         --job-name=llama-lora-x7k2-train --workflow-uid=<uid> --work-dir=/fsx/runs/llama-lora-x7k2/slurm/train \
         --nodes=2 --tasks-per-node=8 --gpus-per-node=8 --forward-env='["NCCL_PROTO","WANDB_PROJECT"]' \
-        --outputs-dir=/tmp/outputs -- steps.train --dataset-dir=... ...
+        --outputs-dir=/tmp/outputs -- eksflow.llm.steps.train --dataset-dir=... ...
 
 The task of `cluster.launcher: slurm` (eksflow/launchers/slurm.py). The job's script is a constant (SCRIPT): it
 runs the step on every task of the allocation with `srun`, and the step's argv travels in the job's environment
@@ -138,7 +138,9 @@ class _StopSignalError(Exception):
 def run(args: JobArgs, step_argv: Sequence[str]) -> int:
     """Submit (or adopt) the job, follow it, copy its outputs; the exit code the task ends with."""
     if not step_argv or not step_argv[0].replace(".", "").replace("_", "").isalnum():
-        raise StepInputError("give the step module and its arguments after `--`: -- steps.train --dataset-dir=...")
+        raise StepInputError(
+            "give the step module and its arguments after `--`: -- eksflow.llm.steps.train --dataset-dir=..."
+        )
     api = client(args)
     outputs = args.work_dir / "outputs"
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

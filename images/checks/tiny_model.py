@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steps.common.modeling import load_tokenizer
+from eksflow.llm.steps.common.modeling import load_tokenizer
 
 
 def write_model(tokenizer_folder: Path, out: Path) -> Any:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipelines.common.gitops import write_objects
-from pipelines.serving.rollout import gitops_objects
+from eksflow.llm.serving.rollout import gitops_objects
+from pipelines._gitops import write_objects
 
 if __name__ == "__main__":
     raise SystemExit(write_objects("python -m pipelines.serving", gitops_objects, None))

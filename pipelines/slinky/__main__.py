@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eksflow.launchers.slinky import objects
-from pipelines.common.gitops import write_objects
+from pipelines._gitops import write_objects
 
 if __name__ == "__main__":
     raise SystemExit(write_objects("python -m pipelines.slinky", objects, None))

@@ -381,9 +381,15 @@ def test_a_workflow_name_cannot_reach_another_path(fake):
 # `data_source` is declared from `data.source` and taken whole by stage_data's --source: what the config refuses,
 # `-p` is refused too, checked against the run's own Workflow before the server is asked to start anything.
 HOSTILE_SOURCES = {
-    "no-bucket": ("s3://", "-p data_source='s3://': steps.stage_data --source: Value error, names no valid bucket"),
-    "empty": ("", "-p data_source='': steps.stage_data --source: Value error, is empty"),
-    "relative-file-uri": ("file://../../etc", "steps.stage_data --source: Value error, is not file:///absolute/path"),
+    "no-bucket": (
+        "s3://",
+        "-p data_source='s3://': eksflow.llm.steps.stage_data --source: Value error, names no valid bucket",
+    ),
+    "empty": ("", "-p data_source='': eksflow.llm.steps.stage_data --source: Value error, is empty"),
+    "relative-file-uri": (
+        "file://../../etc",
+        "eksflow.llm.steps.stage_data --source: Value error, is not file:///absolute/path",
+    ),
     "argo-expression": ("{{workflow.name}}", "-p data_source: holds '{{', which Argo would evaluate"),
     "too-long": ("a" * 70_000, "-p data_source: 70000 bytes of text; at most 65536"),
 }

@@ -110,7 +110,7 @@ def test_rayjob_follows_kueue_and_its_status():
     limits = workers["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "4"
     argv = shlex.split(job["spec"]["entrypoint"])
-    assert argv[:3] == ["python", "-m", "steps.train"]
+    assert argv[:3] == ["python", "-m", "eksflow.llm.steps.train"]
     assert "--num-workers=4" in argv and "--use-gpu=true" in argv
     assert "--outputs-dir=/fsx/runs/{{workflow.name}}/train/outputs" in argv
 
@@ -267,7 +267,7 @@ def test_cpu_train_pod_is_placed_by_its_profile_and_still_runs_locally():
     assert train["nodeSelector"]["node.kubernetes.io/instance-type"] == "m6i.4xlarge"
     train_template = parse_manifest(workflow).templates["train"]
     assert isinstance(train_template, ContainerTemplate)
-    assert train_template.command == ("python", "-m", "steps.train")
+    assert train_template.command == ("python", "-m", "eksflow.llm.steps.train")
 
 
 def test_the_slurm_task_submits_the_train_step_with_the_token_from_its_secret():
@@ -280,7 +280,7 @@ def test_the_slurm_task_submits_the_train_step_with_the_token_from_its_secret():
     assert {"--nodes=2", "--tasks-per-node=8", "--gpus-per-node=8", "--partition=gpu", "--time-limit-min=600",
             "--api-version=v0.0.44", "--token-file=/etc/eksflow/slurm/token"} <= set(own)  # fmt: skip
     assert "--job-name={{workflow.name}}-train" in own
-    assert step[0] == "steps.train" and step[-1] == "--launcher=mpi"
+    assert step[0] == "eksflow.llm.steps.train" and step[-1] == "--launcher=mpi"
     assert not [a for a in args if "token=" in a.lower() and "token-file" not in a]  # never the token itself
     (volume,) = template["volumes"]
     assert volume["secret"]["secretName"] == "eksflow-slurm"

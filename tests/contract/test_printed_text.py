@@ -1,8 +1,8 @@
 """No terminal escape reaches the terminal, and no rich markup is read, on any path eksflow prints outside text on.
 
 Server answers (submit --watch, list, get, logs, an error line), a local run (its live table, its plain lines,
-its final summary, `get`/`list`/`logs` of a planted status.json) and steps.alert each carry ESC sequences (an
-OSC 8 link, clear-screen), the bell, a C1 CSI and a bidi override, and rich markup that must print literally.
+its final summary, `get`/`list`/`logs` of a planted status.json) and eksflow.llm.steps.alert each carry ESC sequences
+(an OSC 8 link, clear-screen), the bell, a C1 CSI and a bidi override, and rich markup that must print literally.
 """
 
 import io
@@ -13,12 +13,12 @@ import pytest
 from rich.console import Console
 
 from eksflow.cli import main
+from eksflow.llm.steps import alert
 from eksflow.local.display import TaskDisplay
 from eksflow.local.phase import Phase
 from eksflow.local.status import NodeStatus
 from eksflow.run import execute
 from pipelines.llama_lora import build
-from steps import alert
 from tests.contract.fake_argo import Reply, start, workflow
 from tests.unit.local.manifests import container, outputs, task
 from tests.unit.local.manifests import workflow as local_workflow

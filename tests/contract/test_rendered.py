@@ -72,10 +72,10 @@ def sample(name, annotation) -> str:
     ],
 )
 def test_template_args_parse_with_the_steps_args_model(rendered, module):
-    step = importlib.import_module(f"steps.{module}")
+    step = importlib.import_module(f"eksflow.llm.steps.{module}")
     name = module.replace("_", "-")
     template = next(t for t in containers(rendered) if t["name"] == name)
-    assert template["container"]["command"] == ["python", "-m", f"steps.{module}"]
+    assert template["container"]["command"] == ["python", "-m", f"eksflow.llm.steps.{module}"]
 
     params = {p["name"]: p["value"] for p in rendered["spec"]["arguments"]["parameters"]}
 

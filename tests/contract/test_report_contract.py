@@ -5,9 +5,9 @@ from pathlib import Path
 
 import yaml
 
+from eksflow.llm.steps import report
 from eksflow.runtime.rundir import REPORT_FILE
 from eksflow.templates import OUTPUTS_DIR
-from steps import report
 from tests.flagship import rendered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def test_the_flagship_reports_from_its_exit_handler_with_the_workflow_outcome():
     assert exit_tasks["report"]["depends"].startswith("(finish-rollout.Succeeded || finish-rollout.Skipped ||")
     args = templates["report"]["container"]["args"]
     assert "--workflow-status={{workflow.status}}" in args and "--workflow-name={{workflow.name}}" in args
-    assert templates["report"]["container"]["command"] == ["python", "-m", "steps.report"]
+    assert templates["report"]["container"]["command"] == ["python", "-m", "eksflow.llm.steps.report"]
 
 
 def test_the_page_is_an_unarchived_output_artifact():

@@ -10,14 +10,22 @@ import pytest
 import yaml
 
 from eksflow.config import ConfigError
+from eksflow.llm.serving import objects as serving
+from eksflow.llm.serving.local_fleet import FLEET_KINDS
+from eksflow.llm.serving.rollout import gitops_objects
+from eksflow.llm.steps import (
+    canary,
+    finish_rollout,
+    load_candidate,
+    prepare_fleet,
+    promote,
+    serve_champion,
+    shift_traffic,
+)
+from eksflow.llm.steps.common import litellm_routes, vllm_auth
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ResourceTemplate
 from eksflow.pipeline import EXIT_HANDLER
-from pipelines.serving import objects as serving
-from pipelines.serving.local_fleet import FLEET_KINDS
-from pipelines.serving.rollout import gitops_objects
-from steps import canary, finish_rollout, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
-from steps.common import litellm_routes, vllm_auth
 from tests.argo_substitution import resource_objects
 from tests.flagship import config, rendered
 
@@ -92,7 +100,7 @@ def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generat
     assert env["VLLM_LORA_RESOLVER_CACHE_DIR"]["value"].startswith(container["volumeMounts"][0]["mountPath"] + "/")
     assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eksflow-serving", "key": "vllm-api-key"}
     probe = container["readinessProbe"]["exec"]["command"]
-    assert probe[:3] == ["python3", "-m", "steps.ready"]  # a real generation, not GET /health
+    assert probe[:3] == ["python3", "-m", "eksflow.llm.steps.ready"]  # a real generation, not GET /health
     assert container["startupProbe"]["exec"]["command"] == probe
     assert {"name": "fsx", "mountPath": "/fsx"} in container["volumeMounts"]
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -306,6 +314,10 @@ def test_the_vllm_pods_probes_fit_the_key_on_every_route():
     assert not any("api-key" in a for a in container["args"])  # the key is in the env (secretKeyRef), never argv
     liveness = container["livenessProbe"]["httpGet"]
     assert ("GET", liveness["path"]) in vllm_auth.OPEN_ROUTES  # the kubelet sends no key
-    assert container["readinessProbe"]["exec"]["command"][:3] == ["python3", "-m", "steps.ready"]  # sends the key
+    assert container["readinessProbe"]["exec"]["command"][:3] == [
+        "python3",
+        "-m",
+        "eksflow.llm.steps.ready",
+    ]  # sends the key
     env = {e["name"]: e for e in container["env"]}
     assert env[vllm_auth.KEY_ENV]["valueFrom"]["secretKeyRef"]["name"] == cfg.serving.secret

@@ -19,7 +19,10 @@ from tests.contract.conftest import schema_text
 SPEC = JobSpec(
     name="llama-lora-x7k2-train",
     script="#!/bin/bash\nexec srun true\n",
-    environment={"PATH": "/usr/bin:/bin", "EKSFLOW_STEP_ARGV": json.dumps(["python3", "-m", "steps.train"])},
+    environment={
+        "PATH": "/usr/bin:/bin",
+        "EKSFLOW_STEP_ARGV": json.dumps(["python3", "-m", "eksflow.llm.steps.train"]),
+    },
     working_directory="/fsx/runs/llama-lora-x7k2/slurm/train",
     standard_output="/fsx/runs/llama-lora-x7k2/slurm/train/slurm.out",
     comment="eksflow workflow 5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab",

@@ -15,10 +15,13 @@ from typing import NamedTuple
 
 import pytest
 
+from eksflow.llm import engines
+
 ROOT = Path(__file__).resolve().parents[2]
-LOCKS = sorted((ROOT / "requirements").glob("*.txt"))
+LOCKS = sorted([*(ROOT / "requirements").glob("*.txt"), *engines.LOCKS.glob("*.txt")])
 INSTALLERS = [ROOT / "Makefile", *sorted((ROOT / "images").glob("*.Dockerfile"))]
-ENVIRONMENTS = (".venv", ".venv-vllm", ".venv-litellm")
+# This checkout's environment, and the serving engines' (in the machine's engine cache, made by `make setup`).
+ENVIRONMENTS = {".venv": ROOT / ".venv", **{f"engine {n}": engines.folder(e) for n, e in engines.ENGINES.items()}}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)$")
 
 
@@ -43,7 +46,9 @@ KNOWN_PTH = {
         "`pip install -e .` (PEP 660): the finder that maps `eksflow` to this checkout",
     ),
     "eksflow-checkout.pth": KnownPth(
-        None, "", "the Makefile writes it: this checkout's folder on sys.path (pipelines/, steps/), a path, no code"
+        None,
+        "",
+        "the Makefile writes it: this checkout's folder on sys.path (its own pipelines/), a path, no code",
     ),
 }
 
@@ -76,18 +81,18 @@ def test_every_lock_pins_each_package_by_hash(lock):
 
 
 def test_the_litellm_lock_never_pins_a_compromised_release():
-    assert lock_pins(ROOT / "requirements" / "litellm-proxy.txt")["litellm"] not in ("1.82.7", "1.82.8")
+    assert lock_pins(engines.ENGINES["litellm"].lock)["litellm"] not in ("1.82.7", "1.82.8")
 
 
 @pytest.mark.parametrize("installer", INSTALLERS, ids=lambda p: p.name)
 def test_every_install_of_a_lock_requires_hashes(installer):
     text = installer.read_text().replace("\\\n", " ")
-    installs = [line for line in text.splitlines() if re.search(r"pip\b.*\binstall\b.*-r\s+requirements/", line)]
+    installs = [line for line in text.splitlines() if re.search(r"pip\b.*\binstall\b.*\s-r\s+\S+", line)]
     weak = [line.strip() for line in installs if "--require-hashes" not in line or "--no-deps" not in line]
     assert weak == [], f"{installer.relative_to(ROOT)} installs a lock without --no-deps --require-hashes: {weak}"
     locks = {p.name for p in LOCKS}
-    named = set(re.findall(r"-r\s+requirements/(\S+)", text))
-    assert named <= locks, f"{installer.relative_to(ROOT)} installs locks that are not in requirements/"
+    named = {Path(path).name for path in re.findall(r"\s-r\s+(\S+)", text)}
+    assert named <= locks, f"{installer.relative_to(ROOT)} installs locks that are neither steps' nor engines' locks"
 
 
 def owners(site_packages: Path) -> dict[str, str]:
@@ -122,7 +127,7 @@ def pth_problems(site_packages: Path, environment: str) -> list[str]:
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 def test_no_environment_holds_an_unknown_pth_file(environment):
-    folders = sorted((ROOT / environment).glob("lib/python3*/site-packages"))
+    folders = sorted(ENVIRONMENTS[environment].glob("lib/python3*/site-packages"))
     if not folders:
         pytest.skip(f"{environment} does not exist here (make setup creates it): no installed file to check")
     problems = [problem for folder in folders for problem in pth_problems(folder, environment)]

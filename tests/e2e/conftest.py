@@ -5,15 +5,15 @@ training mechanics.
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the GPU variant, the rollout scenarios) adopt one
 engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own
-(pipelines/serving/local_fleet.py). The flagship run and `serve` start their own engines, before this one exists
+(eksflow/llm/serving/local_fleet.py). The flagship run and `serve` start their own engines, before this one exists
 (test_local_run.py runs its full run first; its later runs adopt the shared engine). Under pytest-xdist
 (`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
 tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker
 trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
-(steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. Like every fleet engine it
-resolves adapters by name from its adapter folder (steps/common/adapters.py): runs that adopt it publish there
-($EKSFLOW_VLLM_ADAPTERS; published names carry the version's run id, so two tests' "v1" never collide). The
-standalone Ray Train runs of a module join one Ray cluster (`ray_cluster`)."""
+(eksflow/llm/steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. Like every fleet
+engine it resolves adapters by name from its adapter folder (eksflow/llm/steps/common/adapters.py): runs that adopt it
+publish there ($EKSFLOW_VLLM_ADAPTERS; published names carry the version's run id, so two tests' "v1" never collide).
+The standalone Ray Train runs of a module join one Ray cluster (`ray_cluster`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from steps.common import vllm, vllm_auth
-from steps.common.base_model import DEMO_MODEL, resolve_model
+from eksflow.llm import engines
+from eksflow.llm.steps.common import vllm, vllm_auth
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 from tests.e2e.processes import free_port
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
@@ -57,11 +58,12 @@ class SharedEngine:
         self.args = [*vllm.engine_args(str(self.model_dir), BASE_NAME, self.port, settings), "--host=127.0.0.1"]
         self.adapters_dir.mkdir(parents=True, exist_ok=True)
         engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(self.adapters_dir))
-        self.env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: self.api_key})
+        self.python = engines.command(engines.ENGINES["vllm"])  # `make setup` installs it
+        self.env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: self.api_key}, self.python)
         self.log = self.log_dir / f"vllm-{int(time.time())}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [vllm.vllm_python(), "-m", vllm.ENGINE_MODULE, *self.args],
+                [self.python, "-m", vllm.ENGINE_MODULE, *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -173,7 +175,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
 
 @pytest.fixture
 def joined_ray(ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> RayCluster:
-    """Make this test's `steps.train --launcher=ray` runs join the module's cluster."""
+    """Make this test's `eksflow.llm.steps.train --launcher=ray` runs join the module's cluster."""
     ray_cluster.join(monkeypatch)
     return ray_cluster
 

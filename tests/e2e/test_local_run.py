@@ -59,7 +59,7 @@ def fleet_name(status: dict) -> str:
 def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path) -> None:
     db = fsx(state_dir) / "mlflow" / "mlflow.db"
     command = [
-        sys.executable, "-m", "steps.serve", "--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}",
+        sys.executable, "-m", "eksflow.llm.steps.serve", "--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}",
         f"--model-cache-dir={model_cache}", f"--serve-dir={state_dir / 'serve'}", f"--port={free_port()}",
     ]  # fmt: skip
     before = serving_processes()

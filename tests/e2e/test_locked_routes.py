@@ -2,8 +2,8 @@
 
 vLLM 0.32's `--api-key` guards /v1, /v2, /inference and /cohere only; on an engine with just that, POST /adapters
 loaded an adapter and POST /invocations generated for anyone. The engines eksflow starts load
-steps.common.vllm_auth, which asks for the key everywhere but GET /health. The routes are read from the running
-server (/openapi.json, fetched with the key) and from the app vLLM builds for the engine's args and supported
+eksflow.llm.steps.common.vllm_auth, which asks for the key everywhere but GET /health. The routes are read from the
+running server (/openapi.json, fetched with the key) and from the app vLLM builds for the engine's args and supported
 tasks (tests/e2e/vllm_app_routes.py: the routes the schema leaves out), so a route a vLLM upgrade adds is
 checked too. Runs on the session's shared engine (conftest.py), after test_local_run.py (file order: that file
 starts its own engine before the shared one exists) and before test_rollout.py, which kills it last.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from steps.common import vllm
+from eksflow.llm.steps.common import vllm
 from tests.e2e.conftest import BASE_NAME, SharedEngine
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def app_routes(engine: SharedEngine) -> set[tuple[str, str]]:
     assert found, f"no 'Supported tasks' line in {engine.log}"
     tasks = list(ast.literal_eval(found[-1].strip()))
     result = subprocess.run(
-        [vllm.vllm_python(), str(ROUTES_SCRIPT), json.dumps(tasks), *engine.args],
+        [engine.python, str(ROUTES_SCRIPT), json.dumps(tasks), *engine.args],
         env=engine.env,
         capture_output=True,
         text=True,

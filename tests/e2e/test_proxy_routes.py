@@ -1,14 +1,14 @@
 """The one way traffic shifts: the routes file, read by the shipped callback in a real LiteLLM proxy.
 
-The proxy runs from .venv-litellm on exactly the files the cluster's ConfigMap ships (config.yaml and
-litellm_routes.py, pipelines/serving/objects.py), routing by a routes file written by the steps' RoutesFile. The
-engines behind it are two small OpenAI-style servers that answer with the model name they were asked for: what is
-under test is LiteLLM (weights per request, and the request sent to the adapter and fleet the file assigns to the
-picked slot), measured on hundreds of requests in seconds; the real vLLM engine behind the same proxy is
+The proxy runs from its own virtualenv (eksflow.llm.engines) on exactly the files the cluster's ConfigMap ships
+(config.yaml and litellm_routes.py, eksflow/llm/serving/objects.py), routing by a routes file written by the steps'
+RoutesFile. The engines behind it are two small OpenAI-style servers that answer with the model name they were asked
+for: what is under test is LiteLLM (weights per request, and the request sent to the adapter and fleet the file assigns
+to the picked slot), measured on hundreds of requests in seconds; the real vLLM engine behind the same proxy is
 tests/e2e/test_rollout.py's. These tests fail when a LiteLLM upgrade breaks either hook the callback relies on
-(`_router_weights` before routing, the deployment hook after it). The callback sends nothing to an address outside
-its fleet (EKSFLOW_UPSTREAMS) and keeps the last good routes when the file is damaged; the proxy a run's local
-fleet starts never routes by the routes file an earlier run left, and is not ready until the run routes the name.
+(`_router_weights` before routing, the deployment hook after it). The callback sends nothing to an address outside its
+fleet (EKSFLOW_UPSTREAMS) and keeps the last good routes when the file is damaged; the proxy a run's local fleet starts
+never routes by the routes file an earlier run left, and is not ready until the run routes the name.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from pipelines.serving import objects
-from pipelines.serving.local_fleet import LocalFleet
-from steps.common import litellm_proxy, litellm_routes, rollout
+from eksflow.llm.engines import ENGINES
+from eksflow.llm.engines import command as engine_program
+from eksflow.llm.serving import objects
+from eksflow.llm.serving.local_fleet import LocalFleet
+from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout
 from tests.e2e.processes import free_port
 from tests.flagship import config
 
@@ -117,7 +119,7 @@ class Proxy:
         self.log = folder / "proxy.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [str(ROOT / ".venv-litellm/bin/litellm"), "--config=config.yaml", f"--port={self.port}",
+                [engine_program(ENGINES["litellm"]), "--config=config.yaml", f"--port={self.port}",
                  "--host=127.0.0.1", "--num_workers=1"],
                 cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from steps import register
-from steps.common import tracking
-from steps.common.base_model import DEMO_MODEL
-from steps.evaluate import gate as evaluate_gate
-from steps.evaluate import step as evaluate_step
+from eksflow.llm.steps import register
+from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.common.base_model import DEMO_MODEL
+from eksflow.llm.steps.evaluate import gate as evaluate_gate
+from eksflow.llm.steps.evaluate import step as evaluate_step
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from rich.console import Console
 
 from eksflow import Pipeline, PipelineConfig, name_field, retry, task
+from eksflow.llm.steps import alert, champion, report
 from eksflow.render import manifest
 from eksflow.run import execute
 from eksflow.runtime.rundir import report_path
-from steps import alert, champion, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_a_local_run_writes_its_report_and_prints_where(tmp_path):
     assert "<header class='Failed'>" in text and "A tiny &lt;b&gt;pipeline&lt;/b&gt;" in text
     phases = {"champion": "Succeeded", "again": "Succeeded", "alert": "Failed", "report": "Running"}
     for name, phase in phases.items():
-        assert f"<g class='task' data-phase='{phase}'><title>{name} (steps." in text, name
+        assert f"<g class='task' data-phase='{phase}'><title>{name} (eksflow.llm.steps." in text, name
     assert "boom &lt;script&gt;" in text and "<script" not in text
     artifact = run_dir / "tasks" / "onExit.report" / "outputs" / "report.html"
     assert artifact.read_bytes() == page.read_bytes()  # what Argo uploads as the output artifact `report`

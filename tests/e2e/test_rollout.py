@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.serving.rollout import rollout_pipeline
+from eksflow.llm.steps import register
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm
+from eksflow.llm.steps.common.base_model import DEMO_MODEL
 from eksflow.local import run_workflow
 from eksflow.render import manifest
-from pipelines.serving.rollout import rollout_pipeline
-from steps import register
-from steps.common import adapters, rollout, tracking, vllm
-from steps.common.base_model import DEMO_MODEL
 from tests.e2e.processes import serving_processes
 from tests.flagship import config
 
@@ -54,10 +54,10 @@ def trained(tmp_path_factory, model_cache, shared_engine):
     shared_engine.spawn()  # the engine loads while the adapter trains, as in a pipeline run
     root = tmp_path_factory.mktemp("trained")
     common = [f"--base-model={DEMO_MODEL}", f"--model-cache-dir={model_cache}", f"--dataset-dir={ROOT / 'data/demo'}"]
-    step("steps.train", *common, f"--output-dir={root / 'train'}", "--launcher=local", f"--max-steps={TRAIN_STEPS}",
-         f"--outputs-dir={root / 'train-out'}")  # fmt: skip
+    step("eksflow.llm.steps.train", *common, f"--output-dir={root / 'train'}", "--launcher=local",
+         f"--max-steps={TRAIN_STEPS}", f"--outputs-dir={root / 'train-out'}")  # fmt: skip
     adapter = Path((root / "train-out" / "adapter_dir").read_text())
-    step("steps.evaluate", *common, f"--adapter-dir={adapter}", f"--report-dir={root / 'reports'}",
+    step("eksflow.llm.steps.evaluate", *common, f"--adapter-dir={adapter}", f"--report-dir={root / 'reports'}",
          "--max-examples=16", "--model-name=", f"--outputs-dir={root / 'eval-out'}")  # fmt: skip
     return adapter, root / "reports" / "eval_report.json"
 

@@ -3,8 +3,8 @@
 A one-node Slurm 22.05 runs on this machine for the module (scripts/local_slurm.py: munge, slurmctld, slurmd and
 slurmrestd on 127.0.0.1, ports of their own, everything in a temporary folder); where it cannot (not root, no
 apt-get) the module skips with the reason. eksflow.runtime.slurm_job submits the job, follows it, copies its
-outputs and ends with the exit contract; the job runs `python -m steps.train --launcher=mpi` on two srun tasks
-(DDP over gloo) of the session's tiny random Llama. What the job was given is read where slurmctld keeps it: the
+outputs and ends with the exit contract; the job runs `python -m eksflow.llm.steps.train --launcher=mpi` on two srun
+tasks (DDP over gloo) of the session's tiny random Llama. What the job was given is read where slurmctld keeps it: the
 job list's user and comment, and the environment file of its state folder.
 """
 
@@ -124,7 +124,7 @@ def train_argv(workdir: Path, out: Path, max_steps: int, **extra: object) -> lis
         "token-cache-dir": workdir / "token-cache",
         **extra,
     }
-    return ["steps.train", *(f"--{name}={value}" for name, value in settings.items())]
+    return ["eksflow.llm.steps.train", *(f"--{name}={value}" for name, value in settings.items())]
 
 
 def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra: object) -> subprocess.Popen[str]:
@@ -242,12 +242,12 @@ def test_a_step_refusing_its_input_fails_the_task_with_2_and_no_retry(slurm, wor
 
 def test_an_unreachable_slurmrestd_or_a_rejected_token_is_one_line_naming_the_url(slurm, tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"
-    task = submitter(slurm, "never", tmp_path, ["steps.train"], url=closed)
+    task = submitter(slurm, "never", tmp_path, ["eksflow.llm.steps.train"], url=closed)
     log, _ = task.communicate(timeout=60)
     assert task.returncode == 1 and len(log.strip().splitlines()) == 1 and closed in log, log
     bad = tmp_path / "bad-token"
     bad.write_text("not-a-token-but-secret-looking")
-    task = submitter(slurm, "never", tmp_path, ["steps.train"], **{"token-file": bad})
+    task = submitter(slurm, "never", tmp_path, ["eksflow.llm.steps.train"], **{"token-file": bad})
     log, _ = task.communicate(timeout=60)
     assert task.returncode == 1 and len(log.strip().splitlines()) == 1 and slurm.url in log, log
     assert "not-a-token-but-secret-looking" not in log
@@ -259,9 +259,9 @@ def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(s
     The job's environment holds the pipeline's `env` and none of the credentials exported where the run started.
     """
     from eksflow import Pipeline, distributed
+    from eksflow.llm.steps import train
     from eksflow.local import run_workflow
     from eksflow.render import manifest
-    from steps import train
     from tests.flagship import config
 
     cfg = config(

@@ -71,7 +71,7 @@ def test_sweep_registers_the_best_candidate_then_the_check_records_and_alerts(tm
 
     # a rollout would promote it; here the alias is set directly, as `rollback` or an operator would
     sys.path.insert(0, str(ROOT))
-    from steps.common import tracking
+    from eksflow.llm.steps.common import tracking
 
     uri = f"sqlite:///{state / 'volumes' / 'fsx-claim' / 'mlflow' / 'mlflow.db'}"
     tracking.set_alias(tracking.client(uri), "llama-lora", tracking.CHAMPION, version)

@@ -1,7 +1,7 @@
 """Kill, preempt and resume the real train step on the real SmolLM2 (docs/reliability.md CK1, CK5, CK6).
 
-Each trainer is `python -m steps.train --launcher=local`: the same loop Ray Train runs in its workers, in one
-process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
+Each trainer is `python -m eksflow.llm.steps.train --launcher=local`: the same loop Ray Train runs in its workers, in
+one process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
 runs 2 Ray Train workers (DDP and FSDP over gloo) on the module's Ray cluster, with the session's tiny random Llama
 (tests/e2e/conftest.py): what it checks is the strategies' exactness, which real weights only make slower. Tiny
 settings: max_seq_len 64, micro-batch 2, a checkpoint every 2 steps.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from steps.common import checkpoints
-from steps.train import EXIT_PREEMPTED
-from steps.train.state import read_metrics
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.train import EXIT_PREEMPTED
+from eksflow.llm.steps.train.state import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 2
@@ -49,7 +49,7 @@ def dataset(tmp_path):
 
 
 class Trainer:
-    """One `steps.train` process; its merged output is read line by line into `lines`."""
+    """One `eksflow.llm.steps.train` process; its merged output is read line by line into `lines`."""
 
     def __init__(
         self,
@@ -71,7 +71,7 @@ class Trainer:
             sys.executable,
             "-u",
             "-m",
-            "steps.train",
+            "eksflow.llm.steps.train",
             f"--launcher={launcher}",
             f"--dataset-dir={dataset}",
             f"--base-model={base_model}",

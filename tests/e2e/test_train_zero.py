@@ -22,11 +22,11 @@ import yaml
 from rich.console import Console
 
 from eksflow.launchers import mpijob
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.train import EXIT_PREEMPTED
+from eksflow.llm.steps.train.state import read_metrics
 from eksflow.local import run_workflow
 from eksflow.local.mpijob import mpirun
-from steps.common import checkpoints
-from steps.train import EXIT_PREEMPTED
-from steps.train.state import read_metrics
 from tests.e2e.conftest import training_folder
 from tests.flagship import config
 
@@ -78,7 +78,7 @@ def train_args(workdir: Path, out: Path, strategy: str, zero_stage: int = 2, **e
 def run_as_mpijob(state: Path, argv: list[str]):
     """The MPIJob `cluster.launcher: mpijob` renders on the CPU profile, run by the local executor."""
     cfg = config(["cluster.launcher=mpijob"])
-    manifest = mpijob.manifest(cfg, "train", "steps.train", 2, ["--launcher=mpi", *argv])
+    manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, ["--launcher=mpi", *argv])
     template = {
         "name": "train",
         "resource": {
@@ -195,7 +195,7 @@ def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactl
     driver, a Spot notice, reaches the workers; they agree on a step, rank 0 commits the gathered ZeRO-3 state, the
     step exits 143; the retry (here as an MPIJob) continues with the uninterrupted run's losses."""
     out, progress = tmp_path / "train", tmp_path / "progress"
-    command = [sys.executable, "-u", "-m", "steps.train", "--launcher=ray"]
+    command = [sys.executable, "-u", "-m", "eksflow.llm.steps.train", "--launcher=ray"]
     command += train_args(workdir, out, "deepspeed", 3)
     env = {**os.environ, "ARGO_PROGRESS_FILE": str(progress)}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

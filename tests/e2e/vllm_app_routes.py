@@ -1,6 +1,6 @@
-"""Every route of the app vLLM's API server builds for the given engine args, as JSON (run by .venv-vllm's python).
+"""Every route of the app vLLM's API server builds for the given engine args, as JSON (run by vLLM's interpreter).
 
-    .venv-vllm/bin/python tests/e2e/vllm_app_routes.py '["generate"]' --model=... --enable-lora ...
+    $(python -m eksflow.llm.engines where vllm) tests/e2e/vllm_app_routes.py '["generate"]' --model=... --enable-lora
 
 The same `build_app` the server calls after the engine reports its supported tasks, with the same args and
 environment (middleware, LoRA routes), but no engine: the routes that /openapi.json leaves out (/docs, /redoc,

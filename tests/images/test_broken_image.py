@@ -21,10 +21,10 @@ BROKEN = "localhost/eksflow-check/broken-steps:test"
 def broken_dockerfile(folder: Path) -> Path:
     """images/steps.Dockerfile as a careless edit leaves it: evaluate's package gone, and root as the user."""
     text = (ROOT / "images" / "steps.Dockerfile").read_text()
-    broken = text.replace("COPY steps ./steps\n", "COPY steps ./steps\nRUN rm -r steps/evaluate\n").replace(
-        "\nUSER 1000\n", "\nUSER root\n"
-    )
-    assert broken.count("rm -r steps/evaluate") == 1 and "USER root" in broken
+    broken = text.replace(
+        "COPY eksflow ./eksflow\n", "COPY eksflow ./eksflow\nRUN rm -r eksflow/llm/steps/evaluate\n"
+    ).replace("\nUSER 1000\n", "\nUSER root\n")
+    assert broken.count("rm -r eksflow/llm/steps/evaluate") == 1 and "USER root" in broken
     path = folder / "steps.Dockerfile"
     path.write_text(broken)
     return path
@@ -45,7 +45,9 @@ def test_check_images_fails_on_a_missing_step_module_and_a_root_user(broken_imag
     assert done.returncode == 1, done.stdout[-3000:]
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith("error: ") and "image checks failed" in error
-    assert "steps.evaluate --help (exit 1: " in error and "No module named steps.evaluate" in error
+    assert (
+        "eksflow.llm.steps.evaluate --help (exit 1: " in error and "No module named eksflow.llm.steps.evaluate" in error
+    )
     assert "USER is 1000 (the image runs as 'root')" in error
     assert "evaluate on the tiny model" in error  # the pod's own command fails as its --help did
-    assert "validate_data on the demo data" not in error and "steps.validate_data --help" not in error
+    assert "validate_data on the demo data" not in error and "eksflow.llm.steps.validate_data --help" not in error

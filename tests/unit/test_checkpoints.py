@@ -2,7 +2,7 @@
 
 import json
 
-from steps.common import checkpoints
+from eksflow.llm.steps.common import checkpoints
 
 
 def write_files(step):

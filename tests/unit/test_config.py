@@ -6,8 +6,8 @@ import re
 import pytest
 
 from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, config_hash, load_config, name_field
+from eksflow.llm.pipeline import LlmPipelineConfig, MlflowSettings
 from pipelines.champion_check import ChampionCheckConfig
-from pipelines.common import LlmPipelineConfig, MlflowSettings
 from pipelines.llama_lora import LlamaLoraConfig
 from pipelines.lora_sweep import LoraSweepConfig
 from tests.flagship import config, rendered

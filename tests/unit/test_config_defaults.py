@@ -27,18 +27,18 @@ from eksflow.config import (
     name_field,
 )
 from eksflow.config_docs import effective_yaml, rows
+from eksflow.llm.pipeline import LlmPipelineConfig, MlflowSettings
+from eksflow.llm.serving.objects import ServingConfig
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.evaluate.gate import Threshold
+from eksflow.llm.steps.stage_data import StageSettings
+from eksflow.llm.steps.train import LoraSettings, TrainSettings
 from eksflow.plan import check
 from eksflow.run import config_changes
 from eksflow.runtime.args import Settings
 from pipelines.champion_check import ChampionCheckConfig
-from pipelines.common import LlmPipelineConfig, MlflowSettings
 from pipelines.llama_lora import LlamaLoraConfig, build
 from pipelines.lora_sweep import LoraSweepConfig
-from pipelines.serving.objects import ServingConfig
-from steps.evaluate import EvaluateSettings
-from steps.evaluate.gate import Threshold
-from steps.stage_data import StageSettings
-from steps.train import LoraSettings, TrainSettings
 from tests.unit.test_base_config import rendered
 from tests.unit.test_pipeline import template
 

@@ -45,5 +45,5 @@ def test_a_relative_source_means_the_callers_folder_and_is_recorded_absolute(tmp
 
 def test_the_step_refuses_the_same_sources(tmp_path):
     folders = [f"--dest-dir={tmp_path / 'd'}", f"--outputs-dir={tmp_path / 'out'}"]
-    done = python("-m", "steps.stage_data", "--source=s3://Bad_Bucket!/x", *folders)
+    done = python("-m", "eksflow.llm.steps.stage_data", "--source=s3://Bad_Bucket!/x", *folders)
     assert done.returncode == 2 and "names no valid bucket" in done.stderr, done.stderr

@@ -10,16 +10,23 @@ from eksflow.config_docs import reference
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FILE_BLOCK = re.compile(r"```python\n# file: (\S+)\n(.*?)```", re.DOTALL)
-FIXTURE = ROOT / "tests" / "fixtures" / "greeter"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
-@pytest.mark.parametrize("doc", ["writing-a-step.md", "writing-a-pipeline.md"])
-def test_examples_are_the_files_the_tests_run(doc):
-    """Each `# file:` example is a file of tests/fixtures/greeter, which tests/e2e/test_user_project.py runs."""
+@pytest.mark.parametrize(
+    ("doc", "project"),
+    [
+        ("writing-a-step.md", "greeter"),  # tests/e2e/test_user_project.py runs it
+        ("writing-a-pipeline.md", "greeter"),
+    ],
+)
+def test_examples_are_the_files_the_tests_run(doc, project):
+    """Each `# file:` example is a file of the fixture project the tests run."""
     blocks = FILE_BLOCK.findall((DOCS / doc).read_text())
     assert blocks, f"{doc} shows no example file"
     for path, code in blocks:
-        assert code == (FIXTURE / path).read_text(), f"docs/{doc} shows an outdated {path}: copy it from {FIXTURE}"
+        fixture = FIXTURES / project / path
+        assert code == fixture.read_text(), f"docs/{doc} shows an outdated {path}: copy it from {fixture}"
 
 
 def test_configuration_reference_is_current():
@@ -30,7 +37,7 @@ def test_configuration_reference_is_current():
 def test_every_reliability_id_cited_in_code_is_in_the_catalogue():
     catalogue = set(re.findall(r"^- ([A-Z]{1,2}\d)\b", (DOCS / "reliability.md").read_text(), re.MULTILINE))
     cited = set()
-    for path in [*ROOT.glob("eksflow/**/*.py"), *ROOT.glob("steps/**/*.py"), *ROOT.glob("tests/**/*.py")]:
+    for path in [*ROOT.glob("eksflow/**/*.py"), *ROOT.glob("eksflow/llm/steps/**/*.py"), *ROOT.glob("tests/**/*.py")]:
         cited |= set(
             re.findall(r"docs/reliability\.md[^\n]*?\b((?:CK|EV|ML|DP|DV|ST|EX|RO|SC|S)\d)\b", path.read_text())
         )

@@ -42,7 +42,9 @@ def test_an_engine_is_installed_once_while_a_second_installer_waits_for_it(tmp_p
     assert engines.folder(engine).parent == cache and (engines.folder(engine) / engines.STAMP).is_file()
     assert engines.command(engine) == programs[0]
     engines.ensure([], said.append)  # nothing asked, nothing done
-    changed = six_engine(tmp_path, "# another lock\n" + SIX)
+    commented = six_engine(tmp_path, "# a new comment\n" + SIX)
+    assert engines.folder(commented) == engines.folder(engine)  # a comment changes nothing that is installed
+    changed = six_engine(tmp_path, SIX.replace("1.17.0", "1.16.0"))
     assert engines.folder(changed) != engines.folder(engine) and engines.installed(changed) == ""
 
 

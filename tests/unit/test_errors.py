@@ -17,6 +17,8 @@ from eksflow.local import RunServiceError
 def sdk_exceptions() -> list[type[BaseException]]:
     found = []
     for info in pkgutil.walk_packages(eksflow.__path__, "eksflow."):
+        if info.name.startswith("eksflow.llm.steps."):  # steps end through run_step's exit codes, not this CLI
+            continue
         module = importlib.import_module(info.name)
         found += [
             obj

@@ -17,7 +17,7 @@ from eksflow.config_docs import rows
 from eksflow.render import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if not p.stem.startswith("_"))
 CORPUS = {
     "quotes": "'''\"\"\"",
     "command": "$(touch /tmp/eksflow-pwn) `touch /tmp/eksflow-pwn`; rm -rf / && echo",

@@ -124,14 +124,15 @@ def test_a_placeholder_the_check_cannot_fill_is_refused():
 def test_checks_run_the_flagships_validate_data_with_its_pods_args():
     flagship = workflow_template("llama-lora")
     argv, env = pod_command(flagship, "validate-data", {"inputs.parameters.dataset_dir": f"{FSX}/check/data"})
-    assert argv[:3] == ["python", "-m", "steps.validate_data"]
+    assert argv[:3] == ["python", "-m", "eksflow.llm.steps.validate_data"]
     assert f"--dataset-dir={FSX}/check/data" in argv and "--report-dir=/fsx/runs/check-images/reports" in argv
     assert not any("{{" in part for part in argv)
     assert env["EKSFLOW_IMAGE"] == container_of(flagship, "validate-data")["image"]
 
 
 def test_every_step_a_rendered_template_runs_is_among_those_checked():
-    checked = set(step_modules())
+    checked, run = set(step_modules()), set()
     for path in sorted((ROOT / "workflow-templates").glob("*.yaml")):
-        run = {line.split("- steps.")[1].strip() for line in path.read_text().splitlines() if "- steps." in line}
-        assert {f"steps.{name}" for name in run} <= checked, path.name
+        lines = path.read_text().splitlines()
+        run |= {line.split("- ", 1)[1].strip() for line in lines if line.strip().startswith("- eksflow.llm.steps.")}
+    assert len(run) > 10 and run <= checked, sorted(run - checked)

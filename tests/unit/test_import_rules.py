@@ -3,12 +3,15 @@
 - Inside the SDK imports run one way, down the layers of LAYERS: a module imports only its own unit (a module, or
   a subpackage: local, runtime, launchers) and the units below it, wherever the import statement stands (a
   function-local import is no way around a cycle). Imports for annotations only (`if TYPE_CHECKING:`) are exempt.
-- The SDK (every module of eksflow/) and rendering a pipeline (what `render`, `plan` and `submit` do) import none
-  of the heavy ML or cloud libraries: `pip install eksflow` holds none (tests/contract/test_bare_install.py).
-- Steps import neither hera nor eksflow's authoring layer: a step image needs only eksflow.runtime (and
-  eksflow.errors, the exit codes and the exception root it builds on).
+- The SDK (every module of eksflow/, the LLM library's pipeline side and its steps' contracts included) and
+  rendering a pipeline (what `render`, `plan` and `submit` do) import none of the heavy ML or cloud libraries:
+  `pip install eksflow` holds none (tests/contract/test_bare_install.py).
+- eksflow's LLM steps (eksflow/llm/steps) import neither hera nor eksflow's authoring layer nor the LLM library's
+  pipeline side (eksflow.llm.pipeline, eksflow.llm.serving): a step image needs only eksflow.runtime (and
+  eksflow.errors, the exit codes and the exception root it builds on), the steps themselves, and
+  eksflow.llm.engines (standard library only: where the serving engines' interpreters are).
 - A step's contract (what a pipeline imports to wire it) is light too.
-- The LiteLLM proxy's callback (steps/common/litellm_routes.py) imports nothing of this project.
+- The LiteLLM proxy's callback (eksflow/llm/steps/common/litellm_routes.py) imports nothing of this project.
 """
 
 import ast
@@ -23,8 +26,9 @@ from eksflow import runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "ray", "mlflow", "transformers", "peft", "boto3", "botocore", "great_expectations", "pandas")
-PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if p.stem != "__init__")
-STEP_FILES = sorted(p for p in (ROOT / "steps").rglob("*.py"))
+PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if not p.stem.startswith("_"))
+STEPS = ROOT / "eksflow" / "llm" / "steps"
+STEP_FILES = sorted(STEPS.rglob("*.py"))
 RUNTIME_NAMES = set(runtime.__all__)  # what `from eksflow import X` may give a step: the runtime's names
 
 
@@ -50,10 +54,12 @@ def test_rendering_a_pipeline_imports_nothing_heavy(pipeline):
 
 
 def test_no_module_of_the_sdk_imports_anything_heavy():
+    """The LLM library's steps import their libraries where they need them; its pipeline side is light too."""
     code = (
         "import importlib, pkgutil, eksflow\n"
         "for m in pkgutil.walk_packages(eksflow.__path__, 'eksflow.'):\n"
-        "    importlib.import_module(m.name)\n"
+        "    if not m.name.startswith('eksflow.llm.steps.') or m.name.count('.') == 3 and m.ispkg:\n"
+        "        importlib.import_module(m.name)\n"
     )
     assert sorted(set(loaded_after(code)) & set(HEAVY)) == []
 
@@ -86,8 +92,8 @@ LAYERS = (
     "eksflow.verbs",
     "eksflow.config_docs",
     "eksflow.cli",
-    "eksflow.llm",  # the LLM library (`eksflow[llm]`), built on the SDK: the SDK never imports it
     "eksflow",  # the flat public namespace, loading each name on first use
+    "eksflow.llm",  # the LLM library (`eksflow[llm]`), written against the public names as a user's project is
 )
 
 
@@ -151,7 +157,9 @@ def test_sdk_imports_run_down_the_layers(path):
 
 
 def test_no_import_cycle_between_sdk_modules():
-    modules = {module_of(path): path for path in SDK_FILES}
+    # Steps are exempt: a step's contract (what a pipeline imports) loads its implementation inside the hook that
+    # needs it (train's `preflight` imports train.sizing), and the implementation imports the contract's Settings.
+    modules = {module_of(p): p for p in SDK_FILES if not module_of(p).startswith("eksflow.llm.steps")}
     graph = {
         name: {m for m in sdk_imports(path) if m in modules and m not in (name, "eksflow")}
         for name, path in modules.items()
@@ -187,8 +195,8 @@ def imports(path: Path) -> list[str]:
 
 
 def test_the_proxy_callback_imports_nothing_of_this_project():
-    """steps/common/litellm_routes.py runs inside the LiteLLM proxy's virtualenv: no eksflow, no steps there."""
-    found = imports(ROOT / "steps" / "common" / "litellm_routes.py")
+    """eksflow/llm/steps/common/litellm_routes.py runs inside the LiteLLM proxy's virtualenv: no eksflow there."""
+    found = imports(STEPS / "common" / "litellm_routes.py")
     assert [n for n in found if n.partition(".")[0] in ("eksflow", "steps", "pipelines")] == []
 
 
@@ -198,7 +206,8 @@ def test_steps_import_neither_hera_nor_the_authoring_layer(path):
     for name in imports(path):
         top, _, rest = name.partition(".")
         if top in ("hera", "pipelines") or (
-            top == "eksflow" and not (rest.startswith(("runtime", "errors")) or rest in RUNTIME_NAMES)
+            top == "eksflow"
+            and not (rest.startswith(("runtime", "errors", "llm.steps", "llm.engines")) or rest in RUNTIME_NAMES)
         ):
             bad.append(name)
     assert bad == [], f"{path.relative_to(ROOT)} imports the authoring side: {bad}"
@@ -206,8 +215,8 @@ def test_steps_import_neither_hera_nor_the_authoring_layer(path):
 
 def test_step_contracts_are_light():
     contracts = sorted(
-        {f"steps.{p.parent.name}" for p in (ROOT / "steps").glob("*/__init__.py") if p.parent.name != "common"}
-        | {f"steps.{p.stem}" for p in (ROOT / "steps").glob("*.py") if p.stem != "__init__"}
+        {f"eksflow.llm.steps.{p.parent.name}" for p in STEPS.glob("*/__init__.py") if p.parent.name != "common"}
+        | {f"eksflow.llm.steps.{p.stem}" for p in STEPS.glob("*.py") if p.stem != "__init__"}
     )
     loaded = loaded_after("\n".join(f"import {c}" for c in contracts))
     assert sorted(set(loaded) & set(HEAVY)) == []

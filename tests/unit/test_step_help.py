@@ -1,4 +1,4 @@
-"""`python -m steps.<name> --help` (and -h) works for every step and lists each argument's type, default and use."""
+"""`python -m eksflow.llm.steps.<name> --help` (and -h) works for every step: each argument's type, default, use."""
 
 import importlib
 import os
@@ -11,12 +11,12 @@ from pydantic import Field
 
 from eksflow.runtime.args import StepArgs, describe, encode, flag, run_step, type_name
 
-STEPS_DIR = Path(__file__).resolve().parents[2] / "steps"
+STEPS_DIR = Path(__file__).resolve().parents[2] / "eksflow" / "llm" / "steps"
 SUBPROCESS_LIMIT_S = 300  # only a hang reaches it; --help imports no ML library and takes about a second
 
 
 def step_modules() -> list[str]:
-    """Every runnable step: a module under steps/ that calls run_step, or a package with a __main__."""
+    """Every runnable step: a module under eksflow/llm/steps/ that calls run_step, or a package with a __main__."""
     names = [p.stem for p in STEPS_DIR.glob("*.py") if "run_step(" in p.read_text(encoding="utf-8")]
     names += [p.parent.name for p in STEPS_DIR.glob("*/__main__.py")]
     return sorted(names)
@@ -36,7 +36,7 @@ def helps() -> dict[tuple[str, str], subprocess.CompletedProcess]:
     env = {**os.environ, "PYTHONPATH": str(STEPS_DIR.parent)}
     procs = {
         (name, option): subprocess.Popen(
-            [sys.executable, "-m", f"steps.{name}", option],
+            [sys.executable, "-m", f"eksflow.llm.steps.{name}", option],
             cwd=STEPS_DIR.parent,
             env=env,
             stdout=subprocess.PIPE,
@@ -54,7 +54,7 @@ def helps() -> dict[tuple[str, str], subprocess.CompletedProcess]:
 
 
 def args_model(name: str) -> type[StepArgs]:
-    module = importlib.import_module(f"steps.{name}")
+    module = importlib.import_module(f"eksflow.llm.steps.{name}")
     return module.Args
 
 
@@ -66,7 +66,7 @@ def test_help_lists_every_argument(helps, name, option):
     assert "Traceback" not in result.stderr
     text = result.stdout
     for field_name, field in args_model(name).model_fields.items():
-        assert field.description, f"steps.{name}: {flag(field_name)} has no description"
+        assert field.description, f"eksflow.llm.steps.{name}: {flag(field_name)} has no description"
         assert f"{flag(field_name)}={type_name(field.annotation)}" in text
         assert field.description in text
         if field.is_required():

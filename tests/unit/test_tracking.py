@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.common import tracking
+from eksflow.llm.steps.common import tracking
 
 
 def sqlite_uri(tmp_path: Path) -> str:
@@ -219,7 +219,7 @@ def test_processes_opening_a_new_sqlite_store_together_all_succeed(tmp_path):
     import sys
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = "import sys; from steps.common import tracking; tracking.ensure_experiment(sys.argv[1], 'x')"
+    code = "import sys; from eksflow.llm.steps.common import tracking; tracking.ensure_experiment(sys.argv[1], 'x')"
     procs = [subprocess.Popen([sys.executable, "-c", code, uri], stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for proc in procs:
         _, stderr = proc.communicate(timeout=300)

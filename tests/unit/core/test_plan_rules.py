@@ -10,10 +10,10 @@ from eksflow import plan
 from eksflow.cli import check_schedule
 from eksflow.config import ConfigError, config_type, load_config
 from eksflow.launchers.rayjob import entrypoint
+from eksflow.llm.serving.objects import ServingConfig
+from eksflow.llm.steps.train import TrainSettings
 from eksflow.profiles import PROFILES
 from pipelines import llama_lora, lora_sweep
-from pipelines.serving.objects import ServingConfig
-from steps.train import TrainSettings
 from tests.commands import python
 from tests.flagship import config, pipeline
 
@@ -115,9 +115,9 @@ def test_good_schedules_pass():
     ids=["cpu", "cpu-zero3", "gpu-zero2-offload", "gpu-auto-fsdp"],
 )
 def test_plan_and_the_train_step_resolve_with_one_memory_model(monkeypatch, overrides, strategy):
-    """`plan` calls the step's own TrainSettings.resolve_strategy (steps.common.strategies' memory model): the
-    strategy and memory it prints are what the step computes from the same parameter counts."""
-    from steps.train import TrainSettings
+    """`plan` calls the step's own TrainSettings.resolve_strategy (eksflow.llm.steps.common.strategies' memory model):
+    the strategy and memory it prints are what the step computes from the same parameter counts."""
+    from eksflow.llm.steps.train import TrainSettings
 
     calls = []
     original = TrainSettings.resolve_strategy
@@ -142,8 +142,8 @@ def test_a_counted_model_and_plans_estimate_of_it_agree():
     from peft import get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from steps.train.parallel import plan_strategy
-    from steps.train.sizing import memory_plan
+    from eksflow.llm.steps.train.parallel import plan_strategy
+    from eksflow.llm.steps.train.sizing import memory_plan
 
     cfg = config(["train.strategy=deepspeed", "train.zero_stage=3", "train.lora.rank=8"])
     shape = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4,

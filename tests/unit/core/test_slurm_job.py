@@ -74,16 +74,16 @@ def test_a_timeout_is_retried_once_then_refused_naming_the_setting(tmp_path, cap
 def test_the_script_is_a_constant_and_the_steps_argv_travels_as_json(tmp_path):
     hostile = "--run-name=$(touch /tmp/pwn); `id` \\n 'x'"
     spec = slurm_job.spec(
-        args(tmp_path, nodes=2, tasks_per_node=4, gpus_per_node=4), ["steps.train", hostile], tmp_path
+        args(tmp_path, nodes=2, tasks_per_node=4, gpus_per_node=4), ["eksflow.llm.steps.train", hostile], tmp_path
     )
     assert spec.script == slurm_job.SCRIPT  # nothing of the step or its values in the batch script
     argv = json.loads(spec.environment[slurm_job.ARGV_ENV])
-    assert argv == [sys.executable, "-m", "steps.train", hostile, f"--outputs-dir={tmp_path}"]
+    assert argv == [sys.executable, "-m", "eksflow.llm.steps.train", hostile, f"--outputs-dir={tmp_path}"]
     assert (spec.nodes, spec.tasks_per_node, spec.gpus_per_node) == (2, 4, 4)
     assert spec.environment["PATH"] == os.environ.get("PATH", "/usr/bin:/bin")
 
 
-@pytest.mark.parametrize("argv", [[], ["--dataset-dir=/x"], ["steps/train.py"]])
+@pytest.mark.parametrize("argv", [[], ["--dataset-dir=/x"], ["eksflow/llm/steps/train.py"]])
 def test_a_missing_or_malformed_step_module_is_refused(tmp_path, argv):
     (tmp_path / "token").write_text("t")
     with pytest.raises(slurm_job.StepInputError, match="give the step module"):
@@ -92,7 +92,7 @@ def test_a_missing_or_malformed_step_module_is_refused(tmp_path, argv):
 
 def test_the_token_file_missing_is_one_line_naming_the_secret(tmp_path, capsys):
     own = own_argv(tmp_path, token_file=tmp_path / "absent", url="http://127.0.0.1:1")
-    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    assert slurm_job.main([*own, "--", "eksflow.llm.steps.train"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "mount the Slurm token Secret" in err
 
@@ -114,7 +114,7 @@ def test_the_token_file_missing_is_one_line_naming_the_secret(tmp_path, capsys):
 )
 def test_each_bad_argument_is_one_line_naming_its_flag(tmp_path, capsys, flag, value):
     own = own_argv(tmp_path, **{flag.replace("-", "_"): value})
-    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    assert slurm_job.main([*own, "--", "eksflow.llm.steps.train"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"error: --{flag}: "), err
     assert "pydantic" not in err and "validation error" not in err
@@ -123,7 +123,7 @@ def test_each_bad_argument_is_one_line_naming_its_flag(tmp_path, capsys, flag, v
 @pytest.mark.parametrize("secret", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN"])
 def test_a_credential_is_never_forwarded_even_when_named(tmp_path, capsys, secret):
     own = own_argv(tmp_path, forward_env=json.dumps(["WANDB_PROJECT", secret]))
-    assert slurm_job.main([*own, "--", "steps.train"]) == 2
+    assert slurm_job.main([*own, "--", "eksflow.llm.steps.train"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"error: --forward-env: Value error, {secret} is a credential")
 
@@ -143,7 +143,7 @@ def test_the_job_gets_the_named_variables_and_no_credential(tmp_path, monkeypatc
     for name, value in exported.items():
         monkeypatch.setenv(name, value)
     a = args(tmp_path, forward_env=json.dumps(["HF_HUB_OFFLINE", "WANDB_PROJECT", "NOT_SET_HERE"]))
-    environment = slurm_job.spec(a, ["steps.train"], tmp_path).environment
+    environment = slurm_job.spec(a, ["eksflow.llm.steps.train"], tmp_path).environment
     assert {"WANDB_PROJECT": "llama-lora", "HF_HUB_OFFLINE": "1", "HOME": "/home/step"}.items() <= environment.items()
     assert not {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN", "EKSFLOW_VLLM_API_KEY"} & set(environment)
     assert "NCCL_SOCKET_IFNAME" not in environment and "NOT_SET_HERE" not in environment
@@ -151,7 +151,7 @@ def test_the_job_gets_the_named_variables_and_no_credential(tmp_path, monkeypatc
 
 
 def test_the_job_is_marked_with_the_workflows_uid(tmp_path):
-    spec = slurm_job.spec(args(tmp_path), ["steps.train"], tmp_path)
+    spec = slurm_job.spec(args(tmp_path), ["eksflow.llm.steps.train"], tmp_path)
     assert spec.comment == slurm_job.job_comment(UID) and UID in spec.comment
 
 

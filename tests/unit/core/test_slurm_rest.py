@@ -72,7 +72,7 @@ def server() -> Iterator[Slurmrestd]:
 def task(tmp_path, server: Slurmrestd, token_text: str, capsys) -> tuple[int, str]:
     """(exit code, stderr) of `python -m eksflow.runtime.slurm_job` in this process, the token file as given."""
     (tmp_path / "token").write_text(token_text)
-    code = slurm_job.main([*own_argv(tmp_path, url=server.url), "--", "steps.train"])
+    code = slurm_job.main([*own_argv(tmp_path, url=server.url), "--", "eksflow.llm.steps.train"])
     return code, capsys.readouterr().err
 
 

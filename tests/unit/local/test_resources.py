@@ -11,12 +11,12 @@ import pytest
 import yaml
 from rich.console import Console
 
+from eksflow.llm.serving.local_fleet import FLEET_KINDS
 from eksflow.local import LocalExecutorError, RunResult, run_workflow
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
-from pipelines.serving.local_fleet import FLEET_KINDS
 
 ROOT = Path(__file__).resolve().parents[3]
 FSX_VOLUME = {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}
@@ -257,7 +257,11 @@ def test_podgroup_is_admitted_without_a_process(tmp_path: Path) -> None:
 
 def test_a_volcano_job_is_refused_before_any_task_runs(tmp_path: Path) -> None:
     neuron = {"limits": {"aws.amazon.com/neuron": "16"}}
-    pod = {"containers": [{"name": "train", "command": ["torchrun", "-m", "steps.train_neuron"], "resources": neuron}]}
+    pod = {
+        "containers": [
+            {"name": "train", "command": ["torchrun", "-m", "eksflow.llm.steps.train_neuron"], "resources": neuron}
+        ]
+    }
     job = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",

@@ -14,14 +14,22 @@ from rich.console import Console
 from eksflow import Pipeline, PipelineConfig, PipelineError
 from eksflow.cli import main, parser
 from eksflow.config import ConfigError
+from eksflow.llm.steps import (
+    stage_data,  # the pipeline's step, imported as a pipeline imports it: its rules are the value's
+)
 from eksflow.verbs import run_verb
-from steps import stage_data  # the pipeline's step, imported as a pipeline imports it: its rules are the value's
 from tests.unit.local.manifests import run, task, workflow
 
 HOSTILE = {
-    "no-bucket": ("s3://", "-p data_source='s3://': steps.stage_data --source: Value error, names no valid bucket"),
-    "empty": ("", "-p data_source='': steps.stage_data --source: Value error, is empty"),
-    "relative-file-uri": ("file://../../etc", "steps.stage_data --source: Value error, is not file:///absolute/path"),
+    "no-bucket": (
+        "s3://",
+        "-p data_source='s3://': eksflow.llm.steps.stage_data --source: Value error, names no valid bucket",
+    ),
+    "empty": ("", "-p data_source='': eksflow.llm.steps.stage_data --source: Value error, is empty"),
+    "relative-file-uri": (
+        "file://../../etc",
+        "eksflow.llm.steps.stage_data --source: Value error, is not file:///absolute/path",
+    ),
     "argo-expression": ("{{workflow.name}}", "-p data_source: holds '{{', which Argo would evaluate"),
     "too-long": ("a" * 70_000, "-p data_source: 70000 bytes of text; at most 65536"),
 }
@@ -80,7 +88,7 @@ def test_the_pipeline_cli_refuses_it_in_one_line_with_exit_2(tmp_path, capsys, m
         main(build, ["retry", failed.name, "-p", "data_source=s3://", "--state-dir", str(tmp_path / "state")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert err.startswith("config error: -p data_source='s3://': steps.stage_data --source:"), err
+    assert err.startswith("config error: -p data_source='s3://': eksflow.llm.steps.stage_data --source:"), err
     assert len(err.strip().splitlines()) == 1
 
 

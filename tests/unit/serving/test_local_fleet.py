@@ -1,12 +1,17 @@
 """The local fleet's bookkeeping: addresses mapped only where a whole value is one, objects it refuses."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 
+from eksflow.llm.serving import local_fleet
+from eksflow.llm.serving import objects as serving
+from eksflow.llm.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from eksflow.local import resources
-from pipelines.serving import local_fleet
-from pipelines.serving import objects as serving
-from pipelines.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from tests.flagship import config
 
 
@@ -53,7 +58,7 @@ def test_only_a_whole_service_address_is_mapped(fleet, value, expected):
 
 
 def test_argv_items_map_their_value_only(fleet):
-    argv = ["python", "-m", "steps.promote", f"--proxy-url={PROXY}", f"--note={PROXY} down", PROXY]
+    argv = ["python", "-m", "eksflow.llm.steps.promote", f"--proxy-url={PROXY}", f"--note={PROXY} down", PROXY]
     assert fleet.local_argv(argv) == [
         *argv[:3],
         "--proxy-url=http://127.0.0.1:41234",
@@ -148,3 +153,46 @@ def test_a_network_policy_is_recorded_with_a_note_that_the_cni_enforces_it(fleet
         assert "not enforced here" in note and "CNI" in note
         assert fleet.policies[name] == policy
         assert note in (tmp_path / "run" / "logs" / f"fleet-{name}.log").read_text()
+
+
+FLAGSHIP = [sys.executable, str(Path(__file__).resolve().parents[3] / "pipelines" / "llama_lora.py"), "run"]
+
+
+def test_a_run_whose_engine_cannot_be_installed_stops_before_any_task(tmp_path):
+    """A machine without the engines (an empty cache) and no index to install them from: one line, no run."""
+    env = {**os.environ, "EKSFLOW_ENGINES_DIR": str(tmp_path / "engines"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}
+    env = {k: v for k, v in env.items() if k not in ("EKSFLOW_VLLM_PYTHON", "EKSFLOW_LITELLM", "EKSFLOW_VLLM_URL")}
+    done = subprocess.run(
+        [*FLAGSHIP, "--state-dir", str(tmp_path / "state")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines[0].startswith("installing the LiteLLM proxy (litellm 1.110.2, ~530 MB) into ")
+    assert lines[-1].startswith(
+        "engine error: installing the LiteLLM proxy (litellm 1.110.2, ~530 MB) failed (pip exit 1)"
+    )
+    assert not (tmp_path / "state" / "runs").exists()  # nothing ran, nothing to resume
+    assert [p.name for p in (tmp_path / "engines").iterdir() if p.is_dir()] == []  # no half-made virtualenv
+
+
+def test_an_engine_named_by_its_variable_must_exist_before_the_run_starts(tmp_path):
+    env = {**os.environ, "EKSFLOW_LITELLM": str(tmp_path / "no-litellm"), "EKSFLOW_VLLM_URL": "http://127.0.0.1:9"}
+    done = subprocess.run(
+        [*FLAGSHIP, "--state-dir", str(tmp_path / "state")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"engine error: $EKSFLOW_LITELLM={tmp_path / 'no-litellm'}: no such file; unset it or name the LiteLLM proxy "
+        "(litellm 1.110.2, ~530 MB)'s program"
+    )
+    assert not (tmp_path / "state" / "runs").exists()

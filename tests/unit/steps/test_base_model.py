@@ -4,7 +4,7 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from steps.common import base_model
+from eksflow.llm.steps.common import base_model
 
 
 def _publish_when_told(go, target: Path, fills: Path) -> None:

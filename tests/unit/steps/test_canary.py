@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps import canary
-from steps.common import canary_sizing, litellm_proxy, rollout, vllm
-from steps.common.rollout import RolloutState
-from steps.common.vllm import Answer
-from steps.evaluate.gate import Threshold, gate
+from eksflow.llm.steps import canary
+from eksflow.llm.steps.common import canary_sizing, litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common.rollout import RolloutState
+from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.evaluate.gate import Threshold, gate
 
 SENT = {"candidate": canary.Asked(sent=4, errors=0), "champion": canary.Asked(sent=4, errors=0)}
 
@@ -297,7 +297,7 @@ def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, 
 def test_without_a_champion_a_step_below_100_leaves_the_one_analysis_to_the_last_step(tmp_path):
     """No champion: the shift gave the candidate all traffic, so analyze-10 sends nothing (the addresses are closed
     ports) and writes no report; it records its stage and says why."""
-    from steps.common import rollout
+    from eksflow.llm.steps.common import rollout
 
     a = args(tmp_path, percent=10)
     rollout.write_state(a.state_file, RolloutState(candidate_version="1", candidate_slot="blue", percent=100))

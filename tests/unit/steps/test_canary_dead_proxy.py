@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps import canary, finish_rollout
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking
 from eksflow.runtime.args import StepFailedError
-from steps import canary, finish_rollout
-from steps.common import litellm_proxy, rollout, tracking
 from tests.unit.steps import test_canary_probes
 
 MODEL = "llama-lora"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from steps import canary
-from steps.common import probe_cache, vllm
-from steps.common.rollout import RolloutState
-from steps.common.vllm import Answer
-from steps.evaluate.metrics import exact_match
+from eksflow.llm.steps import canary
+from eksflow.llm.steps.common import probe_cache, vllm
+from eksflow.llm.steps.common.rollout import RolloutState
+from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.evaluate.metrics import exact_match
 
 STATE = RolloutState(
     champion_version="1",

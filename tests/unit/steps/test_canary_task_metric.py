@@ -16,10 +16,10 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow.config import ConfigError
+from eksflow.llm.steps import canary
+from eksflow.llm.steps.common import rollout, tracking
+from eksflow.llm.steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
 from eksflow.runtime.args import StepInputError
-from steps import canary
-from steps.common import rollout, tracking
-from steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
 from tests.flagship import config, rendered
 from tests.unit.steps import test_canary_probes, test_evaluate_custom_metrics
 

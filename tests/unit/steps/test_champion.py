@@ -2,8 +2,8 @@ import socket
 
 import pytest
 
-from steps import champion
-from steps.common import tracking
+from eksflow.llm.steps import champion
+from eksflow.llm.steps.common import tracking
 
 DIGEST = "sha256:" + "a" * 64
 

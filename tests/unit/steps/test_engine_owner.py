@@ -19,7 +19,7 @@ time.sleep(600)
 OWNER = """
 import sys, time
 from pathlib import Path
-from steps.common import vllm
+from eksflow.llm.steps.common import vllm
 with vllm.engine([], {}, log_path=Path(sys.argv[1]), python=sys.executable):
     time.sleep(600)
 """

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps import evaluate
+from eksflow.llm.steps.common import checkpoints, tracking
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
+from eksflow.llm.steps.evaluate import step as evaluate_step
 from eksflow.runtime.args import StepInputError
-from steps import evaluate
-from steps.common import checkpoints, tracking
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
-from steps.evaluate import step as evaluate_step
 
 DEMO_DATA = Path(__file__).resolve().parents[3] / "data" / "demo"
 

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.evaluate.gate import Threshold, combine, gate
+from eksflow.llm.steps.evaluate.metrics import resolve, score
+from eksflow.llm.steps.evaluate.step import main
+from eksflow.runtime import metrics as runtime_metrics
 from eksflow.runtime import task_metric
-from steps.evaluate import EvaluateSettings, metrics
-from steps.evaluate.gate import Threshold, combine, gate
-from steps.evaluate.metrics import resolve, score
-from steps.evaluate.step import main
 
 ROOT = Path(__file__).resolve().parents[3]
 CANARY = """
@@ -110,7 +111,7 @@ def write(path: Path, text: str) -> None:
 def user_package(tmp_path, monkeypatch):
     """A fresh package (a new name per test: imports are cached) of a project in tmp_path: the user's modules.
 
-    The project is the evaluate step's: metrics.PROJECT_ROOT is set to it, as a copy of the step would find it.
+    The project is the pipeline's: eksflow.runtime.metrics takes it as the CLI does (`use_project`).
     """
     name = f"user_metrics_{uuid.uuid4().hex}"  # unique across this module's copies (another test imports it)
     project = tmp_path / "project"
@@ -120,7 +121,7 @@ def user_package(tmp_path, monkeypatch):
     write(project / name / "reexport.py", f"from {name}.mine import starts_alike\n")
     write(project / name / "other.py", OTHER_METRICS)
     monkeypatch.syspath_prepend(str(project))
-    monkeypatch.setattr(metrics, "PROJECT_ROOT", project)
+    monkeypatch.setattr(runtime_metrics, "_project", project)
     monkeypatch.setenv("METRIC_MARKER", str(tmp_path / "called"))
     monkeypatch.setenv("METRIC_CANARY", str(tmp_path / "canary"))
     return name
@@ -313,10 +314,11 @@ MY_METRICS = """
 
 
 def test_a_metric_of_the_project_renders_and_the_step_in_its_image_layout_accepts_it(tmp_path):
-    # A project as the step's image holds it (/app: its packages, PYTHONPATH=/app), copied from this checkout.
+    # A user's project as its image holds it (/app: its packages, PYTHONPATH=/app): this checkout's pipelines
+    # (written as a user writes theirs) and a `steps` package of its own holding the metric.
     project = tmp_path / "app"
-    for package in ("steps", "pipelines"):
-        shutil.copytree(ROOT / package, project / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "pipelines", project / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    write(project / "steps" / "__init__.py", "")
     write(project / "steps" / "my_metrics.py", MY_METRICS)
     name = "steps.my_metrics:starts_alike"
     env = {**os.environ, "PYTHONPATH": str(project)}
@@ -332,7 +334,7 @@ def test_a_metric_of_the_project_renders_and_the_step_in_its_image_layout_accept
     assert f"--task-metrics={json.dumps(names, separators=(',', ':'))}" in rendered.stdout
     step = python(
         "-m",
-        "steps.evaluate",
+        "eksflow.llm.steps.evaluate",
         f"--dataset-dir={tmp_path}",
         f"--adapter-dir={tmp_path / 'no-adapter'}",
         "--base-model=smollm2-135m-instruct",

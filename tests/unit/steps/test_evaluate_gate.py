@@ -6,10 +6,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from steps.evaluate import EvaluateSettings
-from steps.evaluate.gate import Champion, Threshold, champion_gate, combine, distinct_prefixes, gate
-from steps.evaluate.report import render_table
-from steps.evaluate.step import eval_set_digest
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.evaluate.gate import Champion, Threshold, champion_gate, combine, distinct_prefixes, gate
+from eksflow.llm.steps.evaluate.report import render_table
+from eksflow.llm.steps.evaluate.step import eval_set_digest
 
 
 def rules(*triples):

@@ -1,12 +1,12 @@
-"""Batched greedy answers (steps.common.modeling.generate): a shared-prefix cache and length-sorted batches give
-each prompt the answer it gets alone, in the order of the prompts."""
+"""Batched greedy answers (eksflow.llm.steps.common.modeling.generate): a shared-prefix cache and length-sorted batches
+give each prompt the answer it gets alone, in the order of the prompts."""
 
 from __future__ import annotations
 
 import pytest
 
-from steps.common.modeling import by_length, generate, prompt_text, shared_prefix
-from steps.evaluate.scoring import compute_threads
+from eksflow.llm.steps.common.modeling import by_length, generate, prompt_text, shared_prefix
+from eksflow.llm.steps.evaluate.scoring import compute_threads
 
 PROMPTS = [
     "what is 3 plus 4",

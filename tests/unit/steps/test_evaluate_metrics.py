@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from steps.evaluate import EvaluateSettings
-from steps.evaluate.metrics import BUILT_IN, resolve, score
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.evaluate.metrics import BUILT_IN, resolve, score
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steps import evaluate
-from steps.common import checkpoints
-from steps.common.base_model import DEMO_MODEL
-from steps.evaluate import EvaluateSettings
-from steps.evaluate import step as evaluate_step
-from steps.evaluate.sampling import load_sample, sample_indices, sample_suffix, wilson_interval
-from steps.evaluate.scoring import Scores
+from eksflow.llm.steps import evaluate
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.common.base_model import DEMO_MODEL
+from eksflow.llm.steps.evaluate import EvaluateSettings
+from eksflow.llm.steps.evaluate import step as evaluate_step
+from eksflow.llm.steps.evaluate.sampling import load_sample, sample_indices, sample_suffix, wilson_interval
+from eksflow.llm.steps.evaluate.scoring import Scores
 
 
 def test_a_sample_is_a_pure_function_of_seed_and_size():

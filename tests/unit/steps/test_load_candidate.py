@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps import load_candidate, register, serve
+from eksflow.llm.steps.common import adapters, tracking, vllm
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
-from steps import load_candidate, register, serve
-from steps.common import adapters, tracking, vllm
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 NOBODY = "http://127.0.0.1:{port}"  # a closed port: a step that asked a server would fail with exit 1, not 2
 
@@ -147,7 +147,7 @@ def test_a_moved_champion_is_explained_without_a_vnone(compared, current, expect
 
 
 def test_a_version_rolled_out_again_gets_a_reason_of_this_rollout():
-    from steps.common import rollout
+    from eksflow.llm.steps.common import rollout
 
     tags = load_candidate.progressing_tags("green", "llama-lora-x1")
     assert tags[rollout.PHASE_TAG] == "Progressing"

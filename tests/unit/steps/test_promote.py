@@ -2,9 +2,9 @@
 
 import pytest
 
+from eksflow.llm.steps import promote, rollback
+from eksflow.llm.steps.common import tracking
 from eksflow.runtime.args import StepFailedError
-from steps import promote, rollback
-from steps.common import tracking
 
 MODEL = "llama-lora"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps import register
+from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
-from steps import register
-from steps.common import tracking
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 
 METRICS = {"score": 0.8125, "loss": 1.25}
 STAGE_METHODS = ("transition_model_version_stage", "get_latest_versions")
@@ -226,7 +226,7 @@ def test_register_over_http_survives_server_outage(tmp_path, adapters, no_stage_
     ]
     # The bound is the client's retry budget (tracking.CLIENT_ENV_DEFAULTS), far below MLflow's ~10 minutes.
     down = subprocess.run(
-        [sys.executable, "-m", "steps.register", *argv],
+        [sys.executable, "-m", "eksflow.llm.steps.register", *argv],
         check=False,
         capture_output=True,
         text=True,

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
+from eksflow.llm.steps import register
 from eksflow.runtime.args import StepInputError
-from steps import register
 
 WEIGHTS = b"\x00safetensors bytes\x01" * 64
 

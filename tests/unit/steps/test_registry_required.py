@@ -10,9 +10,12 @@ from tests.commands import python
 @pytest.mark.parametrize(
     ("module", "args"),
     [
-        ("steps.rollback", ["--model-name=llama-lora"]),
-        ("steps.fetch_champion", ["--model-name=llama-lora", "--dest-dir={tmp}/adapter"]),
-        ("steps.serve", ["--model-name=llama-lora", "--serve-dir={tmp}/serve", "--model-cache-dir={tmp}/models"]),
+        ("eksflow.llm.steps.rollback", ["--model-name=llama-lora"]),
+        ("eksflow.llm.steps.fetch_champion", ["--model-name=llama-lora", "--dest-dir={tmp}/adapter"]),
+        (
+            "eksflow.llm.steps.serve",
+            ["--model-name=llama-lora", "--serve-dir={tmp}/serve", "--model-cache-dir={tmp}/models"],
+        ),
     ],
     ids=["rollback", "fetch-champion", "serve"],
 )
@@ -29,7 +32,7 @@ def test_a_mistyped_sqlite_registry_is_refused_in_one_line(tmp_path, module, arg
 
 
 def test_a_locked_registry_fails_in_one_line_naming_the_database(tmp_path):
-    from steps.common import tracking
+    from eksflow.llm.steps.common import tracking
 
     db = tmp_path / "mlflow.db"
     tracking.client(f"sqlite:///{db}").search_registered_models()
@@ -37,7 +40,7 @@ def test_a_locked_registry_fails_in_one_line_naming_the_database(tmp_path):
     holder.execute("BEGIN EXCLUSIVE")  # another process writing: no reader gets in
     try:
         args = ["--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}", f"--outputs-dir={tmp_path / 'out'}"]
-        done = python("-m", "steps.rollback", *args)
+        done = python("-m", "eksflow.llm.steps.rollback", *args)
     finally:
         holder.close()
     assert done.returncode == 1, done.stderr  # retryable: the lock goes away

@@ -1,7 +1,7 @@
 """The report's Canary section: each step's share vs weight, scores, errors and latency, and where the rollout stopped.
 
-Every page here is written by the report step itself (steps.report.step.run, no MLflow) from a flagship run
-folder whose analyze tasks left canary-<percent>.json as steps.canary.write_report writes it.
+Every page here is written by the report step itself (eksflow.llm.steps.report.step.run, no MLflow) from a flagship run
+folder whose analyze tasks left canary-<percent>.json as eksflow.llm.steps.canary.write_report writes it.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
+from eksflow.llm.steps import canary, report
+from eksflow.llm.steps.common.canary_sizing import live_requests, share_z_limit
+from eksflow.llm.steps.common.rollout import RolloutState
+from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.evaluate.gate import gate
+from eksflow.llm.steps.report import svg
+from eksflow.llm.steps.report.canary import percent_of, section
+from eksflow.llm.steps.report.collect import canary_tasks, collect
+from eksflow.llm.steps.report.step import run
+from eksflow.llm.steps.report.workflow import read_local
 from eksflow.runtime.rundir import RUN_DIR_ENV
-from steps import canary, report
-from steps.common.canary_sizing import live_requests, share_z_limit
-from steps.common.rollout import RolloutState
-from steps.common.vllm import Answer
-from steps.evaluate.gate import gate
-from steps.report import svg
-from steps.report.canary import percent_of, section
-from steps.report.collect import canary_tasks, collect
-from steps.report.step import run
-from steps.report.workflow import read_local
 from tests.report_runs import HOSTILE, NAME, make_run, node
 
 SETTINGS = canary.CanarySettings()  # the default rules and tolerance, as the flagship passes them
@@ -33,7 +33,7 @@ CANDIDATE, CHAMPION = "llama-lora-green", "llama-lora-blue"  # litellm_proxy.slo
 
 
 def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
-    """The metrics steps.canary.analyse gives a healthy candidate at `percent`, with `changes` applied."""
+    """The metrics eksflow.llm.steps.canary.analyse gives a healthy candidate at `percent`, with `changes` applied."""
     n = live_requests(percent / 100, SETTINGS.share_tolerance, share_z_limit(SETTINGS.thresholds)).requests
     found = {
         "served_score": 0.9375,
@@ -53,7 +53,8 @@ def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
 def write_canary(
     reports: Path, percent: float, values: dict[str, float], reason_prefix: str = "", *, champion: bool = True
 ) -> bool:
-    """canary-<percent>.json and .md by steps.canary.write_report itself, decided by its own rules; the decision."""
+    """canary-<percent>.json and .md by eksflow.llm.steps.canary.write_report itself, decided by its own rules; the
+    decision."""
     rules = [*SETTINGS.thresholds, *(SETTINGS.champion_thresholds if champion else ())]
     if percent == 0:
         rules = [r for r in rules if r.metric not in canary.ROUTING_METRICS]

@@ -9,8 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from steps.report import collect as c
-from steps.report.workflow import ApiAccess, WorkflowUnavailableError, fetch_workflow, host_paths, normalise, read_local
+from eksflow.llm.steps.report import collect as c
+from eksflow.llm.steps.report.workflow import (
+    ApiAccess,
+    WorkflowUnavailableError,
+    fetch_workflow,
+    host_paths,
+    normalise,
+    read_local,
+)
 from tests.report_runs import NAME, make_run
 
 
@@ -36,7 +43,7 @@ def test_a_succeeded_local_run_has_every_task_with_its_phase_needs_and_step(tmp_
     }
     tasks = {t.name: t for t in facts.tasks}
     assert tasks["evaluate"].needs == ("stage-data", "train")
-    assert tasks["register"].step == "steps.register" and tasks["report"].step == "steps.report"
+    assert tasks["register"].step == "eksflow.llm.steps.register" and tasks["report"].step == "eksflow.llm.steps.report"
     assert tasks["train"].duration_s(datetime.now(timezone.utc)) == 360.0
     assert facts.parameters["retrain"] == "always"
     assert c.training_run_ids(facts) == ["r1"] and c.run_ids(facts) == ["r1"]
@@ -108,10 +115,17 @@ def argo_workflow() -> dict:
             {"name": "exit-handler", "dag": {"tasks": [{"name": "report", "template": "report"}]}},
             {
                 "name": "a",
-                "container": {"image": "x", "command": ["python", "-m", "steps.train"], "args": ["--run-name=wf"]},
+                "container": {
+                    "image": "x",
+                    "command": ["python", "-m", "eksflow.llm.steps.train"],
+                    "args": ["--run-name=wf"],
+                },
             },
-            {"name": "b", "resource": {"action": "create", "manifest": "entrypoint: python -m steps.evaluate --x=1"}},
-            {"name": "report", "container": {"image": "x", "command": ["python", "-m", "steps.report"]}},
+            {
+                "name": "b",
+                "resource": {"action": "create", "manifest": "entrypoint: python -m eksflow.llm.steps.evaluate --x=1"},
+            },
+            {"name": "report", "container": {"image": "x", "command": ["python", "-m", "eksflow.llm.steps.report"]}},
         ],
     }
     nodes = {
@@ -162,7 +176,7 @@ def test_an_argo_workflow_object_reads_like_a_local_run():
         ("exit", "report"): "Running",
     }
     tasks = {t.name: t for t in facts.tasks}
-    assert tasks["b"].needs == ("a",) and tasks["b"].step == "steps.evaluate"
+    assert tasks["b"].needs == ("a",) and tasks["b"].step == "eksflow.llm.steps.evaluate"
     assert tasks["sweep"].items == 2 and tasks["a"].items == 0  # a retry's pods are not fan-out items
     assert tasks["a"].args == ("--run-name=wf",)
     assert facts.parameters == {"p": "1"} and facts.title == "T" and facts.phase == "Succeeded"

@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from steps.report import svg
-from steps.report.collect import collect, training_tasks
-from steps.report.html import Evaluation, Page, Validation, render, safe_href
-from steps.report.runs import EndedRun
-from steps.report.workflow import read_local
+from eksflow.llm.steps.report import svg
+from eksflow.llm.steps.report.collect import collect, training_tasks
+from eksflow.llm.steps.report.html import Evaluation, Page, Validation, render, safe_href
+from eksflow.llm.steps.report.runs import EndedRun
+from eksflow.llm.steps.report.workflow import read_local
 from tests.report_runs import HOSTILE, NOW, curves, make_run, page_of
 
 

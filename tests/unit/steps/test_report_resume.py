@@ -3,8 +3,8 @@ ends FINISHED (the report and alert steps as they are, run by the local executor
 
 from pathlib import Path
 
+from eksflow.llm.steps.common import tracking
 from eksflow.local import resume_workflow, run_workflow
-from steps.common import tracking
 from tests.unit.local.manifests import WRITE_OUTPUT, container, dag, outputs, task, workflow
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,7 +23,7 @@ def step(name: str, module: str, *args: str, **extra) -> dict:
 def manifest(tmp_path: Path, uri: str, run_id: str) -> dict:
     report = step(
         "report",
-        "steps.report",
+        "eksflow.llm.steps.report",
         "--workflow-name={{workflow.name}}",
         "--workflow-status={{workflow.status}}",
         f"--report-dir={tmp_path / 'reports'}",
@@ -31,7 +31,7 @@ def manifest(tmp_path: Path, uri: str, run_id: str) -> dict:
         "--outputs-dir=/tmp/outputs",
         outputs=outputs("report", "ended_runs"),
     )
-    alert = step("alert", "steps.alert", "--message=workflow {{workflow.name}} is {{workflow.status}}")
+    alert = step("alert", "eksflow.llm.steps.alert", "--message=workflow {{workflow.name}} is {{workflow.status}}")
     exit_handler = dag(
         "exit-handler",
         [task("report", "report"), task("alert", "alert", "report", when="{{workflow.status}} != Succeeded")],

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps import report
+from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.report.step import main, run
 from eksflow.runtime.rundir import RUN_DIR_ENV, report_path
-from steps import report
-from steps.common import tracking
-from steps.report.step import main, run
 from tests.report_runs import make_run
 
 

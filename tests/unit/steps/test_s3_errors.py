@@ -14,11 +14,11 @@ from pathlib import Path
 import boto3
 import pytest
 
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.common.base_model import resolve_model
+from eksflow.llm.steps.common.s3errors import explain, s3_errors
+from eksflow.llm.steps.common.storage import download_prefix
 from eksflow.runtime.args import StepFailedError, StepInputError
-from steps.common import checkpoints
-from steps.common.base_model import resolve_model
-from steps.common.s3errors import explain, s3_errors
-from steps.common.storage import download_prefix
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -149,7 +149,7 @@ def test_the_stage_step_logs_one_line(s3_env, endpoint_down, tmp_path, endpoint,
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint_down if endpoint == "down" else s3_env}
     argv = ["--source=s3://nope/data", f"--dest-dir={tmp_path / 'data'}", f"--outputs-dir={tmp_path / 'out'}"]
     result = subprocess.run(
-        [sys.executable, "-m", "steps.stage_data", *argv],
+        [sys.executable, "-m", "eksflow.llm.steps.stage_data", *argv],
         check=False,
         cwd=REPO,
         env=env,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from steps.select_best import Args, best, main
+from eksflow.llm.steps.select_best import Args, best, main
 
 
 @pytest.mark.parametrize(

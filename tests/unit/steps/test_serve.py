@@ -1,5 +1,5 @@
-"""steps.serve (`make serve`): a key made once and kept 0600, shown in the curl line; --host and the key's place
-checked; `make serve`/`make rollback` pass MODEL as one argument."""
+"""eksflow.llm.steps.serve (`make serve`): a key made once and kept 0600, shown in the curl line; --host and the key's
+place checked; `make serve`/`make rollback` pass MODEL as one argument."""
 
 import os
 import shlex
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from steps import serve
+from eksflow.llm.steps import serve
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.common.storage import s3_client
+from eksflow.llm.steps.stage_data import Args
+from eksflow.llm.steps.stage_data.manifest import ManifestEntry, manifest_digest
+from eksflow.llm.steps.stage_data.step import main, run
 from eksflow.runtime.args import StepInputError
-from steps.common.storage import s3_client
-from steps.stage_data import Args
-from steps.stage_data.manifest import ManifestEntry, manifest_digest
-from steps.stage_data.step import main, run
 
 TRAIN = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 EVAL = b'{"prompt": "Date: 2 June 2021", "completion": "2021-06-02"}\n'

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from steps.common.data import load_examples, normalize_record, role_order_error, split_of
-from steps.stage_data import Args
-from steps.stage_data.step import run
+from eksflow.llm.steps.common.data import load_examples, normalize_record, role_order_error, split_of
+from eksflow.llm.steps.stage_data import Args
+from eksflow.llm.steps.stage_data.step import run
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

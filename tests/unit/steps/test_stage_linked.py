@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-import steps.stage_data.sources
-from steps.common.storage import s3_client
-from steps.stage_data import Args, Outputs
-from steps.stage_data.step import main, run
+import eksflow.llm.steps.stage_data.sources
+from eksflow.llm.steps.common.storage import s3_client
+from eksflow.llm.steps.stage_data import Args, Outputs
+from eksflow.llm.steps.stage_data.step import main, run
 
 ROW = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 OBJECTS = {"data/train.jsonl": ROW * 3, "data/eval.jsonl": ROW, "data/shards/a.bin": b"shard a\n"}
@@ -50,14 +50,14 @@ def mirror(root: Path, objects: dict[str, bytes], prefix: str = "data/") -> Path
 def record_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the S3 operations the step's clients call from now on."""
     operations: list[str] = []
-    make_client = steps.stage_data.sources.s3_api_client
+    make_client = eksflow.llm.steps.stage_data.sources.s3_api_client
 
     def recording_client(**kwargs: Any) -> Any:
         client = make_client(**kwargs)
         client.meta.events.register("before-call.s3", lambda model, **_: operations.append(model.name))
         return client
 
-    monkeypatch.setattr(steps.stage_data.sources, "s3_api_client", recording_client)
+    monkeypatch.setattr(eksflow.llm.steps.stage_data.sources, "s3_api_client", recording_client)
     return operations
 
 

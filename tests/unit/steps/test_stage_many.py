@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from steps.common.storage import s3_client
-from steps.stage_data import Args
-from steps.stage_data.sources import Source
-from steps.stage_data.step import run
-from steps.stage_data.sync import completed
+from eksflow.llm.steps.common.storage import s3_client
+from eksflow.llm.steps.stage_data import Args
+from eksflow.llm.steps.stage_data.sources import Source
+from eksflow.llm.steps.stage_data.step import run
+from eksflow.llm.steps.stage_data.sync import completed
 
 ROW = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 OBJECTS = 2500  # 3 pages of S3's 1,000-key listings
@@ -88,7 +88,7 @@ def test_a_single_data_file_is_split_line_by_line(tmp_path):
     """The split of a single file is the per-line hash rule, written as it streams (its hashes checked here)."""
     import hashlib
 
-    from steps.common.data import split_of
+    from eksflow.llm.steps.common.data import split_of
 
     source = tmp_path / "src" / "data.jsonl"
     source.parent.mkdir()

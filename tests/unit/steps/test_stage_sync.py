@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import steps.stage_data.sources
-from steps.common.storage import s3_client
-from steps.stage_data import Args, Outputs
-from steps.stage_data.step import run
+import eksflow.llm.steps.stage_data.sources
+from eksflow.llm.steps.common.storage import s3_client
+from eksflow.llm.steps.stage_data import Args, Outputs
+from eksflow.llm.steps.stage_data.step import run
 
 ROW = b'{"prompt": "Date: May 1, 2020", "completion": "2020-05-01"}\n'
 KILL_TIMEOUT_S = 60.0
@@ -106,7 +106,7 @@ def test_large_objects_are_fetched_in_parts(s3_env, tmp_path, monkeypatch):
     big = os.urandom(11 << 20)
     bucket = make_bucket({**dataset(3), "data/big.bin": big})
     ranges: list[str] = []
-    make_client = steps.stage_data.sources.s3_api_client
+    make_client = eksflow.llm.steps.stage_data.sources.s3_api_client
 
     def spying_client(**kwargs: Any) -> Any:
         client = make_client(**kwargs)
@@ -115,7 +115,7 @@ def test_large_objects_are_fetched_in_parts(s3_env, tmp_path, monkeypatch):
         )
         return client
 
-    monkeypatch.setattr(steps.stage_data.sources, "s3_api_client", spying_client)
+    monkeypatch.setattr(eksflow.llm.steps.stage_data.sources, "s3_api_client", spying_client)
     dest = tmp_path / "fsx" / "data"
     stage(f"s3://{bucket}/data", dest, multipart_threshold_mb=5, multipart_chunk_mb=5, part_concurrency=3)
 
@@ -134,7 +134,7 @@ def test_small_objects_are_staged_without_loading_boto3s_transfer_layer(s3_env, 
     """Only objects fetched in parts need s3transfer: a dataset of small files does not pay for importing it."""
     bucket = make_bucket(dataset(3))
     stage_then_list_loaded = (
-        "import sys; from steps.stage_data.step import main; main(sys.argv[1:]); "
+        "import sys; from eksflow.llm.steps.stage_data.step import main; main(sys.argv[1:]); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'boto3', 's3transfer'}))"
     )
     argv = [f"--source=s3://{bucket}/data", f"--dest-dir={tmp_path / 'data'}", f"--outputs-dir={tmp_path / 'out'}"]
@@ -187,7 +187,7 @@ def test_killed_stage_keeps_the_previous_dataset_and_a_rerun_completes(s3_env, t
         [
             sys.executable,
             "-m",
-            "steps.stage_data",
+            "eksflow.llm.steps.stage_data",
             f"--source=s3://{bucket}/data",
             f"--dest-dir={dest}",
             f"--outputs-dir={tmp_path / 'out'}",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps.common import token_cache
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
+from eksflow.llm.steps.train import Args
+from eksflow.llm.steps.train.data import open_cache, prepare_cache
 from eksflow.runtime.args import StepInputError
-from steps.common import token_cache
-from steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
-from steps.train import Args
-from steps.train.data import open_cache, prepare_cache
 
 
 def write_split(folder: Path, n: int) -> Path:
@@ -45,7 +45,7 @@ def test_a_worker_rebuilds_a_cache_damaged_after_the_driver_checked_it(tmp_path,
 
 @pytest.mark.slow
 def test_the_driver_builds_once_reuses_across_runs_and_rebuilds_for_new_data_or_tokenizer(tmp_path, capsys):
-    """With the real SmolLM2 tokenizer, as steps.train's driver runs it before any worker starts."""
+    """With the real SmolLM2 tokenizer, as eksflow.llm.steps.train's driver runs it before any worker starts."""
     model_dir = resolve_model(DEMO_MODEL, default_cache_dir())
     caches = tmp_path / "tokenized"
 

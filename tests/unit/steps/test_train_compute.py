@@ -7,11 +7,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.dropout import MaskDropout, use_mask_dropout
+from eksflow.llm.steps.train.loss import learned_token_loss
+from eksflow.llm.steps.train.parallel import resolve_precision
 from eksflow.runtime.args import StepInputError
-from steps.train import TrainSettings
-from steps.train.dropout import MaskDropout, use_mask_dropout
-from steps.train.loss import learned_token_loss
-from steps.train.parallel import resolve_precision
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from steps.common.modeling import collate, encode_example, next_token_targets
-from steps.common.token_cache import ensure
-from steps.train import TrainSettings
-from steps.train.data import MicroBatches, batch_indices, epoch_order, first_position, pack
+from eksflow.llm.steps.common.modeling import collate, encode_example, next_token_targets
+from eksflow.llm.steps.common.token_cache import ensure
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.data import MicroBatches, batch_indices, epoch_order, first_position, pack
 
 
 def epoch_of(settings: TrainSettings, world: int, n: int, epoch: int) -> list[int]:

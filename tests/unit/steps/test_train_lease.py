@@ -11,10 +11,10 @@ import boto3
 import pytest
 import torch
 
+from eksflow.llm.steps.common import checkpoints, lease
+from eksflow.llm.steps.train import state
+from eksflow.llm.steps.train import step as train
 from eksflow.runtime.args import StepInputError
-from steps.common import checkpoints, lease
-from steps.train import state
-from steps.train import step as train
 
 
 def test_second_writer_is_refused_while_the_first_lives(tmp_path):

@@ -2,9 +2,9 @@
 
 import pytest
 
+from eksflow.llm.steps.common import strategies
+from eksflow.llm.steps.train import mpi
 from eksflow.runtime.args import StepInputError
-from steps.common import strategies
-from steps.train import mpi
 
 
 def test_ranks_come_from_open_mpi_or_hydra_and_are_none_outside_mpirun():

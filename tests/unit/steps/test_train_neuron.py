@@ -1,6 +1,6 @@
 """The Trainium entrypoint refuses to run without optimum-neuron, with a line that says where it does run."""
 
-from steps import train_neuron
+from eksflow.llm.steps import train_neuron
 
 
 def test_without_optimum_neuron_exits_2_with_the_fix(tmp_path, capsys):
@@ -12,5 +12,5 @@ def test_without_optimum_neuron_exits_2_with_the_fix(tmp_path, capsys):
     ]
     assert train_neuron.main(argv) == 2
     err = capsys.readouterr().err
-    assert "optimum-neuron" in err and "steps.train" in err
+    assert "optimum-neuron" in err and "eksflow.llm.steps.train" in err
     assert not (tmp_path / "outputs").exists()

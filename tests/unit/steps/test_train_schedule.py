@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from steps.train import TrainSettings
-from steps.train.data import batch_indices
-from steps.train.loop import lr_factor
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.data import batch_indices
+from eksflow.llm.steps.train.loop import lr_factor
 
 
 def test_lr_warms_up_then_decays_to_the_floor():

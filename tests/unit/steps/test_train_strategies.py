@@ -2,8 +2,8 @@
 
 import pytest
 
+from eksflow.llm.steps.common import neuron, strategies
 from eksflow.runtime.args import StepInputError
-from steps.common import neuron, strategies
 
 GIB = 1024**3
 TOKENS = 8 * 256  # micro_batch_size x max_seq_len
@@ -140,8 +140,8 @@ def test_neuron_module_does_not_import_optimum():
 def test_train_loop_plans_every_strategy_on_cpu():
     import torch
 
-    from steps.train import TrainSettings
-    from steps.train.parallel import plan_strategy
+    from eksflow.llm.steps.train import TrainSettings
+    from eksflow.llm.steps.train.parallel import plan_strategy
 
     cpu = torch.device("cpu")
     assert plan_strategy(TrainSettings(), cpu, 2, 135_000_000, 1_800_000).strategy == "ddp"  # auto on CPU

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.validate_data import Args, ValidateSettings
+from eksflow.llm.steps.validate_data.step import run
+from eksflow.llm.steps.validate_data.suite import Report, validate
 from eksflow.runtime.args import StepInputError
-from steps.validate_data import Args, ValidateSettings
-from steps.validate_data.step import run
-from steps.validate_data.suite import Report, validate
 
 
 def line(value: object) -> bytes:

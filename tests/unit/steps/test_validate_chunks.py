@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from steps.common.encoding import encode_batch
-from steps.common.token_cache import ensure
-from steps.validate_data import ValidateSettings
-from steps.validate_data.suite import validate
+from eksflow.llm.steps.common.encoding import encode_batch
+from eksflow.llm.steps.common.token_cache import ensure
+from eksflow.llm.steps.validate_data import ValidateSettings
+from eksflow.llm.steps.validate_data.suite import validate
 
 
 def line(value: object) -> bytes:

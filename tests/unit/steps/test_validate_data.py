@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.common.data import Example, load_examples
+from eksflow.llm.steps.validate_data import Args, ValidateSettings
+from eksflow.llm.steps.validate_data.step import main, run
+from eksflow.llm.steps.validate_data.suite import Report, validate
 from eksflow.runtime.args import StepInputError
-from steps.common.data import Example, load_examples
-from steps.validate_data import Args, ValidateSettings
-from steps.validate_data.step import main, run
-from steps.validate_data.suite import Report, validate
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
 

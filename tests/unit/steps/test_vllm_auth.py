@@ -1,10 +1,15 @@
-"""steps.common.vllm_auth: the key on every route of vLLM's ASGI app but GET /health (SE2)."""
+"""eksflow.llm.steps.common.vllm_auth: the key on every route of vLLM's ASGI app but GET /health (SE2)."""
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from steps.common import vllm, vllm_auth
+from eksflow.llm import engines
+from eksflow.llm.steps.common import vllm, vllm_auth
 
 KEY = "s3cret-key"
 
@@ -80,8 +85,21 @@ def test_without_a_key_the_engine_refuses_to_start(monkeypatch):
         vllm_auth.RequireKey(lambda *a: None)
 
 
-def test_every_engine_eksflow_starts_loads_the_middleware():
+def test_every_engine_eksflow_starts_loads_the_middleware(tmp_path, monkeypatch):
     args = vllm.engine_args("/models/base", "base", 8000, vllm.EngineSettings())
     assert f"--middleware={vllm_auth.MIDDLEWARE}" in args
     assert not any(a.startswith("--api-key") for a in args)  # the key travels in the environment, never argv
-    assert vllm.engine_process_env({})["PYTHONPATH"].split(":")[0] == str(vllm_auth.__file__).rsplit("/steps/", 1)[0]
+    monkeypatch.setenv(engines.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    # Another interpreter (the engine's virtualenv) finds this eksflow first on its path, and nothing else of ours.
+    first, *rest = vllm.engine_process_env({}, "/engines/vllm/bin/python")["PYTHONPATH"].split(os.pathsep)
+    assert [p.name for p in Path(first).iterdir()] == ["eksflow"] and rest == ["/elsewhere"]
+    assert (Path(first) / "eksflow").resolve() == Path(vllm_auth.__file__).resolve().parents[3]
+    found = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path[:0] = [{first!r}]; import {vllm_auth.__name__} as m; "
+         "print(m.__file__)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(found.stdout.strip()).resolve() == Path(vllm_auth.__file__).resolve()
+    # The interpreter running this one has eksflow already: its path is left as it is.
+    assert vllm.engine_process_env({}, sys.executable)["PYTHONPATH"] == "/elsewhere"

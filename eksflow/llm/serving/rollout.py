@@ -1,0 +1,223 @@
+"""The rollout as workflow tasks a user watches in the Argo UI (the last stage of a fine-tuning pipeline).
+
+    prepare-fleet ─▶ vllm, vllm-service, vllm-pdb ─┐                  (starts as soon as the data is staged: the
+    proxy-config ─▶ proxy, proxy-service, proxy-pdb ┤                  engine loads while the model trains)
+    vllm-policy, proxy-policy ──────────────────────┴▶ serve-champion
+    register + serve-champion ─▶ load-candidate ─▶ analyze-0 ─▶ shift-10 ─▶ analyze-10 ─▶ shift-50 ─▶
+        analyze-50 ─▶ shift-100 ─▶ analyze-100 ─▶ promote   (skipped when the candidate is the champion already)
+
+analyze-0 is the pre-traffic analysis: the probe rows straight to the candidate while its weight is 0, so a
+candidate that fails it never answers a user.
+    onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
+
+Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
+`finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py) are applied by Argo resource
+templates (action apply, no owner reference: the fleet outlives the workflow; the engine's task succeeds once a
+pod is available, i.e. its readiness probe generated; the proxy's once applied, as its pods are ready only when the
+routes file routes the public name, which serve-champion then waits for). Rollout steps reach the fleet by its
+Service addresses; the keys come from the serving Secret mounted as files, and the steps that mount it carry
+objects.ROLLOUT_LABEL, the label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one
+shift/analyze pair each, after the pre-traffic analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
+from eksflow.llm.serving import objects
+from eksflow.llm.serving.objects import ServingConfig
+from eksflow.llm.steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
+from eksflow.llm.steps import finish_rollout as finish_step
+from eksflow.llm.steps.common.base_model import model_folder
+from eksflow.llm.steps.prepare_fleet import fleet_name
+from eksflow.refs import When
+
+DEPLOYMENT_READY = "status.availableReplicas > 0"  # Argo waits for it: at least one pod passed its readiness probe
+PREPARE_RESOURCES = Resources(cpu_request=1, memory_request="4Gi", memory_limit="8Gi")  # converts the base model
+ANALYSIS_RESOURCES = Resources(cpu_request=1, memory_request="2Gi", memory_limit="4Gi")
+ANSWER_TOKENS = 32  # the analysis' answer cap when evaluate's is 0 (from the references, a tokenizer the probe lacks)
+
+
+@dataclass(frozen=True)
+class Fleet(Section):
+    """What every rollout step gets: the registry, the proxy, the adapters' folder, the state file, the keys."""
+
+    model_name: str
+    tracking_uri: str
+    proxy_url: str
+    serving_dir: str
+    routes_file: str
+    state_file: Ref
+    secrets_dir: str  # in argv, so the local executor maps it to the run's volume
+
+
+@dataclass(frozen=True)
+class Engine(Section):
+    """The fleet's vLLM engine, once prepare-fleet has named it: its Service, its base model folder, its LoRA cap."""
+
+    vllm_url: Ref
+    base_dir: Ref
+    max_lora_rank: int
+
+
+def _fleet(cfg: ServingConfig) -> Fleet:
+    return Fleet(
+        model_name=cfg.model_name,
+        tracking_uri=cfg.mlflow.tracking_uri,
+        proxy_url=objects.proxy_url(cfg),
+        serving_dir=objects.adapters_dir(cfg),
+        routes_file=objects.routes_file(cfg),
+        state_file=Pipeline.current().run_dir / "rollout" / "state.json",
+        secrets_dir=objects.SECRETS_DIR,
+    )
+
+
+def _keyed(cfg: ServingConfig, step: ModuleType, *sections: Settings | Section, **values: Any) -> TaskRef:
+    """A rollout step: the fleet's section, and the serving Secret (keys as files at Fleet.secrets_dir) mounted.
+
+    The pod gets the label the fleet's NetworkPolicies admit: the steps holding the keys are the ones that talk to
+    vLLM and the proxy, so the workflow's other pods (training, evaluation) cannot reach them.
+    """
+    return task(
+        step,
+        _fleet(cfg),
+        *sections,
+        labels={objects.ROLLOUT_LABEL: cfg.name},
+        secrets={objects.SECRETS_DIR: cfg.serving.secret},
+        **values,
+    )
+
+
+def _apply(name: str, manifest: dict[str, Any], after: TaskRef, *, ready: bool = True) -> TaskRef:
+    """A task applying one serving object: idempotent (a fleet already serving stays as it is), outliving the run."""
+    return resource(
+        name, manifest, action="apply", owned=False, success=DEPLOYMENT_READY if ready else None, after=after
+    )
+
+
+def rollout(
+    cfg: ServingConfig,
+    *,
+    model_version: Ref | str,
+    base_model: Ref | str,
+    evaluated_champion: Ref | str = "",
+    start_after: TaskRef | Sequence[TaskRef] = (),
+    start_when: When | None = None,
+    candidate_after: TaskRef | Sequence[TaskRef] = (),
+    max_new_tokens: int = 0,
+) -> TaskRef:
+    """Add the rollout's tasks to the pipeline being built; returns `promote`.
+
+    The fleet starts after `start_after` (if `start_when` holds), the candidate loads after `candidate_after`
+    and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
+    """
+    prepared = task(
+        prepare_fleet,
+        base_model=base_model,
+        model_cache_dir=cfg.storage.model_cache,
+        pipeline=cfg.name,
+        namespace=cfg.namespace,
+        port=cfg.serving.port,
+        serving_dir=objects.adapters_dir(cfg),
+        resources=PREPARE_RESOURCES,
+        after=start_after,
+        when=start_when,
+    )
+    fleet, model_dir = str(prepared.fleet), str(prepared.model_dir)  # wired by resource() as the tasks' inputs
+    ready = [
+        _apply("vllm", objects.vllm_deployment(cfg, fleet, model_dir), prepared),
+        _apply("vllm-service", objects.vllm_service(cfg, fleet), prepared, ready=False),
+        _apply("vllm-pdb", objects.disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas), prepared, ready=False),
+    ]
+    previous = prepared
+    config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
+    for name, manifest, wait in [
+        ("proxy-config", config_map, False),  # the config before the proxy that mounts it
+        # Not awaited: a proxy pod is ready only once the routes file routes the public name, which serve-champion
+        # (or, without a champion, the first shift) does and then waits for through the proxy's Service.
+        ("proxy", proxy, False),
+        ("proxy-service", proxy_service, False),
+        ("proxy-pdb", proxy_pdb, False),
+    ]:
+        previous = _apply(name, manifest, previous, ready=wait)
+        ready.append(previous)
+    # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
+    for name, manifest in zip(("vllm-policy", "proxy-policy"), objects.network_policies(cfg), strict=True):
+        ready.append(_apply(name, manifest, prepared, ready=False))
+    engine = Engine(prepared.vllm_url, prepared.model_dir, cfg.serving.engine.max_lora_rank)
+    champion = _keyed(cfg, serve_champion, engine, after=ready)
+    after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
+    candidate = _keyed(
+        cfg,
+        load_candidate,
+        engine,
+        model_version=model_version,
+        evaluated_champion=evaluated_champion,
+        base_model=base_model,
+        workflow_name=Pipeline.current().workflow_name,
+        after=[*after, champion],
+    )
+
+    def analysis(percent: float, after: TaskRef, when: When | None = None) -> TaskRef:
+        return _keyed(
+            cfg,
+            canary,
+            cfg.canary,
+            engine,
+            percent=percent,
+            report_dir=Pipeline.current().run_dir / "reports",
+            max_new_tokens=max_new_tokens or ANSWER_TOKENS,
+            task_name=f"analyze-{canary.step_label(percent)}",
+            resources=ANALYSIS_RESOURCES,
+            # Never retried: an analysis is a measurement, and measuring until it passes would defeat the gate.
+            retry_strategy=retry(0),
+            after=after,
+            when=when,
+        )
+
+    # Pre-traffic: weight 0, the probes straight to the candidate. Skipped when the candidate is the champion
+    # already; every later step runs after it succeeded, so they are left out too.
+    previous = analysis(0, candidate, when=candidate.rolls_out)
+    for percent in cfg.canary.weights:  # shift-10 -> analyze-10 -> shift-50 -> ...
+        label = canary.step_label(percent)
+        shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
+        previous = analysis(percent, shifted)
+    return _keyed(cfg, promote, engine, after=previous)
+
+
+def finish_rollout(cfg: ServingConfig) -> TaskRef:
+    """The exit handler's task (inside `with p.on_exit():`): roll back whatever did not reach promote.
+
+    The exit handler cannot read task outputs: the fleet's address comes from the state file.
+    """
+    return _keyed(cfg, finish_step, workflow_status=Pipeline.current().workflow_status)
+
+
+def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
+    """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml)."""
+    fleet = fleet_name(cfg.name, cfg.base_model)
+    model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
+    return [*objects.network_policies(cfg), *objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
+
+
+def rollout_pipeline(cfg: ServingConfig) -> Pipeline:
+    """Roll out an already registered version (workflow parameter `model_version`) on the fleet of `base_model`.
+
+    The same tasks as a pipeline's last stage, without training: to retry a rollout, or to roll a version out on
+    a fleet again. Its canary compares with the served champion; `evaluate`'s comparison is not re-checked.
+    """
+    with Pipeline(
+        cfg,
+        title=f"roll out {cfg.model_name}",
+        description="fleet -> load candidate -> canary steps -> promote",
+        parameters={"model_version": "", "base_model": cfg.base_model},
+    ) as p:
+        rollout(cfg, model_version=p.parameters.model_version, base_model=p.parameters.base_model)
+        with p.on_exit():
+            finish_rollout(cfg)
+    return p

@@ -1,0 +1,3 @@
+from eksflow.llm.steps.evaluate.step import main
+
+raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""The gate, pure: task scores, thresholds (missing or NaN fail closed) and the champion/challenger rule."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from eksflow.llm.steps.evaluate.metrics import configured, shown
+from eksflow.runtime.args import Settings
+
+COMPARISONS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<=": operator.le,
+    "<": operator.lt,
+}
+
+
+LOSS_METRICS = ("eval_loss", "perplexity")  # lower is better
+
+
+class Threshold(Settings):
+    """One gate rule: `metric op value`, e.g. exact_match >= 0.6."""
+
+    metric: str
+    op: Literal[">=", ">", "<=", "<"] = ">="
+    value: float = Field(allow_inf_nan=False)
+
+    def describe(self) -> str:
+        """`exact_match >= 0.6`."""
+        return f"{self.metric} {self.op} {self.value:g}"
+
+
+def distinct_prefixes(first: str, second: str, length: int = 12) -> tuple[str, str]:
+    """Two digests shortened for a message (`sha256:` dropped), each long enough that they read differently."""
+    first, second = first.removeprefix("sha256:"), second.removeprefix("sha256:")
+    while first[:length] == second[:length] and length < max(len(first), len(second)):
+        length += 4
+    return first[:length], second[:length]
+
+
+class Champion(BaseModel):
+    """What the registry recorded for the current champion version."""
+
+    version: str
+    eval_set_digest: str
+    scores: dict[str, float]
+
+
+class ChampionCheck(BaseModel):
+    """The champion/challenger comparison: whether it applied, its inputs and its outcome."""
+
+    applied: bool
+    passed: bool
+    reason: str
+    version: str = ""
+    metric: str = ""
+    champion_score: float | None = None
+    required: float | None = None
+    actual: float | None = None
+
+
+def threshold_metric(name: str, task_metrics: Sequence[str]) -> str:
+    """The key of the evaluation's metrics (`combine`) that a threshold naming `name` reads.
+
+    `name` is a tuned metric (eval_loss, perplexity or a task metric), `base_<metric>` (the base model's score on
+    the same examples) or `<task metric>_gain` (tuned - base), a custom task metric by its full or its short name
+    (eksflow.llm.steps.evaluate.metrics.configured: matched among `task_metrics`, nothing imported). ValueError naming
+    the metrics known, or every metric the name could mean.
+    """
+    tuned = [*LOSS_METRICS, *task_metrics]
+    forms = (("", "", tuned), ("base_", "", tuned), ("", "_gain", list(task_metrics)))
+    if name in (f"{prefix}{metric}{suffix}" for prefix, suffix, pool in forms for metric in pool):
+        return name
+    found = set()
+    for prefix, suffix, pool in forms:
+        inner = name.removeprefix(prefix).removesuffix(suffix)
+        if inner and f"{prefix}{inner}{suffix}" == name:
+            try:
+                metric = configured(inner, pool)
+            except ValueError as err:
+                raise ValueError(f"threshold on {name!r}: {err}") from err
+            if metric is not None:
+                found.add(f"{prefix}{metric}{suffix}")
+    if len(found) > 1:
+        either = " or ".join(sorted(found))
+        raise ValueError(f"threshold on {name!r} could read {either}; name the one you mean in full")
+    if not found:
+        raise ValueError(f"threshold on unknown metric {name!r}; known metrics: {known_metrics(task_metrics)}")
+    return found.pop()
+
+
+def known_metrics(task_metrics: Sequence[str]) -> str:
+    """What a threshold may name, for a message: the tuned metrics, then the base and gain forms in words."""
+    return (
+        f"{', '.join([*LOSS_METRICS, *shown(task_metrics)])}; each as base_<metric> for the base model's score, "
+        "and a task metric as <metric>_gain for tuned - base"
+    )
+
+
+def gate(metrics: Mapping[str, float], thresholds: Sequence[Threshold]) -> tuple[bool, str]:
+    """Apply every threshold; missing and NaN metrics fail closed. Returns (passed, reason)."""
+    failures = []
+    for rule in thresholds:
+        value = metrics.get(rule.metric)
+        if value is None or math.isnan(value):
+            failures.append(f"{rule.metric} is missing or NaN (needs {rule.describe()})")
+        elif not COMPARISONS[rule.op](value, rule.value):
+            failures.append(f"{rule.metric} = {value:.4f} fails {rule.describe()}")
+    if not thresholds:
+        return False, "no thresholds configured: refusing to pass an ungated model"
+    if failures:
+        return False, "; ".join(failures)
+    return True, "all thresholds met: " + ", ".join(r.describe() for r in thresholds)
+
+
+def champion_gate(
+    metrics: Mapping[str, float], champion: Champion | None, eval_set_digest: str, metric: str, margin: float
+) -> ChampionCheck:
+    """Compare with the champion when it was scored on the same eval set; see the module docstring for the rule."""
+    if champion is None:
+        return ChampionCheck(applied=False, passed=True, reason="no champion yet: thresholds only")
+    if champion.eval_set_digest != eval_set_digest:
+        theirs, ours = distinct_prefixes(champion.eval_set_digest, eval_set_digest)
+        return ChampionCheck(
+            applied=False,
+            passed=True,
+            version=champion.version,
+            reason=(
+                f"champion v{champion.version} was scored on eval set {theirs or '(unknown)'}, "
+                f"this run on {ours}: not comparable, thresholds only"
+            ),
+        )
+    recorded = champion.scores.get(metric)
+    if recorded is None or math.isnan(recorded):
+        return ChampionCheck(
+            applied=False,
+            passed=True,
+            version=champion.version,
+            reason=f"champion v{champion.version} has no recorded {metric}: not comparable, thresholds only",
+        )
+    lower_is_better = metric in LOSS_METRICS
+    # Metrics are rounded to 6 digits (combine); so is the bar, or 0.7 + 0.05 would demand 0.7500000000000001.
+    required = round(recorded - margin if lower_is_better else recorded + margin, 6)
+    rule = Threshold(metric=metric, op="<=" if lower_is_better else ">=", value=required)
+    ok, why = gate(metrics, [rule])
+    actual = metrics.get(metric)
+    return ChampionCheck(
+        applied=True,
+        passed=ok,
+        version=champion.version,
+        metric=metric,
+        champion_score=recorded,
+        required=required,
+        actual=actual,
+        reason=(
+            f"{'beats' if ok else 'does not beat'} champion v{champion.version} ({metric} {recorded:.4f}, "
+            f"margin {margin:g}): " + (rule.describe() if ok else why)
+        ),
+    )
+
+
+def combine(tuned: Mapping[str, float], base: Mapping[str, float], task_metrics: Sequence[str]) -> dict[str, float]:
+    """Tuned metrics, base metrics prefixed `base_`, and `<task metric>_gain`."""
+    metrics = dict(tuned)
+    metrics.update({f"base_{k}": v for k, v in base.items()})
+    metrics.update({f"{m}_gain": tuned[m] - base[m] for m in task_metrics})
+    return {k: round(v, 6) for k, v in metrics.items()}

@@ -1,0 +1,138 @@
+"""Scoring a model on the held-out examples: completion loss and batched greedy answers (CPU or the first GPU)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from eksflow.llm.steps.common.base_model import resolve_model
+from eksflow.llm.steps.common.data import Example
+from eksflow.llm.steps.evaluate import Args
+from eksflow.llm.steps.evaluate import metrics as task_metrics
+from eksflow.runtime.args import StepInputError
+from eksflow.runtime.metrics import Metric
+from eksflow.runtime.outputs import Progress
+
+
+class Scores(BaseModel):
+    """Metrics of one model on the held-out split, and its answers."""
+
+    metrics: dict[str, float]
+    answers: list[str]
+    cut: int = 0  # answers that hit the new-token cap before their end
+
+
+def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
+    """Scores of the base model and of base + adapter on `examples` (CPU or the first GPU)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from eksflow.llm.steps.common.modeling import load_tokenizer
+
+    metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
+    torch.manual_seed(0)
+    torch.set_num_threads(compute_threads())
+    model_dir = resolve_model(args.base_model, args.model_cache_dir)
+    tokenizer = load_tokenizer(model_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model.to(device).eval()
+    limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
+    print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
+    # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
+    with Progress(4 * len(examples), "evaluate") as progress, torch.inference_mode():
+        base = _score(model, tokenizer, examples, args, limit, progress)
+        # Merged into the base weights (in place: the base model is scored already): unmerged, every adapted
+        # projection costs two more matmuls per token, which on CPU is most of a decode step's time.
+        tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).merge_and_unload()
+        return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit, progress)}
+
+
+def compute_threads() -> int:
+    """Torch's intra-op threads: OMP_NUM_THREADS when set, else one.
+
+    Decoding runs hundreds of small matmuls per token, each ending in a barrier of all threads. On the demo's two
+    cores, shared with other processes, two threads made a 16-row decode matmul 15x slower than one
+    (the barrier waits for a descheduled thread) and a whole evaluate 4-8x slower (bench/README.md); one thread
+    never waits. `os.cpu_count()` is also the node's count in a container, not the pod's CPU limit.
+    """
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows a list: "4,2"
+    return max(1, int(first)) if first.isdigit() else 1
+
+
+def metric_functions(args: Args) -> dict[str, Metric]:
+    """The configured task metrics as functions; a name that is no built-in or declared metric is bad input (exit 2)."""
+    try:
+        return {name: task_metrics.resolve(name) for name in args.task_metrics}
+    except ValueError as err:
+        raise StepInputError(f"evaluate.task_metrics: {err}") from err
+
+
+def answer_budget(tokenizer: Any, references: Sequence[str]) -> int:
+    """New tokens to generate: the longest reference (with its EOS) plus a quarter, at least 8 more.
+
+    Enough for every reference answer, so a correct model is never cut off; bounded, so a model that rambles
+    costs little.
+    """
+    longest = max(len(tokenizer(r + tokenizer.eos_token, add_special_tokens=False)["input_ids"]) for r in references)
+    return longest + max(8, longest // 4)
+
+
+def _score(
+    model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, limit: int, progress: Progress
+) -> Scores:
+    from eksflow.llm.steps.common.modeling import generate
+
+    loss = _completion_loss(model, tokenizer, examples, args, progress)
+    answers: list[str] = []
+    cut = 0
+    prompts = [e.prompt for e in examples]
+    for start in range(0, len(prompts), args.batch_size):
+        part = prompts[start : start + args.batch_size]
+        part_answers, part_cut = generate(model, tokenizer, part, batch_size=args.batch_size, max_new_tokens=limit)
+        answers += part_answers
+        cut += part_cut
+        progress.advance(len(part))
+    if cut:
+        print(
+            f"warning: {cut} of {len(answers)} answers reached the {limit}-token cap before ending; raise "
+            "evaluate.max_new_tokens (0 sizes it from the references) if they were cut short",
+            file=sys.stderr,
+        )
+    metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+    references = [e.completion for e in examples]
+    for name, metric in metric_functions(args).items():
+        metrics[name] = task_metrics.score(metric, answers, references)
+    return Scores(metrics=metrics, answers=answers, cut=cut)
+
+
+def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, progress: Progress) -> float:
+    """Mean cross-entropy per completion token (prompt tokens are not scored)."""
+    import torch
+
+    from eksflow.llm.steps.common.encoding import encode_batch
+    from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate
+
+    total, count = 0.0, 0
+    for start in range(0, len(examples), args.batch_size):
+        part = examples[start : start + args.batch_size]
+        ids, prompt_lens = encode_batch(tokenizer, [e.prompt for e in part], [e.completion for e in part])
+        # as encode_example(..., 4096) makes them: cut to 4096 tokens, prompt tokens not scored
+        encoded = [(row[:4096], ([IGNORE_INDEX] * n + row[n:])[:4096]) for row, n in zip(ids, prompt_lens, strict=True)]
+        batch = {k: v.to(model.device) for k, v in collate(encoded, 0).items()}
+        with torch.inference_mode():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        labels = batch["labels"][:, 1:]
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        total += float(losses)
+        count += int((labels != IGNORE_INDEX).sum())
+        progress.advance(len(part))
+    return total / max(count, 1)

@@ -1,0 +1,114 @@
+"""The evaluate step: verify the checkpoint, look up the champion, score base and tuned models, gate, report."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from eksflow.llm.steps.common import checkpoints, storage, tracking
+from eksflow.llm.steps.common.data import EVAL_FILE, Example, load_examples
+from eksflow.llm.steps.evaluate import Args, Outputs
+from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine, gate
+from eksflow.llm.steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
+from eksflow.llm.steps.evaluate.sampling import intervals, load_sample, sample_suffix
+from eksflow.llm.steps.evaluate.scoring import score_models
+from eksflow.runtime.args import StepInputError, run_step
+
+
+def find_champion(tracking_uri: str, model_name: str) -> Champion | None:
+    """The champion version's eval-set digest and recorded scores (tags register wrote), or None."""
+    version = tracking.alias_version(tracking_uri, model_name, tracking.CHAMPION)
+    if version is None:
+        return None
+    scores = tracking.recorded_metrics(version.tags)
+    return Champion(version=str(version.version), eval_set_digest=version.tags.get(EVAL_SET_TAG, ""), scores=scores)
+
+
+def eval_set_digest(path: Path, max_examples: int) -> str:
+    """`sha256:<hex of the eval file>`, plus `@first-<N>` when only the first N examples are scored.
+
+    A score on a subset is never compared with a score on the whole set.
+    """
+    digest = "sha256:" + storage.sha256_file(path)
+    return f"{digest}@first-{max_examples}" if max_examples else digest
+
+
+def run(args: Args) -> Outputs:
+    """Verify the checkpoint, score base and tuned models, gate, write the reports and log to MLflow."""
+    _verify_adapter(args.adapter_dir)
+    examples, total = _eval_examples(args)
+    digest = eval_set_digest(args.dataset_dir / EVAL_FILE, args.max_examples)
+    digest += sample_suffix(args.sample_size, args.sample_seed, total)
+    # Looked up before the minutes of scoring, so an unreachable registry fails the step before spending them.
+    champion = find_champion(args.tracking_uri, args.model_name) if args.tracking_uri and args.model_name else None
+    scores = score_models(args, examples)
+    metrics = combine(scores["tuned"].metrics, scores["base"].metrics, args.task_metrics)
+    passed, reason = gate(metrics, args.thresholds)
+    check = champion_gate(metrics, champion, digest, args.champion_metric, args.champion_margin)
+    if passed and not check.passed:
+        passed, reason = False, check.reason
+    else:
+        reason = f"{reason}; {check.reason}"
+    answers = {name: s.answers for name, s in scores.items()}
+    sampled = {}  # a confidence interval only for a random sample (--max-examples takes the first N: not one)
+    if args.sample_size and len(examples) < total:
+        sampled = intervals(args.task_metrics, answers, examples, args.confidence)
+    report = write_report(args, examples, scores, metrics, passed, reason, digest, check, sampled, total)
+    if args.tracking_uri and args.mlflow_run_id:
+        log_to_run(args, metrics, passed, reason, digest, check, report)
+    return Outputs(
+        passed=passed,
+        reason=reason,
+        metrics=metrics,
+        exact_match=metrics.get("exact_match", math.nan),
+        base_exact_match=metrics.get("base_exact_match", math.nan),
+        report=str(report),
+        eval_set_digest=digest,
+        intervals=sampled,
+        champion_version=check.version if check.applied else "",
+        mlflow_run_url=tracking.run_url(args.tracking_uri, args.mlflow_ui_url, args.mlflow_run_id),
+    )
+
+
+def _eval_examples(args: Args) -> tuple[list[Example], int]:
+    """The examples to score and how many usable ones eval.jsonl holds."""
+    path = args.dataset_dir / EVAL_FILE
+    if not path.is_file():
+        raise StepInputError(f"{path} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
+    if args.sample_size:
+        return load_sample(path, args.sample_size, args.sample_seed)
+    examples = load_examples(path)
+    total = len(examples)
+    if args.max_examples:
+        examples = examples[: args.max_examples]
+    if not examples:
+        raise StepInputError(f"{path} has no examples: nothing to evaluate")
+    return examples, total
+
+
+def _verify_adapter(adapter_dir: Path) -> None:
+    """Refuse an adapter that is missing, or whose checkpoint fails its manifest check (docs/reliability.md EV1).
+
+    An adapter inside a committed checkpoint folder (`step-<N>`) must verify: a step folder without a manifest
+    is a save that never finished. An adapter elsewhere (a hand-made one) has no manifest to check.
+    """
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise StepInputError(
+            f"no LoRA adapter at {adapter_dir}; did the train step finish? (tasks.train.outputs.parameters.adapter_dir)"
+        )
+    in_checkpoint = re.fullmatch(r"step-\d+", adapter_dir.parent.name) is not None  # checkpoints.commit's naming
+    if in_checkpoint or (adapter_dir.parent / checkpoints.MANIFEST).is_file():
+        try:
+            checkpoints.verify(adapter_dir.parent)
+        except checkpoints.CorruptCheckpointError as err:
+            raise StepInputError(f"checkpoint failed verification: {err}") from err
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m eksflow.llm.steps.evaluate --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

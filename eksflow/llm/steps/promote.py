@@ -1,0 +1,111 @@
+r"""Finish the rollout: the candidate becomes `champion` (compare-and-set) and takes all traffic.
+
+    python -m eksflow.llm.steps.promote --model-name=llama-lora --tracking-uri=... --vllm-url=... --proxy-url=... \
+        --state-file=...
+
+In order:
+1. the candidate takes 100% of the public name (already so after a canary step of 100%);
+2. compare-and-set (RO4): `champion` must still be the version this rollout started from (the one the canary
+   compared against); if another rollout moved it meanwhile, nothing is promoted (exit 1, the exit handler routes
+   the traffic back). MLflow has no atomic alias update, so the alias is read back after the move as well: a
+   writer that slipped in between is reported, never silently overwritten twice;
+3. `champion` moves to the candidate and the former champion gets `previous` (the `rollback` command's target);
+   its slot keeps weight 0 and its adapter stays published, so a rollback needs no download and requests it was
+   answering finish on their own;
+4. a request to the public name through the proxy proves the result; the version is tagged rollout.phase=Healthy.
+
+Outputs (one file each under --outputs-dir):
+    champion_version  the new champion
+    previous_version  the former champion ("" for a first deployment)
+    answer            the public name's answer to the readiness prompt, through the proxy
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm
+from eksflow.llm.steps.common.rollout import FleetArgs
+from eksflow.runtime.args import StepFailedError, StepInputError, run_step
+
+STEP = "promote"
+
+
+class Args(FleetArgs):
+    """The fleet, and how long the final request through the proxy may take."""
+
+    request_timeout_s: int = Field(120, ge=1, description="seconds for the final request through the proxy")
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    champion_version: str
+    previous_version: str
+    answer: str
+
+
+def run(args: Args) -> Outputs:
+    """Route everything to the candidate, compare-and-set `champion`, prove the public name answers from it."""
+    with rollout.recording_failures(args.state_file, STEP):
+        return _run(args)
+
+
+def compare_and_set(tracking_uri: str, model_name: str, expected: str, candidate: str) -> None:
+    """Move `champion` to `candidate` only if it is still `expected` ("" = unset); StepFailedError otherwise."""
+    current = rollout.champion_version(tracking_uri, model_name)
+    if current != expected:
+        raise StepFailedError(
+            f"not promoting v{candidate}: `champion` moved from v{expected or 'unset'} to v{current or 'unset'} "
+            "while this rollout ran (another rollout promoted); it was compared with the old one (RO4)"
+        )
+    with tracking.errors(tracking_uri, f"promoting {model_name} version {candidate}"):
+        tracking.promote(tracking_uri, model_name, candidate)
+    after = rollout.champion_version(tracking_uri, model_name)
+    if after != candidate:
+        raise StepFailedError(
+            f"`champion` is v{after} right after moving it to v{candidate}: another writer raced this promotion; "
+            "check the registry and run `rollback` if needed (RO4)"
+        )
+
+
+def _run(args: Args) -> Outputs:
+    state = rollout.read_state(args.state_file)
+    if state.candidate_slot is None or not state.candidate_version:
+        raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
+    candidate = litellm_proxy.slot_id(args.model_name, state.candidate_slot)
+    # Traffic first: if the alias cannot move, the exit handler routes it back; the alias never points at a
+    # version that does not take the traffic.
+    routes = rollout.routes(args)
+    routes.set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, 100.0))
+    compare_and_set(args.tracking_uri, args.model_name, state.champion_version, state.candidate_version)
+    state = state.model_copy(update={"percent": 100.0, "stage": STEP, "phase": "Healthy"})
+    rollout.write_state(args.state_file, state)
+    key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
+    answer = vllm.chat(
+        args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, timeout_s=args.request_timeout_s
+    )
+    if not answer.ok or answer.served_by != candidate:
+        raise StepFailedError(
+            f"after promotion the public name {args.model_name!r} answered {answer.status} from "
+            f"{answer.served_by or 'nobody'} ({answer.error}), expected the new champion {candidate}"
+        )
+    rollout.tag_version(
+        args.tracking_uri,
+        args.model_name,
+        state.candidate_version,
+        {rollout.PHASE_TAG: "Healthy", rollout.REASON_TAG: "promoted"},
+    )
+    rollout.log(f"v{state.candidate_version} is champion, serving all of {args.model_name!r} from {candidate}")
+    return Outputs(
+        champion_version=state.candidate_version, previous_version=state.champion_version, answer=answer.text
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m eksflow.llm.steps.promote --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

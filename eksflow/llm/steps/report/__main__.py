@@ -1,0 +1,3 @@
+from eksflow.llm.steps.report.step import main
+
+raise SystemExit(main())

@@ -1,0 +1,201 @@
+r"""Serve the champion with vLLM in the foreground (OpenAI-compatible API) until Ctrl-C.
+
+    python -m eksflow.llm.steps.serve --model-name=llama-lora --tracking-uri=sqlite:////path/to/mlflow.db \
+        [--alias=champion] [--version=3] [--port=8000]
+    make serve                        # the champion of the last `make run`, on 127.0.0.1:8000
+
+Not a pipeline step: the command a user runs to talk to the model a rollout promoted. The engine is the one the
+fleet runs (eksflow/llm/steps/common/vllm.py): the version's base model (its `base_model` tag) plus its LoRA adapter,
+served under the registered model's name, so a request for model "llama-lora" answers with the adapter; the plain base
+model answers as "<name>-base". The adapter is checked (rank, base model) before the engine starts: bad input
+exits 2 without starting anything.
+
+Every route asks for the API key (eksflow/llm/steps/common/vllm_auth.py), runtime LoRA loading included: the key is made
+once (`secrets.token_urlsafe`), kept in <serve dir>/api-key (mode 0600, reused at every start), given to the engine in
+its environment (never argv) and shown in the curl line. `--host` is an IP address or an RFC 1123 host name.
+
+Outputs (one file each under --outputs-dir, when the server stops):
+    endpoint        the chat completions URL that was served
+    model_version   the version that was served
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shlex
+import stat
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth
+from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
+from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
+
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
+KEY_FILE = "api-key"  # in --serve-dir: the engine's key, reused across restarts
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123: digits may lead
+
+
+class Args(vllm.EngineSettings, StepArgs):
+    """Which version to serve, where, and the engine's settings."""
+
+    model_name: str = Field(pattern=tracking.MODEL_NAME_PATTERN, description="registered model name, served as is")
+    tracking_uri: Location = Field(
+        "sqlite:////fsx/mlflow/mlflow.db", description="MLflow tracking and registry URI (the run's mlflow.db)"
+    )
+    alias: str = Field(tracking.CHAMPION, min_length=1, description="alias to serve when --version is not given")
+    version: str = Field("", pattern=r"^([1-9][0-9]*)?$", description="version number; overrides --alias")
+    host: str = Field(
+        "127.0.0.1", description="listen address, an IP or a host name; 0.0.0.0 exposes the server to the network"
+    )
+    port: int = Field(8000, ge=1, le=65535, description="listen port")
+    serve_dir: Path = Field(
+        Path.home() / ".cache" / "eksflow" / "serve", description="folder registered adapters are downloaded into"
+    )
+    model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are converted")
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, host: str) -> str:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            labels = host.split(".")
+            if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+                raise ValueError(
+                    "neither an IP address nor a host name (RFC 1123: dot-separated labels of letters, digits and "
+                    "inner hyphens, 63 characters each); e.g. --host=127.0.0.1"
+                ) from None
+        return host
+
+
+class Outputs(BaseModel):
+    """What was served."""
+
+    endpoint: str
+    model_version: str
+
+
+def run(args: Args) -> Outputs:
+    """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
+    key_path(args.serve_dir)  # a key file that cannot be kept fails before any download
+    tracking.require_registry(args.tracking_uri)
+    version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
+    adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
+    base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
+    if not base_model:
+        raise StepInputError(
+            f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
+        )
+    base_dir = resolve_model(base_model, args.model_cache_dir)
+    vllm.check_adapter(vllm.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}")
+    engine_args = [
+        *vllm.engine_args(str(base_dir), f"{args.model_name}-base", args.port, args),
+        f"--host={args.host}",
+        f"--lora-modules={args.model_name}={adapter}",
+    ]
+    log_path = args.serve_dir / f"vllm-{args.model_name}-v{version}.log"
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
+    base_url = f"http://{host}:{args.port}"
+    key = api_key(args.serve_dir)
+    env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
+    print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
+    with vllm.engine(engine_args, env, log_path=log_path) as process:
+        vllm.wait_ready(
+            base_url, args.model_name, api_key=key, timeout_s=args.startup_timeout_s, process=process,
+            log_path=log_path,
+        )  # fmt: skip
+        print(usage(base_url, args.model_name, key), flush=True)
+        print(f"the API key is in {args.serve_dir / KEY_FILE}", file=sys.stderr)
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            print("\nstopping vLLM", file=sys.stderr)
+            return Outputs(endpoint=f"{base_url}/v1/chat/completions", model_version=version)
+    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm.log_tail(log_path)}")
+
+
+def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
+    """The version number an alias points at; StepInputError if the alias is unset."""
+    found = tracking.alias_version(tracking_uri, model_name, alias)
+    if found is None:
+        raise StepInputError(
+            f"model {model_name!r} has no alias {alias!r} at {tracking_uri}; run the pipeline through promote first, "
+            "or pass --version=N"
+        )
+    return str(found.version)
+
+
+def key_path(serve_dir: Path) -> Path:
+    """serve_dir/api-key; StepInputError (exit 2) when something other than a file is in its place."""
+    path = serve_dir / KEY_FILE
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        raise StepInputError(
+            f"--serve-dir: {path} is not a file (a folder or a broken link?); remove it, and the next start makes a "
+            "new key there"
+        )
+    return path
+
+
+def api_key(serve_dir: Path) -> str:
+    """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`.
+
+    A key file that others could read (group or other permission bits) is replaced: that key may have leaked.
+    Anything else in its place (`key_path`), or a file that cannot be read or written, is bad input (exit 2).
+    """
+    path = key_path(serve_dir)
+    try:
+        if path.is_file():
+            key = path.read_text(encoding="utf-8").strip()
+            if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
+                return key
+            if key:
+                print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
+            path.unlink()
+        serve_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(key + "\n")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise StepInputError(f"--serve-dir: cannot keep the API key in {path} ({why}); give a folder you own") from None
+    return key
+
+
+def usage(base_url: str, model: str, key: str) -> str:
+    """The URL and a curl command, with the key, that talks to the served adapter."""
+    request = {
+        "model": model,
+        "messages": [
+            {
+                "role": "user",
+                "content": "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the "
+                "date only.\nDate: July 4, 1976",
+            }
+        ],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    url = f"{base_url}/v1/chat/completions"
+    auth = shlex.quote(f"Authorization: Bearer {key}")
+    curl = f"curl -s {url} -H {auth} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(request))}"
+    return f"serving {model} at {base_url} with vLLM (OpenAI-compatible; Ctrl-C stops)\n\n  {curl}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m eksflow.llm.steps.serve --name=value ...`."""
+    try:
+        return run_step(Args, run, argv)
+    except KeyboardInterrupt:  # Ctrl-C while the engine was still loading; it is already stopped
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+r"""Make sure the fleet serves the champion: its adapter published, its slot routed to it with all the traffic.
+
+    python -m eksflow.llm.steps.serve_champion --model-name=llama-lora --tracking-uri=... --vllm-url=... \
+        --proxy-url=... --serving-dir=/fsx/serving/llama-lora/adapters \
+        --routes-file=/fsx/serving/llama-lora/routes.json \
+        --state-file=/fsx/runs/<wf>/rollout/state.json --base-dir=/fsx/models/m
+
+Idempotent, and the first rollout task. The champion's adapter is published to the fleet's adapter folder (once:
+a published adapter stays) and its slot in the routes file names it; every engine of the fleet, a pod just started
+included, resolves it by name at its first request. The champion must answer a real generation, and then the
+public name through the proxy from the champion's slot, before the task succeeds: a proxy is ready (its Service
+sends it clients) only once the routes file routes the public name to one of the pipeline's engines
+(eksflow/llm/steps/common/litellm_routes.py), which this task does. Its slot is its `serving.slot` tag (blue for a
+version that has none). The state file records the champion this rollout compares against and, at promotion, moves
+`champion` from (RO4). A champion trained on another base model cannot share this fleet's engines: the rollout
+then goes ahead without a live champion (its recorded scores still gated `evaluate`).
+
+Outputs (one file each under --outputs-dir):
+    champion_version  the version serving as champion, empty when there is none (yet, or on this engine)
+    champion_slot     its slot (blue or green), empty when none
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from eksflow.llm.steps.common import litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common.rollout import FleetArgs, RolloutState
+from eksflow.runtime.args import StepInputError, run_step
+
+STEP = "serve-champion"
+
+
+class Args(FleetArgs):
+    """The fleet, plus the base model folder its engine serves (for the adapter's shape check)."""
+
+    base_dir: Path = Field(
+        description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
+    )
+    max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
+    timeout_s: int = Field(
+        300, ge=1, description="seconds for the adapter's first answer, and then for its answer through the proxy"
+    )
+
+
+class Outputs(BaseModel):
+    """Argo output parameters."""
+
+    champion_version: str
+    champion_slot: str
+
+
+def run(args: Args) -> Outputs:
+    """Load the champion into its slot and route the public name to it."""
+    with rollout.recording_failures(args.state_file, STEP):
+        return _run(args)
+
+
+def _run(args: Args) -> Outputs:
+    version = rollout.champion_version(args.tracking_uri, args.model_name)
+    if not version:
+        rollout.log(f"{args.model_name} has no champion yet: the first candidate takes all traffic once it passes")
+        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
+        return Outputs(champion_version="", champion_slot="")
+    tags = rollout.version_tags(args.tracking_uri, args.model_name, version)
+    slot: litellm_proxy.Slot = "green" if tags.get(rollout.SLOT_TAG) == "green" else "blue"
+
+    def check(adapter: Path) -> None:
+        vllm.check_adapter(
+            vllm.read_adapter(adapter, "champion"), args.max_lora_rank, args.base_dir, f"champion v{version}"
+        )
+
+    try:
+        name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
+    except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline
+        rollout.log(f"champion v{version} cannot be served on this fleet ({err}); rollout without a live champion")
+        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
+        return Outputs(champion_version="", champion_slot="")
+    rollout.routes(args).set_weights(
+        litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0)
+    )
+    rollout.wait_routed(args, slot, timeout_s=args.timeout_s)
+    rollout.tag_version(args.tracking_uri, args.model_name, version, {rollout.SLOT_TAG: slot})
+    rollout.write_state(
+        args.state_file,
+        RolloutState(
+            champion_version=version, champion_slot=slot, champion_adapter=name, stage=STEP, vllm_url=args.vllm_url
+        ),
+    )
+    rollout.log(f"champion v{version} serves all traffic from slot {slot} ({name})")
+    return Outputs(champion_version=version, champion_slot=slot)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m eksflow.llm.steps.serve_champion --name=value ...`."""
+    return run_step(Args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from eksflow.llm.steps.train.step import main
+
+raise SystemExit(main())

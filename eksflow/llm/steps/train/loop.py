@@ -1,0 +1,288 @@
+"""The training loop every worker runs (a Ray Train worker, or this process with `--launcher=local`).
+
+Data order is a pure function of (seed, step) and checkpoints hold the full state, so a resume continues exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from eksflow.llm.steps.common import checkpoints, strategies, tracking
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.data import MicroBatches, open_cache
+from eksflow.llm.steps.train.parallel import (
+    TorchUpdate,
+    Update,
+    agree,
+    collective_device,
+    plan_strategy,
+    process_group,
+    resolve_precision,
+    shard,
+)
+from eksflow.llm.steps.train.state import load_adapter, save_checkpoint
+from eksflow.runtime.outputs import Progress
+
+STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
+
+
+class LoopConfig(BaseModel):
+    """What each Ray Train worker needs; plain data so Ray can ship it."""
+
+    settings: TrainSettings
+    model_dir: str
+    train_file: str
+    checkpoint_root: str
+    tracking_uri: str
+    mlflow_run_id: str
+    progress_file: str
+    checkpoint_uri: str = ""
+    token_cache: str = ""  # the verified cache folder (eksflow.llm.steps.common.token_cache); "": the worker builds one
+    pad_token_id: int = 0  # the tokenizer's, so that workers need no tokenizer
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Where one training worker runs: filled by the Ray Train wrapper, or by `local_context` for one process."""
+
+    rank: int
+    world: int
+    device: Any  # torch.device
+    prepare_model: Callable[[Any], Any]  # the DDP path: wraps the model in DDP and moves it to `device`
+    report: Callable[[dict[str, float]], None]  # tells the launcher about a committed checkpoint
+    # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE
+    # (a Ray worker is another process: the driver's Event never reaches it).
+    stop_requested: Callable[[], bool] = lambda: False
+
+
+sigterm_received = threading.Event()  # set by the driver's SIGTERM handler (eksflow.llm.steps.train.step)
+
+
+def local_context(settings: TrainSettings) -> WorkerContext:
+    """World size 1 in this process: the same loop as a Ray worker, without Ray."""
+    import torch
+
+    device = torch.device("cuda:0" if settings.use_gpu and torch.cuda.is_available() else "cpu")
+    return WorkerContext(
+        rank=0,
+        world=1,
+        device=device,
+        prepare_model=lambda model: model.to(device),
+        report=lambda metrics: None,
+        stop_requested=sigterm_received.is_set,
+    )
+
+
+def lr_factor(step: int, settings: TrainSettings) -> float:
+    """Linear warm-up to 1, then cosine decay to `min_lr_ratio` at `max_steps`."""
+    if step < settings.warmup_steps:
+        return (step + 1) / settings.warmup_steps
+    span = max(settings.max_steps - settings.warmup_steps, 1)
+    progress = min((step - settings.warmup_steps) / span, 1.0)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """One Ray Train worker: fill the WorkerContext from Ray Train and run the shared loop."""
+    import ray.train
+    import ray.train.torch
+
+    loop = LoopConfig.model_validate(config)
+    context = ray.train.get_context()
+    train_worker(
+        loop,
+        WorkerContext(
+            rank=context.get_world_rank(),
+            world=context.get_world_size(),
+            device=ray.train.torch.get_device(),
+            prepare_model=ray.train.torch.prepare_model,  # DDP; broadcasts rank 0's weights
+            report=ray.train.report,
+        ),
+    )
+
+
+def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
+    """Load, replicate (DDP) or shard (FSDP, ZeRO), (resume,) train, checkpoint. Rank 0 alone writes checkpoints.
+
+    Stops early, after committing a checkpoint, when a stop is requested (SIGTERM in this process, or STOP_FILE
+    written by the driver); every rank agrees on the stopping step through an all-reduce.
+    """
+    import torch
+    from peft import get_peft_model
+
+    settings = loop.settings
+    rank, world, device = ctx.rank, ctx.world, ctx.device
+    torch.set_num_threads(settings.cpus_per_worker * (settings.num_workers if world == 1 else 1))
+    # One seed for the adapter's initialisation on every rank: DDP would broadcast rank 0's weights anyway, but
+    # FSDP keeps each rank's own shard of what it initialised.
+    torch.manual_seed(settings.seed)
+
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(loop.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    model = get_peft_model(model, settings.lora.peft_config())
+    if device.type == "cpu":
+        from eksflow.llm.steps.train.dropout import use_mask_dropout
+
+        use_mask_dropout(model)
+    torch.manual_seed(settings.seed + rank)  # distinct dropout streams per rank
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    plan = plan_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), trainable)
+    precision = resolve_precision(settings, device, plan.strategy)
+    bf16 = precision == "bf16"
+    if rank == 0:
+        print(f"strategy: {plan.strategy} ({plan.reason}); precision: {precision}", flush=True)
+
+    root = Path(loop.checkpoint_root)
+    start = checkpoints.latest(root)
+    # The adapter goes into the unsharded model (PEFT's own loader); the optimizer state, keyed by parameter name,
+    # is loaded once the optimizer exists over the final (possibly sharded) parameters.
+    state = load_adapter(start.path, model) if start else {}
+    with process_group(device, world) if plan.strategy != "ddp" else nullcontext():
+        if plan.strategy != "deepspeed":  # DeepSpeed's engine places and partitions the model itself
+            model = shard(model, device, world, bf16) if plan.strategy == "fsdp" else ctx.prepare_model(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        # foreach: the multi-tensor AdamW that torch already picks on CUDA, bitwise the same update as the
+        # per-tensor loop it defaults to on CPU, which dispatches a dozen small ops for each of ~240 LoRA tensors.
+        optimizer = torch.optim.AdamW(
+            params, lr=settings.learning_rate, weight_decay=settings.weight_decay, foreach=True
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
+        update: Update = TorchUpdate(model, optimizer, scheduler, params, settings.max_grad_norm)
+        if plan.strategy == "deepspeed":
+            from eksflow.llm.steps.train.zero import engine_update
+
+            update = engine_update(model, optimizer, scheduler, plan, settings, device, bf16)
+        if start:
+            update.restore(state, rank)
+            print(
+                f"rank {rank}: resumed from {start.path.name} (step {start.step}), saved under "
+                f"{state['strategy']}, training under {plan.strategy}",
+                flush=True,
+            )
+        _train(loop, ctx, plan, update, start.step if start else 0, bf16)
+
+
+def _train(
+    loop: LoopConfig,
+    ctx: WorkerContext,
+    plan: strategies.Plan,
+    update: Update,
+    first_step: int,
+    bf16: bool,
+) -> None:
+    """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
+    import torch
+
+    from eksflow.llm.steps.train.loss import learned_token_loss
+
+    settings = loop.settings
+    rank, world, device = ctx.rank, ctx.world, ctx.device
+    model, scheduler = update.model, update.scheduler
+    root = Path(loop.checkpoint_root)
+    cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir))
+    batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
+    if rank == 0 and loop.progress_file:
+        os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
+    progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
+    if progress:
+        progress.advance(first_step)
+    durable = checkpoints.DurableCopy(loop.checkpoint_uri) if rank == 0 and loop.checkpoint_uri else None
+    # FSDP and ZeRO cast through their own mixed-precision settings instead (shard, zero.engine_update).
+    bf16_autocast = bf16 and plan.strategy == "ddp"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
+    window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
+    last_commit = time.monotonic()
+    metrics: dict[str, float] = {}
+    stop_file = root / STOP_FILE
+    model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
+    try:
+        for step in range(first_step, settings.max_steps):
+            step_loss = 0.0
+            for micro in range(settings.grad_accum_steps):
+                batch = batches.get(step, micro, rank, world, device)
+                tokens += batch.tokens
+                last = micro == settings.grad_accum_steps - 1
+                with update.sync(last), autocast:
+                    # the loss transformers computes from labels, with logits at the learned positions only
+                    # (MicroBatch), in fp32 (bf16 logits under autocast are upcast, as transformers does)
+                    logits = model(**batch.inputs).logits
+                    loss = learned_token_loss(logits, batch.targets) / settings.grad_accum_steps
+                    update.backward(loss, last)
+                step_loss += float(loss.detach())
+            update.step()
+            window_loss, window_steps = window_loss + step_loss, window_steps + 1
+            done = step + 1
+            if done % settings.log_every == 0 or done == settings.max_steps:
+                metrics = _window_metrics(window_loss / window_steps, tokens, started, world, scheduler)
+                window_loss, window_steps = 0.0, 0
+                if rank == 0 and loop.mlflow_run_id:
+                    tracking.log_metrics(loop.tracking_uri, loop.mlflow_run_id, metrics, step=done)
+            if progress:
+                note = f"loss {step_loss:.6f}"  # this step's loss on rank 0: the kill/resume tests compare it
+                progress.advance(note=note)
+            minutes = settings.checkpoint_every_minutes
+            stop, timed = agree(
+                ctx.stop_requested() or stop_file.exists(),
+                bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
+            )
+            if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed:
+                adapter, optimizer_state = update.full_state()  # a collective: every rank takes part
+                if rank == 0:
+                    save = partial(
+                        save_checkpoint,
+                        rank=rank,
+                        model=model,
+                        adapter=adapter,
+                        optimizer_state=optimizer_state,
+                        scheduler=scheduler,
+                        strategy=plan.strategy,
+                    )
+                    committed = checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
+                    checkpoints.prune(root, settings.keep_checkpoints)
+                    if durable:
+                        durable.submit(committed)
+                last_commit = time.monotonic()
+                ctx.report({"step": done, **metrics})
+            if stop:
+                print(f"rank {rank}: stop requested; checkpoint step {done} committed, exiting", flush=True)
+                return
+    finally:
+        if durable:
+            for error in durable.close():
+                print(f"warning: {error}", file=sys.stderr)
+
+
+def _window_metrics(
+    local_loss: float, local_tokens: int, started: float, world: int, scheduler: Any
+) -> dict[str, float]:
+    """Loss averaged over workers, current LR, and throughput of all workers since this attempt started."""
+    import torch
+    import torch.distributed as dist
+
+    values = torch.tensor([local_loss, float(local_tokens)], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        values = values.to(collective_device())
+        dist.all_reduce(values)
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    return {
+        "loss": float(values[0]) / world,
+        "learning_rate": float(scheduler.get_last_lr()[0]),
+        "tokens_per_s": float(values[1]) / elapsed,
+    }

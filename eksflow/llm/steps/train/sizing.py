@@ -1,0 +1,91 @@
+"""Sizing a training job before it runs: memory per worker and the strategy, what `plan` checks.
+
+Pure (no torch): the pipeline's `plan` calls `preflight` through the step's contract module. It resolves the
+strategy with the same call the train step makes at start-up (TrainSettings.resolve_strategy, the one memory
+model in eksflow.llm.steps.common.strategies), fed with estimates: parameters from the model's name, the adapter's size
+from its shape. So `plan` and the step agree on DDP, FSDP or ZeRO and on the memory each needs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from eksflow.llm.steps.common import strategies
+from eksflow.llm.steps.train import TrainSettings
+from eksflow.runtime.args import StepInputError
+from eksflow.runtime.preflight import Layout, Preflight
+
+GIB = 1024**3
+MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([mb])\b", re.IGNORECASE)
+
+
+def model_params_b(base_model: str, configured: float) -> float | None:
+    """Base model size in billions: configured, or read from a name such as `smollm2-135m` or `llama-3-8b`."""
+    if configured:
+        return configured
+    found = MODEL_SIZE.search(base_model.rsplit("/", 1)[-1])
+    if found is None:
+        return None
+    size = float(found.group(1))
+    return size / 1000 if found.group(2).lower() == "m" else size
+
+
+def memory_plan(settings: TrainSettings, layout: Layout, params_b: float) -> tuple[str, strategies.Plan]:
+    """How the train step will hold the model and what that takes per worker, as (label, strategy plan)."""
+    num_params = int(params_b * 1e9)
+    trainable = strategies.estimate_lora_params(num_params, settings.lora.rank, len(settings.lora.target_modules))
+    budget = int(layout.memory_per_worker_gib * GIB)
+    if layout.kind == "trainium":
+        work = settings.workload(num_params, trainable, weight_bytes=2)
+        need = strategies.memory_bytes(work, "tensor_parallel", settings.tensor_parallel_size)
+        fits = need <= budget * strategies.HEADROOM
+        return "NeuronTrainer, tensor parallel", strategies.Plan("ddp", 0, False, "Trainium", need, fits)
+    plan = settings.resolve_strategy(
+        num_params=num_params,
+        trainable_params=trainable,
+        on_gpu=layout.kind == "gpu",
+        device_memory_bytes=budget,
+        world=layout.workers,
+    )
+    label: str = plan.strategy
+    if plan.strategy == "deepspeed":
+        label = f"deepspeed ZeRO-{plan.zero_stage}" + (" with CPU offload" if plan.cpu_offload else "")
+    if settings.strategy == "auto" and plan.strategy != "ddp":
+        label += " (auto: a replica does not fit one device)"
+    return label, plan
+
+
+def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
+    """Plan rows and problems for a training job with these arguments on this layout."""
+    settings = TrainSettings.model_validate({k: v for k, v in args.items() if k in TrainSettings.model_fields})
+    base_model = str(args.get("base_model", ""))
+    problems = []
+    if layout.spot and settings.checkpoint_every >= settings.max_steps:
+        problems.append(
+            f"train.checkpoint_every: Spot nodes can be reclaimed, but no checkpoint is written before step "
+            f"{settings.max_steps}; fix: --set train.checkpoint_every=<fewer steps> or cluster.spot=false"
+        )
+    params_b = model_params_b(base_model, layout.model_params_b)
+    if params_b is None:
+        problems.append(
+            f"cluster.model_params_b: cannot tell the size of {base_model!r} from its name; "
+            "fix: --set cluster.model_params_b=<billions>"
+        )
+        return Preflight([], problems)
+    try:
+        label, plan = memory_plan(settings, layout, params_b)
+    except StepInputError as err:  # a strategy this layout cannot run (e.g. ZeRO on one worker): the step's words
+        return Preflight([], [*problems, f"train.strategy: {err}"])
+    if not plan.fits:
+        problems.append(
+            f"train.micro_batch_size: about {plan.memory_bytes / GIB:.1f} GiB per worker needed ({label}), "
+            f"{layout.memory_per_worker_gib:.0f} GiB available on {layout.instance_type}; fix: lower "
+            "train.micro_batch_size or train.max_seq_len, set train.gradient_checkpointing=true, add cluster.nodes, "
+            "or pick a larger cluster.instance_type"
+        )
+    rows = [
+        ("strategy", label),
+        ("memory per worker", f"~{plan.memory_bytes / GIB:.1f} GiB of {layout.memory_per_worker_gib:.0f} GiB"),
+    ]
+    return Preflight(rows, problems)

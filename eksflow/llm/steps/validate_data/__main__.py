@@ -1,0 +1,3 @@
+from eksflow.llm.steps.validate_data.step import main
+
+raise SystemExit(main())

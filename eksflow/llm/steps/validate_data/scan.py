@@ -1,0 +1,224 @@
+"""Reading a split for validation at any size: one pass for what needs the whole file, then frames of bounded size.
+
+Pass 1 (`scan`) parses every line and keeps a few fixed-size facts per row: its line number, a 16-byte digest of
+its (prompt, completion) pair when the duplicate check looks at it, a digest of its prompt when that is a string,
+and its token count. Duplicates (each row that repeats an earlier line, and which line) and train/eval overlap are
+then found with numpy sorts over the digests: about 50 bytes per row in all, where rows held as Python objects
+took about 1 KB. Pass 2 (`frames`) parses the lines again and yields DataFrames of at most `chunk_rows` rows with
+the columns the suite checks, those facts included; great-expectations validates one frame at a time and
+eksflow.llm.steps.validate_data.merge adds up the results, so memory is bounded by the chunk, not the file.
+
+Digests are BLAKE2b-128: the chance that two different pairs in a billion rows share one is below 1e-20, so a
+digest match is taken as a match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eksflow.llm.steps.common.data import FIELDS, Line, read_lines, role_order_error
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
+PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
+DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
+ROLE_ERROR = "role_error"  # column: why a chat row's roles are out of order, None when in order or not chat
+TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, NaN for unusable rows
+OVERLAP = "in_train"  # column (eval): the train line holding the same prompt, None when train does not have it
+EXPLAINED = (PARSE_ERROR, DUPLICATE, ROLE_ERROR, OVERLAP)  # columns whose values are sentences: shown unquoted
+
+# (prompts, completions) -> token count of each pair
+TokenCounter = Callable[[Sequence[str], Sequence[str]], list[int]]
+# split file -> (line numbers, token counts) of its usable rows, e.g. from the token cache
+TokenLengths = Callable[[Path], tuple["np.ndarray", "np.ndarray"]]
+COUNT_BATCH = 2048  # pairs per TokenCounter call
+
+
+@dataclass
+class Scan:
+    """What pass 1 learned about one split; arrays have one entry per non-blank line unless said otherwise."""
+
+    path: Path
+    lines: np.ndarray  # int64: the 1-based line number of each row
+    fields: frozenset[str]  # the FIELDS that at least one record has (a column per field in every frame)
+    chat: bool  # some record has `messages`: frames get a role_error column
+    duplicate_of: np.ndarray  # int64: the line a row repeats, 0 for none
+    prompt_rows: np.ndarray  # int64: the rows whose prompt is a string
+    prompt_keys: np.ndarray  # V16: the digest of each of those prompts
+    tokens: np.ndarray | None = None  # float64: token count, NaN for unusable rows; None when not counted
+    overlap: np.ndarray | None = field(default=None)  # int64 (eval): the train line with the same prompt, 0: none
+
+    @property
+    def rows(self) -> int:
+        """Non-blank lines."""
+        return len(self.lines)
+
+
+def _digest(text: str) -> bytes:
+    # surrogatepass: JSON may hold a lone surrogate ("\ud800"), which strict UTF-8 cannot encode
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _keys(buffer: bytearray) -> np.ndarray:
+    import numpy as np
+
+    return np.frombuffer(bytes(buffer), dtype="V16")
+
+
+def _rows(values: array[int]) -> np.ndarray:
+    import numpy as np
+
+    return np.frombuffer(values, dtype=np.int64).copy() if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def scan(
+    path: Path,
+    max_chars: dict[str, int],
+    count_tokens: TokenCounter | None = None,
+    token_lengths: TokenLengths | None = None,
+) -> Scan:
+    """Pass 1 over `path`: line numbers, fields present, duplicates, prompt digests and (optionally) token counts.
+
+    A row is checked for duplicates when both fields are non-blank strings within `max_chars`, so a bad row
+    repeated is counted once, by its own check. Tokens are counted for usable rows (both fields non-blank strings),
+    by `count_tokens` in batches or read from `token_lengths`.
+    """
+    import numpy as np
+
+    lines, pair_rows, prompt_rows, counted_rows = array("q"), array("q"), array("q"), array("q")
+    pair_keys, prompt_keys = bytearray(), bytearray()
+    counts: list[int] = []
+    pending: list[tuple[str, str]] = []
+    fields: set[str] = set()
+    chat = False
+
+    def flush() -> None:
+        if count_tokens is not None and pending:
+            counts.extend(count_tokens([p for p, _ in pending], [c for _, c in pending]))
+        pending.clear()
+
+    for row, line in enumerate(read_lines(path)):
+        lines.append(line.number)
+        record = line.record
+        if record is None:
+            continue
+        fields.update(name for name in FIELDS if name in record)
+        chat = chat or "messages" in record
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if not isinstance(prompt, str):
+            continue
+        prompt_rows.append(row)
+        prompt_keys += _digest(prompt)
+        if not (isinstance(completion, str) and prompt.strip() and completion.strip()):
+            continue
+        if len(prompt) <= max_chars.get("prompt", len(prompt)) and len(completion) <= max_chars.get(
+            "completion", len(completion)
+        ):
+            pair_rows.append(row)
+            pair_keys += _digest(f"{len(prompt)}:{prompt}{completion}")  # the length keeps the boundary
+        if count_tokens is not None:
+            counted_rows.append(row)
+            pending.append((prompt, completion))
+            if len(pending) == COUNT_BATCH:
+                flush()
+    flush()
+
+    numbers = _rows(lines)
+    result = Scan(
+        path=path,
+        lines=numbers,
+        fields=frozenset(fields),
+        chat=chat,
+        duplicate_of=_first_occurrences(numbers, _rows(pair_rows), _keys(pair_keys)),
+        prompt_rows=_rows(prompt_rows),
+        prompt_keys=_keys(prompt_keys),
+    )
+    if count_tokens is not None:
+        result.tokens = np.full(len(numbers), np.nan)
+        result.tokens[_rows(counted_rows)] = np.asarray(counts, dtype=np.float64)
+    elif token_lengths is not None:
+        counted_lines, lengths = token_lengths(path)
+        result.tokens = np.full(len(numbers), np.nan)
+        result.tokens[np.searchsorted(numbers, counted_lines)] = lengths  # both in line order
+    return result
+
+
+def _first_occurrences(lines: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Per row of the split: the line of the first row with the same key (among `rows`), 0 for a first occurrence."""
+    import numpy as np
+
+    duplicate_of = np.zeros(len(lines), dtype=np.int64)
+    if len(keys):
+        _, first, group = np.unique(keys, return_index=True, return_inverse=True)  # first: stable, earliest row
+        repeats = first[group] != np.arange(len(keys))
+        duplicate_of[rows[repeats]] = lines[rows[first[group][repeats]]]
+    return duplicate_of
+
+
+def find_overlap(eval_scan: Scan, train_scan: Scan) -> int:
+    """Mark the eval rows whose prompt occurs in train (with the first train line) and return how many there are."""
+    import numpy as np
+
+    eval_scan.overlap = np.zeros(eval_scan.rows, dtype=np.int64)
+    if not len(train_scan.prompt_keys) or not len(eval_scan.prompt_keys):
+        return 0
+    unique, first = np.unique(train_scan.prompt_keys, return_index=True)
+    at = np.minimum(np.searchsorted(unique, eval_scan.prompt_keys), len(unique) - 1)
+    found = unique[at] == eval_scan.prompt_keys
+    train_lines = train_scan.lines[train_scan.prompt_rows[first[at[found]]]]
+    eval_scan.overlap[eval_scan.prompt_rows[found]] = train_lines
+    return int(found.sum())
+
+
+def frames(found: Scan, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    """Pass 2: the split as DataFrames of at most `chunk_rows` rows (one empty frame for an empty split)."""
+    lines = read_lines(found.path)
+    first = 0
+    while True:
+        chunk = list(islice(lines, chunk_rows))
+        if chunk or first == 0:
+            yield _frame(chunk, found, first)
+        first += len(chunk)
+        if len(chunk) < chunk_rows:
+            return
+
+
+def _frame(chunk: list[Line], found: Scan, first: int) -> pd.DataFrame:
+    """One row per line: line number, parse error, the fields and their `<field>_type` names, the derived columns."""
+    import pandas as pd
+
+    records: list[dict[str, Any]] = [line.record or {} for line in chunk]
+    end = first + len(chunk)
+    frame = pd.DataFrame(
+        {
+            LINE: pd.Series([line.number for line in chunk], dtype="int64"),
+            PARSE_ERROR: pd.Series([line.error for line in chunk], dtype=object),
+        }
+    )
+    for name in FIELDS:
+        if name in found.fields:  # a field absent from every record stays absent: column_exists fails
+            # object dtype keeps each value as JSON gave it, so the type check sees every row
+            frame[name] = pd.Series([r.get(name) for r in records], dtype=object)
+        frame[f"{name}_type"] = pd.Series([type(r.get(name)).__name__ for r in records], dtype=object)
+    frame[DUPLICATE] = pd.Series(
+        [f"repeats line {n}" if n else None for n in found.duplicate_of[first:end].tolist()], dtype=object
+    )
+    if found.chat:
+        errors = [role_order_error(r["messages"]) if "messages" in r else None for r in records]
+        frame[ROLE_ERROR] = pd.Series(errors, dtype=object)
+    if found.tokens is not None:
+        frame[TOKENS] = pd.Series(found.tokens[first:end], dtype="float64")  # NaN for unusable rows: GE skips them
+    if found.overlap is not None:
+        frame[OVERLAP] = pd.Series(
+            [f"prompt of train line {n}" if n else None for n in found.overlap[first:end].tolist()], dtype=object
+        )
+    return frame

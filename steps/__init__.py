@@ -1,4 +1,0 @@
-"""Step modules: each `python -m steps.<name>` does one stage of the pipeline's real work.
-
-Steps never import `pipelines` or hera, so a step image needs only its runtime libraries.
-"""

@@ -1,3 +1,0 @@
-from steps.report.step import main
-
-raise SystemExit(main())

@@ -1,3 +1,0 @@
-from steps.train.step import main
-
-raise SystemExit(main())

@@ -1,3 +1,0 @@
-from steps.validate_data.step import main
-
-raise SystemExit(main())
