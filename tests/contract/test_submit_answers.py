@@ -35,6 +35,12 @@ def fake():
 def _quick_timeouts(monkeypatch):
     monkeypatch.delenv("ARGO_TOKEN", raising=False)
     monkeypatch.setenv("EKSFLOW_ARGO_CONNECT_TIMEOUT", "5")
+    # Generous for servers that answer (a loaded machine may take a while to), quick where a test waits one out.
+    monkeypatch.setenv("EKSFLOW_ARGO_READ_TIMEOUT", "30")
+
+
+@pytest.fixture
+def quick_read_timeout(monkeypatch):
     monkeypatch.setenv("EKSFLOW_ARGO_READ_TIMEOUT", "0.2")
 
 
@@ -103,7 +109,7 @@ def test_5xx_says_what_to_do(fake):
     assert submit_error(fake.address).endswith(": 502 Bad Gateway; the Argo Server failed; retry, then check its logs")
 
 
-def test_a_server_that_never_answers_times_out(fake):
+def test_a_server_that_never_answers_times_out(fake, quick_read_timeout):
     fake.route(*CREATE, Reply(hang=True))
     message = submit_error(fake.address)
     assert "accepted the connection but did not answer within 0.2 s" in message
@@ -196,7 +202,9 @@ def test_a_bad_timeout_setting_is_one_line(fake, monkeypatch):
     ],
     ids=["html", "{}", "hang"],
 )
-def test_the_cli_exits_1_with_one_line(fake, capsys, reply, expected):
+def test_the_cli_exits_1_with_one_line(fake, capsys, monkeypatch, reply, expected):
+    if reply.hang:
+        monkeypatch.setenv("EKSFLOW_ARGO_READ_TIMEOUT", "0.2")
     fake.route(*CREATE, reply)
     with pytest.raises(SystemExit) as exit_info:
         main(build, ["submit", "--argo-server", fake.address, "--no-secure"])
