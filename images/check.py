@@ -11,6 +11,9 @@ template gives the container, FSx at its mount path. The templates are the rende
   stayed in it, and its history records no credential and no address of this machine's pip configuration;
 - steps: every step's `--help`; validate_data on the demo data, then evaluate on a tiny model, both with the
   args of their templates in the flagship WorkflowTemplate;
+- a user's project built FROM the steps image (tests/fixtures/text2sql, its Containerfile): its own step's
+  `--help`; eksflow's stage_data on the project's data, then the project's own step on what it staged, then
+  eksflow's evaluate scoring with the project's own metric, each with the args of the project's rendered template;
 - serve-cpu: the `--help` of what the vLLM Deployment runs (vLLM's OpenAI server, the readiness probe's module),
   then the engine itself with the Deployment's command and env, until the readiness probe gets a real answer
   (steps first: validate_data converts the demo model onto FSx, where the engine reads it).
@@ -27,6 +30,7 @@ import re
 import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,9 +44,11 @@ from eksflow.local.process import stop_tree
 from eksflow.runtime.shown import url_credential
 from images import buildah, pipconf
 from images.build import ROOT, STATE, images
-from images.buildah import Container, ImagesError, last_line, without_trailer
+from images.buildah import Build, Container, ImagesError, last_line, without_trailer
 
 TEMPLATES = ROOT / "workflow-templates"
+PROJECT = ROOT / "tests" / "fixtures" / "text2sql"  # a user's project: its own steps, metric and Containerfile
+PROJECT_TAG = "localhost/eksflow-check/text2sql:check"
 CHECKS = ROOT / "images" / "checks"
 FSX = "/fsx"
 OUTPUTS = "/tmp/outputs"
@@ -208,6 +214,51 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
     return checker.results
 
 
+def check_project(steps_image: str, fsx: Path) -> list[Result]:
+    """A user's project image FROM the steps image: its own step and metric run beside eksflow's steps."""
+    Build(PROJECT / "Containerfile", PROJECT, PROJECT_TAG, {"STEPS_IMAGE": steps_image}).run(STATE / "text2sql.log")
+    rendered = subprocess.run(
+        [sys.executable, "-m", "pipelines.text2sql", "render", "--kind", "WorkflowTemplate", "--set",
+         f"image={PROJECT_TAG}"],
+        cwd=PROJECT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if rendered.returncode != 0:
+        raise ImagesError(f"the project's pipeline does not render: {last_line(rendered.stderr)}")
+    project = yaml.safe_load(rendered.stdout)
+    checker = Checker("text2sql", PROJECT_TAG, fsx)
+    stage = container_of(project, "stage-data")
+    user, env = pod_user(stage), container_env(stage)
+    checker.image_config(user)
+    (fsx / "check" / "text2sql").mkdir(parents=True)
+    shutil.copyfile(PROJECT / "data" / "shop.jsonl", fsx / "check" / "text2sql" / "shop.jsonl")
+    checker.give(user)
+    tiny = f"{FSX}/check/tiny"  # made by the steps image's check
+    values = {"workflow.parameters.data_source": f"{FSX}/check/text2sql/shop.jsonl",
+              "workflow.parameters.base_model": f"{tiny}/model"}  # fmt: skip
+    with Container(PROJECT_TAG) as container:
+        checker.run(container, "steps.check_sql --help", ["python", "-m", "steps.check_sql", "--help"], user, env)
+        argv, env = pod_command(project, "stage-data", values)
+        if not checker.run(container, "stage_data on the project's data", argv, user, env, lambda: staged(checker)):
+            return checker.results
+        values["inputs.parameters.dataset_dir"] = checker.output("dataset_dir").strip()
+        argv, env = pod_command(project, "check-sql", values)
+        checker.run(container, "the project's own step on the staged data", argv, user, env,
+                    lambda: "" if checker.output("queries").strip().isdigit() else "no queries output")  # fmt: skip
+        if not fsx_path(fsx, f"{tiny}/adapter").is_dir():
+            checker.record("evaluate with the project's metric", "no tiny model: the steps image's check makes it")
+            return checker.results
+        values |= {"inputs.parameters.adapter_dir": f"{tiny}/adapter", "inputs.parameters.mlflow_run_id": ""}
+        argv, env = pod_command(project, "evaluate", values)
+        checker.run(container, "evaluate with the project's metric", argv, user, env,
+                    lambda: evaluated(checker, "steps.sql_metrics:same_rows"))  # fmt: skip
+    return checker.results
+
+
+def staged(checker: Checker) -> str:
+    """What is wrong with stage_data's outputs ("" if nothing): the folder it staged into."""
+    return "" if checker.output("dataset_dir").strip() else "no dataset_dir output"
+
+
 def history_problem(recorded: list[str], host_pip: dict[str, str]) -> str:
     """What of the build's inputs the history `recorded` shows that it must not ("" if nothing).
 
@@ -237,12 +288,12 @@ def validated(checker: Checker) -> str:
     return "" if checker.output("train_rows").strip().isdigit() else "no train_rows output"
 
 
-def evaluated(checker: Checker) -> str:
-    """What is wrong with evaluate's outputs ("" if nothing): a gate decision and the metrics it rests on."""
+def evaluated(checker: Checker, metric: str = "exact_match") -> str:
+    """What is wrong with evaluate's outputs ("" if nothing): a gate decision and the metric it rests on."""
     if checker.output("passed").strip() not in ("true", "false"):
         return "no gate decision in its `passed` output"
     metrics = json.loads(checker.output("metrics") or "{}")
-    return "" if "exact_match" in metrics else "no exact_match among its metrics"
+    return "" if metric in metrics else f"no {metric} among its metrics"
 
 
 def serving_containers(image: str) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
@@ -347,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, tag in chosen.items():  # steps first: its validate_data converts the base model the engine serves
             print(f"{name}: checking {tag}", flush=True)
             results += check_steps(tag, fsx) if name == "steps" else check_serve(tag, tags[name], fsx)
+            if name == "steps":  # a user's project image builds FROM it
+                print(f"text2sql: checking a project image FROM {tag}", flush=True)
+                results += check_project(tag, fsx)
     except ImagesError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -26,6 +26,7 @@ MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 ENGINE_MODULES = (
     "tests/e2e/test_local_run.py",
     "tests/e2e/test_locked_routes.py",
+    "tests/e2e/test_own_llm_project.py",
     "tests/e2e/test_rollout.py",
 )
 STARTUP_TIMEOUT_S = 30.0

@@ -6,7 +6,6 @@ and the serving fleet: a real vLLM engine (the CPU build) and a real LiteLLM pro
 
 import io
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -235,60 +234,6 @@ def test_bad_config_exits_2_before_anything_runs(tmp_path, override, expected):
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.fixture(scope="module")
-def gated_s3_run(tmp_path_factory, model_cache, s3_environment, shared_engine):
-    """(state folder, result): one short run that two tests read: its data from a real local S3 server
-    (moto_server), and a threshold no model can meet. It adopts the session's engine."""
-    import boto3
-
-    env = {**os.environ, **s3_environment, **shared_engine.adoption}
-    env = {name: value for name, value in env.items() if value is not None}
-    s3 = boto3.client("s3", **{key: env[name] for key, name in BOTO3_SETTINGS.items()})
-    s3.create_bucket(Bucket="e2e-datasets")
-    for split in ("train", "eval"):
-        s3.upload_file(str(ROOT / "data" / "demo" / f"{split}.jsonl"), "e2e-datasets", f"dates/{split}.jsonl")
-    state = tmp_path_factory.mktemp("gated-s3")
-    overrides = [
-        "data.source=s3://e2e-datasets/dates",
-        "train.max_steps=2",
-        "evaluate.max_examples=8",
-        "evaluate.thresholds=[{metric: exact_match, op: '>=', value: 1.01}]",
-    ]
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    result = pipeline("run", *sets, state_dir=state, model_cache=model_cache, env=env)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return state, result
-
-
-BOTO3_SETTINGS = {
-    "endpoint_url": "AWS_ENDPOINT_URL",
-    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
-    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "region_name": "AWS_DEFAULT_REGION",
-}
-
-
-@pytest.mark.slow
-def test_dataset_from_s3_runs_through_the_pipeline(gated_s3_run):
-    """The flagship with `data.source=s3://...` stages, validates, trains on and evaluates the bucket's rows."""
-    state, result = gated_s3_run
-    status = nodes(only_run(state))
-    assert all(status[t]["phase"] == "Succeeded" for t in ("stage-data", "validate-data", "train", "evaluate"))
-    assert outputs(status["stage-data"])["num_files"] == "2"
-    assert "train_rows = 480" in result.stderr  # the same rows as the local demo folder
-
-
-@pytest.mark.slow
-def test_unmeetable_threshold_registers_and_deploys_nothing(gated_s3_run):
-    state, result = gated_s3_run
-    status = nodes(only_run(state))
-    assert status["register"]["phase"] == "Skipped"
-    assert status["load-candidate"]["phase"] == "Omitted" and status["serve-champion"]["phase"] == "Succeeded"
-    assert outputs(status["evaluate"])["passed"] == "false"
-    assert "fails exact_match >= 1.01" in result.stderr  # says why
-    assert registered_versions(state) == []
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from eksflow.config_docs import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-FILE_BLOCK = re.compile(r"```python\n# file: (\S+)\n(.*?)```", re.DOTALL)
+FILE_BLOCK = re.compile(r"```(?:python|dockerfile)\n# file: (\S+)\n(.*?)```", re.DOTALL)
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
@@ -18,6 +18,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
     [
         ("writing-a-step.md", "greeter"),  # tests/e2e/test_user_project.py runs it
         ("writing-a-pipeline.md", "greeter"),
+        ("writing-an-llm-pipeline.md", "text2sql"),  # tests/e2e/test_own_llm_project.py runs it
+        ("installing.md", "text2sql"),  # its Containerfile: `make check-images` builds and checks it
     ],
 )
 def test_examples_are_the_files_the_tests_run(doc, project):

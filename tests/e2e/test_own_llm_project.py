@@ -1,0 +1,204 @@
+"""Your own LLM pipeline from `pip install`: docs/writing-an-llm-pipeline.md, command by command.
+
+eksflow is installed from a wheel built from this checkout into a fresh virtualenv, and a project with packages of
+its own named `steps` and `pipelines` (tests/fixtures/text2sql: its own step and metric beside eksflow's LLM steps)
+renders, plans and runs end to end with the rollout on the real engines: no checkout on the path, no Makefile.
+
+The data comes from a real local S3 server (moto_server), as `--set data.source=s3://...` gives it on EKS; a second
+run on the same data reuses the trained adapter (memoized) and fails a gate no model meets, deploying nothing.
+
+One shortcut, said plainly: the fresh virtualenv reads eksflow's dependencies (torch, Ray, MLflow: gigabytes)
+from this checkout's .venv through a path file instead of downloading them again. Only that folder is added: the
+.venv's own path files (its editable eksflow, the checkout) are not read, and eksflow itself comes from the wheel
+alone, which the first test proves. The run adopts the session's vLLM engine (tests/e2e/conftest.py), as the other
+rollout runs do; the LiteLLM proxy is the run's own, from the machine's engine cache (eksflow.llm.engines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import SharedEngine
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ROOT / "tests" / "fixtures" / "text2sql"
+GUIDE = ROOT / "docs" / "writing-an-llm-pipeline.md"
+TRAIN_STEPS = 8  # the guide says 40: the test needs the gate passed, not the best model (12 steps: same_rows 0.94)
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv's interpreter with eksflow installed from a wheel of this checkout (see the docstring)."""
+    root = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(root), str(ROOT)]
+    subprocess.run(build, check=True, capture_output=True, timeout=600)
+    (wheel,) = root.glob("eksflow-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "eksflow-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=600)
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the fixture project, somewhere no checkout is."""
+    folder = tmp_path_factory.mktemp("project") / "text2sql"
+    shutil.copytree(PROJECT, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def run(
+    python: Path, command: str | list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`command` as the guide writes it (`python ...`), with the fresh virtualenv's interpreter."""
+    argv = shlex.split(command) if isinstance(command, str) else command
+    argv, into = (argv[:-2], argv[-1]) if argv[-2:-1] == [">"] else (argv, "")
+    assert argv[0] == "python", command
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
+    done = subprocess.run(
+        [str(python), *argv[1:]], cwd=cwd, env={**environ, **(env or {})}, capture_output=True, text=True,
+        timeout=3000, check=False,
+    )  # fmt: skip
+    if into:
+        (cwd / into).write_text(done.stdout)
+    return done
+
+
+def guide_commands() -> list[str]:
+    """The commands of the guide's shell blocks after its install, in order (comments left out)."""
+    blocks = re.findall(r"```bash\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python -m ") and line.split()[2] not in ("venv", "pip")]
+
+
+def test_eksflow_comes_from_the_wheel_and_nothing_of_the_checkout_is_on_the_path(python: Path, tmp_path: Path):
+    code = (
+        "import importlib.util, eksflow, eksflow.llm.steps.train as t; "
+        "print(eksflow.__file__); print(t.__file__); "
+        "print(importlib.util.find_spec('pipelines'), importlib.util.find_spec('steps'))"
+    )
+    done = run(python, ["python", "-c", code], tmp_path)
+    assert done.returncode == 0, done.stderr
+    package, step, specs = done.stdout.splitlines()
+    site = python.parents[1]
+    assert Path(package).is_relative_to(site) and Path(step).is_relative_to(site), done.stdout
+    assert not Path(package).is_relative_to(ROOT) and specs == "None None"
+
+
+def test_the_guide_renders_plans_and_schedules_the_project(python: Path, project: Path):
+    commands = guide_commands()
+    offline = [c for c in commands if not c.startswith("python -m pipelines.text2sql run")]
+    assert len(offline) == 6, commands
+    for command in offline:
+        done = run(python, command, project)
+        assert done.returncode == 0, f"{command}: {done.stderr[-3000:]}"
+    template, cron = yaml.safe_load_all((project / "cron.yaml").read_text())
+    assert (template["kind"], cron["kind"], cron["spec"]["schedules"]) == (
+        "WorkflowTemplate",
+        "CronWorkflow",
+        ["0 3 * * 1"],
+    )
+    rendered = yaml.safe_load(run(python, "python -m pipelines.text2sql render", project).stdout)
+    commands_of = {t["name"]: t["container"]["command"] for t in rendered["spec"]["templates"] if "container" in t}
+    assert commands_of["check-sql"] == ["python", "-m", "steps.check_sql"]  # the project's own step
+    assert commands_of["train"] == ["python", "-m", "eksflow.llm.steps.train"]  # eksflow's, from the wheel
+    planned = run(python, "python -m pipelines.text2sql plan", project).stdout
+    assert "vllm: pods" in planned and "train: instance" in planned
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The local state folder both runs share (its FSx volume holds the registry)."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def environment(s3_environment: dict[str, str | None], shared_engine: SharedEngine) -> dict[str, str]:
+    """The runs' environment: a real local S3 server (moto_server) holding the data, and the session's engine."""
+    import boto3
+
+    env = {k: v for k, v in {**os.environ, **s3_environment, **shared_engine.adoption}.items() if v is not None}
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    s3.create_bucket(Bucket="text2sql-data")
+    s3.upload_file(str(PROJECT / "data" / "shop.jsonl"), "text2sql-data", "shop.jsonl")
+    return env
+
+
+def guided_run(python: Path, project: Path, state: Path, model_cache: Path, env: dict[str, str], *sets: str):
+    """The guide's `run` command, with the data in S3, the test's state folder and model cache."""
+    (command,) = [c for c in guide_commands() if c.startswith("python -m pipelines.text2sql run")]
+    extra = ["--state-dir", str(state)]
+    for setting in (DATA, f"storage.model_cache={model_cache}", f"train.max_steps={TRAIN_STEPS}", *sets):
+        extra += ["--set", setting]
+    done = run(python, [*shlex.split(command), *extra], project, env=env)
+    (folder,) = [f for f in (state / "runs").iterdir() if f.name not in FINISHED]
+    FINISHED.add(folder.name)
+    status = json.loads((folder / "status.json").read_text())["status"]
+    phases = {node["displayName"]: node["phase"] for node in status["nodes"].values()}
+    outputs = {
+        node["displayName"]: {p["name"]: p.get("value") for p in node.get("outputs", {}).get("parameters", [])}
+        for node in status["nodes"].values()
+    }
+    return done, phases, outputs
+
+
+FINISHED: set[str] = set()
+DATA = "data.source=s3://text2sql-data/shop.jsonl"
+SAME_ROWS = "steps.sql_metrics:same_rows"  # a custom metric is reported by its full name
+
+
+def registry(state: Path, query: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(state / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db") as db:
+        return db.execute(query).fetchall()
+
+
+VERSIONS = "SELECT name, version FROM model_versions"
+CHAMPION = "SELECT name, version FROM registered_model_aliases WHERE alias = 'champion'"
+
+
+def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
+    python: Path, project: Path, state: Path, model_cache: Path, environment: dict[str, str]
+):
+    done, phases, outputs = guided_run(python, project, state, model_cache, environment)
+    assert done.returncode == 0, f"{phases}\n{done.stderr[-5000:]}"
+    assert {phases[name] for name in ("check-sql", "train", "evaluate", "register", "promote")} == {"Succeeded"}
+    assert outputs["stage-data"]["num_files"] == "1"  # the one S3 object, split into train and eval by stage_data
+    metrics = json.loads(outputs["evaluate"]["metrics"])
+    assert metrics[SAME_ROWS] >= 0.5 and metrics[f"{SAME_ROWS}_gain"] >= 0.1 and metrics[f"base_{SAME_ROWS}"] < 0.5
+    assert json.loads(outputs["analyze-100"]["metrics"])["served_score"] >= 0.5  # the canary scored with same_rows
+    assert registry(state, CHAMPION) == [("text2sql", 1)]  # the pipeline's name, by default; promoted by the rollout
+
+
+def test_an_unmeetable_gate_registers_and_deploys_nothing(
+    python: Path, project: Path, state: Path, model_cache: Path, environment: dict[str, str]
+):
+    """A second run on the same data: training is reused (memoized), the gate on the project's metric fails."""
+    gate = "evaluate.thresholds=[{metric: same_rows, value: 1.01}]"
+    done, phases, outputs = guided_run(python, project, state, model_cache, environment, gate)
+    assert done.returncode == 0, f"{phases}\n{done.stderr[-5000:]}"
+    assert outputs["evaluate"]["passed"] == "false" and f"fails {SAME_ROWS} >= 1.01" in done.stderr  # says why
+    assert phases["register"] == "Skipped" and phases["load-candidate"] == "Omitted"
+    assert phases["serve-champion"] == "Succeeded"  # the champion keeps serving
+    assert registry(state, VERSIONS) == [("text2sql", 1)] and registry(state, CHAMPION) == [("text2sql", 1)]
