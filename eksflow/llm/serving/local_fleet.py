@@ -73,6 +73,7 @@ from typing import Any
 from eksflow.llm import engines
 from eksflow.llm.serving.objects import MODEL_LABEL
 from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common.litellm_proxy import VLLM_KEY_ENV
 from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV, unrouted
 from eksflow.llm.steps.common.vllm import READY_PROMPT
 from eksflow.local import RunServiceError, register_run_service
@@ -205,7 +206,7 @@ class LocalFleet:
         # Every value that is a container path as a whole, alone or after `--flag=` (as the old per-value rule).
         args = map_argv(["", *(str(a) for a in container.get("args") or [])], paths, PathRules(None, None))[1:]
         env = map_env(
-            self._env(container, where, adopted=role == "vllm" and bool(os.environ.get(ADOPT_ENV))).items(),
+            self._env(container, where).items(),
             paths,
             PathRules(None, None),
         )
@@ -386,14 +387,16 @@ class LocalFleet:
             path.chmod(0o600)
         return self._secrets[(secret, key)]
 
-    def _env(self, container: Mapping[str, Any], where: str, *, adopted: bool) -> dict[str, str]:
+    def _env(self, container: Mapping[str, Any], where: str) -> dict[str, str]:
         env = {}
+        adopted = bool(os.environ.get(ADOPT_ENV))
         for i, var in enumerate(container.get("env") or []):
             name = str(var.get("name"))
             ref = (var.get("valueFrom") or {}).get("secretKeyRef")
             if ref is not None:
-                # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy.
-                given = os.environ.get(ADOPT_KEY_ENV, "") if adopted and name == "VLLM_API_KEY" else None
+                # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy, whichever
+                # of the engine's and the proxy's Deployments (both read it as VLLM_API_KEY) is applied first.
+                given = os.environ.get(ADOPT_KEY_ENV, "") if adopted and name == VLLM_KEY_ENV else None
                 env[name] = self._secret(str(ref.get("name")), str(ref.get("key")), given)
             elif var.get("valueFrom") is not None:
                 raise FleetError(f"{where} env[{i}] {name}: only values and secretKeyRef run locally", retriable=False)

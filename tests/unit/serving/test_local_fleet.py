@@ -133,6 +133,23 @@ def test_an_adopted_engine_shares_its_adapter_folder_with_the_run(tmp_path, monk
         local_fleet._share_adapters(str(run_folder), "vllm")
 
 
+@pytest.mark.parametrize("first", ["proxy", "vllm"])
+def test_an_adopted_engines_key_reaches_the_proxy_whichever_deployment_comes_first(tmp_path, monkeypatch, first):
+    """The engine's and the proxy's Deployments start in parallel: the proxy must get the adopted engine's key even
+    when it is applied first (it once got a random key then, and every request through it was refused with 401)."""
+    monkeypatch.setenv(local_fleet.ADOPT_ENV, "http://127.0.0.1:9")
+    monkeypatch.setenv(local_fleet.ADOPT_KEY_ENV, "the-engines-own-key")
+    cfg = load_config()
+    containers = {
+        "proxy": serving.proxy_deployment(cfg),
+        "vllm": serving.vllm_deployment(cfg, "fleet", "/fsx/models/base"),
+    }
+    fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
+    order = [first, *(name for name in containers if name != first)]
+    keys = {name: fleet._env(local_fleet._container(containers[name], name), name)["VLLM_API_KEY"] for name in order}
+    assert keys == {"proxy": "the-engines-own-key", "vllm": "the-engines-own-key"}
+
+
 def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():
     from eksflow.local.manifest import parse_manifest
     from eksflow.local.services import restarted
