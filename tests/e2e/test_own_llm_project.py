@@ -152,9 +152,10 @@ def guided_run(python: Path, project: Path, state: Path, model_cache: Path, env:
     extra = ["--state-dir", str(state)]
     for setting in (DATA, f"storage.model_cache={model_cache}", f"train.max_steps={TRAIN_STEPS}", *sets):
         extra += ["--set", setting]
+    runs = state / "runs"
+    earlier = set(runs.iterdir()) if runs.is_dir() else set()
     done = run(python, [*shlex.split(command), *extra], project, env=env)
-    (folder,) = [f for f in (state / "runs").iterdir() if f.name not in FINISHED]
-    FINISHED.add(folder.name)
+    (folder,) = set(runs.iterdir()) - earlier
     status = json.loads((folder / "status.json").read_text())["status"]
     phases = {node["displayName"]: node["phase"] for node in status["nodes"].values()}
     outputs = {
@@ -164,7 +165,6 @@ def guided_run(python: Path, project: Path, state: Path, model_cache: Path, env:
     return done, phases, outputs
 
 
-FINISHED: set[str] = set()
 DATA = "data.source=s3://text2sql-data/shop.jsonl"
 SAME_ROWS = "steps.sql_metrics:same_rows"  # a custom metric is reported by its full name
 
