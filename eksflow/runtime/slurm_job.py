@@ -9,7 +9,8 @@ The task of `cluster.launcher: slurm` (eksflow/launchers/slurm.py). The job's sc
 runs the step on every task of the allocation with `srun`, and the step's argv travels in the job's environment
 as JSON (EKSFLOW_STEP_ARGV, run by eksflow.runtime.slurm_task), never in the script's text. Each task is one rank
 (the train step's `--launcher=mpi` reads srun's SLURM_PROCID and SLURM_NTASKS; MASTER_ADDR is the allocation's
-first node).
+first node, MASTER_PORT 20000 + the job id modulo 10000, so two jobs Slurm packs on one node never meet on one port,
+as two on 29500 did).
 
 What reaches the ranks' environment (and slurmctld's job record, which keeps it): PATH, PYTHONPATH and HOME, the
 job's own EKSFLOW_* variables above, and the variables --forward-env names, with this task's values. The Slurm
@@ -80,7 +81,8 @@ set -euo pipefail
 first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 # The first node's address as slurmctld knows it (a pod IP on Slinky): its name may not resolve everywhere.
 MASTER_ADDR="$(scontrol show node "$first" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')"
-export MASTER_ADDR="${MASTER_ADDR:-$first}" MASTER_PORT="${MASTER_PORT:-29500}"
+# Per job, below Linux's ephemeral ports: jobs sharing a node must not share rank 0's TCPStore port.
+export MASTER_ADDR="${MASTER_ADDR:-$first}" MASTER_PORT="${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 10000))}"
 exec srun --kill-on-bad-exit=1 "$EKSFLOW_PYTHON" -m eksflow.runtime.slurm_task
 """
 RETRIED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})

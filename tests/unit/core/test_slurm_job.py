@@ -184,3 +184,33 @@ def task(tmp_path, code: str) -> tuple[int, bool]:
 )
 def test_a_task_ends_as_its_step_did_and_records_a_refusal(tmp_path, code, expected):
     assert task(tmp_path, code) == expected
+
+
+def rendezvous(tmp_path, job_id: int, **env: str) -> tuple[str, str]:
+    """(MASTER_ADDR, MASTER_PORT) the job's script gives its ranks, run by bash with scontrol and srun stand-ins."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = '[ "$2" = hostnames ] && echo node-a && echo node-b || echo "NodeName=node-a NodeAddr=10.0.0.7 x=y"'
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{scontrol}\n")
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "$MASTER_ADDR $MASTER_PORT"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    environ = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        slurm_job.PYTHON_ENV: "python3",
+    }
+    done = subprocess.run(
+        ["bash", "-c", slurm_job.SCRIPT], env={**environ, **env}, capture_output=True, text=True, check=True
+    )
+    address, port = done.stdout.split()
+    return address, port
+
+
+def test_jobs_packed_on_one_node_meet_on_ports_of_their_own(tmp_path):
+    """Two jobs on one node once both bound rank 0's TCPStore to 29500: the second failed with EADDRINUSE."""
+    first, second = rendezvous(tmp_path, 41), rendezvous(tmp_path, 42)
+    assert first == ("10.0.0.7", "20041") and second == ("10.0.0.7", "20042")
+    assert rendezvous(tmp_path, 123456)[1] == "23456"  # below Linux's ephemeral ports (32768 and up)
+    assert rendezvous(tmp_path, 41, MASTER_PORT="29400")[1] == "29400"  # a port the user set is kept
