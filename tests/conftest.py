@@ -22,34 +22,48 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 # The e2e modules that start vLLM engines (tests/e2e/conftest.py): under pytest-xdist one worker runs all of them,
-# in file order, while the others take every other test one at a time.
+# in this order, while the others take every other test one at a time. The first starts the session's shared engine,
+# which loads while it trains and then idles (~2 CPU s a minute) while test_local_run.py's full run starts engines of
+# its own; that run trains the demo adapter test_rollout.py takes.
 ENGINE_MODULES = (
+    "tests/e2e/test_own_llm_project.py",
     "tests/e2e/test_local_run.py",
     "tests/e2e/test_locked_routes.py",
-    "tests/e2e/test_own_llm_project.py",
     "tests/e2e/test_rollout.py",
 )
 STARTUP_TIMEOUT_S = 30.0
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's scheduler with ENGINE_MODULES as one unit of work and every other test a unit of its own.
+    """pytest-xdist's scheduler with ENGINE_MODULES as one unit of work, each other e2e module a unit, and every
+    other test a unit of its own.
 
-    (xdist's own `--dist loadgroup` does this from marks, but it renames tests by a Node field pytest 9 no longer
-    reads, so its groups never form.) Units go out largest first: the engine modules start at once."""
+    An e2e module's tests share what its module fixtures start (a Ray or Slurm cluster, a proxy whose routes each
+    test builds on): split over two workers, each would start its own, and a later test could run without the
+    earlier ones. (xdist's own `--dist loadgroup` groups from marks, but it renames tests by a Node field pytest 9
+    no longer reads, so its groups never form.) Units go out largest first: the engine modules start at once."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineModulesTogether(LoadScopeScheduling):
+    class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "engine modules" if nodeid.split("::", 1)[0] in ENGINE_MODULES else nodeid
+            module = nodeid.split("::", 1)[0]
+            if module in ENGINE_MODULES:
+                return "engine modules"
+            return module if module.startswith("tests/e2e/") else nodeid
 
-    return EngineModulesTogether(config, log)
+    return ModulesTogether(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first, each group in file order: under pytest-xdist the long units start first and the short ones
-    fill the end, so no worker waits on another's last long test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, each group in file order but ENGINE_MODULES in theirs: under pytest-xdist the long units
+    start first and the short ones fill the end, so no worker waits on another's last long test."""
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        module = item.nodeid.split("::", 1)[0]
+        engine_order = ENGINE_MODULES.index(module) if module in ENGINE_MODULES else -1
+        return item.get_closest_marker("slow") is None, engine_order
+
+    items.sort(key=order)
 
 
 def _free_port() -> int:

@@ -5,11 +5,11 @@ training mechanics.
 A vLLM engine takes one to three minutes to start on 2 cores and two engines stall each other, so the runs that
 are not about starting an engine (the gate, the S3 source, the GPU variant, the rollout scenarios) adopt one
 engine started once for the session: the local fleet uses $EKSFLOW_VLLM_URL instead of starting its own
-(eksflow/llm/serving/local_fleet.py). The flagship run and `serve` start their own engines, before this one exists
-(test_local_run.py runs its full run first; its later runs adopt the shared engine). Under pytest-xdist
-(`make test`: two workers) one worker runs the modules that start engines, in file order (ENGINE_MODULES,
-tests/conftest.py), so the session has one shared engine and two engines never load at once; the other worker
-trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
+(eksflow/llm/serving/local_fleet.py). The flagship's full run and `serve` start their own engines
+(test_local_run.py), while the shared one idles (~2 CPU s a minute); its later runs adopt the shared engine. Under
+pytest-xdist (`make test`: two workers) one worker runs the modules that start engines, in the order ENGINE_MODULES
+gives (tests/conftest.py), so the session has one shared engine and two engines never load at once; the other
+worker trains meanwhile. Like every engine eksflow starts, it asks for its key on every route
 (eksflow/llm/steps/common/vllm_auth.py); runs that adopt it get the key as $EKSFLOW_VLLM_API_KEY. Like every fleet
 engine it resolves adapters by name from its adapter folder (eksflow/llm/steps/common/adapters.py): runs that adopt it
 publish there ($EKSFLOW_VLLM_ADAPTERS; published names carry the version's run id, so two tests' "v1" never collide).
@@ -33,6 +33,7 @@ from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 from tests.e2e.processes import free_port
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
+DEMO_STEPS = 12  # the demo adapter's training steps: 12 steps of 16 examples teach the date format on CPU
 
 
 class SharedEngine:
@@ -117,6 +118,22 @@ def adopt_engine(shared_engine: SharedEngine, monkeypatch: pytest.MonkeyPatch) -
     return shared_engine
 
 
+class DemoAdapter:
+    """The session's demo adapter: SmolLM2 trained DEMO_STEPS steps on data/demo, and evaluate's report on it.
+
+    The flagship's full run (test_local_run.py, run before test_rollout.py: ENGINE_MODULES) trains one and leaves it
+    here; test_rollout.py takes it instead of training another (~75 s under `make test`), and trains one itself when
+    it runs without that run."""
+
+    def __init__(self) -> None:
+        self.trained: tuple[Path, Path] | None = None  # (adapter folder, eval_report.json)
+
+
+@pytest.fixture(scope="session")
+def demo_adapter() -> DemoAdapter:
+    return DemoAdapter()
+
+
 class RayCluster:
     """A one-node Ray cluster (`ray start --head`), keyed by a token, on 127.0.0.1.
 
@@ -132,6 +149,10 @@ class RayCluster:
         command = [
             str(ray), "start", "--head", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
             f"--port={port}", "--num-cpus=2", "--dashboard-host=127.0.0.1", f"--object-store-memory={128 * 1024**2}",
+            # Free ports, not `ray start`'s fixed defaults: a pipeline run's Ray on the other pytest-xdist worker may
+            # hold 8265 (ray.init moves on to the next free port; `ray start` given a port does not).
+            f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
         ]  # fmt: skip
         self.log = log_dir / "ray.log"
         with open(self.log, "ab") as out:

@@ -20,6 +20,7 @@ from rich.console import Console
 from eksflow.local import run_workflow
 from eksflow.local.resources import nvidia_gpus
 from tests import flagship
+from tests.e2e.conftest import DEMO_STEPS, DemoAdapter
 from tests.e2e.processes import free_port, serving_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +43,6 @@ FLAGSHIP_TASKS = (
     "shift-100", "analyze-100", "promote",
     "onExit", "onExit.finish-rollout", "onExit.report",  # the exit handler's DAG node, as Argo names it, and its tasks
 )  # fmt: skip
-
-
-FLAGSHIP_STEPS = 12
 
 
 def fsx(state_dir: Path) -> Path:
@@ -134,11 +132,16 @@ def wait_for(predicate, proc: subprocess.Popen[str], timeout_s: float) -> None:
 
 
 @pytest.mark.slow
-def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tmp_path, model_cache):
+def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
+    tmp_path, model_cache, demo_adapter: DemoAdapter
+):
     """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data.
 
-    Half the default steps: 12 steps of 16 examples teach the date format (what is asserted), 24 polish it."""
-    steps = ("--set", f"train.max_steps={FLAGSHIP_STEPS}")  # every later command gives it again (others are refused)
+    Half the default steps: 12 steps of 16 examples teach the date format (what is asserted), 24 polish it; scored
+    on the 16 held-out rows the canary probes with. The adapter it trains is the session's demo adapter
+    (tests/e2e/conftest.py)."""
+    # Every later command gives them again (a resume with other values is refused).
+    steps = ("--set", f"train.max_steps={DEMO_STEPS}", "--set", "evaluate.max_examples=16")
     proc = start_run(*steps, state_dir=tmp_path, model_cache=model_cache)
     committed = lambda: any((tmp_path / "volumes").glob("fsx-claim/runs/*/train/checkpoints/step-*"))  # noqa: E731
     wait_for(committed, proc, timeout_s=1200)
@@ -159,6 +162,8 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(tm
     metrics = json.loads(scores["metrics"])
     assert scores["passed"] == "true"
     assert metrics["exact_match"] >= metrics["base_exact_match"] + 0.2  # the fine-tune clearly helps held-out
+    on_fsx = lambda path: Path(path.replace("/fsx", str(fsx(tmp_path)), 1))  # noqa: E731
+    demo_adapter.trained = (on_fsx(outputs(status["train"])["adapter_dir"]), on_fsx(scores["report"]))
     version = outputs(status["register"])["model_version"]
     # Deployed through vLLM: no champion yet, so every canary step gave the candidate all traffic and passed.
     assert outputs(status["promote"])["champion_version"] == version

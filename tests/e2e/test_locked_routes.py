@@ -5,8 +5,8 @@ loaded an adapter and POST /invocations generated for anyone. The engines eksflo
 eksflow.llm.steps.common.vllm_auth, which asks for the key everywhere but GET /health. The routes are read from the
 running server (/openapi.json, fetched with the key) and from the app vLLM builds for the engine's args and supported
 tasks (tests/e2e/vllm_app_routes.py: the routes the schema leaves out), so a route a vLLM upgrade adds is
-checked too. Runs on the session's shared engine (conftest.py), after test_local_run.py (file order: that file
-starts its own engine before the shared one exists) and before test_rollout.py, which kills it last.
+checked too. Runs on the session's shared engine (conftest.py), before test_rollout.py, which kills it last
+(ENGINE_MODULES, tests/conftest.py).
 """
 
 from __future__ import annotations

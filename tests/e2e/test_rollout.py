@@ -1,6 +1,7 @@
 """The rollout on a real vLLM engine (CPU build) and a real LiteLLM proxy, run from the compiled workflow.
 
-One small adapter is trained and evaluated for the module; the other versions are cheap derivatives of it: a
+One small adapter, the session's demo adapter (trained by the flagship's full run, or here when that did not
+run: tests/e2e/conftest.py), with evaluate's report on it; the other versions are cheap derivatives of it: a
 copy with a tiny perturbation of its LoRA weights (the same answers, another checkpoint digest, so another
 version) and a copy with a large one (broken answers, registered with the good one's evaluation: what serving
 catches when the registered artifact is not what was evaluated). Runs adopt the session's shared engine
@@ -30,13 +31,13 @@ from eksflow.llm.steps.common import adapters, rollout, tracking, vllm
 from eksflow.llm.steps.common.base_model import DEMO_MODEL
 from eksflow.local import run_workflow
 from eksflow.render import manifest
+from tests.e2e.conftest import DEMO_STEPS
 from tests.e2e.processes import serving_processes
 from tests.flagship import config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-lora"
-TRAIN_STEPS = 12  # enough for the date format on CPU; the adapters' quality is not what these tests measure
 PROMPT = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only.\nDate: July 4, 1976"
 TOLERANCE_SE = 4  # the stated routing tolerance: |share - weight| <= 4 binomial standard errors
 
@@ -49,17 +50,20 @@ def step(*argv: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, model_cache, shared_engine):
-    """(adapter folder, evaluate's report on it): the one adapter trained for the module."""
+def trained(tmp_path_factory, model_cache, shared_engine, demo_adapter):
+    """(adapter folder, evaluate's report on it): the session's demo adapter, trained here unless a run made it."""
     shared_engine.spawn()  # the engine loads while the adapter trains, as in a pipeline run
+    if demo_adapter.trained is not None:
+        return demo_adapter.trained
     root = tmp_path_factory.mktemp("trained")
     common = [f"--base-model={DEMO_MODEL}", f"--model-cache-dir={model_cache}", f"--dataset-dir={ROOT / 'data/demo'}"]
     step("eksflow.llm.steps.train", *common, f"--output-dir={root / 'train'}", "--launcher=local",
-         f"--max-steps={TRAIN_STEPS}", f"--outputs-dir={root / 'train-out'}")  # fmt: skip
+         f"--max-steps={DEMO_STEPS}", f"--outputs-dir={root / 'train-out'}")  # fmt: skip
     adapter = Path((root / "train-out" / "adapter_dir").read_text())
     step("eksflow.llm.steps.evaluate", *common, f"--adapter-dir={adapter}", f"--report-dir={root / 'reports'}",
          "--max-examples=16", "--model-name=", f"--outputs-dir={root / 'eval-out'}")  # fmt: skip
-    return adapter, root / "reports" / "eval_report.json"
+    demo_adapter.trained = (adapter, root / "reports" / "eval_report.json")
+    return demo_adapter.trained
 
 
 def perturbed(adapter: Path, out: Path, scale: float, seed: int) -> Path:
