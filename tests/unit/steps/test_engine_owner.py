@@ -1,5 +1,6 @@
-"""Whatever starts a vLLM engine owns its whole process tree: SIGTERM of the owner stops the engine and its
-children (`make serve` stopped by a supervisor left the engine serving, re-parented to PID 1)."""
+"""Whatever starts a vLLM engine owns its whole process tree: SIGTERM, SIGHUP or SIGINT of the owner stops the
+engine and its children (`make serve` stopped by a supervisor left the engine serving, re-parented to PID 1; one
+started with SIGINT ignored, as a shell starts a background job, ignored Ctrl-C and kept serving)."""
 
 import os
 import signal
@@ -7,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 # Stands in for vLLM's API server: writes its PID and its child's (the engine core), then serves forever.
@@ -34,7 +37,8 @@ def alive(pid: int) -> bool:
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
-def test_sigterm_of_the_owner_stops_the_engine_and_its_children(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_to_the_owner_stops_the_engine_and_its_children(tmp_path, signum):
     package = tmp_path / "vllm" / "entrypoints" / "openai"
     package.mkdir(parents=True)
     for folder in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", package):
@@ -42,12 +46,17 @@ def test_sigterm_of_the_owner_stops_the_engine_and_its_children(tmp_path):
     (package / "api_server.py").write_text(FAKE_ENGINE)
     pids_file = tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(tmp_path))), "FAKE_PIDS": str(pids_file)}
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "engine.log")], cwd=ROOT, env=env)
+    # Started with SIGINT ignored, as a shell without job control starts a background job (`trap "" INT`: the
+    # ignored signal survives exec).
+    start = 'trap "" INT; exec "$0" -c "$1" "$2"'
+    owner = subprocess.Popen(
+        ["sh", "-c", start, sys.executable, OWNER, str(tmp_path / "engine.log")], cwd=ROOT, env=env
+    )
     deadline = time.monotonic() + 60
     while not (pids_file.is_file() and pids_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
     engine, core = (int(p) for p in pids_file.read_text().split())
-    owner.send_signal(signal.SIGTERM)
+    owner.send_signal(signum)
     owner.wait(timeout=60)
     deadline = time.monotonic() + 30
     while (alive(engine) or alive(core)) and time.monotonic() < deadline:

@@ -411,6 +411,8 @@ def engine(
 
     Whoever starts the engine owns its whole process tree: SIGTERM and SIGHUP end the owner as Ctrl-C does
     (KeyboardInterrupt), so the engine is stopped with it instead of being left serving, re-parented to init.
+    SIGINT too, even when the owner was started with it ignored (as a shell starts a background job): Python then
+    leaves it ignored, and `serve` stopped with SIGINT kept serving.
     """
     import signal
 
@@ -426,7 +428,7 @@ def engine(
         )
     previous = {}
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         yield process
     finally:
