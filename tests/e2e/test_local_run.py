@@ -49,6 +49,11 @@ def fsx(state_dir: Path) -> Path:
     return state_dir / "volumes" / "fsx-claim"
 
 
+def on_host(state_dir: Path, path: str) -> Path:
+    """Where a task's /fsx path (an output of the run) lies on this machine."""
+    return fsx(state_dir) / Path(path).relative_to("/fsx")
+
+
 def fleet_name(status: dict) -> str:
     return outputs(status["prepare-fleet"])["fleet"]
 
@@ -162,8 +167,10 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
     metrics = json.loads(scores["metrics"])
     assert scores["passed"] == "true"
     assert metrics["exact_match"] >= metrics["base_exact_match"] + 0.2  # the fine-tune clearly helps held-out
-    on_fsx = lambda path: Path(path.replace("/fsx", str(fsx(tmp_path)), 1))  # noqa: E731
-    demo_adapter.trained = (on_fsx(outputs(status["train"])["adapter_dir"]), on_fsx(scores["report"]))
+    demo_adapter.trained = (
+        on_host(tmp_path, outputs(status["train"])["adapter_dir"]),
+        on_host(tmp_path, scores["report"]),
+    )
     version = outputs(status["register"])["model_version"]
     # Deployed through vLLM: no champion yet, so every canary step gave the candidate all traffic and passed.
     assert outputs(status["promote"])["champion_version"] == version
@@ -175,14 +182,13 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
     # The pre-traffic analysis asks the candidate the 16 probe rows at weight 0. No champion: every step gives the
     # candidate all traffic, so the 100 % step is the one live analysis, sized to see a 0.25 leak at z = 4 (34
     # requests), reusing the probe answers; the steps before it pass at once and say why.
-    pre = json.loads(Path(outputs(status["analyze-0"])["report"].replace("/fsx", str(fsx(tmp_path)))).read_text())
+    pre = json.loads(on_host(tmp_path, outputs(status["analyze-0"])["report"]).read_text())
     assert pre["passed"] and pre["live_traffic"]["requests"] == 0
     assert (pre["probes_asked"]["candidate"]["sent"], pre["probes_asked"]["candidate"]["errors"]) == (16, 0)
     assert pre["metrics"]["served_gap"] <= 0.125  # served == evaluated on the probe rows (RO3)
     for percent in (10, 50):
         assert outputs(status[f"analyze-{percent}"])["reason"].startswith("no champion served: "), percent
-    analysis = outputs(status["analyze-100"])["report"].replace("/fsx", str(fsx(tmp_path)))
-    report = json.loads(Path(analysis).read_text())
+    report = json.loads(on_host(tmp_path, outputs(status["analyze-100"])["report"]).read_text())
     assert report["passed"] and report["live_traffic"]["served_by"] == {"llama-lora-blue": 34}
     assert report["probes_asked"]["candidate"]["reused_from"] == "analyze-0"
     assert report["metrics"]["served_gap"] <= 0.125
