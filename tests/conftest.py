@@ -4,7 +4,6 @@ session's model cache (the base model converted once for every run that needs it
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from eksflow.runtime.ports import free_port
 
 # OpenMP threads that wait for work sleep instead of spinning. Two pytest-xdist workers run torch processes side by
 # side, each with as many threads as cores: spinning, two 20-step local trainings together took over 370 s against
@@ -66,12 +67,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=order)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1):
@@ -99,7 +94,7 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Endpoint URL of a moto S3 server for the whole session; each test makes its own bucket."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("moto") / "moto_server.log"
     with open(log, "wb") as out:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 # resources.py reads every resource manifest the same way; its helpers are this package's own
 from eksflow.local.resources import DeviceRequest, LocalJob, ResourceError, _fields, _mounts, _pod_devices
+from eksflow.runtime.ports import free_port
 
 MPIJOB_API = "kubeflow.org/v2beta1"
 HOSTFILE = "hostfile"
@@ -123,13 +123,6 @@ def local_environment(slots: int) -> Callable[[Path], dict[str, str]]:
         return env
 
     return prepare
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the ranks' store binds it a moment later)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _pod_spec(replica: Mapping[str, Any], where: str) -> Mapping[str, Any]:

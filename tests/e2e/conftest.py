@@ -30,7 +30,7 @@ import pytest
 from eksflow.llm import engines
 from eksflow.llm.steps.common import vllm, vllm_auth
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
-from tests.e2e.processes import free_port
+from eksflow.runtime.ports import free_port
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
 DEMO_STEPS = 12  # the demo adapter's training steps: 12 steps of 16 examples teach the date format on CPU

@@ -1,19 +1,10 @@
-"""Process helpers of the e2e tests: a free local port for a server they start, and the serving processes a run
-left behind."""
+"""Process helpers of the e2e tests: the serving processes a run left behind."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serving_processes() -> set[int]:

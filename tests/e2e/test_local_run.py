@@ -19,9 +19,10 @@ from rich.console import Console
 
 from eksflow.local import run_workflow
 from eksflow.local.resources import nvidia_gpus
+from eksflow.runtime.ports import free_port
 from tests import flagship
 from tests.e2e.conftest import DEMO_STEPS, DemoAdapter
-from tests.e2e.processes import free_port, serving_processes
+from tests.e2e.processes import serving_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines" / "llama_lora.py"

@@ -25,11 +25,14 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from eksflow.runtime.ports import free_port
 from tests.e2e.conftest import SharedEngine
 
 pytestmark = pytest.mark.slow
@@ -129,11 +132,28 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def environment(s3_environment: dict[str, str | None], shared_engine: SharedEngine) -> dict[str, str]:
-    """The runs' environment: a real local S3 server (moto_server) holding the data, and the session's engine."""
+def stale_ray() -> Iterator[dict[str, str]]:
+    """A Ray temp folder whose `ray_current_cluster` names a `ray start` cluster long gone, as a laptop keeps one.
+
+    Ray's state API finds its cluster by that file; the train step's own Ray must not (see train/step.py). A short
+    folder: Ray's Unix sockets live under it.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    (folder / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+    yield {"RAY_TMPDIR": str(folder)}
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def environment(
+    s3_environment: dict[str, str | None], shared_engine: SharedEngine, stale_ray: dict[str, str]
+) -> dict[str, str]:
+    """The runs' environment: a real local S3 server (moto_server) holding the data, the session's engine, and the
+    address of a Ray cluster that is gone."""
     import boto3
 
-    env = {k: v for k, v in {**os.environ, **s3_environment, **shared_engine.adoption}.items() if v is not None}
+    extra = {**s3_environment, **shared_engine.adoption, **stale_ray}
+    env = {k: v for k, v in {**os.environ, **extra}.items() if v is not None}
     s3 = boto3.client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL"],
@@ -189,6 +209,8 @@ def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
     assert metrics[SAME_ROWS] >= 0.5 and metrics[f"{SAME_ROWS}_gain"] >= 0.1 and metrics[f"base_{SAME_ROWS}"] < 0.5
     assert json.loads(outputs["analyze-100"]["metrics"])["served_score"] >= 0.5  # the canary scored with same_rows
     assert registry(state, CHAMPION) == [("text2sql", 1)]  # the pipeline's name, by default; promoted by the rollout
+    train_log = next((state / "runs").glob("*/logs/train.log")).read_text()
+    assert "PlacementGroupCleaner" not in train_log  # Ray Train asked its own Ray, not the stale file's
 
 
 def test_an_unmeetable_gate_registers_and_deploys_nothing(

@@ -36,7 +36,7 @@ from eksflow.llm.engines import command as engine_program
 from eksflow.llm.serving import objects
 from eksflow.llm.serving.local_fleet import LocalFleet
 from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout
-from tests.e2e.processes import free_port
+from eksflow.runtime.ports import free_port
 from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.runtime.ports import free_port
 from eksflow.runtime.slurm import JobStatus, SlurmApi, SlurmError, slurm_api
 from eksflow.runtime.slurm_job import job_comment
 from tests.e2e.conftest import training_folder
-from tests.e2e.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 UID = "5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab"  # the workflow's, as Argo's {{workflow.uid}} gives it

@@ -58,7 +58,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -81,6 +80,7 @@ from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules
 from eksflow.local.paths import PathMap, map_argv, map_env
 from eksflow.local.process import ProcessTracker
+from eksflow.runtime.ports import free_port
 
 FLEET_KINDS = {
     ("apps/v1", "Deployment"),
@@ -217,7 +217,7 @@ class LocalFleet:
             process = self._adopt(name, labels, args, log)
             self._processes[name] = process
             return process
-        port = self.engine_port() if role == "vllm" else _free_port()
+        port = self.engine_port() if role == "vllm" else free_port()
         args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", "--host=127.0.0.1"]
         if role == "vllm":
             python = engines.command(engines.ENGINES["vllm"])
@@ -309,7 +309,7 @@ class LocalFleet:
         with self._lock:
             if not self._engine_port:
                 self._engine_port = (
-                    int(os.environ[ADOPT_ENV].rsplit(":", 1)[1]) if os.environ.get(ADOPT_ENV) else _free_port()
+                    int(os.environ[ADOPT_ENV].rsplit(":", 1)[1]) if os.environ.get(ADOPT_ENV) else free_port()
                 )
             return self._engine_port
 
@@ -531,12 +531,6 @@ def _generates(base: str, model: str, api_key: str) -> bool:
         return status == 200 and bool(str(json.loads(body)["choices"][0]["message"]["content"] or "").strip())
     except (ValueError, KeyError, IndexError, TypeError):
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 register_run_service(FLEET_KINDS, LocalFleet, check, prepare)

@@ -7,7 +7,6 @@ The service here is real and small: a FileServer object starts `python -m http.s
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from eksflow.local import LocalExecutorError, RunServiceError, register_run_serv
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.process import ProcessTracker
 from eksflow.local.services import restarted
+from eksflow.runtime.ports import free_port
 from tests.unit.local.manifests import APPEND, container, lines, run, task, workflow
 
 API, KIND = "test.eksflow.dev/v1", "FileServer"
@@ -96,12 +96,6 @@ def refuse_without_directory(manifest: Mapping[str, Any], where: str) -> None:
 
 register_run_service({(API, KIND)}, FileServers, refuse_without_directory)
 register_run_service({(API, KIND)}, FileServers, refuse_without_directory)  # again, as a re-imported module would
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def file_server(name: str, directory: str, **extra: Any) -> dict[str, Any]:

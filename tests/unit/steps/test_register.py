@@ -14,6 +14,7 @@ from eksflow.llm.steps import register
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
+from eksflow.runtime.ports import free_port
 
 METRICS = {"score": 0.8125, "loss": 1.25}
 STAGE_METHODS = ("transition_model_version_stage", "get_latest_versions")
@@ -69,12 +70,6 @@ def register_args(tmp_path: Path, adapter: Path, tracking_uri: str, **extra) -> 
         **extra,
     }
     return register.Args.model_validate(values)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_checkpoint_digest_covers_adapter_files_only(tmp_path):

@@ -26,6 +26,7 @@ from eksflow.llm.steps.train.loop import (
 )
 from eksflow.llm.steps.train.state import read_metrics
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
+from eksflow.runtime.ports import free_port
 
 RUN_ID_FILE = "mlflow_run_id"
 
@@ -170,6 +171,7 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         local_cpus = None if address else max(os.cpu_count() or 1, settings.num_workers * settings.cpus_per_worker)
+        dashboard_port = None if address else _point_state_api_at_own_dashboard()
         # 128 MiB object store: training data travels as file paths, not Ray objects.
         # The dashboard process serves Ray's state API, which Ray Train's placement-group cleaner polls every second.
         # "local": a Ray of its own, like a RayJob's head; without it ray.init joins any `ray start` cluster on the
@@ -179,6 +181,7 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
             num_cpus=local_cpus,
             include_dashboard=None if address else True,
             dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
             object_store_memory=None if address else 128 * 1024**2,
         )
         _on_sigterm(Path(loop.checkpoint_root))  # ray.init may replace the driver's SIGTERM handler
@@ -196,6 +199,19 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
         ),
     )
     trainer.fit()
+
+
+def _point_state_api_at_own_dashboard() -> int:
+    """Pick the local Ray's dashboard port and make every Ray process's state API ask that dashboard.
+
+    Ray Train's placement-group cleaner polls the state API, which finds its cluster through RAY_ADDRESS or else
+    through /tmp/ray/ray_current_cluster: the last `ray start` cluster on the machine, never a `ray.init` one. A
+    stale file cost every local training 40 s timeouts and a 12 s stall at shutdown; a live `ray start` cluster
+    answered for the wrong Ray. The processes `ray.init` starts inherit this environment.
+    """
+    port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return port
 
 
 def main(argv: Sequence[str] | None = None) -> int:
