@@ -78,7 +78,9 @@ EXIT_PREEMPTED = 143
 SCRIPT = """#!/bin/bash
 # eksflow: the step on every task of the allocation; its argv is $EKSFLOW_STEP_ARGV (JSON), never this text.
 set -euo pipefail
-first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# sed reads the whole list: `head -n 1` may exit before scontrol has written it, and pipefail then ends the job
+# with scontrol's SIGPIPE (141).
+first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 # The first node's address as slurmctld knows it (a pod IP on Slinky): its name may not resolve everywhere.
 MASTER_ADDR="$(scontrol show node "$first" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')"
 # Per job, below Linux's ephemeral ports: jobs sharing a node must not share rank 0's TCPStore port.

@@ -190,7 +190,9 @@ def rendezvous(tmp_path, job_id: int, **env: str) -> tuple[str, str]:
     """(MASTER_ADDR, MASTER_PORT) the job's script gives its ranks, run by bash with scontrol and srun stand-ins."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    scontrol = '[ "$2" = hostnames ] && echo node-a && echo node-b || echo "NodeName=node-a NodeAddr=10.0.0.7 x=y"'
+    # A node list written in two writes, a moment apart, as a long one is: the script must read it all.
+    hostnames = "echo node-a && sleep 0.1 && echo node-b"
+    scontrol = f'if [ "$2" = hostnames ]; then {hostnames}; else echo "NodeName=node-a NodeAddr=10.0.0.7 x=y"; fi'
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\n{scontrol}\n")
     (bin_dir / "srun").write_text('#!/bin/sh\necho "$MASTER_ADDR $MASTER_PORT"\n')
     for tool in ("scontrol", "srun"):
