@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ class SharedEngine:
         self.api_key = secrets.token_urlsafe(32)  # one for the session: a restarted engine keeps it
         self.args: list[str] = []  # the engine's argv after the module, and its environment (`spawn`)
         self.env: dict[str, str] = {}
+        self.scratch = ""  # its temporary folder (vllm.scratch_folder)
 
     def spawn(self) -> None:
         """Start the engine unless it runs; do not wait for it."""
@@ -60,7 +62,9 @@ class SharedEngine:
         self.adapters_dir.mkdir(parents=True, exist_ok=True)
         engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(self.adapters_dir))
         self.python = engines.command(engines.ENGINES["vllm"])  # `make setup` installs it
-        self.env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: self.api_key}, self.python)
+        self.scratch = vllm.scratch_folder()
+        env = {**engine_env, vllm_auth.KEY_ENV: self.api_key, "TMPDIR": self.scratch}
+        self.env = vllm.engine_process_env(env, self.python)
         self.log = self.log_dir / f"vllm-{int(time.time())}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
@@ -98,6 +102,7 @@ class SharedEngine:
         (its SIGTERM shutdown took ~30 s of the last test's teardown)."""
         if self.process is not None:
             vllm.stop(self.process, grace_s=5)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -216,7 +221,6 @@ def tiny_llama(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def training_folder(root: Path, model: Path) -> Path:
     """`root` holding a copy of `model` (model/) and a dataset of 40 examples (data/train.jsonl)."""
     import json
-    import shutil
 
     shutil.copytree(model, root / "model")
     (root / "data").mkdir()

@@ -127,6 +127,7 @@ class _Process:
     api_key: str = ""  # vLLM: its VLLM_API_KEY
     wanted: str = ""  # an adopted engine: the base model folder it must serve
     routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
+    scratch: str = ""  # vLLM: its temporary folder (vllm.scratch_folder), removed once it stopped
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
@@ -219,10 +220,12 @@ class LocalFleet:
             return process
         port = self.engine_port() if role == "vllm" else free_port()
         args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", "--host=127.0.0.1"]
+        scratch = ""
         if role == "vllm":
             python = engines.command(engines.ENGINES["vllm"])
             argv = [python, "-m", VLLM_MODULE, *args]
             env = vllm.engine_process_env(env, python)  # the key middleware, from this eksflow
+            env["TMPDIR"] = scratch = vllm.scratch_folder()
             cwd = self.cwd
         else:
             cwd = self._proxy_folder(template.get("spec") or {}, name)
@@ -243,6 +246,7 @@ class LocalFleet:
             self.tracker.started(f"fleet-{name}", popen.pid)
         process = _Process(name, role, popen, port, labels, log, model, env.get("VLLM_API_KEY", ""))
         process.routes = (env.get(ROUTES_FILE_ENV, ""), env.get(UPSTREAMS_ENV, ""))
+        process.scratch = scratch
         self._processes[name] = process
         return process
 
@@ -363,6 +367,8 @@ class LocalFleet:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGKILL)  # the engine's core and worker processes too
             process.popen.wait()
+            if process.scratch:
+                shutil.rmtree(process.scratch, ignore_errors=True)
             if self.tracker is not None:
                 self.tracker.ended(process.popen.pid)
         for secret, key in list(self._secrets):

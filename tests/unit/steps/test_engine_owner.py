@@ -1,6 +1,7 @@
 """Whatever starts a vLLM engine owns its whole process tree: SIGTERM, SIGHUP or SIGINT of the owner stops the
 engine and its children (`make serve` stopped by a supervisor left the engine serving, re-parented to PID 1; one
-started with SIGINT ignored, as a shell starts a background job, ignored Ctrl-C and kept serving)."""
+started with SIGINT ignored, as a shell starts a background job, ignored Ctrl-C and kept serving), and removes the
+files the engine left in its temporary folder (vLLM's sockets and rendezvous file piled up in /tmp)."""
 
 import os
 import signal
@@ -11,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps.common import vllm
+
 ROOT = Path(__file__).resolve().parents[3]
-# Stands in for vLLM's API server: writes its PID and its child's (the engine core), then serves forever.
+# Stands in for vLLM's API server: leaves a file in its temporary folder as vLLM does (a ZeroMQ socket), writes its
+# PID, its child's (the engine core) and that file's path, then serves forever.
 FAKE_ENGINE = """
-import os, subprocess, sys, time
+import os, subprocess, sys, tempfile, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open(os.environ["FAKE_PIDS"], "w").write(f"{os.getpid()} {child.pid}")
+left = os.path.join(tempfile.gettempdir(), "vllm_dist_0")
+open(left, "w").close()
+open(os.environ["FAKE_PIDS"], "w").write(f"{os.getpid()} {child.pid} {left}")
 time.sleep(600)
 """
 OWNER = """
@@ -55,10 +61,12 @@ def test_a_signal_to_the_owner_stops_the_engine_and_its_children(tmp_path, signu
     deadline = time.monotonic() + 60
     while not (pids_file.is_file() and pids_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    engine, core = (int(p) for p in pids_file.read_text().split())
+    engine, core, left = pids_file.read_text().split()
+    assert Path(left).is_file() and Path(left).parent.name.startswith(vllm.SCRATCH_PREFIX)  # not /tmp itself
     owner.send_signal(signum)
     owner.wait(timeout=60)
     deadline = time.monotonic() + 30
-    while (alive(engine) or alive(core)) and time.monotonic() < deadline:
+    while (alive(int(engine)) or alive(int(core))) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(engine) and not alive(core), "the engine outlived the process that started it"
+    assert not alive(int(engine)) and not alive(int(core)), "the engine outlived the process that started it"
+    assert not Path(left).parent.exists()

@@ -33,9 +33,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +53,7 @@ from eksflow.llm.steps.common import vllm_auth
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+SCRATCH_PREFIX = "eksflow-vllm-"
 ADAPTER_CONFIG = "adapter_config.json"
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: any other --max-lora-rank is refused
 # Modules of Llama-style models that vLLM can apply a LoRA to (it fuses q/k/v and gate/up, adapters included).
@@ -418,12 +421,13 @@ def engine(
 
     python = python or vllm_python()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = scratch_folder()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [python, "-m", ENGINE_MODULE, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=engine_process_env(env, python),
+            env=engine_process_env({**env, "TMPDIR": scratch}, python),
             start_new_session=True,  # Ctrl-C reaches us only; we stop the engine's whole process group
         )
     previous = {}
@@ -435,8 +439,18 @@ def engine(
         for number in previous:  # a second signal must not cut the stopping short
             signal.signal(number, signal.SIG_IGN)
         stop(process)
+        shutil.rmtree(scratch, ignore_errors=True)
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def scratch_folder() -> str:
+    """A temporary folder of one engine's own (its TMPDIR), for its owner to remove once the engine has stopped.
+
+    vLLM leaves its ZeroMQ sockets and its processes' rendezvous file (vllm_dist_*) in the temporary folder: every
+    engine started left ~8 entries in /tmp.
+    """
+    return tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
 
 
 def _interrupt(signum: int, frame: object) -> None:
