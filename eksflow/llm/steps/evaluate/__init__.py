@@ -5,7 +5,9 @@ r"""Score the fine-tuned adapter and the base model on the held-out split, then 
 
 Metrics (tuned, and the base model as `base_<name>` on the same examples): eval_loss and perplexity over the
 completion tokens, the task metrics (`task_metrics`) over batched greedy answers, and `<task metric>_gain` =
-tuned - base.
+tuned - base. The base model's answers and loss are decoded once per model, eval rows and decoding settings, and
+read from --model-cache-dir (base-scores/) by every later evaluation: a sweep's candidates and retrains on the same
+rows pay for the tuned model only (eksflow.llm.steps.evaluate.base_scores).
 The gate passes only if every threshold holds; a missing or NaN metric fails closed. A threshold and champion_metric
 name a custom task metric by its function's name (`starts_alike`, when no other task metric has it) or in full
 (`steps.my_metrics:starts_alike`); validation turns either into the full name, the key of the metrics and reports.

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import Example
-from eksflow.llm.steps.evaluate import Args
+from eksflow.llm.steps.evaluate import Args, base_scores
 from eksflow.llm.steps.evaluate import metrics as task_metrics
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.metrics import Metric
@@ -28,7 +28,10 @@ class Scores(BaseModel):
 
 
 def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
-    """Scores of the base model and of base + adapter on `examples` (CPU or the first GPU)."""
+    """Scores of the base model and of base + adapter on `examples` (CPU or the first GPU).
+
+    The base model's answers come from the model cache when an earlier evaluation decoded them (base_scores).
+    """
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -45,13 +48,22 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     model = model.to(device).eval()
     limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
     print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
+    decoding = {"batch_size": args.batch_size, "max_new_tokens": limit, "threads": torch.get_num_threads()}
+    kept = base_scores.cache_file(args.model_cache_dir, model_dir, examples, {**decoding, "device": device})
     # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
     with Progress(4 * len(examples), "evaluate") as progress, torch.inference_mode():
-        base = _score(model, tokenizer, examples, args, limit, progress)
+        base = base_scores.read(kept)
+        if base is None:
+            base = _decode(model, tokenizer, examples, args, limit, progress)
+            base_scores.write(kept, base)
+        else:
+            print(f"base model: answers and loss of an earlier evaluation ({kept})", file=sys.stderr)
+            progress.advance(2 * len(examples))
         # Merged into the base weights (in place: the base model is scored already): unmerged, every adapted
         # projection costs two more matmuls per token, which on CPU is most of a decode step's time.
         tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).merge_and_unload()
-        return {"base": base, "tuned": _score(tuned_model, tokenizer, examples, args, limit, progress)}
+        tuned = _decode(tuned_model, tokenizer, examples, args, limit, progress)
+    return {"base": _scores(base, examples, args, limit), "tuned": _scores(tuned, examples, args, limit)}
 
 
 def compute_threads() -> int:
@@ -84,9 +96,9 @@ def answer_budget(tokenizer: Any, references: Sequence[str]) -> int:
     return longest + max(8, longest // 4)
 
 
-def _score(
+def _decode(
     model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, limit: int, progress: Progress
-) -> Scores:
+) -> base_scores.Decoded:
     from eksflow.llm.steps.common.modeling import generate
 
     loss = _completion_loss(model, tokenizer, examples, args, progress)
@@ -99,17 +111,22 @@ def _score(
         answers += part_answers
         cut += part_cut
         progress.advance(len(part))
-    if cut:
+    return base_scores.Decoded(eval_loss=loss, answers=answers, cut=cut)
+
+
+def _scores(decoded: base_scores.Decoded, examples: Sequence[Example], args: Args, limit: int) -> Scores:
+    if decoded.cut:
         print(
-            f"warning: {cut} of {len(answers)} answers reached the {limit}-token cap before ending; raise "
-            "evaluate.max_new_tokens (0 sizes it from the references) if they were cut short",
+            f"warning: {decoded.cut} of {len(decoded.answers)} answers reached the {limit}-token cap before ending; "
+            "raise evaluate.max_new_tokens (0 sizes it from the references) if they were cut short",
             file=sys.stderr,
         )
+    loss = decoded.eval_loss
     metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
     references = [e.completion for e in examples]
     for name, metric in metric_functions(args).items():
-        metrics[name] = task_metrics.score(metric, answers, references)
-    return Scores(metrics=metrics, answers=answers, cut=cut)
+        metrics[name] = task_metrics.score(metric, decoded.answers, references)
+    return Scores(metrics=metrics, answers=decoded.answers, cut=decoded.cut)
 
 
 def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, progress: Progress) -> float:
