@@ -2,7 +2,7 @@
 
 Each trainer is `python -m eksflow.llm.steps.train --launcher=local`: the same loop Ray Train runs in its workers, in
 one process, so a kill costs ~5 s of model loading instead of Ray's ~20 s start-up and ~7 s shutdown; the last test
-runs 2 Ray Train workers (DDP and FSDP over gloo) on the module's Ray cluster, with the session's tiny random Llama
+runs 2 Ray Train workers (FSDP over gloo) on the module's Ray cluster, with the session's tiny random Llama
 (tests/e2e/conftest.py): what it checks is the strategies' exactness, which real weights only make slower. Tiny
 settings: max_seq_len 64, micro-batch 2, a checkpoint every 2 steps.
 """
@@ -30,11 +30,6 @@ RESUMED = re.compile(r"resumed from step-\d+ \(step (\d+)\)")
 # Measured: a resumed run's per-step losses equal the uninterrupted run's exactly (max difference 0.0 on CPU with
 # the same thread count, DDP or FSDP); the bound is the printing precision (6 decimals), nothing more.
 LOSS_TOLERANCE = 1e-6
-# Measured with 2 Ray workers on SmolLM2: uninterrupted DDP and FSDP runs differ by at most 1e-6 per step over 6 steps
-# (gradient reduction order: all-reduce vs reduce-scatter), DDP resumed from an FSDP checkpoint by 0.0 (on the tiny
-# Llama: 0.0 both). The bound is 10x that, far below a real fault (one rank initialising its adapter shards
-# differently moved step 2 by 5e-3).
-STRATEGY_TOLERANCE = 1e-5
 
 pytestmark = pytest.mark.slow
 
@@ -215,22 +210,23 @@ def test_sigterm_commits_a_checkpoint_and_the_retry_continues_exactly(dataset, t
     assert worst <= LOSS_TOLERANCE
 
 
-def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matches_ddp(
+def test_two_ray_workers_fsdp_learns_stops_on_sigterm_and_resumes_exactly(
     dataset, tmp_path, ray_cluster, monkeypatch, tiny_llama
 ):
     """Ray Train, 2 workers over gloo. The reference run starts a Ray of its own beside the module's cluster (a
     `ray start` on the machine, which a bare ray.init would join); the others join that cluster through RAY_ADDRESS,
     as the step joins a KubeRay cluster. FSDP: the loss falls; SIGTERM to the driver (a Spot notice) reaches both
     workers through STOP_FILE, they agree on the stopping step, rank 0 commits the gathered full state and the step
-    exits 143; the FSDP retry continues exactly. Then DDP resumes that FSDP checkpoint and its losses match FSDP's.
-    (A DDP checkpoint resuming under FSDP: the local SIGTERM test above.)"""
+    exits 143; the retry continues exactly, and stops on a second SIGTERM as the first run did. (Sharded checkpoints
+    resumed under another strategy: the local SIGTERM test above, DDP to FSDP, and tests/e2e/test_train_zero.py,
+    ZeRO-3 to DDP on 2 ranks: a checkpoint holds full state whatever the strategy.)"""
     max_steps = 16
     out = tmp_path / "out"
 
-    def trainer(folder: Path, strategy: str = "fsdp", checkpoint_every: int = INTERVAL) -> Trainer:
+    def trainer(folder: Path, checkpoint_every: int = INTERVAL) -> Trainer:
         progress = tmp_path / f"progress-{folder.name}"
         return Trainer(
-            dataset, folder, max_steps, progress, launcher="ray", workers=2, strategy=strategy, precision="fp32",
+            dataset, folder, max_steps, progress, launcher="ray", workers=2, strategy="fsdp", precision="fp32",
             base_model=str(tiny_llama), checkpoint_every=checkpoint_every, keep_checkpoints=100, log_every=1,
         )  # fmt: skip
 
@@ -261,14 +257,6 @@ def test_two_ray_workers_fsdp_learns_stops_on_sigterm_resumes_exactly_and_matche
     assert resumed_step(output) == stopped
     first_stop, stopped = stopped, checkpoints.latest(out / "checkpoints").step
     assert first_stop < stopped < max_steps
-    fsdp_resumed = worst_difference({s: v for s, v in committed_losses(out).items() if s > first_stop}, reference)
-
-    code, output = trainer(out, strategy="ddp").finish()
-    assert code == 0, output[-3000:]
-    assert resumed_step(output) == stopped
-    assert "saved under fsdp, training under ddp" in output
-    ddp_resumed = worst_difference({s: v for s, v in committed_losses(out).items() if s > stopped}, reference)
-    print(f"2 workers, max |loss difference| from uninterrupted FSDP: FSDP resumed {fsdp_resumed:.2e}, ", end="")
-    print(f"DDP resumed from the FSDP checkpoint {ddp_resumed:.2e}")
-    assert fsdp_resumed <= LOSS_TOLERANCE
-    assert ddp_resumed <= STRATEGY_TOLERANCE
+    resumed = worst_difference({s: v for s, v in committed_losses(out).items() if s > first_stop}, reference)
+    print(f"2 workers, FSDP resumed: max |loss difference| from the uninterrupted run {resumed:.2e}")
+    assert resumed <= LOSS_TOLERANCE
