@@ -29,7 +29,10 @@ def base_model_field() -> Any:
 class ModelStorage(StorageSettings):
     """The FSx volume, plus the folder of converted base models every run shares."""
 
-    model_cache: Location = Field("/fsx/models", description="converted/copied base models, shared by runs")
+    model_cache: Location = Field(
+        "/fsx/models",
+        description="base models (converted or copied), tokenized data and base-model answers, shared by runs",
+    )
 
 
 class MlflowSettings(Settings):
