@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm import engines
-from eksflow.llm.steps.common import vllm, vllm_auth
+from eksflow.llm.steps.common import vllm, vllm_auth, vllm_process
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 from eksflow.runtime.ports import free_port
 
@@ -50,7 +50,7 @@ class SharedEngine:
         self.api_key = secrets.token_urlsafe(32)  # one for the session: a restarted engine keeps it
         self.args: list[str] = []  # the engine's argv after the module, and its environment (`spawn`)
         self.env: dict[str, str] = {}
-        self.scratch = ""  # its temporary folder (vllm.scratch_folder)
+        self.scratch = ""  # its temporary folder (vllm_process.scratch_folder)
 
     def spawn(self) -> None:
         """Start the engine unless it runs; do not wait for it."""
@@ -62,9 +62,9 @@ class SharedEngine:
         self.adapters_dir.mkdir(parents=True, exist_ok=True)
         engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(self.adapters_dir))
         self.python = engines.command(engines.ENGINES["vllm"])  # `make setup` installs it
-        self.scratch = vllm.scratch_folder()
-        env = {**engine_env, vllm_auth.KEY_ENV: self.api_key, "TMPDIR": self.scratch}
-        self.env = vllm.engine_process_env(env, self.python)
+        self.scratch = vllm_process.scratch_folder()
+        env = {**engine_env, vllm_auth.KEY_ENV: self.api_key}
+        self.env = vllm_process.engine_process_env(env, self.python, self.scratch)
         self.log = self.log_dir / f"vllm-{int(time.time())}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
@@ -101,7 +101,7 @@ class SharedEngine:
         """Stop the engine and all its processes, SIGKILLed after 5 s: at the session's end it has nothing to finish
         (its SIGTERM shutdown took ~30 s of the last test's teardown)."""
         if self.process is not None:
-            vllm.stop(self.process, grace_s=5)
+            vllm_process.stop(self.process, grace_s=5)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -183,7 +183,7 @@ class RayCluster:
     def stop(self) -> None:
         """Stop the cluster and every process in its group, SIGKILLed after 5 s (`ray start --block` takes ~34 s
         to stop its processes one by one; a test cluster has nothing to save)."""
-        vllm.stop(self.process, grace_s=5)
+        vllm_process.stop(self.process, grace_s=5)
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,7 @@ machine, eksflow.llm.engines); one that cannot be is one line then, not after tr
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
 succeeded, failed or interrupted. A resumed run applies the fleet's objects again, with every task after them
-(services.restarted). The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the
-steps, the fleet imports only constants (the readiness prompt, the resolver's variable) and the engine's environment.
+(services.restarted). Which process a Deployment's pod is, and its readiness probes: fleet_pods.py.
 """
 
 from __future__ import annotations
@@ -62,20 +61,20 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eksflow.llm import engines
+from eksflow.llm.serving import fleet_pods
+from eksflow.llm.serving.fleet_pods import FleetError
 from eksflow.llm.serving.objects import MODEL_LABEL
-from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common import vllm_process
 from eksflow.llm.steps.common.litellm_proxy import VLLM_KEY_ENV
 from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV, unrouted
-from eksflow.llm.steps.common.vllm import READY_PROMPT
-from eksflow.local import RunServiceError, register_run_service
+from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
+from eksflow.local import register_run_service
 from eksflow.local.display import log_tail
 from eksflow.local.model import PathRules
 from eksflow.local.paths import PathMap, map_argv, map_env
@@ -89,7 +88,6 @@ FLEET_KINDS = {
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 }
-VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 ADOPT_ENV = "EKSFLOW_VLLM_URL"  # an engine already running here that the run uses instead of its own
 ADOPT_KEY_ENV = "EKSFLOW_VLLM_API_KEY"
 ADOPT_ADAPTERS_ENV = "EKSFLOW_VLLM_ADAPTERS"  # the adopted engine's adapter folder (VLLM_LORA_RESOLVER_CACHE_DIR)
@@ -97,19 +95,16 @@ RESOLVER_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
 _GRACE_S = 15.0
 
 
-class FleetError(RunServiceError):
-    """An object the local fleet cannot run, or a process that failed; `retriable` False for manifest errors."""
-
-
 def check(manifest: Mapping[str, Any], where: str) -> None:
     """Refuse, before the run starts, a Deployment that is neither vLLM nor LiteLLM. Raises FleetError."""
     if manifest.get("kind") == "Deployment":
-        _role(_container(manifest, where), where)
+        fleet_pods.role(fleet_pods.container(manifest, where), where)
 
 
 def prepare(objects: Sequence[Mapping[str, Any]]) -> None:
     """Install the engines the run's Deployments need where they are missing, before anything runs (EngineError)."""
-    roles = {_role(_container(m, "Deployment"), "Deployment") for m in objects if m.get("kind") == "Deployment"}
+    deployments = [m for m in objects if m.get("kind") == "Deployment"]
+    roles = {fleet_pods.role(fleet_pods.container(m, "Deployment"), "Deployment") for m in deployments}
     if os.environ.get(ADOPT_ENV):
         roles.discard("vllm")  # the adopted engine runs already
     engines.ensure(sorted(roles), say=lambda line: print(line, file=sys.stderr, flush=True))
@@ -127,7 +122,7 @@ class _Process:
     api_key: str = ""  # vLLM: its VLLM_API_KEY
     wanted: str = ""  # an adopted engine: the base model folder it must serve
     routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
-    scratch: str = ""  # vLLM: its temporary folder (vllm.scratch_folder), removed once it stopped
+    scratch: str = ""  # vLLM: its temporary folder (vllm_process.scratch_folder), removed once it stopped
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
@@ -186,9 +181,9 @@ class LocalFleet:
         return self._wait_ready(process, stop_reason, where)
 
     def _start(self, manifest: Mapping[str, Any], name: str, where: str) -> _Process:
-        container = _container(manifest, where)
-        role = _role(container, where)
-        gpus = _gpu_request(container)
+        container = fleet_pods.container(manifest, where)
+        role = fleet_pods.role(container, where)
+        gpus = fleet_pods.gpu_request(container)
         if gpus:
             raise FleetError(
                 f"{where}: the Deployment asks for {gpus} nvidia.com/gpu; the local fleet runs vLLM's CPU build "
@@ -224,8 +219,8 @@ class LocalFleet:
         if role == "vllm":
             python = engines.command(engines.ENGINES["vllm"])
             argv = [python, "-m", VLLM_MODULE, *args]
-            env = vllm.engine_process_env(env, python)  # the key middleware, from this eksflow
-            env["TMPDIR"] = scratch = vllm.scratch_folder()
+            scratch = vllm_process.scratch_folder()
+            env = vllm_process.engine_process_env(env, python, scratch)  # the key middleware, from this eksflow
             cwd = self.cwd
         else:
             cwd = self._proxy_folder(template.get("spec") or {}, name)
@@ -275,9 +270,9 @@ class LocalFleet:
                 self._check_adopted(process, base, where)
                 ready = False
             elif process.role == "vllm":
-                ready = _generates(base, process.model, process.api_key)
+                ready = fleet_pods.generates(base, process.model, process.api_key)
             else:
-                ready = _status(f"{base}/health/liveliness") == 200
+                ready = fleet_pods.status(f"{base}/health/liveliness") == 200
             if ready:
                 owner = f"pid {process.popen.pid}" if process.popen else f"adopted from ${ADOPT_ENV}"
                 # The proxy's task waits for it to start, not for its readiness: that needs routes, which the
@@ -293,7 +288,7 @@ class LocalFleet:
     @staticmethod
     def _check_adopted(process: _Process, base: str, where: str) -> None:
         """Once the adopted engine answers /v1/models: it must serve the Deployment's base model folder."""
-        models = _models(base, process.api_key)
+        models = fleet_pods.models(base, process.api_key)
         if models is None:
             return  # still starting, like a pod that is not ready yet
         card = next((m for m in models if not m.get("parent")), None)
@@ -475,68 +470,6 @@ def _share_adapters(run_folder: str, where: str) -> None:
     folder.unlink(missing_ok=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     folder.symlink_to(engine_folder.resolve(), target_is_directory=True)
-
-
-def _container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:
-    pod = (((manifest.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    containers = pod.get("containers") or []
-    if len(containers) != 1:
-        raise FleetError(f"{where}: a Deployment runs locally with exactly one container", retriable=False)
-    return dict(containers[0])
-
-
-def _role(container: Mapping[str, Any], where: str) -> str:
-    command = [str(c) for c in container.get("command") or []]
-    if command[-2:] == ["-m", VLLM_MODULE]:
-        return "vllm"
-    if command and os.path.basename(command[0]) == "litellm":
-        return "litellm"
-    raise FleetError(
-        f"{where}: a Deployment runs locally only as a vLLM engine (python3 -m {VLLM_MODULE}) or a LiteLLM proxy "
-        f"(litellm), got command {command}; submit this workflow to a cluster",
-        retriable=False,
-    )
-
-
-def _gpu_request(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    return max(int(str((resources.get(k) or {}).get("nvidia.com/gpu", 0))) for k in ("requests", "limits"))
-
-
-def _request(url: str, api_key: str = "", payload: object = None, timeout_s: float = 60) -> tuple[int, bytes]:
-    """(status, body) of one HTTP request; status 0 when nothing answered."""
-    data = None if payload is None else json.dumps(payload).encode()
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=timeout_s) as response:
-            return int(response.status), response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, b""
-    except (OSError, ValueError):
-        return 0, b""
-
-
-def _status(url: str) -> int:
-    return _request(url, timeout_s=5)[0]
-
-
-def _models(base: str, api_key: str) -> list[dict[str, Any]] | None:
-    """GET /v1/models: the base model's card and the adapters', or None while the engine does not answer."""
-    status, body = _request(f"{base}/v1/models", api_key, timeout_s=30)
-    try:
-        return [dict(card) for card in json.loads(body)["data"]] if status == 200 else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _generates(base: str, model: str, api_key: str) -> bool:
-    """The readiness probe's check: a real (greedy, 2-token) chat completion with a non-empty answer."""
-    request = {"model": model, "messages": [{"role": "user", "content": READY_PROMPT}], "temperature": 0}
-    status, body = _request(f"{base}/v1/chat/completions", api_key, {**request, "max_tokens": 2}, timeout_s=120)
-    try:
-        return status == 200 and bool(str(json.loads(body)["choices"][0]["message"]["content"] or "").strip())
-    except (ValueError, KeyError, IndexError, TypeError):
-        return False
 
 
 register_run_service(FLEET_KINDS, LocalFleet, check, prepare)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth, vllm_process
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 
@@ -106,7 +106,7 @@ def run(args: Args) -> Outputs:
     key = api_key(args.serve_dir)
     env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
     print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
-    with vllm.engine(engine_args, env, log_path=log_path) as process:
+    with vllm_process.engine(engine_args, env, log_path=log_path) as process:
         vllm.wait_ready(
             base_url, args.model_name, api_key=key, timeout_s=args.startup_timeout_s, process=process,
             log_path=log_path,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.llm.serving import local_fleet
+from eksflow.llm.serving import fleet_pods, local_fleet
 from eksflow.llm.serving import objects as serving
 from eksflow.llm.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from eksflow.local import resources
@@ -146,7 +146,7 @@ def test_an_adopted_engines_key_reaches_the_proxy_whichever_deployment_comes_fir
     }
     fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
     order = [first, *(name for name in containers if name != first)]
-    keys = {name: fleet._env(local_fleet._container(containers[name], name), name)["VLLM_API_KEY"] for name in order}
+    keys = {name: fleet._env(fleet_pods.container(containers[name], name), name)["VLLM_API_KEY"] for name in order}
     assert keys == {"proxy": "the-engines-own-key", "vllm": "the-engines-own-key"}
 
 

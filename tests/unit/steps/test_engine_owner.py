@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common import vllm_process
 
 ROOT = Path(__file__).resolve().parents[3]
 # Stands in for vLLM's API server: leaves a file in its temporary folder as vLLM does (a ZeroMQ socket), writes its
@@ -28,8 +28,8 @@ time.sleep(600)
 OWNER = """
 import sys, time
 from pathlib import Path
-from eksflow.llm.steps.common import vllm
-with vllm.engine([], {}, log_path=Path(sys.argv[1]), python=sys.executable):
+from eksflow.llm.steps.common import vllm_process
+with vllm_process.engine([], {}, log_path=Path(sys.argv[1]), python=sys.executable):
     time.sleep(600)
 """
 
@@ -62,7 +62,7 @@ def test_a_signal_to_the_owner_stops_the_engine_and_its_children(tmp_path, signu
     while not (pids_file.is_file() and pids_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
     engine, core, left = pids_file.read_text().split()
-    assert Path(left).is_file() and Path(left).parent.name.startswith(vllm.SCRATCH_PREFIX)  # not /tmp itself
+    assert Path(left).is_file() and Path(left).parent.name.startswith(vllm_process.SCRATCH_PREFIX)  # not /tmp itself
     owner.send_signal(signum)
     owner.wait(timeout=60)
     deadline = time.monotonic() + 30

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm import engines
-from eksflow.llm.steps.common import vllm, vllm_auth
+from eksflow.llm.steps.common import vllm, vllm_auth, vllm_process
 
 KEY = "s3cret-key"
 
@@ -92,7 +92,8 @@ def test_every_engine_eksflow_starts_loads_the_middleware(tmp_path, monkeypatch)
     monkeypatch.setenv(engines.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     # Another interpreter (the engine's virtualenv) finds this eksflow first on its path, and nothing else of ours.
-    first, *rest = vllm.engine_process_env({}, "/engines/vllm/bin/python")["PYTHONPATH"].split(os.pathsep)
+    env = vllm_process.engine_process_env({}, "/engines/vllm/bin/python", str(tmp_path))
+    first, *rest = env["PYTHONPATH"].split(os.pathsep)
     assert [p.name for p in Path(first).iterdir()] == ["eksflow"] and rest == ["/elsewhere"]
     assert (Path(first) / "eksflow").resolve() == Path(vllm_auth.__file__).resolve().parents[3]
     found = subprocess.run(
@@ -102,4 +103,4 @@ def test_every_engine_eksflow_starts_loads_the_middleware(tmp_path, monkeypatch)
     )  # fmt: skip
     assert Path(found.stdout.strip()).resolve() == Path(vllm_auth.__file__).resolve()
     # The interpreter running this one has eksflow already: its path is left as it is.
-    assert vllm.engine_process_env({}, sys.executable)["PYTHONPATH"] == "/elsewhere"
+    assert vllm_process.engine_process_env({}, sys.executable, str(tmp_path))["PYTHONPATH"] == "/elsewhere"

@@ -42,9 +42,9 @@ def cache_file(cache_dir: Path, model_dir: Path, examples: Sequence[Example], de
 
     from eksflow.llm.steps.evaluate import scoring
 
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file())
+    files = {str(p.relative_to(model_dir)): p.stat() for p in model_dir.rglob("*") if p.is_file()}
     key = {
-        "model": [[str(p.relative_to(model_dir)), p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+        "model": [[name, stat.st_size, stat.st_mtime_ns] for name, stat in sorted(files.items())],
         "examples": [[e.prompt, e.completion] for e in examples],
         "decoding": decoding,
         "versions": [torch.__version__, transformers.__version__],

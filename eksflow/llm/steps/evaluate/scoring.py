@@ -48,8 +48,13 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     model = model.to(device).eval()
     limit = args.max_new_tokens or answer_budget(tokenizer, [e.completion for e in examples])
     print(f"answers are generated up to {limit} new tokens", file=sys.stderr)
-    decoding = {"batch_size": args.batch_size, "max_new_tokens": limit, "threads": torch.get_num_threads()}
-    kept = base_scores.cache_file(args.model_cache_dir, model_dir, examples, {**decoding, "device": device})
+    decoding = {
+        "batch_size": args.batch_size,
+        "max_new_tokens": limit,
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
+    kept = base_scores.cache_file(args.model_cache_dir, model_dir, examples, decoding)
     # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
     with Progress(4 * len(examples), "evaluate") as progress, torch.inference_mode():
         base = base_scores.read(kept)

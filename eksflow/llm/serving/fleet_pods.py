@@ -1,0 +1,88 @@
+"""A serving Deployment's pod as this machine runs it: which process it is, and the probes that say it is ready.
+
+The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the steps, the fleet imports
+only constants (the readiness prompt, the resolver's variable) and the engine's process (vllm_process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
+from eksflow.llm.steps.common.vllm import READY_PROMPT
+from eksflow.local import RunServiceError
+
+
+class FleetError(RunServiceError):
+    """An object the local fleet cannot run, or a process that failed; `retriable` False for manifest errors."""
+
+
+def container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """The Deployment's one container (a pod of several cannot run here)."""
+    pod = (((manifest.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    containers = pod.get("containers") or []
+    if len(containers) != 1:
+        raise FleetError(f"{where}: a Deployment runs locally with exactly one container", retriable=False)
+    return dict(containers[0])
+
+
+def role(container: Mapping[str, Any], where: str) -> str:
+    """What the container runs, by its command: "vllm" or "litellm"; anything else is refused."""
+    command = [str(c) for c in container.get("command") or []]
+    if command[-2:] == ["-m", VLLM_MODULE]:
+        return "vllm"
+    if command and os.path.basename(command[0]) == "litellm":
+        return "litellm"
+    raise FleetError(
+        f"{where}: a Deployment runs locally only as a vLLM engine (python3 -m {VLLM_MODULE}) or a LiteLLM proxy "
+        f"(litellm), got command {command}; submit this workflow to a cluster",
+        retriable=False,
+    )
+
+
+def gpu_request(container: Mapping[str, Any]) -> int:
+    """The NVIDIA GPUs the container asks for (requests or limits)."""
+    resources = container.get("resources") or {}
+    return max(int(str((resources.get(k) or {}).get("nvidia.com/gpu", 0))) for k in ("requests", "limits"))
+
+
+def request(url: str, api_key: str = "", payload: object = None, timeout_s: float = 60) -> tuple[int, bytes]:
+    """(status, body) of one HTTP request; status 0 when nothing answered."""
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=timeout_s) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+    except (OSError, ValueError):
+        return 0, b""
+
+
+def status(url: str) -> int:
+    """The HTTP status of GET `url` within 5 s; 0 when nothing answered."""
+    return request(url, timeout_s=5)[0]
+
+
+def models(base: str, api_key: str) -> list[dict[str, Any]] | None:
+    """GET /v1/models: the base model's card and the adapters', or None while the engine does not answer."""
+    answered, body = request(f"{base}/v1/models", api_key, timeout_s=30)
+    try:
+        return [dict(card) for card in json.loads(body)["data"]] if answered == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def generates(base: str, model: str, api_key: str) -> bool:
+    """The readiness probe's check: a real (greedy, 2-token) chat completion with a non-empty answer."""
+    chat = {"model": model, "messages": [{"role": "user", "content": READY_PROMPT}], "temperature": 0}
+    answered, body = request(f"{base}/v1/chat/completions", api_key, {**chat, "max_tokens": 2}, timeout_s=120)
+    try:
+        return answered == 200 and bool(str(json.loads(body)["choices"][0]["message"]["content"] or "").strip())
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
