@@ -1,10 +1,24 @@
 """`--launcher=mpi`: ranks and rendezvous from mpirun's environment, and the ways it refuses before any rank waits."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from eksflow.llm.steps.common import strategies
 from eksflow.llm.steps.train import mpi
 from eksflow.runtime.args import StepInputError
+from eksflow.runtime.ports import free_port
+
+# One rank of a 2-rank job whose driver stops before training with exit code 7; the interpreter's teardown says so.
+RANK = """
+import atexit, sys
+from eksflow.llm.steps.train import mpi
+atexit.register(lambda: print("interpreter teardown", flush=True))
+rank = int(sys.argv[1])
+sys.exit(mpi.main(sys.argv[2:], mpi.Ranks(rank, 2, rank, 2), lambda argv: 7))
+"""
 
 
 def test_ranks_come_from_open_mpi_or_hydra_and_are_none_outside_mpirun():
@@ -41,6 +55,27 @@ def test_bad_arguments_and_another_launcher_exit_2_on_every_rank_without_meeting
     assert mpi.main([*good, "--launcher=ray"], leader, driver_never_called) == 2
     assert "--launcher=ray under mpirun would start 2 trainers on the same checkpoints" in capsys.readouterr().err
     assert mpi.main([*good, "--launcher=local"], mpi.Ranks(0, 1, 0, 1), lambda argv: 7) == 7  # `mpirun -np 1`
+
+
+def test_followers_exit_with_rank_0s_code_and_without_the_interpreters_teardown(tmp_path):
+    """A follower's gloo threads may still hold the last collective's tensors when it is done, and Python
+    finalizing under them aborts the rank (mpi._leave); rank 0 tears down as any process does."""
+    good = [f"--dataset-dir={tmp_path}", "--base-model=m", f"--output-dir={tmp_path}", f"--outputs-dir={tmp_path}"]
+    env = {**os.environ, "MASTER_PORT": str(free_port())}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), *good, "--launcher=mpi"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    (leader, _), (follower, _) = (rank.communicate(timeout=120) for rank in ranks)
+    assert [rank.returncode for rank in ranks] == [7, 7], leader + follower
+    assert "interpreter teardown" in leader
+    assert "interpreter teardown" not in follower
 
 
 def test_zero3_keeps_about_two_layers_gathered_when_the_layer_size_is_known():

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -190,10 +190,28 @@ def main(argv: Sequence[str], ranks: Ranks, driver: Callable[[Sequence[str]], in
         return EXIT_BAD_INPUT
     try:
         with session(ranks) as joined:
-            return _lead(joined, argv, driver) if ranks.rank == 0 else _follow(joined)
+            if ranks.rank == 0:
+                return _lead(joined, argv, driver)
+            code = _follow(joined)
     except StepInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    _leave(code)
+
+
+def _leave(code: int) -> NoReturn:
+    """A follower's end: its output flushed, the process ends without the interpreter's teardown.
+
+    As a multiprocessing child does. gloo's worker threads release a collective's tensors just after the caller has
+    its result. A follower that returns from the last all-reduce and exits at once can have Python finalizing while
+    such a thread still holds one, and the thread, needing the GIL to free it, is ended by pthread_exit inside C++:
+    the rank aborts with "terminate called without an active exception" (exit 134) after training finished, and the
+    job fails. Rank 0 exits normally: its checkpoint and outputs come after its last collective, and its atexit
+    handlers (logging, MLflow) matter.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _lead(joined: Session, argv: Sequence[str], driver: Callable[[Sequence[str]], int]) -> int:
