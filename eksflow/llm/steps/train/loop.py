@@ -61,7 +61,6 @@ class WorkerContext:
     world: int
     device: Any  # torch.device
     prepare_model: Callable[[Any], Any]  # the DDP path: wraps the model in DDP and moves it to `device`
-    report: Callable[[dict[str, float]], None]  # tells the launcher about a committed checkpoint
     # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE
     # (a Ray worker is another process: the driver's Event never reaches it).
     stop_requested: Callable[[], bool] = lambda: False
@@ -80,7 +79,6 @@ def local_context(settings: TrainSettings) -> WorkerContext:
         world=1,
         device=device,
         prepare_model=lambda model: model.to(device),
-        report=lambda metrics: None,
         stop_requested=sigterm_received.is_set,
     )
 
@@ -96,7 +94,12 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """One Ray Train worker: fill the WorkerContext from Ray Train and run the shared loop."""
+    """One Ray Train worker: fill the WorkerContext from Ray Train and run the shared loop.
+
+    It never calls ray.train.report: a worker's report waits for Ray Train's controller to take the previous one
+    (a queue of one, polled every 2 s), which held every checkpoint up to 2 s (a 16-step run committing each step
+    took 62 s instead of 29). The metrics go to MLflow and into each checkpoint, where the step's outputs read them.
+    """
     import ray.train
     import ray.train.torch
 
@@ -109,7 +112,6 @@ def train_loop(config: dict[str, Any]) -> None:
             world=context.get_world_size(),
             device=ray.train.torch.get_device(),
             prepare_model=ray.train.torch.prepare_model,  # DDP; broadcasts rank 0's weights
-            report=ray.train.report,
         ),
     )
 
@@ -259,7 +261,6 @@ def _train(
                     if durable:
                         durable.submit(committed)
                 last_commit = time.monotonic()
-                ctx.report({"step": done, **metrics})
             if stop:
                 print(f"rank {rank}: stop requested; checkpoint step {done} committed, exiting", flush=True)
                 return

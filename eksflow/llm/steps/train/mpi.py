@@ -127,7 +127,6 @@ class Session:
             world=self.ranks.size,
             device=device,
             prepare_model=prepare,
-            report=lambda metrics: None,
             stop_requested=sigterm_received.is_set,
         )
 
