@@ -9,7 +9,6 @@ through Ray Train, the default launcher.
 """
 
 import io
-import os
 import shutil
 import signal
 import subprocess
@@ -31,10 +30,10 @@ from tests.e2e.conftest import training_folder
 from tests.flagship import config
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 6
+MAX_STEPS = 8
 RUN_NAME = "zero-test"
 # Measured on 2 CPU workers (fp32, gloo, gradient accumulation 2): ZeRO-1, ZeRO-2 (with and without optimizer
-# offload) and ZeRO-3 per-step losses differ from DDP's by at most 4.8e-7 over 6 steps (the order in which
+# offload) and ZeRO-3 per-step losses differ from DDP's by at most 4.8e-7 over 8 steps (the order in which
 # gradients are summed); resumes across DDP and ZeRO by at most 2.4e-7. The bound is 20x that, far below a real
 # fault: a wrong AdamW step count on resume moved the next step's loss by 1.5e-2.
 ZERO_TOLERANCE = 1e-5
@@ -182,9 +181,9 @@ def test_resume_across_strategies_is_exact(references, workdir, tmp_path, saved,
     assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
     assert "resumed from step-00000003 (step 3)" in log
     continued = {s: v for s, v in losses(tmp_path / "train").items() if s > 3}
-    assert sorted(continued) == [4, 5, 6]
+    assert sorted(continued) == list(range(4, MAX_STEPS + 1))
     difference = worst(continued, losses(references[saved]))
-    print(f"{saved} checkpoint resumed under {resumed}: max |loss difference| steps 4-6 = {difference:.1e}")
+    print(f"{saved} checkpoint resumed under {resumed}: max |loss difference| steps 4-{MAX_STEPS} = {difference:.1e}")
     assert difference <= ZERO_TOLERANCE
 
 
@@ -194,23 +193,21 @@ def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactl
     """Ray Train (2 workers on the module's Ray cluster, DeepSpeed adopting Ray's gloo group): SIGTERM to the
     driver, a Spot notice, reaches the workers; they agree on a step, rank 0 commits the gathered ZeRO-3 state, the
     step exits 143; the retry (here as an MPIJob) continues with the uninterrupted run's losses."""
-    out, progress = tmp_path / "train", tmp_path / "progress"
+    out = tmp_path / "train"
     command = [sys.executable, "-u", "-m", "eksflow.llm.steps.train", "--launcher=ray"]
     command += train_args(workdir, out, "deepspeed", 3)
-    env = {**os.environ, "ARGO_PROGRESS_FILE": str(progress)}
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        reached = progress.read_text().split("/")[0] if progress.is_file() else ""
-        if reached.isdigit() and int(reached) >= 2:
-            break
-        time.sleep(0.2)
+    # The first commit, not the progress file, which Ray workers write every 2 s. Ray's driver handles a signal
+    # within a second, in which the workers trained up to 4 more steps: the stop lands well before step 8.
+    while proc.poll() is None and time.monotonic() < deadline and checkpoints.latest(out / "checkpoints") is None:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == EXIT_PREEMPTED, output[-3000:]
     assert "strategy: deepspeed" in output
     stopped = checkpoints.latest(out / "checkpoints").step
-    assert 2 <= stopped < MAX_STEPS, output[-3000:]
+    assert 1 <= stopped < MAX_STEPS, output[-3000:]
     reference = losses(references["zero3"])
     before = worst(losses(out), reference)
 
