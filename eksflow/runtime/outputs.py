@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -36,14 +37,15 @@ def write_outputs(outputs_dir: Path, outputs: BaseModel) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary sibling, fsync, then rename over `path`.
+    """Write to a temporary sibling of this writer's own, fsync, then rename over `path`.
 
-    On failure (a full disk, a read-only folder) the OSError propagates, `path` is as it was, and the temporary
-    file is removed.
+    Writers racing on one path (two evaluations keeping the same base-model answers) each rename a whole file. On
+    failure (a full disk, a read-only folder) the OSError propagates, `path` is as it was, and the temporary file is
+    removed.
     """
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "x", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

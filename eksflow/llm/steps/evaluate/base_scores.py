@@ -10,12 +10,9 @@ a changed or added metric never reads a stale score. A file that cannot be read 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from eksflow.llm.steps.common import encoding, modeling
 from eksflow.llm.steps.common.data import Example
+from eksflow.runtime.outputs import atomic_write_text
 
 FOLDER = "base-scores"
 
@@ -67,15 +65,8 @@ def write(path: Path, decoded: Decoded) -> None:
 
     A cache that cannot be written (a read-only volume, a full disk) costs the next evaluation its decoding only.
     """
-    temporary = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(decoded.model_dump_json())
-        os.replace(temporary, path)
+        atomic_write_text(path, decoded.model_dump_json())
     except OSError as err:
         print(f"warning: the base model's answers were not kept in {path.parent}: {err}", file=sys.stderr)
-        if temporary:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
