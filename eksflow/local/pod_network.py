@@ -1,0 +1,244 @@
+"""The pod network of simulated nodes: a bridge of the run's own, and one network namespace per pod (root only).
+
+On EKS (the VPC CNI) every pod has its own address and its own eth0, and pods reach each other across nodes
+directly. Here the same holds on one machine: a run with simulated nodes gets a Linux bridge holding
+198.18.X.1/24, a /24 of the benchmarking range 198.18.0.0/15 that no interface of this machine uses, and each pod
+a network namespace whose `eth0` (one end of a veth pair, the other on the bridge) holds 198.18.X.N. A pod's
+processes enter it through enter_pod.py, which also gives them the pod's host name and the run's /etc/hosts
+(every pod's name and address, as kubelet writes them). Nothing is routed beyond the bridge: the namespaces
+have no default route and this machine forwards nothing, so pod traffic reaches pods and the host's bridge
+address only.
+
+Every object is named after the network's tag (bridge efb<tag>, namespaces ef<tag>-<n>, veths efv<tag><n>) and
+recorded in REGISTRY/<tag>/ with the executor that owns it. `close` removes the pods (their processes first),
+the bridge and the record; `sweep`, which every new network runs first, does the same for the networks of
+executors that are gone (killed with SIGKILL, say), so nothing outlives its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eksflow.errors import EksflowError
+from eksflow.local.watchdog import start_time
+from eksflow.profiles import POD_INTERFACE  # the name the training pods' socket settings give gloo and NCCL
+
+REGISTRY = Path("/run/eksflow/pod-networks")
+POD_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544's benchmarking range: never a real network's
+_NETNS = Path("/run/netns")
+_ENTER = Path(__file__).with_name("enter_pod.py")
+_KILL_WAIT_S = 5.0
+
+
+class PodNetworkError(EksflowError):
+    """The pod network could not be made or changed; the message has what `ip` said."""
+
+
+def unavailable() -> str:
+    """Why simulated nodes cannot run on this machine, or "" when they can."""
+    if not sys.platform.startswith("linux"):
+        return "simulated nodes need Linux network namespaces"
+    if os.geteuid() != 0:
+        return "simulated nodes need root (they make network namespaces and a bridge); run as root or without --nodes"
+    if shutil.which("ip") is None:
+        return "simulated nodes need iproute2's `ip` (apt-get install iproute2)"
+    return ""
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A pod's network identity: its host name, namespace and address."""
+
+    name: str
+    netns: str
+    address: str
+
+    def exists(self) -> bool:
+        """Whether the pod's namespace is still there (a lost node takes its pods' namespaces with it)."""
+        return (_NETNS / self.netns).exists()
+
+    def enter(self, hosts: Path) -> list[str]:
+        """The argv prefix that runs a command inside this pod (the command follows it)."""
+        return [sys.executable, "-I", "-S", str(_ENTER), self.netns, self.name, str(hosts), "--"]
+
+
+class PodNetwork:
+    """The run's bridge and its pods; `close` removes them all."""
+
+    def __init__(self, registry: Path = REGISTRY) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, Pod] = {}
+        self._next = 2  # .1 is the bridge's
+        registry.mkdir(parents=True, exist_ok=True)
+        sweep(registry)
+        with _locked(registry):  # two runs starting at once must not pick the same /24
+            self.tag = secrets.token_hex(3)
+            self.subnet = _free_subnet(registry)
+            self.folder = registry / self.tag
+            self.folder.mkdir()
+            (self.folder / "subnet").write_text(str(self.subnet), encoding="utf-8")
+            (self.folder / "owner").write_text(f"{os.getpid()} {start_time(os.getpid()) or ''}", encoding="utf-8")
+        self.hosts = self.folder / "hosts"
+        self._write_hosts()
+        self.bridge = f"efb{self.tag}"
+        self.gateway = str(self.subnet.network_address + 1)
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except PodNetworkError:
+            self.close()
+            raise
+
+    def add(self, name: str) -> Pod:
+        """A new pod named `name` (its host name, unique in the run) with the next free address."""
+        with self._lock:
+            if name in self._pods:
+                raise PodNetworkError(f"pod {name!r} exists already")
+            number = self._next
+            self._next += 1
+            if number >= self.subnet.num_addresses - 1:
+                raise PodNetworkError(f"the pod network {self.subnet} has no address left for pod {name!r}")
+            pod = Pod(name, f"ef{self.tag}-{number}", str(self.subnet.network_address + number))
+            self._pods[name] = pod
+        veth = f"efv{self.tag}{number:x}"
+        try:
+            _ip("netns", "add", pod.netns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", POD_INTERFACE, "netns", pod.netns)
+            _ip("link", "set", veth, "master", self.bridge, "up")
+            _ip("-n", pod.netns, "addr", "add", f"{pod.address}/{self.subnet.prefixlen}", "dev", POD_INTERFACE)
+            _ip("-n", pod.netns, "link", "set", POD_INTERFACE, "up")
+            _ip("-n", pod.netns, "link", "set", "lo", "up")
+        except PodNetworkError:
+            self.remove(pod.name)
+            raise
+        self._write_hosts()
+        return pod
+
+    def remove(self, name: str) -> None:
+        """Kill pod `name`'s processes and remove its namespace, and with it its address and veth."""
+        with self._lock:
+            pod = self._pods.pop(name, None)
+        if pod is None:
+            return
+        kill_netns(pod.netns)
+        with contextlib.suppress(PodNetworkError):
+            _ip("netns", "delete", pod.netns)
+        self._write_hosts()
+
+    def close(self) -> None:
+        """Remove every pod, the bridge and the record."""
+        for name in list(self._pods):
+            self.remove(name)
+        _remove(self.folder)
+
+    def _write_hosts(self) -> None:
+        with self._lock:
+            lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+            lines += [f"{pod.address}\t{pod.name}" for pod in self._pods.values()]
+            # rewritten in place: every pod's mount namespace has this very file bound over its /etc/hosts
+            with open(self.hosts, "a+", encoding="utf-8") as hosts:
+                hosts.seek(0)
+                hosts.truncate()
+                hosts.write("\n".join(lines) + "\n")
+
+
+def netns_pids(netns: str) -> list[int]:
+    """The processes inside network namespace `netns` (what `ip netns pids` lists)."""
+    try:
+        target = (_NETNS / netns).stat().st_ino
+    except OSError:
+        return []
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "ns" / "net").stat().st_ino == target:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def kill_netns(netns: str, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to every process in `netns`; for SIGKILL, until none is left (a node's loss, or its end)."""
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while pids := netns_pids(netns):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        if sig != signal.SIGKILL or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def sweep(registry: Path = REGISTRY) -> list[str]:
+    """Remove the pod networks whose executor is gone; their tags."""
+    removed = []
+    for folder in sorted(registry.iterdir()) if registry.is_dir() else []:
+        if folder.is_dir() and not _owner_alive(folder / "owner"):
+            _remove(folder)
+            removed.append(folder.name)
+    return removed
+
+
+def _remove(folder: Path) -> None:
+    tag = folder.name
+    for netns in sorted(_NETNS.glob(f"ef{tag}-*")) if _NETNS.is_dir() else []:
+        kill_netns(netns.name)
+        with contextlib.suppress(PodNetworkError):
+            _ip("netns", "delete", netns.name)
+    with contextlib.suppress(PodNetworkError):
+        _ip("link", "delete", f"efb{tag}")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _owner_alive(owner: Path) -> bool:
+    try:
+        pid_text, _, started = owner.read_text(encoding="utf-8").partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False  # a record cut short: its executor died while writing it
+    return start_time(pid) == started.strip() and bool(started.strip())
+
+
+def _free_subnet(registry: Path) -> ipaddress.IPv4Network:
+    """A /24 of POD_RANGE that no interface here and no other run's network uses."""
+    used: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
+    listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False)
+    for line in listed.stdout.splitlines():
+        words = line.split()
+        if "inet" in words:
+            with contextlib.suppress(ValueError):
+                used.add(ipaddress.ip_interface(words[words.index("inet") + 1]).network)
+    for record in registry.glob("*/subnet"):
+        with contextlib.suppress(OSError, ValueError):
+            used.add(ipaddress.ip_network(record.read_text(encoding="utf-8").strip()))
+    for subnet in POD_RANGE.subnets(new_prefix=24):
+        if not any(subnet.overlaps(other) for other in used):
+            return subnet
+    raise PodNetworkError(f"every /24 of {POD_RANGE} is in use on this machine; end other runs with nodes first")
+
+
+@contextlib.contextmanager
+def _locked(registry: Path) -> Iterator[None]:
+    with open(registry / ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise PodNetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or f'exit code {done.returncode}'}")

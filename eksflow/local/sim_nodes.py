@@ -1,0 +1,145 @@
+"""Simulated nodes (`run --nodes N`): the pods of a distributed job placed on N nodes of this machine, as on a cluster.
+
+Each node is a share of this machine (its cores and memory divided by N, the scheduler's own accounting, as
+node.py does for the one-node case) and each pod on it has its own network namespace, address, host name and
+/etc/hosts (pod_network.py). A pod is placed as Kubernetes' default scheduler would place the pods of one job:
+on the node with the fewest pods of that job (the default topology spread), then the least allocated one, among
+the nodes where its requests fit. A pod that fits no node (a worker sized for an m6i.4xlarge on a 1-core share)
+goes where the same order puts it, sharing that node: on the cluster it would get a node of its size.
+
+What the pods run, and for how long, is their kind's business (ray_pods.py runs a RayJob's); here are the nodes,
+the placement and the pods' network identities. `lose` takes a node away as a reclaimed Spot instance goes: its
+pods' processes are killed and their addresses vanish. `close` removes everything.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eksflow.local.node import Requests
+from eksflow.local.pod_network import Pod, PodNetwork, PodNetworkError
+
+
+@dataclass
+class SimNode:
+    """One simulated node: its name, its share of the machine, what its pods hold."""
+
+    name: str
+    capacity: Requests
+    allocated: Requests = field(default_factory=Requests)
+    pods: dict[str, str] = field(default_factory=dict)  # pod name -> the job it belongs to
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class PlacedPod:
+    """A pod on a node: its name (and host name), role in its job, node and network identity."""
+
+    name: str
+    role: str
+    node: str
+    network: Pod
+    requests: Requests
+
+    @property
+    def address(self) -> str:
+        """The pod's IP address."""
+        return self.network.address
+
+    def document(self) -> dict[str, Any]:
+        """The pod as status.json lists it (under its task's node, with Kubernetes' field names)."""
+        return {"name": self.name, "role": self.role, "hostNodeName": self.node, "podIP": self.address}
+
+
+class SimulatedCluster:
+    """N nodes sharing this machine, and the pods placed on them."""
+
+    def __init__(self, count: int, machine: Requests, registry: Path | None = None) -> None:
+        share = Requests(machine.cpu_m // count, machine.memory // count)
+        self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
+        self._lock = threading.Lock()
+        self.network = PodNetwork() if registry is None else PodNetwork(registry)
+
+    @property
+    def hosts(self) -> Path:
+        """The run's /etc/hosts, as every pod sees it."""
+        return self.network.hosts
+
+    def create_pod(self, job: str, role: str, asked: Requests) -> PlacedPod:
+        """Place a new pod of `job` and give it its network; its name is `<job>-<role>-<suffix>`, as a controller's."""
+        name = f"{job[:40]}-{role[:12]}-{secrets.token_hex(3)}".lower()
+        with self._lock:
+            node = choose_node(self.nodes, job, asked)
+            counted = asked.within(node.capacity)
+            node.allocated += counted
+            node.pods[name] = job
+        try:
+            network = self.network.add(name)
+        except BaseException:
+            self._release(node.name, name, counted)
+            raise
+        return PlacedPod(name, role, node.name, network, counted)
+
+    def delete_pod(self, pod: PlacedPod) -> None:
+        """End the pod: its processes are killed, its address and namespace removed, its requests freed."""
+        self.network.remove(pod.name)
+        self._release(pod.node, pod.name, pod.requests)
+
+    def lose(self, node_name: str) -> list[str]:
+        """Take node `node_name` away with every pod on it (a reclaimed Spot instance); the pods it had."""
+        with self._lock:
+            node = self._node(node_name)
+            node.lost = True
+            names = list(node.pods)
+        for name in names:
+            self.network.remove(name)
+        return names
+
+    def is_lost(self, node_name: str) -> bool:
+        """Whether node `node_name` was lost."""
+        with self._lock:
+            return self._node(node_name).lost
+
+    def add_node(self) -> str:
+        """A new node of the same share (as Karpenter provisions one for pods left Pending); its name."""
+        with self._lock:
+            node = SimNode(f"node-{len(self.nodes) + 1}", self.nodes[0].capacity)
+            self.nodes.append(node)
+            return node.name
+
+    def close(self) -> None:
+        """Remove every pod and the network."""
+        self.network.close()
+
+    def _node(self, name: str) -> SimNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def _release(self, node_name: str, pod: str, counted: Requests) -> None:
+        with self._lock:
+            node = self._node(node_name)
+            if node.pods.pop(pod, None) is not None:
+                node.allocated -= counted
+
+
+def choose_node(nodes: list[SimNode], job: str, asked: Requests) -> SimNode:
+    """The node a new pod of `job` asking `asked` goes to; PodNetworkError when every node is lost.
+
+    Fewest pods of its job first, then the least allocated, among the nodes where it fits (all, if it fits none).
+    """
+    alive = [node for node in nodes if not node.lost]
+    if not alive:
+        raise PodNetworkError("no simulated node is left to place a pod on: every one was lost")
+
+    def order(node: SimNode) -> tuple[int, float, int]:
+        same_job = sum(1 for owner in node.pods.values() if owner == job)
+        return same_job, node.allocated.cpu_m / max(node.capacity.cpu_m, 1), nodes.index(node)
+
+    fitting = [node for node in alive if not asked.short_of(node.capacity - node.allocated)]
+    return min(fitting or alive, key=order)

@@ -1,0 +1,138 @@
+"""Simulated nodes: where pods go, what status.json and the CLI say of them, and the pod network made and removed.
+
+The placement and the refusals run anywhere; the pod network tests need root and iproute2 (CI runs as root) and
+make real namespaces on a bridge of 198.18.0.0/15, which each test removes again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eksflow.local.node import Requests
+from eksflow.local.pod_network import POD_RANGE, PodNetwork, PodNetworkError, netns_pids, sweep, unavailable
+from eksflow.local.sim_nodes import SimNode, choose_node
+from eksflow.local.status import NodeStatus, node_document, read_nodes
+from tests.unit.test_cli import in_process
+
+GIB = 2**30
+CORE = Requests(1000, 12 * GIB)  # a node of two on this 2-core machine
+needs_root = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
+
+
+def nodes(count: int) -> list[SimNode]:
+    return [SimNode(f"node-{i + 1}", CORE) for i in range(count)]
+
+
+def place(cluster: list[SimNode], job: str, asked: Requests) -> str:
+    node = choose_node(cluster, job, asked)
+    node.allocated += asked.within(node.capacity)
+    node.pods[f"{job}-{len(node.pods)}-{node.name}"] = job
+    return node.name
+
+
+def test_a_rayjob_spreads_one_pod_per_node_before_doubling_up_even_when_its_pods_are_sized_for_a_bigger_node():
+    cluster = nodes(2)
+    head = Requests(4000, 16 * GIB)  # the CPU profile's head and workers ask for more than a 1-core share
+    worker = Requests(14000, 48 * GIB)
+    assert [place(cluster, "train", r) for r in (head, worker, worker)] == ["node-1", "node-2", "node-1"]
+
+
+def test_a_pod_that_fits_goes_to_the_least_allocated_node_and_a_lost_node_gets_none():
+    cluster = nodes(3)
+    place(cluster, "other", Requests(800, GIB))
+    cluster[1].lost = True
+    assert place(cluster, "train", Requests(500, GIB)) == "node-3"
+    assert place(cluster, "train", Requests(500, GIB)) == "node-3"  # it still fits there; on node-1 it would not
+    for node in cluster:
+        node.lost = True
+    with pytest.raises(PodNetworkError, match="every one was lost"):
+        choose_node(cluster, "train", Requests())
+
+
+def test_status_json_keeps_each_pods_node_and_address():
+    pods = [{"name": "train-head-1a2b3c", "role": "head", "hostNodeName": "node-1", "podIP": "198.18.0.2"}]
+    node = NodeStatus("train", "train", "Succeeded", host_node="node-1", pods=pods)
+    document = node_document("wf", node)
+    assert document["hostNodeName"] == "node-1" and document["pods"] == pods
+    (read,) = read_nodes({"status": {"nodes": {"train": document}}}, Path("/nonexistent")).values()
+    assert (read.host_node, read.pods) == ("node-1", pods)
+    assert "hostNodeName" not in node_document("wf", NodeStatus("x", "x", "Succeeded"))  # without nodes: as before
+
+
+def test_nodes_without_root_are_refused_in_one_line_and_a_bad_count_by_argparse(monkeypatch, capsys):
+    from pipelines.llama_lora import build
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    code, _, err = in_process(build, capsys, "run", "--nodes", "2")
+    assert code == 2 and err.strip().splitlines() == [
+        "config error: --nodes 2: simulated nodes need root (they make network namespaces and a bridge); run as "
+        "root or without --nodes"
+    ]
+    code, _, err = in_process(build, capsys, "run", "--nodes", "0")
+    assert code == 2 and "--nodes: must be a whole number from 1 to 16, got '0'" in err
+
+
+@needs_root
+def test_pods_have_their_own_address_and_host_name_reach_each_other_and_nothing_is_left(tmp_path):
+    network = PodNetwork(tmp_path / "registry")
+    try:
+        server, client = network.add("pod-a"), network.add("pod-b")
+        assert server.address != client.address
+        assert all(ipaddress.ip_address(p.address) in POD_RANGE for p in (server, client))
+        listen = (
+            "import socket;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen();"
+            "c,a=s.accept();c.sendall(socket.gethostname().encode()+b' '+a[0].encode())"
+        )
+        served = subprocess.Popen([*server.enter(network.hosts), sys.executable, "-c", listen])
+        ask = (
+            "import socket,time\nfor _ in range(100):\n try:\n  c=socket.create_connection(('pod-a',7000));break\n"
+            " except OSError: time.sleep(0.05)\nprint(c.recv(100).decode(), socket.gethostname())"
+        )
+        answer = subprocess.run(
+            [*client.enter(network.hosts), sys.executable, "-c", ask],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        served.wait(10)
+        # pod-a answered with its host name and saw pod-b's address; pod-b has its own host name
+        assert answer.stdout.split() == ["pod-a", client.address, "pod-b"], answer.stderr
+        assert socket.gethostname() not in ("pod-a", "pod-b")  # the host keeps its own
+    finally:
+        network.close()
+    assert not (tmp_path / "registry" / network.tag).exists()
+    listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    assert network.bridge not in listed
+    assert (
+        network.tag not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    )
+
+
+@needs_root
+def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
+    registry = tmp_path / "registry"
+    make = (
+        "import sys,time;from pathlib import Path;from eksflow.local.pod_network import PodNetwork;"
+        "n=PodNetwork(Path(sys.argv[1]));p=n.add('orphan');"
+        "import subprocess;subprocess.Popen([*p.enter(n.hosts),'sleep','300']);print(n.tag,flush=True);time.sleep(300)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", make, str(registry)], stdout=subprocess.PIPE, text=True)
+    tag = owner.stdout.readline().strip() if owner.stdout else ""
+    assert tag
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    time.sleep(0.2)
+    assert netns_pids(f"ef{tag}-2"), "the orphan pod's sleep outlived its executor"
+    assert sweep(registry) == [tag]
+    assert not netns_pids(f"ef{tag}-2") and not (registry / tag).exists()
+    assert f"efb{tag}" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
