@@ -31,8 +31,19 @@ from eksflow.runtime.shown import shown
 
 # The API server refuses objects over ~1.5 MiB (etcd's request limit); leave room for the status Argo adds.
 MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_NODES = 16  # simulated nodes of one run: each is a share of this machine
 
 Build = Callable[[Any], Pipeline]
+
+
+def _node_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_NODES}, got {text!r}")
+    return count
 
 
 def project_root(build: Build) -> Path:
@@ -75,6 +86,13 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN", help="resume a failed run by name; succeeded tasks are kept")
     run.add_argument(
         "--no-memoize", action="store_true", help="run every task, even those an earlier run's outputs would serve"
+    )
+    run.add_argument(
+        "--nodes",
+        type=_node_count,
+        default=os.environ.get("EKSFLOW_NODES", "1"),
+        help="simulated nodes for distributed jobs' pods, each with its own share, addresses and host names "
+        "(root only; default $EKSFLOW_NODES or 1: this machine alone)",
     )
     render = commands.add_parser("render", parents=[common], help="print the Argo Workflow YAML")
     render.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")

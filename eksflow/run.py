@@ -56,11 +56,16 @@ def run_locally(
     problems = local_problems(pipeline.cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+    if args.nodes > 1:
+        from eksflow.local.pod_network import unavailable
+
+        if why := unavailable():
+            raise ConfigError(f"--nodes {args.nodes}: {why}")
     config = pipeline.cfg.model_dump(mode="json")
     given = bool(args.config or args.overrides or args.variant)  # else a resume keeps the run's own inputs
     return execute(
         rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize, config=config,
-        inputs_given=given,
+        inputs_given=given, nodes=args.nodes,
     )  # fmt: skip
 
 
@@ -97,6 +102,7 @@ def execute(
     memoize: bool = True,
     config: Mapping[str, Any] | None = None,
     inputs_given: bool = True,
+    nodes: int = 1,
 ) -> int:
     """Run the manifest with the local executor (or resume run `resume`) and print what each task produced.
 
@@ -106,7 +112,9 @@ def execute(
     from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
     from eksflow.local.runs import run_folder
 
-    settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console, "memoize": memoize}
+    settings: dict[str, Any] = {
+        "cwd": root, "env": execute_env(root), "console": console, "memoize": memoize, "nodes": nodes,
+    }  # fmt: skip
     try:
         if resume is not None:  # `--resume ""` names no run: refused, never a fresh run
             folder = run_folder(state_dir, resume)

@@ -108,10 +108,14 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
             for key, node in view.nodes.items():
                 duration = _seconds(_span(node.started_at, node.finished_at))
                 cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
-                line = f"  {local.node_label(view, key)}  {node.phase}  {duration}{cached}" + (
+                placed = f"  on {node.host_node}" if node.host_node else ""  # with simulated nodes (`run --nodes`)
+                line = f"  {local.node_label(view, key)}  {node.phase}  {duration}{cached}{placed}" + (
                     f"  {node.message}" if node.message else ""
                 )
                 out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
+                for pod in node.pods:
+                    pod_line = f"      pod {pod['name']} ({pod['role']}) on {pod['hostNodeName']}, {pod['podIP']}"
+                    out.print(shown(pod_line), markup=False, highlight=False, soft_wrap=True)
                 for name, value in view.host_outputs(key).items():
                     out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
             return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED

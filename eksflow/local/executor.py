@@ -26,6 +26,7 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 
@@ -42,10 +43,10 @@ from eksflow.local import process, services
 from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay, format_duration, log_tail
 from eksflow.local.errors import LocalExecutorError, RunInterrupted, StateWriteError
-from eksflow.local.handlers import TaskContext, handler_for
+from eksflow.local.handlers import NodesContext, TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
-from eksflow.local.model import DagTemplate, Mount, Workflow
+from eksflow.local.model import ContainerTemplate, DagTemplate, Mount, Workflow
 from eksflow.local.node import Node, Requests, Ticket, machine, template_requests
 from eksflow.local.phase import Phase
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker
@@ -53,6 +54,7 @@ from eksflow.local.retry import Attempt, next_delay
 from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document, writing
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.services import RunServices
+from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
 from eksflow.runtime.rundir import RUN_DIR_ENV
@@ -75,6 +77,7 @@ class RunSettings:
     console: Console | None
     memoize: bool = True
     node: Requests | None = None  # the size of the node pods are placed on; None: this machine (node.py)
+    nodes: int = 1  # simulated nodes for distributed jobs' pods (sim_nodes.py); 1: this machine alone
 
 
 class _Run:
@@ -124,6 +127,7 @@ class _Run:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
         self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
+        self.cluster = SimulatedCluster(settings.nodes, machine()) if settings.nodes > 1 else None
         self.scheduler = Scheduler(
             workflow,
             self.book,
@@ -310,6 +314,7 @@ class _Run:
                 execute=functools.partial(self._execute, unit.key, attempt),
                 services=self.services,
                 stop_reason=self.stop_reason,
+                nodes=self._nodes_context(unit.key),
             )
             with writing(task_dir):
                 (task_dir / "progress").unlink(missing_ok=True)
@@ -318,6 +323,9 @@ class _Run:
                 self.book.wake()
             if not self._placed(unit.key, ticket):
                 return Attempt(Phase.FAILED, None, f"not started: {self.stop_reason()}", 0.0)
+            if self.cluster is not None and isinstance(template, ContainerTemplate):
+                with self.book.lock:  # beside the simulated nodes, a container task runs on this machine itself
+                    self.book[unit.key].host_node = socket.gethostname()
             result = handler.run(template, ctx)
             if not (ticket.lasting and result.phase is Phase.SUCCEEDED):
                 self.node.release(ticket)  # a Deployment's pod that runs keeps its share until the run ends
@@ -334,6 +342,24 @@ class _Run:
             if self.abort.wait(delay):
                 result.message += f"; not retried: {self.abort_reason}"
                 return result
+
+    def _nodes_context(self, key: str) -> NodesContext | None:
+        """How a task's object starts pods on the simulated nodes; None without them."""
+        if self.cluster is None:
+            return None
+        cwd, log_key = self.settings.cwd, key
+
+        def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+            return process.start(argv, key=log_key, cwd=cwd, env=env, log=log, tracker=self.tracker)
+
+        def pods_changed(pods: list[dict[str, str]]) -> None:
+            with self.book.lock:
+                node = self.book[key]
+                node.pods = pods or node.pods  # the last pods stay listed once the job has ended
+                node.host_node = next((p["hostNodeName"] for p in node.pods if p["role"] == "head"), node.host_node)
+            self.book.touch()
+
+        return NodesContext(self.cluster, spawn, lambda proc: process.end(proc, self.tracker), pods_changed)
 
     def _host_folder(self, mount: Mount) -> str:
         host = mount.host_folder(self.state_dir, self.folder.volumes)
@@ -424,6 +450,8 @@ class _Run:
                 for thread in list(self.threads.values()):
                     thread.join(KILL_GRACE_S + 5)
                 self.services.stop()  # run services live as long as the run: after the exit handler
+                if self.cluster is not None:
+                    self.cluster.close()  # no node, pod or address outlives the run
                 self.owner.processes = dict(self.tracker.live)
                 self.writer.submit(self.folder.owner, owner_document(self.owner))
                 self.writer.close()  # status.json is final on disk before the run is released
@@ -554,6 +582,7 @@ def run_workflow(
     parameters: Mapping[str, str] | None = None,
     memoize: bool = True,
     config: Mapping[str, Any] | None = None,
+    nodes: int = 1,
 ) -> RunResult:
     """Run a compiled Workflow manifest here; its folder is `state_dir/runs/<workflow name>/`.
 
@@ -562,7 +591,8 @@ def run_workflow(
 
     Ctrl-C, SIGTERM or SIGHUP stops the running tasks, records the run as Failed "interrupted" and raises
     RunInterrupted (as does resume_workflow); the run can then be resumed. `memoize=False` runs every task even
-    where a memoized template's cache has its outputs (fresh outputs are still saved).
+    where a memoized template's cache has its outputs (fresh outputs are still saved). `nodes` > 1 places the
+    pods of distributed jobs on that many simulated nodes (sim_nodes.py; root only).
     """
     plain = plain_manifest(manifest)
     workflow = parse_manifest(plain)
@@ -575,7 +605,7 @@ def run_workflow(
             f"run folder {folder.path} already exists (metadata.name {name!r} is fixed); resume it with "
             "resume_workflow, delete it, or use metadata.generateName"
         )
-    settings = RunSettings(cwd, dict(env or {}), console, memoize)
+    settings = RunSettings(cwd, dict(env or {}), console, memoize, nodes=nodes)
     return execute_run(
         workflow, folder, name=name, uid=None, parameters=values, kept={}, settings=settings, manifest=plain,
         config=config,

@@ -28,13 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eksflow.local import mpijob, resources, services
+from eksflow.local import mpijob, ray_pods, resources, services
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
+from eksflow.local.pod_network import PodNetworkError
 from eksflow.local.retry import Attempt
 from eksflow.local.rundir import writing
 from eksflow.local.secret_mounts import copy_folder, read_only_secrets
+from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.substitution import Scope, UnresolvedError
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
@@ -53,6 +55,17 @@ class TaskContext:
     execute: Callable[[list[str], dict[str, str], float | None], Attempt]  # run argv with env, supervised and logged
     services: services.RunServices | None = None  # the run's services: processes for the run (None: a run without)
     stop_reason: Callable[[], str] = lambda: ""  # why the run is stopping; "" while it is not
+    nodes: NodesContext | None = None  # the run's simulated nodes (`run --nodes N`); None: this machine is the node
+
+
+@dataclass
+class NodesContext:
+    """What a handler needs to run an object's pods on the simulated nodes (sim_nodes.py)."""
+
+    cluster: SimulatedCluster
+    spawn: ray_pods.Spawn  # start a pod's process, supervised like a task's (process.start)
+    reap: ray_pods.Reap  # end it (process.end)
+    pods_changed: Callable[[list[dict[str, str]]], None]  # the node's pods, for status.json
 
 
 class TaskHandler(Protocol):
@@ -175,7 +188,45 @@ class ResourceHandler:
                 env.update(job.prepare(ctx.task_dir))
         argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
-        return ctx.execute(argv, env, min(deadlines) if deadlines else None)
+        deadline = min(deadlines) if deadlines else None
+        if ctx.nodes is not None and job.ray_groups:
+            group_envs = {group.role: map_env(group.env, paths, rules) for group in job.ray_groups}
+            return _ray_on_nodes(job, ctx, ctx.nodes, argv, env, group_envs, deadline)
+        return ctx.execute(argv, env, deadline)
+
+
+def _ray_on_nodes(
+    job: resources.LocalJob,
+    ctx: TaskContext,
+    nodes: NodesContext,
+    argv: list[str],
+    env: dict[str, str],
+    group_envs: Mapping[str, Mapping[str, str]],
+    deadline: float | None,
+) -> Attempt:
+    """A RayJob as KubeRay runs it, on the simulated nodes: its pods (ray_pods.py), the entrypoint in the head."""
+    name = re.sub(r"[^a-z0-9-]+", "-", ctx.key.lower()).strip("-")[:40] or "rayjob"
+    pods = ray_pods.RayPods(
+        nodes.cluster, name, job, env={**ctx.env, "PATH": env["PATH"]}, logs=ctx.task_dir / "pods",
+        spawn=nodes.spawn, reap=nodes.reap, changed=nodes.pods_changed,
+    )  # fmt: skip
+    try:
+        pods.start(group_envs)
+        assert pods.head is not None
+        attempt = ctx.execute(
+            [*pods.head.network.enter(nodes.cluster.hosts), *argv],
+            {**env, **pods.env({}), "RAY_ADDRESS": pods.address},
+            deadline,
+        )
+    except (ray_pods.RayPodsError, PodNetworkError, OSError) as exc:
+        attempt = Attempt(Phase.ERROR, None, f"the RayJob's pods: {exc}", 0.0)
+    finally:
+        pods.close()
+    if pods.replaced:
+        attempt.message = "; ".join(
+            filter(None, [attempt.message, "worker pods replaced: " + ", ".join(pods.replaced)])
+        )
+    return attempt
 
 
 def _apply(manifest: Mapping[str, object], where: str, ctx: TaskContext) -> Attempt:

@@ -114,6 +114,43 @@ class ProcessTracker:
                 self._ended(f"-{pid}\n")
 
 
+def start(
+    argv: list[str], *, key: str, cwd: Path, env: Mapping[str, str], log: IO[bytes], tracker: ProcessTracker
+) -> subprocess.Popen[bytes]:
+    """Start a task process in its own session, dying with the executor, told to the tracker; OSError if it cannot."""
+    prefix, preexec = _launcher()
+    if prefix:
+        # A program that is not there must fail to start here (an Error), not as setpriv's exit 127 (a Failure).
+        program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", os.defpath))
+        if program is None or not os.access(program, os.X_OK):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+        argv = [program, *argv[1:]]
+    proc = subprocess.Popen(
+        [*prefix, *argv],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own session and process group: killed as a whole, spared our Ctrl-C
+        preexec_fn=preexec,  # noqa: PLW1509 (only without setpriv, and only one prebuilt ctypes call)
+    )
+    tracker.started(key, proc.pid)
+    return proc
+
+
+def end(proc: subprocess.Popen[bytes], tracker: ProcessTracker) -> int:
+    """Kill what is left of a task process's group, reap it, tell the tracker; its exit code as a container's."""
+    # Like a pod ending, the step's leftover children (daemons it did not stop) go with it. Its process group
+    # holds them unless they moved out; the full sweep of its session (a scan of /proc) is for stops only.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    tracker.ended(proc.pid)
+    code = proc.returncode
+    return 128 - code if code < 0 else code
+
+
 def run(
     argv: list[str],
     *,
@@ -126,25 +163,8 @@ def run(
     deadline_s: float | None,
 ) -> Ended:
     """Run one task process to its end; stop it (TERM, then KILL after the grace) on request or past its deadline."""
-    prefix, preexec = _launcher()
-    if prefix:
-        # A program that is not there must fail to start here (an Error), not as setpriv's exit 127 (a Failure).
-        program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", os.defpath))
-        if program is None or not os.access(program, os.X_OK):
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-        argv = [program, *argv[1:]]
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [*prefix, *argv],
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own session and process group: killed as a whole, spared our Ctrl-C
-        preexec_fn=preexec,  # noqa: PLW1509 (only without setpriv, and only one prebuilt ctypes call)
-    )
-    tracker.started(key, proc.pid)
+    proc = start(argv, key=key, cwd=cwd, env=env, log=log, tracker=tracker)
     stopped_for = ""
     try:
         while not _wait(proc, _CHECK_S):
@@ -155,14 +175,8 @@ def run(
                 stop_tree(proc, KILL_GRACE_S)
                 break
     finally:
-        # Like a pod ending, the step's leftover children (daemons it did not stop) go with it. Its process group
-        # holds them unless they moved out; the full sweep of its session (a scan of /proc) is for stops only.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        tracker.ended(proc.pid)
-    code = proc.returncode
-    return Ended(128 - code if code < 0 else code, stopped_for, time.monotonic() - started)
+        code = end(proc, tracker)
+    return Ended(code, stopped_for, time.monotonic() - started)
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:

@@ -25,6 +25,7 @@ on locally and are ignored.
 from __future__ import annotations
 
 import glob
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ import yaml
 
 from eksflow.errors import EksflowError
 from eksflow.local.fields import FieldReader
+from eksflow.local.node import QuantityError, Requests, container_requests
 from eksflow.profiles import GPU_RESOURCE
 
 NEURON_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice")
@@ -51,6 +53,7 @@ _RAYJOB_CLUSTER_ONLY = frozenset({
     "entrypointNumGpus", "entrypointResources", "jobId", "managedBy", "metadata", "shutdownAfterJobFinishes",
     "submissionMode", "submitterConfig", "submitterPodTemplate", "suspend", "ttlSecondsAfterFinished",
 })  # fmt: skip
+_RAY_PARAM = re.compile(r"[a-z][a-z0-9-]*")  # KubeRay turns each key into `--key=value` for `ray start`
 _HINTS = {
     "runtimeEnvYAML": "put environment variables in the head container's env; the code is this project's",
     "valueFrom": "give a literal value",
@@ -93,6 +96,17 @@ class DeviceRequest:
 
 
 @dataclass(frozen=True)
+class RayGroup:
+    """A RayJob's head or worker group as KubeRay starts it: `ray start` with its params in each of its pods."""
+
+    role: str  # "head", or the worker group's groupName
+    replicas: int
+    start_params: tuple[tuple[str, str], ...]  # rayStartParams, each becoming `--key=value`
+    env: tuple[tuple[str, str], ...]  # its Ray container's env
+    requests: Requests  # one pod's CPU and memory requests (and what KubeRay derives num-cpus from)
+
+
+@dataclass(frozen=True)
 class LocalJob:
     """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
 
@@ -109,6 +123,7 @@ class LocalJob:
     # Run-time environment the cluster's controller would provide (an MPIJob's hostfile), given the task's folder.
     prepare: Callable[[Path], dict[str, str]] | None = None
     service_object: Mapping[str, Any] | None = None  # an object of a run service's kind: it applies it (services.py)
+    ray_groups: tuple[RayGroup, ...] = ()  # a RayJob's head and worker groups, for simulated nodes (ray_pods.py)
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]
@@ -215,13 +230,20 @@ def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         DeviceRequest(resource, "headGroupSpec", 1, count)
         for resource, count in _pod_devices(head_pod, f"{at}.headGroupSpec").items()
     ]
+    groups = [_ray_group("head", 1, head_group, head, f"{at}.headGroupSpec")]
     for i, group in enumerate(_fields.mappings(cluster.get("workerGroupSpecs"), f"{at}.workerGroupSpecs")):
         g_at = f"{at}.workerGroupSpecs[{i}]"
         replicas = group.get("replicas", group.get("minReplicas", 1))
         pods = int(_fields.number(replicas, f"{g_at}.replicas")) * int(_fields.number(group.get("numOfHosts", 1), g_at))
         label = f"workerGroupSpecs[{i}] {group.get('groupName', '')!r}"
-        for resource, count in _pod_devices(_pod_spec(group, g_at), g_at).items():
+        worker_pod = _pod_spec(group, g_at)
+        for resource, count in _pod_devices(worker_pod, g_at).items():
             devices.append(DeviceRequest(resource, label, pods, count))
+        containers = _fields.mappings(worker_pod.get("containers"), f"{g_at}.template.spec.containers")
+        if not containers:
+            raise ResourceError(f"{g_at}.template.spec.containers is empty; a worker needs its Ray container")
+        role = _fields.optional_text(group, "groupName", g_at) or "worker"
+        groups.append(_ray_group(role, pods, group, containers[0], g_at))
     deadline = spec.get("activeDeadlineSeconds")
     return LocalJob(
         "RayJob",
@@ -230,6 +252,26 @@ def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         mounts=_mounts(head_pod, f"{at}.headGroupSpec.template.spec", head, c_at),
         deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.spec.activeDeadlineSeconds"),
         devices=tuple(devices),
+        ray_groups=tuple(groups),
+    )
+
+
+def _ray_group(role: str, replicas: int, group: Mapping[str, Any], container: Mapping[str, Any], at: str) -> RayGroup:
+    params = _fields.mapping(group.get("rayStartParams"), f"{at}.rayStartParams")
+    for key in params:
+        if not _RAY_PARAM.fullmatch(str(key)):
+            raise ResourceError(f"{at}.rayStartParams: {key!r} is not a `ray start` option name")
+    c_at = f"{at}.template.spec.containers[0]"
+    try:
+        requests = container_requests(_fields.mapping(container.get("resources"), f"{c_at}.resources"))
+    except QuantityError as exc:
+        raise ResourceError(f"{c_at}.resources: {exc}") from None
+    return RayGroup(
+        role,
+        replicas,
+        tuple((str(k), str(v)) for k, v in params.items()),
+        _fields.env(container, c_at),
+        requests,
     )
 
 

@@ -295,6 +295,7 @@ def resume_workflow(
     parameters: Mapping[str, str] | None = None,
     manifest: Mapping[str, Any] | None = None,
     memoize: bool = True,
+    nodes: int = 1,
 ) -> RunResult:
     """Re-run a finished run like `argo retry`: Succeeded nodes keep their outputs, the rest run again.
 
@@ -320,7 +321,7 @@ def resume_workflow(
             "own inputs: resume without --set/--config changes, re-run its failed tasks with new parameter values "
             f"(retry {folder.name} -p NAME=VALUE), or start a new run"
         )
-    return _rerun(folder, saved, document, {}, RunSettings(cwd, dict(env or {}), console, memoize))
+    return _rerun(folder, saved, document, {}, RunSettings(cwd, dict(env or {}), console, memoize, nodes=nodes))
 
 
 def retry_run(

@@ -4,9 +4,11 @@ status.json is what `argo get -o json` would show for the run, reduced to what a
 namespace, labels), spec.arguments.parameters, and status (phase, startedAt, finishedAt, message, nodes). Nodes are
 keyed by their name inside the workflow (`train`, `candidates(0:lr:0.0001,rank:8)`,
 `candidates(0:lr:0.0001,rank:8).train`, `onExit`), where Argo keys them by a hash of `<workflow>.<name>`; each keeps
-Argo's fields (name, displayName, type, templateName, phase, children, outputs, memoizationStatus, ...). Two
-local-only fields: `status.overrides` records the parameter overrides of each retry (`argo retry -p`), and a
-node's `progress` is the last line of its $ARGO_PROGRESS_FILE.
+Argo's fields (name, displayName, type, templateName, phase, children, outputs, memoizationStatus, ...). Local-only
+fields: `status.overrides` records the parameter overrides of each retry (`argo retry -p`), and a
+node's `progress` is the last line of its $ARGO_PROGRESS_FILE; with simulated nodes (`run --nodes N`) a node also
+has Argo's `hostNodeName`, and a distributed job's node the `pods` its object made (name, role, hostNodeName,
+podIP), which Argo leaves to the job's own status.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class NodeStatus:
     parent: str | None = None  # the enclosing DAG or fan-out node's key; None for an entrypoint task
     children: list[str] = field(default_factory=list)
     memoization: Memoization | None = None
+    host_node: str = ""  # Argo's hostNodeName: the node its pod ran on (set with simulated nodes, `run --nodes`)
+    pods: list[dict[str, str]] = field(default_factory=list)  # an object's pods: name, role, hostNodeName, podIP
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -137,6 +141,10 @@ def node_document(workflow: str, node: NodeStatus) -> dict[str, Any]:
         "children": list(node.children),
         "outputs": {"parameters": [{"name": k, "value": v} for k, v in node.outputs.items()]},
     }
+    if node.host_node:
+        document["hostNodeName"] = node.host_node
+    if node.pods:
+        document["pods"] = [dict(pod) for pod in node.pods]
     if node.memoization is not None:
         memo = node.memoization
         document["memoizationStatus"] = {"hit": memo.hit, "key": memo.key, "cacheName": memo.cache_name}
@@ -196,6 +204,8 @@ def read_nodes(document: Mapping[str, Any], run_dir: Path) -> dict[str, NodeStat
             display_name=raw.get("displayName", key),
             children=list(raw.get("children", [])),
             memoization=None if memo is None else Memoization(memo["hit"], memo["key"], memo["cacheName"]),
+            host_node=raw.get("hostNodeName", ""),
+            pods=[dict(pod) for pod in raw.get("pods", [])],
         )
     for key, node in nodes.items():
         for child in node.children:
