@@ -85,6 +85,8 @@ SERVING_ONLY: dict[str, Profile] = {
 NODES: dict[str, Profile] = {**PROFILES, **SERVING_ONLY}  # every node shape eksflow knows (and prices.yaml prices)
 VARIANT_DEFAULTS: dict[Kind, str] = {"cpu": "m6i.4xlarge", "gpu": "g5.12xlarge", "trainium": "trn1.32xlarge"}
 
+# A pod's primary interface: the VPC CNI's on EKS, and the simulated nodes' (eksflow.local.pod_network) here.
+POD_INTERFACE = "eth0"
 # NCCL over EFA (aws-ofi-nccl): libfabric's EFA provider with GPUDirect RDMA; fork-safe verbs for dataloader workers.
 EFA_ENV = {
     "FI_PROVIDER": "efa",
@@ -157,9 +159,11 @@ def tolerations(profile: Profile) -> list[dict[str, str]]:
     return [{"key": key, "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def env(profile: Profile) -> list[dict[str, str]]:
-    """EFA/NCCL or Neuron environment for the training container."""
+def env(profile: Profile, nodes: int = 1) -> list[dict[str, str]]:
+    """EFA/NCCL or Neuron environment for the training container; across nodes, the interface gloo binds to."""
     values: dict[str, str] = {"HF_HUB_OFFLINE": "1"}
+    if nodes > 1:  # else gloo binds to whatever the pod's host name resolves to, which may be no pod address
+        values["GLOO_SOCKET_IFNAME"] = POD_INTERFACE
     if profile.efa and profile.kind == "gpu":
         values.update(EFA_ENV)
     if profile.kind == "trainium":

@@ -74,6 +74,10 @@ class Launcher(ABC):
         """Why `plan` refuses this launcher configured for `profile`; None where the profile's own may run instead."""
         return None
 
+    def runs_on(self, profile: Profile, nodes: int) -> bool:
+        """Whether it runs a job of `nodes` nodes of `profile`; where it does not, the profile kind's default does."""
+        return profile.kind in self.kinds
+
     def prepare(self, request: JobRequest) -> JobRequest:
         """The request as this launcher runs it; PipelineError for a step it cannot run."""
         return request
@@ -125,7 +129,7 @@ def named(name: str) -> Launcher:
 def select(cluster: ClusterSettings, profile: Profile) -> Launcher:
     """The launcher of a distributed step: the configured one where it runs on the profile's kind, else the kind's."""
     configured = named(cluster.launcher)
-    return configured if profile.kind in configured.kinds else named(DEFAULTS[profile.kind])
+    return configured if configured.runs_on(profile, cluster.nodes) else named(DEFAULTS[profile.kind])
 
 
 def refusal(cluster: ClusterSettings, profile: Profile) -> str | None:

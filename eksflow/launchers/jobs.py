@@ -141,7 +141,7 @@ def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *
     container = {
         **container,
         "image": cluster.neuron_image if profile.kind == "trainium" else cluster.image,
-        "env": profiles.env(profile),
+        "env": profiles.env(profile, cluster.nodes),
         "resources": profiles.resources(profile, head=head),
         "volumeMounts": profiles.volume_mounts(profile, cfg.storage.fsx_mount),
         "securityContext": profiles.container_security(profile),

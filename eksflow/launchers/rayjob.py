@@ -1,6 +1,7 @@
 """The RayJob launcher (ray.io/v1, KubeRay): the step on a Ray head pod plus one worker pod per node, Ray Train.
 
-It runs distributed steps on GPU nodes (the default `cluster.launcher`). Under Kueue the RayJob is created
+It runs distributed steps on GPU nodes (the default `cluster.launcher`), and on CPU nodes when there are several
+(`cluster.nodes` > 1; one CPU node is a plain pod), one training worker per node. Under Kueue the RayJob is created
 suspended with the queue label and admitted whole; under Volcano a PodGroup task comes first and every pod names
 it, so no pod starts until the head and all workers can.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from eksflow import profiles
@@ -16,6 +18,7 @@ from eksflow.config import PipelineConfig, cluster_of
 from eksflow.launchers.base import Job, JobRequest, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
 from eksflow.names import pipeline_labels
+from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
 from eksflow.templates import resource
 
@@ -30,6 +33,17 @@ class RayJob(JobLauncher):
 
     name = "rayjob"
     kinds = frozenset({"gpu"})
+
+    def runs_on(self, profile: Profile, nodes: int) -> bool:
+        """GPU nodes, and CPU nodes when there are several (one CPU node trains in a plain pod)."""
+        return profile.kind == "gpu" or (profile.kind == "cpu" and nodes > 1)
+
+    def prepare(self, request: JobRequest) -> JobRequest:
+        """On CPU nodes, one training worker per node (Ray Train spreads CPU workers across the nodes)."""
+        if request.profile.kind != "cpu":
+            return request
+        workers = request.cluster.nodes * request.profile.workers
+        return replace(request, settings=request.settings.model_copy(update={"num_workers": workers}))
 
     def pods(self, cfg: PipelineConfig, job: Job) -> str:
         """The head (the driver, no devices) and one worker per node."""

@@ -16,6 +16,7 @@ from tests.flagship import config, rendered
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {
     "cpu": [],
+    "cpu-rayjob-2-nodes": ["cluster.nodes=2"],  # several CPU nodes: a RayJob, one training worker per node
     "gpu-kueue": ["cluster.instance_type=g5.12xlarge"],
     "gpu-volcano": ["cluster.instance_type=g5.12xlarge", "cluster.scheduler=volcano"],
     "p4d-efa-spot": [

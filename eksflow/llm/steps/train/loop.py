@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -116,6 +117,15 @@ def train_loop(config: dict[str, Any]) -> None:
     )
 
 
+def host_address() -> str:
+    """This process's host name and the address it resolves to (a pod's own, from its /etc/hosts)."""
+    name = socket.gethostname()
+    try:
+        return f"{name} {socket.gethostbyname(name)}"
+    except OSError:
+        return f"{name} (no address)"
+
+
 def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     """Load, replicate (DDP) or shard (FSDP, ZeRO), (resume,) train, checkpoint. Rank 0 alone writes checkpoints.
 
@@ -128,6 +138,8 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     torch.set_num_threads(settings.cpus_per_worker * (settings.num_workers if world == 1 else 1))
+    if world > 1:
+        print(f"rank {rank}/{world}: host {host_address()}", flush=True)
     # One seed for the adapter's initialisation on every rank: DDP would broadcast rank 0's weights anyway, but
     # FSDP keeps each rank's own shard of what it initialised.
     torch.manual_seed(settings.seed)

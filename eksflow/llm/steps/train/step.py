@@ -192,6 +192,8 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
             num_workers=settings.num_workers,
             use_gpu=settings.use_gpu,
             resources_per_worker={"CPU": settings.cpus_per_worker},
+            # GPU workers fill each node's devices; CPU workers go one per node, so every node's cores train
+            placement_strategy="PACK" if settings.use_gpu else "SPREAD",
         ),
         # Argo owns retries (one budget, see the workflow's retryStrategy); Ray Train does not retry on its own.
         run_config=RunConfig(
