@@ -1,0 +1,176 @@
+"""Training across simulated nodes: the RayJob as KubeRay runs it, every pod with its own network namespace and address.
+
+The RayJob is what the launcher renders for `cluster.nodes=2` on the CPU profile (a head and two worker pods), run
+by the local executor with two simulated nodes (eksflow/local/sim_nodes.py): `ray start` in each pod, the workers
+joining the head at its pod address, the train step as the entrypoint in the head pod, gloo between the workers'
+eth0 addresses (GLOO_SOCKET_IFNAME from the profile). Each run is the real train step on the session's tiny random
+Llama. Needs root and iproute2; the module skips with the reason otherwise (CI runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from eksflow.launchers import rayjob
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.train.state import read_metrics
+from eksflow.local import run_workflow
+from eksflow.local.pod_network import POD_RANGE, REGISTRY, netns_pids, unavailable
+from tests.e2e.conftest import training_folder
+from tests.e2e.test_train_zero import train_args
+from tests.flagship import config
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tiny_llama):
+    return training_folder(tmp_path_factory.mktemp("nodes"), tiny_llama)
+
+
+def run_on_nodes(state: Path, argv: list[str], *, retries: int = 0, during=None):
+    """The rendered RayJob of `cluster.nodes=2` in a workflow of one task, run with two simulated nodes."""
+    manifest = rayjob.manifest(config(["cluster.nodes=2"]), "train", "eksflow.llm.steps.train", argv)
+    template = {
+        "name": "train",
+        "retryStrategy": {"limit": retries, "retryPolicy": "Always"},
+        "resource": {
+            "action": "create",
+            "successCondition": rayjob.SUCCESS,
+            "failureCondition": rayjob.FAILURE,
+            "manifest": yaml.safe_dump(manifest, sort_keys=False),
+        },
+    }
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "nodes-"},
+        "spec": {
+            "entrypoint": "main",
+            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}],
+            "templates": [template, {"name": "main", "dag": {"tasks": [{"name": "train", "template": "train"}]}}],
+        },
+    }
+    if during is not None:
+        threading.Thread(target=during, args=(state,), daemon=True).start()
+    result = run_workflow(workflow, state, cwd=ROOT, console=Console(file=io.StringIO()), nodes=2)
+    status = json.loads((result.run_dir / "status.json").read_text())["status"]["nodes"]["train"]
+    log = (result.run_dir / "logs" / "train.log").read_text(errors="replace")
+    return result.nodes["train"], status, log
+
+
+def leftovers() -> list[str]:
+    """Pod namespaces, bridges and network records of simulated nodes still on this machine."""
+    netns = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], check=False, capture_output=True, text=True).stdout
+    return (
+        [n for n in netns if re.fullmatch(r"ef[0-9a-f]{6}-\d+", n)]
+        + re.findall(r"\befb[0-9a-f]{6}\b", links)
+        + ([p.name for p in REGISTRY.iterdir() if p.is_dir()] if REGISTRY.is_dir() else [])
+    )
+
+
+def test_fsdp_trains_across_two_nodes_one_worker_per_node_over_their_pod_addresses(workdir, tmp_path):
+    before = leftovers()
+    node, status, log = run_on_nodes(
+        tmp_path / "state", train_args(workdir, tmp_path / "train", "fsdp", launcher="ray")
+    )
+    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
+
+    pods = status["pods"]
+    assert [p["role"] for p in pods] == ["head", "cpu", "cpu"], pods
+    workers = [p for p in pods if p["role"] == "cpu"]
+    assert {p["hostNodeName"] for p in workers} == {"node-1", "node-2"}, "one training worker per node"
+    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # the driver runs on the head
+    addresses = {p["podIP"] for p in pods}
+    assert len(addresses) == 3 and all(ipaddress.ip_address(a) in POD_RANGE for a in addresses)
+    # each rank ran in a worker pod: its own host name, resolving to its own pod address
+    ranks = dict(re.findall(r"rank (\d)/2: host (\S+ \S+)", log))
+    assert set(ranks.values()) == {f"{p['name']} {p['podIP']}" for p in workers}, log[-3000:]
+    assert "Reporting training result" not in log
+
+    committed = checkpoints.committed(tmp_path / "train" / "checkpoints")
+    assert committed[-1].step == 8
+    assert 0 < read_metrics(committed[-1].path)["loss"] < 20
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
+
+
+def test_a_lost_worker_node_is_replaced_and_the_retry_resumes_from_the_last_checkpoint(workdir, tmp_path, capsys):
+    """A worker's node lost mid-training (its pods' processes killed and namespaces gone, as a reclaimed Spot
+    instance): the RayJob fails (Ray Train leaves retries to Argo), a replacement node joins as Karpenter would add
+    one, and Argo's retry resumes from the last committed checkpoint, losing at most one checkpoint interval."""
+    out = tmp_path / "train"
+    every, steps = 2, 12
+    lost: dict[str, object] = {}
+
+    def lose_a_worker_node(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not checkpoints.committed(out / "checkpoints"):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        head_node = pods[0]["hostNodeName"]
+        victim = next(p for p in pods if p["hostNodeName"] != head_node)
+        # steps done when the node went: its progress file (written every 2 s) or its last commit, if later
+        progress = (status_file.parent / "tasks" / "train" / "progress").read_text().split("/")[0]
+        done = max(int(progress or 0), checkpoints.committed(out / "checkpoints")[-1].step)
+        lost.update(node=victim["hostNodeName"], done=done)
+        # the node goes at once: its pods' namespaces are gone before their processes die
+        for netns in pod_namespaces({p["podIP"] for p in pods if p["hostNodeName"] == victim["hostNodeName"]}):
+            pids = netns_pids(netns)
+            subprocess.run(["ip", "netns", "delete", netns], check=True)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        lost["at"] = time.monotonic()
+        while time.monotonic() < deadline and checkpoints.committed(out / "checkpoints")[-1].step <= done:
+            time.sleep(0.05)
+        lost["recovered"] = time.monotonic()  # the retried attempt committed a step the lost one had not
+
+    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=every)
+    node, status, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_a_worker_node)
+    assert "recovered" in lost, f"the drill did not see the loss and the recovery: {lost}"
+    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
+    assert node.retries == 1
+    assert "worker pods replaced" not in node.message or lost["node"] in node.message
+
+    nodes = {p["hostNodeName"] for p in status["pods"]}
+    assert lost["node"] not in nodes and "node-3" in nodes, status["pods"]  # the replacement node took its place
+    resumed = [int(s) for s in re.findall(r"rank 0: resumed from \S+ \(step (\d+)\)", log)]
+    assert resumed, log[-3000:]
+    steps_lost = int(lost["done"]) - resumed[0]  # done when the node went, minus where the retry began
+    assert 0 <= steps_lost <= every
+    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    with capsys.disabled():
+        print(
+            f"\nnode lost after step {lost['done']}: resumed from step {resumed[0]} ({steps_lost} steps lost); "
+            f"{float(lost['recovered']) - float(lost['at']):.0f} s from the loss to the next new checkpoint"
+        )
+
+
+def pod_namespaces(addresses: set[str]) -> list[str]:
+    """The network namespaces of the pods holding `addresses` (what `ip -n NS addr` shows)."""
+    found = []
+    for netns in subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout.split():
+        if re.fullmatch(r"ef[0-9a-f]{6}-\d+", netns):
+            shown = subprocess.run(
+                ["ip", "-n", netns, "-o", "-4", "addr"], check=False, capture_output=True, text=True
+            ).stdout
+            if any(f"inet {address}/" in shown for address in addresses):
+                found.append(netns)
+    return found
