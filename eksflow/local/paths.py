@@ -15,6 +15,7 @@ whole argv items, the values of `--flag=value` items and env values are mapped w
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 
 from eksflow.local.model import PathRules
@@ -154,9 +155,12 @@ def shell_words(command: str) -> list[tuple[int, int, bool]]:
 def map_shell_words(command: str, paths: PathMap, rules: PathRules) -> tuple[str, str]:
     """A shell command line (a RayJob entrypoint) with its path words mapped, and any unsafe host folder used.
 
-    Only plain words (no quotes, `$`, backslashes or shell operators) are candidates, so the mapping never changes
-    what the shell does with the rest of the line. A mapped value replaces its word in place; one that is no plain
-    shell word itself (a state directory with a space) is returned second, for the caller to refuse ("" if none).
+    Only plain words (no quotes, `$`, backslashes or shell operators) and words that are one single-quoted string
+    (`'--output-dir=/fsx/runs/{{workflow.name}}'`, as shlex.quote writes a value with braces) are candidates, so
+    the mapping never changes what the shell does with the rest of the line: a single-quoted word's text is
+    literal, and its mapped value is quoted again. A plain word's mapped value replaces it in place; one that is
+    no plain shell word itself (a state directory with a space) is returned second, for the caller to refuse ("" if
+    none).
     """
     pieces: list[str] = []
     position = 0
@@ -164,17 +168,21 @@ def map_shell_words(command: str, paths: PathMap, rules: PathRules) -> tuple[str
     unsafe = ""
     for start, end, plain in shell_words(command):
         word = command[start:end]
-        replacement = word
+        quoted = not plain and len(word) >= 2 and word[0] == word[-1] == "'" and "'" not in word[1:-1]
+        text = word[1:-1] if quoted else word
+        replacement = text
         flags = rules.args
-        if plain:
-            flag = _FLAG.fullmatch(word)
+        if plain or quoted:
+            flag = _FLAG.fullmatch(text)
             if previous_is_path_flag or (flags is None and not flag):
-                replacement = paths.to_host(word)
+                replacement = paths.to_host(text)
             elif flag and (flags is None or flag.group(1) in flags):
                 replacement = f"{flag.group(1)}={paths.to_host(flag.group(2))}"
-        if replacement != word and not _SHELL_SAFE.fullmatch(replacement):
+        if quoted:
+            replacement = word if replacement == text else shlex.quote(replacement)
+        elif replacement != word and not _SHELL_SAFE.fullmatch(replacement):
             unsafe = unsafe or replacement
-        previous_is_path_flag = plain and flags is not None and word in flags
+        previous_is_path_flag = (plain or quoted) and flags is not None and text in flags
         pieces.append(command[position:start])
         pieces.append(replacement)
         position = end

@@ -108,8 +108,18 @@ def test_annotations_are_read_from_template_metadata() -> None:
             "train --dataset-dir=/host/fsx/d --note=/fsx/n /fsx/z",
         ),
         ("train --report-dir /fsx/r", ANNOTATED, "train --report-dir /host/fsx/r"),
+        # shlex.quote's quoting of a value with `{{workflow.name}}` in it: the text is literal, so it is mapped
+        (
+            "train '--dataset-dir=/fsx/runs/wf-1/d' '--note=/fsx/n' '/fsx/z'",
+            ANNOTATED,
+            "train --dataset-dir=/host/fsx/runs/wf-1/d '--note=/fsx/n' '/fsx/z'",
+        ),
+        ("train '--out=/fsx/o' 'it''s' /fsx", UNANNOTATED, "train --out=/host/fsx/o 'it''s' /host/fsx"),
     ],
-    ids=["plain-words-and-redirect", "quoted-text-untouched", "annotated", "annotated-two-words"],
+    ids=[
+        "plain-words-and-redirect", "quoted-text-untouched", "annotated", "annotated-two-words", "single-quoted",
+        "single-quoted-unannotated",
+    ],  # fmt: skip
 )
 def test_shell_entrypoints_map_plain_words_in_place(command: str, rules: PathRules, expected: str) -> None:
     assert map_shell_words(command, PATHS, rules) == (expected, "")
@@ -118,6 +128,8 @@ def test_shell_entrypoints_map_plain_words_in_place(command: str, rules: PathRul
 def test_a_host_folder_the_shell_cannot_carry_is_reported() -> None:
     paths = PathMap([("/fsx", "/my runs/fsx")])
     assert map_shell_words("cat /fsx/x", paths, UNANNOTATED) == ("cat /my runs/fsx/x", "/my runs/fsx/x")
+    # a single-quoted word is quoted again: any folder fits in it
+    assert map_shell_words("cat '/fsx/x'", paths, UNANNOTATED) == ("cat '/my runs/fsx/x'", "")
 
 
 RECORD = """
