@@ -25,6 +25,18 @@ from eksflow.templates import resource
 SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
 FAILURE = "status.jobDeploymentStatus == Failed"
 NON_WORD = re.compile(r"\W")
+SPOT_GRACE_S = 90  # within EC2's two-minute Spot notice, after the time Karpenter takes to drain the node
+PRESTOP_WAIT_S = 15  # the workers' time to see the drain (polled every second) and commit a checkpoint
+# A constant script: nothing a user or a step controls is in it.
+PRESTOP_DRAIN = [
+    "sh",
+    "-c",
+    "ray drain-node --reason=DRAIN_NODE_REASON_PREEMPTION --reason-message='pod terminating: its node is draining' "
+    f"--deadline-remaining-seconds={SPOT_GRACE_S}; sleep {PRESTOP_WAIT_S}",
+]
+# Ray Train's PreemptionWatcher polls Ray's draining nodes every 5 s by default; every second leaves the workers
+# more of the preStop wait to commit in.
+RAY_ENV = [{"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"}]
 PARAMETER = re.compile(r"\{\{(workflow|inputs)\.parameters\.([\w\-]+)\}\}")
 
 
@@ -100,7 +112,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
     labels = pipeline_labels(cfg.name)
     command, parameter_env = entrypoint(["python", "-m", module, *argv])
     head = pod_spec(cfg, profile, {"name": "ray-head"}, head=True)
-    head["containers"][0]["env"] += parameter_env  # the driver runs on the head, with the head's environment
+    head["containers"][0]["env"] += [*RAY_ENV, *parameter_env]  # the driver runs on the head, with its environment
     spec: dict[str, Any] = {
         "entrypoint": command,
         "shutdownAfterJobFinishes": True,
@@ -124,7 +136,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
                     "rayStartParams": {},
                     "template": {
                         "metadata": pod_metadata(cfg, task),
-                        "spec": pod_spec(cfg, profile, {"name": "ray-worker"}),
+                        "spec": worker_pod_spec(cfg, profile),
                     },
                 }
             ],
@@ -139,6 +151,24 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
         "metadata": {"name": job_name(task), "labels": labels},
         "spec": spec,
     }
+
+
+def worker_pod_spec(cfg: PipelineConfig, profile: Profile) -> dict[str, Any]:
+    """A worker pod that drains its Ray node before it goes, so a Spot notice becomes a checkpoint.
+
+    Karpenter (or the node termination handler) drains a node on a Spot interruption notice; kubelet then runs
+    each pod's preStop hook before SIGTERM. `ray drain-node` marks the pod's Ray node as being preempted, with the
+    grace as its deadline, and the hook waits PRESTOP_WAIT_S: Ray Train's PreemptionWatcher tells the workers,
+    whose loop commits a checkpoint at once and trains on. (Ray's own SIGTERM handler drains the node too, but
+    its raylet exits as soon as it is drained, before the workers can react.) When the node goes, Ray Train
+    restarts the workers from that checkpoint on the nodes left and the replacement (preemptions are not counted
+    against its max_failures).
+    """
+    spec = pod_spec(cfg, profile, {"name": "ray-worker"})
+    spec["containers"][0]["env"] += RAY_ENV
+    spec["terminationGracePeriodSeconds"] = SPOT_GRACE_S
+    spec["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": PRESTOP_DRAIN}}}
+    return spec
 
 
 def podgroup(cfg: PipelineConfig, task: str, members: int) -> dict[str, Any]:

@@ -127,7 +127,9 @@ class _Run:
         self.watchdog: subprocess.Popen[bytes] | None = None
         self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
         self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
-        self.cluster = SimulatedCluster(settings.nodes, machine()) if settings.nodes > 1 else None
+        self.cluster = (
+            SimulatedCluster(settings.nodes, machine(), folder.path / "spot-notices") if settings.nodes > 1 else None
+        )
         self.scheduler = Scheduler(
             workflow,
             self.book,

@@ -212,9 +212,8 @@ def _ray_on_nodes(
     )  # fmt: skip
     try:
         pods.start(group_envs)
-        assert pods.head is not None
         attempt = ctx.execute(
-            [*pods.head.network.enter(nodes.cluster.hosts), *argv],
+            [*pods.exec_in_head(), *argv],
             {**env, **pods.env({}), "RAY_ADDRESS": pods.address},
             deadline,
         )

@@ -5,9 +5,9 @@ directly. Here the same holds on one machine: a run with simulated nodes gets a 
 198.18.X.1/24, a /24 of the benchmarking range 198.18.0.0/15 that no interface of this machine uses, and each pod
 a network namespace whose `eth0` (one end of a veth pair, the other on the bridge) holds 198.18.X.N. A pod's
 processes enter it through enter_pod.py, which also gives them the pod's host name and the run's /etc/hosts
-(every pod's name and address, as kubelet writes them). Nothing is routed beyond the bridge: the namespaces
-have no default route and this machine forwards nothing, so pod traffic reaches pods and the host's bridge
-address only.
+(every pod's name and address, as kubelet writes them). Nothing is routed beyond the bridge: a pod's default
+route is on-link (no gateway), so a packet for any other address finds no neighbour and never leaves the
+bridge, whatever this machine forwards; pod traffic reaches pods and the host's bridge address only.
 
 Every object is named after the network's tag (bridge efb<tag>, namespaces ef<tag>-<n>, veths efv<tag><n>) and
 recorded in REGISTRY/<tag>/ with the executor that owns it. `close` removes the pods (their processes first),
@@ -71,8 +71,28 @@ class Pod:
         return (_NETNS / self.netns).exists()
 
     def enter(self, hosts: Path) -> list[str]:
-        """The argv prefix that runs a command inside this pod (the command follows it)."""
+        """The argv prefix that starts this pod with a command, its PID 1 (the command follows it)."""
         return [sys.executable, "-I", "-S", str(_ENTER), self.netns, self.name, str(hosts), "--"]
+
+
+def join(handle: int) -> list[str]:
+    """The argv prefix that runs a command in a started pod, as `kubectl exec` does: in all its namespaces.
+
+    `handle` is the pid of the pod's enter_pod.py process, whose one child is the pod's PID 1.
+    """
+    return ["nsenter", f"--target={pod_init(handle)}", "--pid", "--mount", "--uts", "--net", "--"]
+
+
+def pod_init(handle: int, wait_s: float = 5.0) -> int:
+    """The host pid of the PID 1 of the pod whose enter_pod.py process is `handle`; PodNetworkError if none."""
+    children = Path(f"/proc/{handle}/task/{handle}/children")
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            return int(children.read_text().split()[0])
+        if time.monotonic() > deadline:
+            raise PodNetworkError(f"the pod of process {handle} has no running command")
+        time.sleep(0.02)
 
 
 class PodNetwork:
@@ -122,6 +142,10 @@ class PodNetwork:
             _ip("-n", pod.netns, "addr", "add", f"{pod.address}/{self.subnet.prefixlen}", "dev", POD_INTERFACE)
             _ip("-n", pod.netns, "link", "set", POD_INTERFACE, "up")
             _ip("-n", pod.netns, "link", "set", "lo", "up")
+            # On-link, with no gateway: a program finds its own address as in a pod (Ray picks its node's address
+            # by routing towards 8.8.8.8), yet nothing beyond the bridge answers for other addresses, so no packet
+            # leaves it whatever this machine forwards.
+            _ip("-n", pod.netns, "route", "add", "default", "dev", POD_INTERFACE)
         except PodNetworkError:
             self.remove(pod.name)
             raise

@@ -19,6 +19,7 @@ namespaces removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from eksflow.errors import EksflowError
+from eksflow.local.pod_network import PodNetworkError, join
 from eksflow.local.resources import LocalJob, RayGroup
 from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
 
@@ -86,7 +88,14 @@ class RayPods:
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self.replaced: list[str] = []  # "pod on node -> pod on node" for every worker pod replaced
+        self._replacements: dict[str, str] = {}  # lost node -> the node added in its place
         self.head: PlacedPod | None = None
+
+    def exec_in_head(self) -> list[str]:
+        """The argv prefix that runs a command in the head pod (the entrypoint, as the job's driver)."""
+        with self._lock:
+            head = next(r for r in self._pods if r.pod is self.head)
+        return join(head.proc.pid)
 
     @property
     def address(self) -> str:
@@ -103,6 +112,7 @@ class RayPods:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": self.token,
             "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_ADDRESS": self.address,  # as KubeRay sets it in every Ray container: the `ray` CLI finds the head
             # Ray Train's placement-group cleaner polls the state API; without this it looks for a local cluster
             "RAY_API_SERVER_ADDRESS": f"http://{self.head.address}:{DASHBOARD_PORT}",
         }
@@ -183,8 +193,10 @@ class RayPods:
         return [ray, "start", *ours, *(f"--{key}={value}" for key, value in params.items())]
 
     def _watch(self) -> None:
-        """Keep each worker group at its replicas while the job runs, as KubeRay does."""
+        """Keep each worker group at its replicas while the job runs, as KubeRay does; drain noticed nodes."""
         while not self._closing.wait(_WATCH_S):
+            for node in self.cluster.take_notices():
+                threading.Thread(target=self._drain, args=(node,), name=f"drain-{node}", daemon=True).start()
             with self._lock:
                 ended = [r for r in self._pods if r.group.role != "head" and r.proc.poll() is not None]
                 for running in ended:
@@ -196,12 +208,36 @@ class RayPods:
                 self._end(running)
                 if self._closing.is_set():
                     return
-                if self.cluster.is_lost(node):
-                    self.cluster.add_node()
+                if self.cluster.is_lost(node) and node not in self._replacements:
+                    self._replacements[node] = self.cluster.add_node()
                 replacement = self._start_pod(running.group)
                 self.replaced.append(
                     f"{running.pod.name} on {node} -> {replacement.pod.name} on {replacement.pod.node}"
                 )
+
+    def _drain(self, node: str) -> None:
+        """A Spot notice for `node`, as Karpenter and kubelet act on it; then the node goes.
+
+        Each pod's preStop hook runs in the pod, then its `ray start` gets SIGTERM, and what is left when the grace
+        is over is killed with the node's namespaces and addresses.
+        """
+        with self._lock:
+            pods = [r for r in self._pods if r.pod.node == node]
+        deadline = time.monotonic() + max((r.group.grace_s for r in pods), default=0.0)
+        for running in pods:
+            if running.group.pre_stop:
+                with contextlib.suppress(OSError, subprocess.SubprocessError, PodNetworkError):
+                    hook = [*join(running.proc.pid), *running.group.pre_stop]
+                    subprocess.run(
+                        hook, env=self.env(self._group_envs.get(running.group.role, {})), stdout=running.log,
+                        stderr=subprocess.STDOUT, timeout=running.group.grace_s, check=False,
+                    )  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                running.proc.terminate()
+        for running in pods:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running.proc.wait(max(0.0, deadline - time.monotonic()))
+        self.cluster.lose(node)
 
     def _end(self, running: _Running) -> None:
         self._reap(running.proc)

@@ -104,6 +104,8 @@ class RayGroup:
     start_params: tuple[tuple[str, str], ...]  # rayStartParams, each becoming `--key=value`
     env: tuple[tuple[str, str], ...]  # its Ray container's env
     requests: Requests  # one pod's CPU and memory requests (and what KubeRay derives num-cpus from)
+    pre_stop: tuple[str, ...] = ()  # its container's preStop exec command, run in the pod before SIGTERM
+    grace_s: float = 30.0  # terminationGracePeriodSeconds: from the preStop hook to SIGKILL
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         DeviceRequest(resource, "headGroupSpec", 1, count)
         for resource, count in _pod_devices(head_pod, f"{at}.headGroupSpec").items()
     ]
-    groups = [_ray_group("head", 1, head_group, head, f"{at}.headGroupSpec")]
+    groups = [_ray_group("head", 1, head_group, head_pod, head, f"{at}.headGroupSpec")]
     for i, group in enumerate(_fields.mappings(cluster.get("workerGroupSpecs"), f"{at}.workerGroupSpecs")):
         g_at = f"{at}.workerGroupSpecs[{i}]"
         replicas = group.get("replicas", group.get("minReplicas", 1))
@@ -243,7 +245,7 @@ def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         if not containers:
             raise ResourceError(f"{g_at}.template.spec.containers is empty; a worker needs its Ray container")
         role = _fields.optional_text(group, "groupName", g_at) or "worker"
-        groups.append(_ray_group(role, pods, group, containers[0], g_at))
+        groups.append(_ray_group(role, pods, group, worker_pod, containers[0], g_at))
     deadline = spec.get("activeDeadlineSeconds")
     return LocalJob(
         "RayJob",
@@ -256,7 +258,9 @@ def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
     )
 
 
-def _ray_group(role: str, replicas: int, group: Mapping[str, Any], container: Mapping[str, Any], at: str) -> RayGroup:
+def _ray_group(
+    role: str, replicas: int, group: Mapping[str, Any], pod: Mapping[str, Any], container: Mapping[str, Any], at: str
+) -> RayGroup:
     params = _fields.mapping(group.get("rayStartParams"), f"{at}.rayStartParams")
     for key in params:
         if not _RAY_PARAM.fullmatch(str(key)):
@@ -266,12 +270,21 @@ def _ray_group(role: str, replicas: int, group: Mapping[str, Any], container: Ma
         requests = container_requests(_fields.mapping(container.get("resources"), f"{c_at}.resources"))
     except QuantityError as exc:
         raise ResourceError(f"{c_at}.resources: {exc}") from None
+    lifecycle = _fields.mapping(container.get("lifecycle"), f"{c_at}.lifecycle")
+    pre_stop = _fields.mapping(_fields.mapping(lifecycle.get("preStop"), f"{c_at}.lifecycle.preStop").get("exec"), at)
+    command = tuple(
+        _fields.text(word, f"{c_at}.lifecycle.preStop.exec.command[{i}]")
+        for i, word in enumerate(pre_stop.get("command") or [])
+    )
+    grace = pod.get("terminationGracePeriodSeconds", 30)
     return RayGroup(
         role,
         replicas,
         tuple((str(k), str(v)) for k, v in params.items()),
         _fields.env(container, c_at),
         requests,
+        command,
+        _fields.number(grace, f"{at}.template.spec.terminationGracePeriodSeconds"),
     )
 
 

@@ -9,7 +9,10 @@ goes where the same order puts it, sharing that node: on the cluster it would ge
 
 What the pods run, and for how long, is their kind's business (ray_pods.py runs a RayJob's); here are the nodes,
 the placement and the pods' network identities. `lose` takes a node away as a reclaimed Spot instance goes: its
-pods' processes are killed and their addresses vanish. `close` removes everything.
+pods' processes are killed and their addresses vanish. A Spot interruption notice comes first as a file named
+after the node in the run's `spot-notices/` folder (`touch .eksflow/runs/<run>/spot-notices/node-2`, the drill's
+handle, as `kubectl drain` is a cluster's): the pods' kind drains them, then the node goes. `close` removes
+everything.
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ class PlacedPod:
 class SimulatedCluster:
     """N nodes sharing this machine, and the pods placed on them."""
 
-    def __init__(self, count: int, machine: Requests, registry: Path | None = None) -> None:
+    def __init__(self, count: int, machine: Requests, notices: Path, registry: Path | None = None) -> None:
         share = Requests(machine.cpu_m // count, machine.memory // count)
         self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
+        self.notices = notices  # a file named after a node here is a Spot interruption notice for it
         self._lock = threading.Lock()
         self.network = PodNetwork() if registry is None else PodNetwork(registry)
 
@@ -110,6 +114,21 @@ class SimulatedCluster:
             node = SimNode(f"node-{len(self.nodes) + 1}", self.nodes[0].capacity)
             self.nodes.append(node)
             return node.name
+
+    def take_notices(self) -> list[str]:
+        """The nodes given a Spot interruption notice since the last call (the drill's handle: a file each)."""
+        found = []
+        for notice in sorted(self.notices.glob("*")) if self.notices.is_dir() else []:
+            notice.unlink(missing_ok=True)
+            with self._lock:
+                if any(node.name == notice.name and not node.lost for node in self.nodes):
+                    found.append(notice.name)
+        return found
+
+    def pods_on(self, node_name: str) -> list[str]:
+        """The pods on node `node_name`."""
+        with self._lock:
+            return list(self._node(node_name).pods)
 
     def close(self) -> None:
         """Remove every pod and the network."""

@@ -85,35 +85,12 @@ def leftovers() -> list[str]:
     )
 
 
-def test_fsdp_trains_across_two_nodes_one_worker_per_node_over_their_pod_addresses(workdir, tmp_path):
+def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_replacement(workdir, tmp_path, capsys):
+    """FSDP with one training worker per node, gloo between their pod addresses. A worker's node is lost
+    mid-training (its pods' processes killed and namespaces gone, as a reclaimed Spot instance): the RayJob fails
+    (Ray Train leaves retries to Argo), a replacement node joins as Karpenter would add one, and Argo's retry
+    resumes from the last committed checkpoint, losing at most one checkpoint interval."""
     before = leftovers()
-    node, status, log = run_on_nodes(
-        tmp_path / "state", train_args(workdir, tmp_path / "train", "fsdp", launcher="ray")
-    )
-    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
-
-    pods = status["pods"]
-    assert [p["role"] for p in pods] == ["head", "cpu", "cpu"], pods
-    workers = [p for p in pods if p["role"] == "cpu"]
-    assert {p["hostNodeName"] for p in workers} == {"node-1", "node-2"}, "one training worker per node"
-    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # the driver runs on the head
-    addresses = {p["podIP"] for p in pods}
-    assert len(addresses) == 3 and all(ipaddress.ip_address(a) in POD_RANGE for a in addresses)
-    # each rank ran in a worker pod: its own host name, resolving to its own pod address
-    ranks = dict(re.findall(r"rank (\d)/2: host (\S+ \S+)", log))
-    assert set(ranks.values()) == {f"{p['name']} {p['podIP']}" for p in workers}, log[-3000:]
-    assert "Reporting training result" not in log
-
-    committed = checkpoints.committed(tmp_path / "train" / "checkpoints")
-    assert committed[-1].step == 8
-    assert 0 < read_metrics(committed[-1].path)["loss"] < 20
-    assert leftovers() == before, "every pod, address and bridge goes with the run"
-
-
-def test_a_lost_worker_node_is_replaced_and_the_retry_resumes_from_the_last_checkpoint(workdir, tmp_path, capsys):
-    """A worker's node lost mid-training (its pods' processes killed and namespaces gone, as a reclaimed Spot
-    instance): the RayJob fails (Ray Train leaves retries to Argo), a replacement node joins as Karpenter would add
-    one, and Argo's retry resumes from the last committed checkpoint, losing at most one checkpoint interval."""
     out = tmp_path / "train"
     every, steps = 2, 12
     lost: dict[str, object] = {}
@@ -142,20 +119,34 @@ def test_a_lost_worker_node_is_replaced_and_the_retry_resumes_from_the_last_chec
             time.sleep(0.05)
         lost["recovered"] = time.monotonic()  # the retried attempt committed a step the lost one had not
 
-    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=every)
+    argv = train_args(workdir, out, "fsdp", launcher="ray", max_steps=steps, checkpoint_every=every)
     node, status, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_a_worker_node)
     assert "recovered" in lost, f"the drill did not see the loss and the recovery: {lost}"
     assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
     assert node.retries == 1
     assert "worker pods replaced" not in node.message or lost["node"] in node.message
 
-    nodes = {p["hostNodeName"] for p in status["pods"]}
-    assert lost["node"] not in nodes and "node-3" in nodes, status["pods"]  # the replacement node took its place
+    # the retry's pods: the head, and one training worker on each node, the lost one's replacement among them
+    pods = status["pods"]
+    assert [p["role"] for p in pods] == ["head", "cpu", "cpu"], pods
+    workers = [p for p in pods if p["role"] == "cpu"]
+    assert len({p["hostNodeName"] for p in workers}) == 2, "one training worker per node"
+    nodes = {p["hostNodeName"] for p in pods}
+    assert lost["node"] not in nodes and "node-3" in nodes, pods  # the replacement node took the lost one's place
+    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # the driver runs on the head
+    addresses = {p["podIP"] for p in pods}
+    assert len(addresses) == 3 and all(ipaddress.ip_address(a) in POD_RANGE for a in addresses)
+    # each rank ran in a worker pod: its own host name, resolving to its own pod address (the retry's, logged last)
+    ranks = dict(re.findall(r"rank (\d)/2: host (\S+ \S+)", log))
+    assert set(ranks.values()) == {f"{p['name']} {p['podIP']}" for p in workers}, log[-3000:]
+    assert "Reporting training result" not in log
     resumed = [int(s) for s in re.findall(r"rank 0: resumed from \S+ \(step (\d+)\)", log)]
     assert resumed, log[-3000:]
     steps_lost = int(lost["done"]) - resumed[0]  # done when the node went, minus where the retry began
     assert 0 <= steps_lost <= every
-    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    committed = checkpoints.committed(out / "checkpoints")
+    assert committed[-1].step == steps and 0 < read_metrics(committed[-1].path)["loss"] < 20
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
     with capsys.disabled():
         print(
             f"\nnode lost after step {lost['done']}: resumed from step {resumed[0]} ({steps_lost} steps lost); "
@@ -174,3 +165,38 @@ def pod_namespaces(addresses: set[str]) -> list[str]:
             if any(f"inet {address}/" in shown for address in addresses):
                 found.append(netns)
     return found
+
+
+def test_a_spot_notice_drains_the_ray_node_and_the_workers_commit_a_checkpoint_at_once(workdir, tmp_path, capsys):
+    """A Spot interruption notice for a worker's node: its pods' preStop hook (which the RayJob's worker pods carry)
+    drains their Ray node for preemption, Ray Train's PreemptionWatcher tells the workers, and their loop commits a
+    checkpoint at once, then trains on; the node goes once the hook and the grace are over."""
+    out = tmp_path / "train"
+    steps = 60  # ~15 s of training: the notice comes at its start
+
+    def give_a_worker_node_notice(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and "[train] 0/" not in train_log(state):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        victim = next(p for p in pods if p["hostNodeName"] != pods[0]["hostNodeName"])["hostNodeName"]
+        notices = status_file.parent / "spot-notices"
+        notices.mkdir(exist_ok=True)
+        (notices / victim).touch()
+
+    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=steps, grad_accum_steps=8)
+    node, _, log = run_on_nodes(tmp_path / "state", argv, during=give_a_worker_node_notice)
+    assert node.phase == "Succeeded" and node.retries == 0, f"{node.message}\n{log[-3000:]}"
+    assert "PreemptionWatcher: preemption detected" in log, log[-3000:]
+    noticed = [int(s) for s in re.findall(r"being preempted; checkpoint step (\d+) committed", log)]
+    assert len(noticed) == 1 and 0 < noticed[0] < steps, log[-3000:]
+    assert [c.step for c in checkpoints.committed(out / "checkpoints")] == [noticed[0], steps]
+    with capsys.disabled():
+        print(f"\nspot notice at the start of training: checkpoint committed at step {noticed[0]} of {steps}")
+
+
+def train_log(state: Path) -> str:
+    """The run's train task log so far ("" before it has one)."""
+    found = list((state / "runs").glob("*/logs/train.log"))
+    return found[0].read_text(errors="replace") if found else ""

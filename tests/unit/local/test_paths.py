@@ -117,9 +117,13 @@ def test_annotations_are_read_from_template_metadata() -> None:
         ("train '--out=/fsx/o' 'it''s' /fsx", UNANNOTATED, "train --out=/host/fsx/o 'it''s' /host/fsx"),
     ],
     ids=[
-        "plain-words-and-redirect", "quoted-text-untouched", "annotated", "annotated-two-words", "single-quoted",
+        "plain-words-and-redirect",
+        "quoted-text-untouched",
+        "annotated",
+        "annotated-two-words",
+        "single-quoted",
         "single-quoted-unannotated",
-    ],  # fmt: skip
+    ],
 )
 def test_shell_entrypoints_map_plain_words_in_place(command: str, rules: PathRules, expected: str) -> None:
     assert map_shell_words(command, PATHS, rules) == (expected, "")

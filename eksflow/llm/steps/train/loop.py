@@ -65,6 +65,8 @@ class WorkerContext:
     # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE
     # (a Ray worker is another process: the driver's Event never reaches it).
     stop_requested: Callable[[], bool] = lambda: False
+    # True once Ray marked this worker's node as being preempted (a drain with a deadline: a Spot notice)
+    preempted: Callable[[], bool] = lambda: False
 
 
 sigterm_received = threading.Event()  # set by the driver's SIGTERM handler (eksflow.llm.steps.train.step)
@@ -113,8 +115,22 @@ def train_loop(config: dict[str, Any]) -> None:
             world=context.get_world_size(),
             device=ray.train.torch.get_device(),
             prepare_model=ray.train.torch.prepare_model,  # DDP; broadcasts rank 0's weights
+            preempted=_preemption_notice,
         ),
     )
+
+
+def _preemption_notice() -> bool:
+    """Whether Ray Train marked this worker preempted: a node of its group is draining for preemption.
+
+    Ray Train's PreemptionWatcher marks every worker when Ray drains one of their nodes (the worker pods' preStop
+    hook drains theirs on a Spot notice, eksflow/launchers/rayjob.py). This reads the worker's own mark, which
+    `ray.train.get_preemption_info` would broadcast from rank 0 in a collective of its own each step; the loop's
+    per-step agreement (parallel.agree) already is one.
+    """
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return get_train_context().preemption_context.preemption_info is not None
 
 
 def host_address() -> str:
@@ -223,6 +239,7 @@ def _train(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
     last_commit = time.monotonic()
+    noticed = False  # a preemption notice was seen (and its checkpoint committed)
     metrics: dict[str, float] = {}
     stop_file = root / STOP_FILE
     model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
@@ -252,11 +269,14 @@ def _train(
                 note = f"loss {step_loss:.6f}"  # this step's loss on rank 0: the kill/resume tests compare it
                 progress.advance(note=note)
             minutes = settings.checkpoint_every_minutes
-            stop, timed = agree(
+            stop, timed, preempted = agree(
                 ctx.stop_requested() or stop_file.exists(),
                 bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
+                ctx.preempted(),
             )
-            if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed:
+            notice = preempted and not noticed  # a node is going: commit now, once, and keep training
+            noticed = noticed or preempted
+            if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed or notice:
                 adapter, optimizer_state = update.full_state()  # a collective: every rank takes part
                 if rank == 0:
                     save = partial(
@@ -273,6 +293,8 @@ def _train(
                     if durable:
                         durable.submit(committed)
                 last_commit = time.monotonic()
+            if notice and rank == 0:
+                print(f"rank 0: a node of this group is being preempted; checkpoint step {done} committed", flush=True)
             if stop:
                 print(f"rank {rank}: stop requested; checkpoint step {done} committed, exiting", flush=True)
                 return
