@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -41,6 +42,8 @@ POD_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544's benchmarking ra
 _NETNS = Path("/run/netns")
 _ENTER = Path(__file__).with_name("enter_pod.py")
 _KILL_WAIT_S = 5.0
+_DELETE_TRIES = 10
+_TAG = re.compile(r"[0-9a-f]{6}")  # secrets.token_hex(3)
 
 
 class PodNetworkError(EksflowError):
@@ -158,9 +161,7 @@ class PodNetwork:
             pod = self._pods.pop(name, None)
         if pod is None:
             return
-        kill_netns(pod.netns)
-        with contextlib.suppress(PodNetworkError):
-            _ip("netns", "delete", pod.netns)
+        _delete_netns(pod.netns)
         self._write_hosts()
 
     def close(self) -> None:
@@ -208,24 +209,47 @@ def kill_netns(netns: str, sig: int = signal.SIGKILL) -> None:
 
 
 def sweep(registry: Path = REGISTRY) -> list[str]:
-    """Remove the pod networks whose executor is gone; their tags."""
+    """Remove the pod networks whose executor is gone, and pod namespaces and bridges no network records; their tags."""
     removed = []
     for folder in sorted(registry.iterdir()) if registry.is_dir() else []:
         if folder.is_dir() and not _owner_alive(folder / "owner"):
             _remove(folder)
             removed.append(folder.name)
-    return removed
+    # a record is made before its bridge and namespaces and removed after them: one without a record was left behind
+    for netns in sorted(_NETNS.glob("ef*-*")) if _NETNS.is_dir() else []:
+        tag = netns.name[2:].partition("-")[0]
+        if _TAG.fullmatch(tag) and not (registry / tag).is_dir():
+            _delete_netns(netns.name)
+            removed.append(tag)
+    for link in _ip("-o", "link", "show", "type", "bridge").splitlines():
+        bridge = link.split(":")[1].strip()
+        if bridge.startswith("efb") and _TAG.fullmatch(bridge[3:]) and not (registry / bridge[3:]).is_dir():
+            with contextlib.suppress(PodNetworkError):
+                _ip("link", "delete", bridge)
+            removed.append(bridge[3:])
+    return sorted(set(removed))
 
 
 def _remove(folder: Path) -> None:
     tag = folder.name
     for netns in sorted(_NETNS.glob(f"ef{tag}-*")) if _NETNS.is_dir() else []:
-        kill_netns(netns.name)
-        with contextlib.suppress(PodNetworkError):
-            _ip("netns", "delete", netns.name)
+        _delete_netns(netns.name)
     with contextlib.suppress(PodNetworkError):
         _ip("link", "delete", f"efb{tag}")
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _delete_netns(netns: str) -> None:
+    """Kill what is in `netns`, then remove it; retried while a dying pod's mount namespace still holds its file."""
+    for _ in range(_DELETE_TRIES):
+        kill_netns(netns)
+        try:
+            _ip("netns", "delete", netns)
+            return
+        except PodNetworkError:
+            if not (_NETNS / netns).exists():
+                return
+            time.sleep(0.2)
 
 
 def _owner_alive(owner: Path) -> bool:
@@ -262,7 +286,8 @@ def _locked(registry: Path) -> Iterator[None]:
         yield
 
 
-def _ip(*args: str) -> None:
+def _ip(*args: str) -> str:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise PodNetworkError(f"ip {' '.join(args)}: {done.stderr.strip() or f'exit code {done.returncode}'}")
+    return done.stdout

@@ -61,12 +61,12 @@ class PlacedPod:
 class SimulatedCluster:
     """N nodes sharing this machine, and the pods placed on them."""
 
-    def __init__(self, count: int, machine: Requests, notices: Path, registry: Path | None = None) -> None:
+    def __init__(self, count: int, machine: Requests, notices: Path) -> None:
         share = Requests(machine.cpu_m // count, machine.memory // count)
         self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
         self.notices = notices  # a file named after a node here is a Spot interruption notice for it
         self._lock = threading.Lock()
-        self.network = PodNetwork() if registry is None else PodNetwork(registry)
+        self.network = PodNetwork()
 
     @property
     def hosts(self) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.local.node import Requests
-from eksflow.local.pod_network import POD_RANGE, PodNetwork, PodNetworkError, netns_pids, sweep, unavailable
+from eksflow.local.pod_network import POD_RANGE, REGISTRY, PodNetwork, PodNetworkError, netns_pids, sweep, unavailable
 from eksflow.local.sim_nodes import SimNode, choose_node
 from eksflow.local.status import NodeStatus, node_document, read_nodes
 from tests.unit.test_cli import in_process
@@ -83,7 +83,7 @@ def test_nodes_without_root_are_refused_in_one_line_and_a_bad_count_by_argparse(
 
 @needs_root
 def test_pods_have_their_own_address_and_host_name_reach_each_other_and_nothing_is_left(tmp_path):
-    network = PodNetwork(tmp_path / "registry")
+    network = PodNetwork()
     try:
         server, client = network.add("pod-a"), network.add("pod-b")
         assert server.address != client.address
@@ -110,7 +110,7 @@ def test_pods_have_their_own_address_and_host_name_reach_each_other_and_nothing_
         assert socket.gethostname() not in ("pod-a", "pod-b")  # the host keeps its own
     finally:
         network.close()
-    assert not (tmp_path / "registry" / network.tag).exists()
+    assert not (REGISTRY / network.tag).exists()
     listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
     assert network.bridge not in listed
     assert (
@@ -120,7 +120,7 @@ def test_pods_have_their_own_address_and_host_name_reach_each_other_and_nothing_
 
 @needs_root
 def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
-    registry = tmp_path / "registry"
+    registry = REGISTRY  # the machine's: a sweep sees every run's records
     make = (
         "import sys,time;from pathlib import Path;from eksflow.local.pod_network import PodNetwork;"
         "n=PodNetwork(Path(sys.argv[1]));p=n.add('orphan');"
@@ -133,6 +133,12 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     owner.wait()
     time.sleep(0.2)
     assert netns_pids(f"ef{tag}-2"), "the orphan pod's sleep outlived its executor"
-    assert sweep(registry) == [tag]
+    subprocess.run(["ip", "netns", "add", "ef0badc0-7"], check=True)  # a namespace whose record is gone
+    subprocess.run(["ip", "link", "add", "efb0badc1", "type", "bridge"], check=True)  # and a bridge
+    assert {tag, "0badc0", "0badc1"} <= set(sweep())
     assert not netns_pids(f"ef{tag}-2") and not (registry / tag).exists()
-    assert f"efb{tag}" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
+    assert (
+        "ef0badc0-7" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    )
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
+    assert f"efb{tag}" not in links and "efb0badc1" not in links
