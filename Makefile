@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.eksflow-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 MODEL ?= llama-lora
+NODES ?= 1
 # $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
 shell_word = '$(subst ','\'',$(1))'
 LOCAL_FSX := .eksflow/volumes/fsx-claim
@@ -47,10 +48,10 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "no chromium, and no root apt-get to install it: the report's browser test will be skipped"; fi
 
-slurm-up: $(STAMP) ## a real one-node Slurm 22.05 on 127.0.0.1 (munge, slurmctld, slurmd, slurmrestd; root: apt-get installs it)
-	$(BIN)/python scripts/local_slurm.py up
+slurm-up: $(STAMP) ## a real Slurm 22.05 (munge, slurmctld, slurmd, slurmrestd; root: apt-get installs it); NODES=2: on simulated nodes
+	$(BIN)/python scripts/local_slurm.py up --nodes $(call shell_word,$(NODES))
 
-slurm-down: $(STAMP) ## stop the local Slurm's daemons
+slurm-down: $(STAMP) ## stop the local Slurm's daemons and remove its nodes
 	$(BIN)/python scripts/local_slurm.py down
 
 images: $(STAMP) ## build the CPU images (steps, serve-cpu) with buildah (root: apt-get installs it), tagged as the config names them

@@ -1,8 +1,9 @@
-"""A real one-node Slurm on this machine: munge, slurmctld, slurmd and slurmrestd on 127.0.0.1, idempotently.
+"""A real Slurm on this machine: munge, slurmctld, slurmd on one node or several, and slurmrestd, idempotently.
 
-    python scripts/local_slurm.py up      # install (as root, with apt-get) and start; prints the URL and token file
-    python scripts/local_slurm.py down    # stop every daemon it started
-    make slurm-up / make slurm-down
+    python scripts/local_slurm.py up [--nodes N]   # install (as root, with apt-get) and start; prints the URL
+    python scripts/local_slurm.py lose NODE        # a node lost: its processes killed, its address gone, set DOWN
+    python scripts/local_slurm.py down             # stop every daemon it started, remove the nodes
+    make slurm-up [NODES=N] / make slurm-down
 
 Debian 12's packages (Slurm 22.05: slurmctld, slurmd, slurmrestd, munge, slurm-client) are installed with apt-get
 when missing, as root. Everything else stays in one folder ($EKSFLOW_SLURM_DIR, default .eksflow/slurm): its own
@@ -10,8 +11,15 @@ munge key and socket, a JWT key, slurm.conf, state, logs and pid files; nothing 
 machine's own Slurm or munge, if any, is left alone. Every Slurm command finds the cluster through
 SLURM_CONF=<folder>/slurm.conf.
 
-This host is the one node (its short host name, at 127.0.0.1, with all its CPUs), partition `debug`, jobs
-requeued on failure (JobRequeue=1), finished jobs kept for an hour (MinJobAge) so their end state can be read.
+With one node (the default) this host is the node: its short host name, at 127.0.0.1, with all its CPUs. With
+N > 1 every node is a simulated one, as Slinky's slurmd pods are (eksflow.local.pod_network, root with iproute2):
+slurm-node-1 .. N, each slurmd in a network namespace of its own with its own address (its NodeAddr), host name and
+an N-th of the CPUs, on a bridge whose address (198.18.X.1) is slurmctld's; the network is handed over to slurmctld
+and removed with it (or by the next network's sweep once slurmctld is gone). `lose` takes a node away as a reclaimed
+instance goes and sets it DOWN, as slurmctld would once it stopped answering: its job is requeued; `up` again
+starts its replacement (the same name and address, as a NodeSet's pod), which ReturnToService=2 puts back.
+Partition `debug`, jobs requeued on failure (JobRequeue=1), finished jobs kept for an hour (MinJobAge) so their
+end state can be read.
 slurmrestd speaks openapi/v0.0.38 with JWT authentication on 127.0.0.1 only; it runs as `nobody` (it refuses
 root), and the token (`scontrol token`, user root, valid a day) is written to <folder>/token, mode 0600, and to
 <state>/secrets/eksflow-slurm/token ($EKSFLOW_STATE_DIR, default .eksflow), where a local run's Slurm task reads
@@ -24,6 +32,7 @@ the reason on one line; tests that need Slurm skip with it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -34,7 +43,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+from eksflow.local.pod_network import (
+    Pod,
+    PodNetwork,
+    PodNetworkError,
+    hand_over,
+    kill_netns,
+    remove_network,
+    unavailable,
+)
 
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "munge", "slurm-client")
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
@@ -42,6 +62,8 @@ CTLD_PORT, SLURMD_PORT, REST_PORT = 16817, 16818, 16820
 API_VERSION = "v0.0.38"
 TOKEN_SECRET = "eksflow-slurm"  # cluster.slurm.token_secret's default
 EXIT_UNAVAILABLE = 3
+MAX_NODES = 16
+CRED_EXPIRE_S = 20
 
 
 class UnavailableError(Exception):
@@ -69,7 +91,70 @@ def install() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES], check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def write_config(root: Path) -> Path:
+@dataclass(frozen=True)
+class Node:
+    """A slurmd's node: its name and address, and its pod (None: this host itself)."""
+
+    name: str
+    address: str
+    pod: Pod | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The cluster's nodes, slurmctld's address, and the pod network's tag and hosts file (with several nodes)."""
+
+    nodes: list[Node]
+    controller: str
+    network: str = ""
+    hosts: str = ""
+
+    def save(self, root: Path) -> None:
+        record = {
+            "nodes": [
+                {"name": n.name, "address": n.address, "netns": n.pod.netns if n.pod else ""} for n in self.nodes
+            ],
+            "controller": self.controller,
+            "network": self.network,
+            "hosts": self.hosts,
+        }
+        (root / "nodes.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, root: Path) -> Layout | None:
+        try:
+            record = json.loads((root / "nodes.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        nodes = [
+            Node(n["name"], n["address"], Pod(n["name"], n["netns"], n["address"]) if n["netns"] else None)
+            for n in record["nodes"]
+        ]
+        return cls(nodes, record["controller"], record["network"], record["hosts"])
+
+
+def layout(root: Path, count: int) -> Layout:
+    """The running cluster's layout when it has `count` nodes; else a new one (several nodes: a new pod network)."""
+    current = Layout.load(root)
+    if current is not None and running(root / "slurmctld.pid"):
+        if len(current.nodes) != count:
+            raise UnavailableError(
+                f"the local Slurm runs {len(current.nodes)} node(s), not {count}: `make slurm-down` first"
+            )
+        return current
+    if current is not None and current.network:  # slurmctld is gone: so are its nodes
+        remove_network(current.network)
+    if count == 1:
+        return Layout([Node(socket.gethostname().split(".")[0], "127.0.0.1")], "127.0.0.1")
+    if why := unavailable():
+        raise UnavailableError(f"{count} nodes: {why}")
+    network = PodNetwork()
+    pods = [network.add(f"slurm-node-{i + 1}") for i in range(count)]
+    nodes = [Node(pod.name, pod.address, pod) for pod in pods]
+    return Layout(nodes, network.gateway, network.tag, str(network.hosts))
+
+
+def write_config(root: Path, cluster: Layout) -> Path:
     """Keys (once), slurm.conf (every time: the host's name and CPUs may change); returns slurm.conf."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)  # slurmrestd, as nobody, reads slurm.conf here; the keys stay private (0400, 0600)
@@ -88,16 +173,18 @@ def write_config(root: Path) -> Path:
             key.write_bytes(secrets.token_bytes(size))
             key.chmod(0o400 if key == munge_key else 0o600)
     host = socket.gethostname().split(".")[0]
+    cpus = max((os.cpu_count() or 1) // len(cluster.nodes), 1)  # a node's share of this machine
     conf = root / "slurm.conf"
     conf.write_text(
         "\n".join(
             [
                 "ClusterName=eksflow",
-                f"SlurmctldHost={host}(127.0.0.1)",
+                f"SlurmctldHost={host}({cluster.controller})",
                 f"SlurmctldPort={os.environ.get('EKSFLOW_SLURM_CTLD_PORT', CTLD_PORT)}",
                 f"SlurmdPort={os.environ.get('EKSFLOW_SLURM_SLURMD_PORT', SLURMD_PORT)}",
                 "AuthType=auth/munge",
-                f"AuthInfo=socket={root / 'munge' / 'munge.socket'}",
+                # cred_expire is also how long a requeued job waits before it may start again (120 s by default)
+                f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire={CRED_EXPIRE_S}",
                 "AuthAltTypes=auth/jwt",
                 f"AuthAltParameters=jwt_key={jwt_key}",
                 "CredType=cred/munge",
@@ -105,18 +192,21 @@ def write_config(root: Path) -> Path:
                 "TaskPlugin=task/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core",
+                # a requeued job is started within seconds of its hold's end, not at the next minute's pass
+                "SchedulerParameters=sched_interval=5",
                 "SlurmUser=root",
                 "SlurmdUser=root",
                 f"StateSaveLocation={root / 'state'}",
-                f"SlurmdSpoolDir={root / 'spool'}",
+                # per node (%n): several slurmd share this folder
+                f"SlurmdSpoolDir={root / 'spool' / '%n'}",
                 f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-                f"SlurmdPidFile={root / 'slurmd.pid'}",
+                f"SlurmdPidFile={root / 'spool' / '%n' / 'slurmd.pid'}",
                 f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-                f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+                f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
                 "MinJobAge=3600",
                 "JobRequeue=1",
                 "ReturnToService=2",
-                f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+                *(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in cluster.nodes),
                 "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]
@@ -135,7 +225,12 @@ def running(pid_file: Path) -> bool:
     return True
 
 
-def start(root: Path, conf: Path) -> None:
+def slurmd_pid_file(root: Path, node: Node) -> Path:
+    """Where the pid of the node's slurmd is kept (on a pod node: of the process holding the pod, whose PID 1 it is)."""
+    return root / f"slurmd-{node.name}.pid"
+
+
+def start(root: Path, conf: Path, cluster: Layout) -> None:
     """Start each daemon that is not running."""
     env = {**os.environ, "SLURM_CONF": str(conf)}
     munge = root / "munge"
@@ -146,9 +241,26 @@ def start(root: Path, conf: Path) -> None:
              f"--seed-file={munge / 'munged.seed'}", "--force"],
             check=True,
         )  # fmt: skip
-    for daemon, pid_file in (("slurmctld", root / "slurmctld.pid"), ("slurmd", root / "slurmd.pid")):
-        if not running(pid_file):
-            subprocess.run([daemon, "-f", str(conf)], check=True, env=env)
+    if not running(root / "slurmctld.pid"):
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
+    if cluster.network:
+        hand_over(cluster.network, wait_pid(root / "slurmctld.pid"))
+    for node in cluster.nodes:
+        (root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        pid_file = slurmd_pid_file(root, node)
+        if running(pid_file):
+            continue
+        enter: list[str] = []
+        if node.pod is not None:
+            node.pod.connect()  # a lost node's replacement: the same name and address
+            enter = node.pod.enter(Path(cluster.hosts))
+        with open(root / "log" / f"slurmd-{node.name}.out", "ab") as log:
+            # -D, in the foreground: on a pod node it is the pod's PID 1, whose exit ends the pod
+            slurmd = subprocess.Popen(
+                [*enter, "slurmd", "-D", "-f", str(conf), "-N", node.name],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        pid_file.write_text(str(slurmd.pid))
     if not running(root / "slurmrestd.pid"):
         port = rest_url().rsplit(":", 1)[1]
         with open(root / "log" / "slurmrestd.log", "ab") as log:
@@ -160,22 +272,33 @@ def start(root: Path, conf: Path) -> None:
         (root / "slurmrestd.pid").write_text(str(rest.pid))
 
 
+def wait_pid(pid_file: Path, timeout_s: float = 30) -> int:
+    """The pid a daemon writes to `pid_file` once it has forked away."""
+    deadline = time.monotonic() + timeout_s
+    while not running(pid_file):
+        if time.monotonic() > deadline:
+            raise UnavailableError(f"no daemon wrote {pid_file} within {timeout_s:.0f} s; see its log")
+        time.sleep(0.1)
+    return int(pid_file.read_text().strip())
+
+
 def wait_ready(root: Path, conf: Path, timeout_s: float = 60) -> str:
-    """Wait for the node to be idle and slurmrestd to answer; write and return the token file."""
+    """Wait for every node to be up and slurmrestd to answer; write and return the token file."""
     env = {**os.environ, "SLURM_CONF": str(conf)}
     deadline = time.monotonic() + timeout_s
     while True:
-        sinfo = ["sinfo", "-h", "-o", "%T"]
-        state = subprocess.run(sinfo, check=False, env=env, capture_output=True, text=True).stdout.strip()
-        if state in ("idle", "mixed", "allocated"):
+        sinfo = ["sinfo", "-h", "-N", "-o", "%N %T"]
+        listed = subprocess.run(sinfo, check=False, env=env, capture_output=True, text=True).stdout.split("\n")
+        states = dict(line.split() for line in listed if len(line.split()) == 2)
+        if states and all(state.rstrip("*") in ("idle", "mixed", "allocated") for state in states.values()):
             break
-        if state.startswith(("down", "drain")):
-            subprocess.run(
-                ["scontrol", "update", f"nodename={socket.gethostname().split('.')[0]}", "state=resume"],
-                check=False, env=env, capture_output=True,
-            )  # fmt: skip
+        for node, state in states.items():
+            if state.startswith(("down", "drain")):
+                resume = ["scontrol", "update", f"nodename={node}", "state=resume"]
+                subprocess.run(resume, check=False, env=env, capture_output=True)
         if time.monotonic() > deadline:
-            raise UnavailableError(f"the node did not come up (sinfo: {state or 'no answer'}); see {root / 'log'}")
+            shown = ", ".join(f"{node} {state}" for node, state in states.items()) or "no answer"
+            raise UnavailableError(f"the nodes did not come up (sinfo: {shown}); see {root / 'log'}")
         time.sleep(1)
     out = subprocess.run(
         ["scontrol", "token", "username=root", "lifespan=86400"], env=env, capture_output=True, text=True, check=True
@@ -198,14 +321,17 @@ def wait_ready(root: Path, conf: Path, timeout_s: float = 60) -> str:
             time.sleep(0.5)
 
 
-def up() -> None:
-    """Install if needed, start what is not running, print where the cluster is."""
+def up(count: int) -> None:
+    """Install if needed, start what is not running (a lost node's replacement too), print where the cluster is."""
     if os.geteuid() != 0:
         raise UnavailableError("a local Slurm runs its daemons as root here (slurmd, munged): run as root")
     install()
     root = folder()
-    conf = write_config(root)
-    start(root, conf)
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = layout(root, count)
+    cluster.save(root)
+    conf = write_config(root, cluster)
+    start(root, conf, cluster)
     token_file = wait_ready(root, conf)
     # Where a local run reads the Secret its Slurm task mounts (eksflow.local: <state>/secrets/<Secret name>).
     secret = Path(os.environ.get("EKSFLOW_STATE_DIR", ".eksflow")).resolve() / "secrets" / TOKEN_SECRET
@@ -216,38 +342,67 @@ def up() -> None:
     print(f"SLURM_CONF={conf}")
     print(f"EKSFLOW_SLURM_URL={rest_url()}")
     print(f"EKSFLOW_SLURM_TOKEN_FILE={token_file}")
+    print(f"EKSFLOW_SLURM_NODES={','.join(f'{n.name}@{n.address}' for n in cluster.nodes)}")
     print(
         f"run with: --set cluster.launcher=slurm --set cluster.slurm.url={rest_url()} "
-        f"--set cluster.slurm.api_version={API_VERSION} --set cluster.slurm.user=root",
+        f"--set cluster.slurm.api_version={API_VERSION} --set cluster.slurm.user=root"
+        + (f" --set cluster.nodes={count}" if count > 1 else ""),
         file=sys.stderr,
     )
 
 
-def down() -> None:
-    """Stop every daemon this folder's pid files name (slurmrestd, slurmd, slurmctld, munged)."""
+def lose(name: str) -> None:
+    """Node `name` lost: every process on it killed, its address gone, and DOWN (its jobs requeued)."""
     root = folder()
-    for pid_file in (
-        root / "slurmrestd.pid",
-        root / "slurmd.pid",
-        root / "slurmctld.pid",
-        root / "munge" / "munged.pid",
-    ):
+    cluster = Layout.load(root)
+    node = next((n for n in cluster.nodes if n.name == name), None) if cluster else None
+    if cluster is None or node is None or node.pod is None:
+        names = [n.name for n in cluster.nodes if n.pod] if cluster else []
+        raise UnavailableError(f"no simulated node {name!r} in {root}; the nodes: {', '.join(names) or 'none'}")
+    kill_netns(node.pod.netns)  # slurmd, its slurmstepd and every task
+    node.pod.disconnect()
+    slurmd_pid_file(root, node).unlink(missing_ok=True)
+    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+    # What slurmctld does itself once the node misses SlurmdTimeout (300 s): the drill does not wait for it.
+    down_node = ["scontrol", "update", f"nodename={name}", "state=down", "reason=node lost"]
+    subprocess.run(down_node, check=True, env=env, capture_output=True)
+    print(f"{name} ({node.address}) lost and DOWN; `up` starts its replacement", file=sys.stderr)
+
+
+def down() -> None:
+    """Stop every daemon this folder's pid files name (slurmrestd, the slurmd, slurmctld, munged); remove the nodes."""
+    root = folder()
+    cluster = Layout.load(root)
+    nodes = [slurmd_pid_file(root, n) for n in cluster.nodes] if cluster else list(root.glob("slurmd-*.pid"))
+    for pid_file in (root / "slurmrestd.pid", *nodes, root / "slurmctld.pid", root / "munge" / "munged.pid"):
         if running(pid_file):
             os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
             deadline = time.monotonic() + 15
             while running(pid_file) and time.monotonic() < deadline:
                 time.sleep(0.2)
         pid_file.unlink(missing_ok=True)
+    if cluster is not None and cluster.network:
+        remove_network(cluster.network)
+    (root / "nodes.json").unlink(missing_ok=True)
 
 
 def main() -> int:
-    """`up` or `down`."""
+    """`up`, `lose` or `down`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("up", "down"))
-    command = parser.parse_args().command
+    parser.add_argument("command", choices=("up", "lose", "down"))
+    parser.add_argument("node", nargs="?", help="lose: the node's name (slurm-node-N)")
+    parser.add_argument("--nodes", type=int, default=1, choices=range(1, MAX_NODES + 1), metavar=f"1..{MAX_NODES}")
+    args = parser.parse_args()
+    if (args.command == "lose") != (args.node is not None):
+        parser.error("a node's name goes with `lose`, and only with it")
     try:
-        up() if command == "up" else down()
-    except UnavailableError as err:
+        if args.command == "up":
+            up(args.nodes)
+        elif args.command == "lose":
+            lose(args.node)
+        else:
+            down()
+    except (UnavailableError, PodNetworkError) as err:
         print(f"local Slurm unavailable: {err}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     return 0

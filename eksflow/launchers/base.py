@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
@@ -142,6 +142,12 @@ def layout(settings: Settings, profile: Profile, nodes: int) -> Settings:
     if profile.kind == "cpu":
         return settings
     return settings.model_copy(update={"num_workers": nodes * profile.workers, "use_gpu": profile.kind == "gpu"})
+
+
+def one_worker_per_node(request: JobRequest) -> JobRequest:
+    """The request with a worker (a rank) per node of the cluster: CPU nodes of several train one rank each."""
+    workers = request.cluster.nodes * request.profile.workers
+    return replace(request, settings=request.settings.model_copy(update={"num_workers": workers}))
 
 
 def worker_layout(settings: Settings) -> tuple[int, int]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import replace
 from typing import Any
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
-from eksflow.launchers.base import Job, JobRequest, register
+from eksflow.launchers.base import Job, JobRequest, one_worker_per_node, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
@@ -52,10 +51,7 @@ class RayJob(JobLauncher):
 
     def prepare(self, request: JobRequest) -> JobRequest:
         """On CPU nodes, one training worker per node (Ray Train spreads CPU workers across the nodes)."""
-        if request.profile.kind != "cpu":
-            return request
-        workers = request.cluster.nodes * request.profile.workers
-        return replace(request, settings=request.settings.model_copy(update={"num_workers": workers}))
+        return one_worker_per_node(request) if request.profile.kind == "cpu" else request
 
     def pods(self, cfg: PipelineConfig, job: Job) -> str:
         """The head (the driver, no devices) and one worker per node."""

@@ -4,8 +4,9 @@
 it submits the job to `cluster.slurm.url` with the JWT of the mounted Secret `cluster.slurm.token_secret`, follows
 it to its end (streaming its output into the task's log) and publishes the step's outputs as its own. The job
 runs `python -m <step> --launcher=mpi ...` as srun tasks, a rank per device (GPU: `nodes` x the profile's
-devices, `--gpus-per-node`; CPU: `train.num_workers` tasks on one node), on the NodeSet's slurmd pods, which
-mount the same FSx file system; the ranks meet at the allocation's first node (MASTER_ADDR). Requeues happen inside
+devices, `--gpus-per-node`; CPU: `train.num_workers` tasks on one node, or one task per node of several), on the
+NodeSet's slurmd pods, which mount the same FSx file system; the ranks meet at the allocation's first node
+(MASTER_ADDR), and across nodes gloo binds to the pods' eth0 (GLOO_SOCKET_IFNAME). Requeues happen inside
 Slurm (a preempted or failed node's job runs again under the same id and the step resumes from its checkpoint);
 the task's exit code follows the job's end (eksflow.runtime.slurm_job), so Argo's retry policy (all but 2) applies.
 
@@ -27,7 +28,7 @@ from hera.workflows import models as m
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, Launcher, register, worker_layout
+from eksflow.launchers.base import Job, JobRequest, Launcher, one_worker_per_node, register, worker_layout
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
@@ -60,10 +61,11 @@ REFUSAL = (
 
 
 def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
-    """(nodes, tasks per node): a node's devices per node on GPU, all `workers` on one node on CPU."""
+    """(nodes, tasks per node): a node's devices on GPU; on CPU, all `workers` on one node or one on each of several."""
+    nodes = cluster_of(cfg).nodes
     if profile.kind == "cpu":
-        return 1, workers
-    return cluster_of(cfg).nodes, profile.workers
+        return (1, workers) if nodes == 1 else (nodes, 1)
+    return nodes, profile.workers
 
 
 class SlurmLauncher(Launcher):
@@ -85,7 +87,7 @@ class SlurmLauncher(Launcher):
                 "tasks, and its Args have no `launcher` field; fix: add one taking 'mpi' (as eksflow.llm.steps.train "
                 "has), or --set cluster.launcher=rayjob"
             )
-        return request
+        return one_worker_per_node(request) if request.profile.kind == "cpu" and request.cluster.nodes > 1 else request
 
     def admission(self, cfg: PipelineConfig) -> str:
         """Slurm's own scheduler allocates every node of the job at once (Kueue and Volcano are not involved)."""
@@ -112,7 +114,7 @@ class SlurmLauncher(Launcher):
         argv, inputs = arguments(args_type, name, [request.settings, *request.sections], request.values)
         workers, threads = worker_layout(request.settings)
         nodes, tasks = layout(cfg, request.profile, workers)
-        env = {e["name"]: e["value"] for e in profiles.env(request.profile)} | dict(cfg.env)
+        env = {e["name"]: e["value"] for e in profiles.env(request.profile, nodes)} | dict(cfg.env)
         if secret := next((env_name for env_name in cfg.env if env_name in SECRET_ENV), None):
             raise PipelineError(
                 f"env.{secret}: cluster.launcher=slurm gives the pipeline's env to the Slurm job, whose environment "

@@ -12,7 +12,8 @@ bridge, whatever this machine forwards; pod traffic reaches pods and the host's 
 Every object is named after the network's tag (bridge efb<tag>, namespaces ef<tag>-<n>, veths efv<tag><n>) and
 recorded in REGISTRY/<tag>/ with the executor that owns it. `close` removes the pods (their processes first),
 the bridge and the record; `sweep`, which every new network runs first, does the same for the networks of
-executors that are gone (killed with SIGKILL, say), so nothing outlives its run.
+executors that are gone (killed with SIGKILL, say), so nothing outlives its run. A network made for daemons (the
+local Slurm's nodes) is handed over to one of them and lives as long as it does.
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ class Pod:
         """The argv prefix that starts this pod with a command, its PID 1 (the command follows it)."""
         return [sys.executable, "-I", "-S", str(_ENTER), self.netns, self.name, str(hosts), "--"]
 
+    def disconnect(self) -> None:
+        """Take the pod's eth0 down: its address answers no one, as a reclaimed instance's."""
+        _ip("-n", self.netns, "link", "set", POD_INTERFACE, "down")
+
+    def connect(self) -> None:
+        """Bring eth0 back up with its on-link default route (which going down took away); idempotent."""
+        _ip("-n", self.netns, "link", "set", POD_INTERFACE, "up")
+        _ip("-n", self.netns, "route", "replace", "default", "dev", POD_INTERFACE)
+
 
 def join(handle: int) -> list[str]:
     """The argv prefix that runs a command in a started pod, as `kubectl exec` does: in all its namespaces.
@@ -113,7 +123,7 @@ class PodNetwork:
             self.folder = registry / self.tag
             self.folder.mkdir()
             (self.folder / "subnet").write_text(str(self.subnet), encoding="utf-8")
-            (self.folder / "owner").write_text(f"{os.getpid()} {start_time(os.getpid()) or ''}", encoding="utf-8")
+            _write_owner(self.folder, os.getpid())
         self.hosts = self.folder / "hosts"
         self._write_hosts()
         self.bridge = f"efb{self.tag}"
@@ -230,6 +240,17 @@ def sweep(registry: Path = REGISTRY) -> list[str]:
     return sorted(set(removed))
 
 
+def hand_over(tag: str, pid: int, registry: Path = REGISTRY) -> None:
+    """Make process `pid` the owner of network `tag`: it lives as long as that daemon, past its maker's exit."""
+    _write_owner(registry / tag, pid)
+
+
+def remove_network(tag: str, registry: Path = REGISTRY) -> None:
+    """Remove network `tag` (its pods with their processes, its bridge, its record), whoever owns it."""
+    if _TAG.fullmatch(tag) and (registry / tag).is_dir():
+        _remove(registry / tag)
+
+
 def _remove(folder: Path) -> None:
     tag = folder.name
     for netns in sorted(_NETNS.glob(f"ef{tag}-*")) if _NETNS.is_dir() else []:
@@ -250,6 +271,13 @@ def _delete_netns(netns: str) -> None:
             if not (_NETNS / netns).exists():
                 return
             time.sleep(0.2)
+
+
+def _write_owner(folder: Path, pid: int) -> None:
+    """Record `pid` (with its start time: a reused pid is no owner) as the network's owner; whole or not at all."""
+    draft = folder / f".owner.{os.getpid()}"
+    draft.write_text(f"{pid} {start_time(pid) or ''}", encoding="utf-8")
+    draft.replace(folder / "owner")
 
 
 def _owner_alive(owner: Path) -> bool:

@@ -9,6 +9,7 @@ import yaml
 
 from eksflow.cli import apply_variant
 from eksflow.launchers import rayjob
+from eksflow.profiles import POD_INTERFACE
 from eksflow.render import cron_workflow, workflow_template
 from tests.argo_substitution import manifest_object, resource_objects
 from tests.flagship import config, rendered
@@ -46,6 +47,7 @@ VARIANTS = {
         "cluster.slurm.time_limit_min=600",
     ],
     "cpu-slurm": ["cluster.launcher=slurm"],
+    "cpu-slurm-2-nodes": ["cluster.launcher=slurm", "cluster.nodes=2"],  # one srun task per node
 }
 
 
@@ -80,6 +82,22 @@ def test_every_kind_of_every_variant_validates(variant, argo_validator):
     assert errors(argo_validator("Workflow"), workflow) == []
     assert errors(argo_validator("WorkflowTemplate"), workflow_template(workflow)) == []
     assert errors(argo_validator("CronWorkflow"), cron_workflow(workflow, "0 3 * * 1", "Europe/Paris")) == []
+
+
+def test_a_slurm_job_on_several_cpu_nodes_runs_one_rank_per_node_with_gloo_on_the_pods_eth0():
+    def train(variant: str) -> dict:
+        (template,) = [t for t in render(VARIANTS[variant])["spec"]["templates"] if t["name"] == "train"]
+        return template["container"]
+
+    one, several = train("cpu-slurm"), train("cpu-slurm-2-nodes")
+    args = several["args"]
+    own, step = args[: args.index("--")], args[args.index("--") + 1 :]
+    assert {"--nodes=2", "--tasks-per-node=1", "--gpus-per-node=0"} <= set(own)
+    assert "--num-workers=2" in step  # the step's own count agrees with srun's
+    assert {"--nodes=1", "--tasks-per-node=2"} <= set(one["args"])  # one node: every rank on it
+    env = {e["name"]: e["value"] for e in several["env"]}
+    assert env["GLOO_SOCKET_IFNAME"] == POD_INTERFACE == "eth0"  # forwarded to the srun tasks
+    assert "GLOO_SOCKET_IFNAME" not in {e["name"] for e in one["env"]}
 
 
 def test_embedded_jobs_validate_against_their_crds(variant, crd_validator):

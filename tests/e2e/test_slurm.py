@@ -1,11 +1,12 @@
-"""The train step as a real Slurm batch job, submitted and followed through a real slurmrestd (v0.0.38).
+"""The train step as a real Slurm batch job across two nodes, submitted and followed through a real slurmrestd.
 
-A one-node Slurm 22.05 runs on this machine for the module (scripts/local_slurm.py: munge, slurmctld, slurmd and
-slurmrestd on 127.0.0.1, ports of their own, everything in a temporary folder); where it cannot (not root, no
-apt-get) the module skips with the reason. eksflow.runtime.slurm_job submits the job, follows it, copies its
-outputs and ends with the exit contract; the job runs `python -m eksflow.llm.steps.train --launcher=mpi` on two srun
-tasks (DDP over gloo) of the session's tiny random Llama. What the job was given is read where slurmctld keeps it: the
-job list's user and comment, and the environment file of its state folder.
+A two-node Slurm 22.05 runs on this machine for the module (scripts/local_slurm.py --nodes 2: munge, slurmctld and
+slurmrestd here, a slurmd on each of two simulated nodes with its own address and host name, ports of their own,
+everything in a temporary folder); where it cannot (not root, no apt-get) the module skips with the reason.
+eksflow.runtime.slurm_job submits the job, follows it, copies its outputs and ends with the exit contract; the job
+runs `python -m eksflow.llm.steps.train --launcher=mpi` as one srun task per node (DDP over gloo between the nodes'
+addresses) on the session's tiny random Llama. What the job was given is read where slurmctld keeps it: the job
+list's user and comment, and the environment file of its state folder.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,12 +27,15 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps.common import checkpoints
+from eksflow.llm.steps.train.state import read_metrics
 from eksflow.runtime.ports import free_port
 from eksflow.runtime.slurm import JobStatus, SlurmApi, SlurmError, slurm_api
 from eksflow.runtime.slurm_job import job_comment
 from tests.e2e.conftest import training_folder
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = [sys.executable, str(ROOT / "scripts" / "local_slurm.py")]
 UID = "5f0c6a8e-2b1d-4c3e-9a7f-0123456789ab"  # the workflow's, as Argo's {{workflow.uid}} gives it
 pytestmark = pytest.mark.slow
 
@@ -80,12 +85,13 @@ def slurm() -> Iterator[Slurm]:
         "EKSFLOW_SLURM_SLURMD_PORT": str(free_port()),
         "EKSFLOW_SLURM_REST_PORT": str(free_port()),
     }
-    script = [sys.executable, str(ROOT / "scripts" / "local_slurm.py")]
-    started = subprocess.run([*script, "up"], check=False, env=env, capture_output=True, text=True, timeout=900)
+    up = [*SCRIPT, "up", "--nodes=2"]
+    started = subprocess.run(up, check=False, env=env, capture_output=True, text=True, timeout=900)
     if started.returncode == 3:
         pytest.skip(started.stderr.strip())
     assert started.returncode == 0, started.stderr
     env.update(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
+    env["GLOO_SOCKET_IFNAME"] = "eth0"  # what the profile gives a job of several nodes (profiles.env)
     cluster = Slurm(folder, env)
     try:
         yield cluster
@@ -96,7 +102,7 @@ def slurm() -> Iterator[Slurm]:
                 for job in running:
                     cluster.api.cancel(job.job_id)
                 time.sleep(1)
-        subprocess.run([*script, "down"], check=False, env=env, capture_output=True, timeout=120)
+        subprocess.run([*SCRIPT, "down"], check=False, env=env, capture_output=True, timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -135,7 +141,9 @@ def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra
         "job-name": name,
         "workflow-uid": UID,
         "work-dir": work / "slurm",
-        "tasks-per-node": 2,
+        "nodes": 2,
+        "tasks-per-node": 1,
+        "forward-env": '["GLOO_SOCKET_IFNAME"]',
         "outputs-dir": work / "task-outputs",
         "poll-s": 0.5,
         **extra,
@@ -160,28 +168,48 @@ def test_the_train_step_runs_as_a_slurm_job_and_its_outputs_reach_the_task(slurm
     assert slurm.token_file.read_text() not in log
 
 
-def test_a_requeued_job_resumes_from_its_checkpoint_and_the_task_follows_it(slurm, workdir, tmp_path):
-    out = tmp_path / "train"
-    task = submitter(slurm, "train-requeue", tmp_path, train_argv(workdir, out, 12))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(task.stdout or []), daemon=True)
+def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint_on_the_replacement(
+    slurm, workdir, tmp_path, capsys
+):
+    """The node-down drill: a node lost mid-training (every process on it killed, its address gone) is set DOWN,
+    as slurmctld does once it stops answering; Slurm requeues the job (NODE_FAIL, JobRequeue=1) under the same id,
+    the replacement slurmd registers (ReturnToService=2), and the job starts again by itself: both srun tasks resume
+    from the last committed checkpoint, and the task follows the job throughout."""
+    out, every, steps = tmp_path / "train", 2, 12
+    task = submitter(slurm, "train-node-lost", tmp_path, train_argv(workdir, out, steps, **{"checkpoint-every": every}))
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in task.stdout or []))
     reader.start()
-    job = slurm.wait("train-requeue", "RUNNING")
+    job = slurm.wait("train-node-lost", "RUNNING")
     deadline = time.monotonic() + 300
-    while not list(out.glob("checkpoints/step-*")):
-        assert time.monotonic() < deadline and task.poll() is None, "".join(lines)
-        time.sleep(0.5)
-    slurm.scontrol("requeue", str(job.job_id))
-    # slurmctld holds a requeued batch job back for a while (its BeginTime); an operator waits, the test starts it.
-    slurm.wait("train-requeue", "PENDING")
-    slurm.scontrol("update", f"jobid={job.job_id}", "starttime=now")
-    assert task.wait(600) == 0, "".join(lines)
+    while not checkpoints.committed(out / "checkpoints"):
+        assert time.monotonic() < deadline and task.poll() is None, "".join(line for _, line in lines)
+        time.sleep(0.05)
+    lost_at = time.monotonic()
+    subprocess.run([*SCRIPT, "lose", "slurm-node-2"], env=slurm.env, check=True, capture_output=True, timeout=60)
+    done = checkpoints.committed(out / "checkpoints")[-1].step  # no rank commits without its peer on the lost node
+    slurm.wait("train-node-lost", "PENDING", timeout_s=60)  # requeued, waiting for two nodes
+    subprocess.run([*SCRIPT, "up", "--nodes=2"], env=slurm.env, check=True, capture_output=True, timeout=120)
+    assert task.wait(600) == 0, "".join(line for _, line in lines)
     reader.join(10)
-    log = "".join(lines)
-    assert slurm.job("train-requeue").restarts == 1
-    # Both srun tasks (one DDP group) went on from the checkpoint, in the same job.
-    assert "rank 0: resumed from step-" in log and "rank 1: resumed from step-" in log, log
-    assert json.loads((tmp_path / "task-outputs" / "final_loss").read_text()) > 0
+    log = "".join(line for _, line in lines)
+    assert slurm.job("train-node-lost").job_id == job.job_id and slurm.job("train-node-lost").restarts == 1
+    # one rank per node, each at its node's address, before and after the loss
+    ranks = set(re.findall(r"rank (\d)/2: host (\S+ \S+)", log))
+    nodes = dict(entry.split("@") for entry in slurm.env["EKSFLOW_SLURM_NODES"].split(","))
+    assert ranks == {("0", f"slurm-node-1 {nodes['slurm-node-1']}"), ("1", f"slurm-node-2 {nodes['slurm-node-2']}")}
+    resumed = {int(r): int(s) for r, s in re.findall(r"rank (\d): resumed from \S+ \(step (\d+)\)", log)}
+    assert set(resumed) == {0, 1} and len(set(resumed.values())) == 1, log[-3000:]
+    assert resumed[0] == done  # the newest commit: at most the steps since it were lost (fewer than `every`)
+    back_at = next(at for at, line in lines if "resumed from" in line)
+    committed = checkpoints.committed(out / "checkpoints")
+    assert committed[-1].step == steps and 0 < read_metrics(committed[-1].path)["loss"] < 20
+    with capsys.disabled():
+        print(
+            f"\nSlurm node lost after checkpoint step {done}: the requeued job resumed from step {resumed[0]} "
+            f"{back_at - lost_at:.0f} s after the loss (the requeue hold, the replacement's registration, the ranks' "
+            "start)"
+        )
 
 
 def test_interrupting_the_task_cancels_the_job(slurm, workdir, tmp_path):
@@ -275,6 +303,7 @@ def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(s
             "train.micro_batch_size=2",
             "train.strategy=ddp",
             "train.precision=fp32",
+            "cluster.nodes=2",
             "env.WANDB_PROJECT=eksflow-e2e",
         ]
     )
@@ -309,7 +338,12 @@ def test_a_pipeline_with_the_slurm_launcher_runs_its_train_task_as_a_slurm_job(s
     assert (job.user, job.comment) == ("root", job_comment(uid))
     environment = slurm.environment(job.job_id)
     assert environment["WANDB_PROJECT"] == "eksflow-e2e" and environment["HF_HUB_OFFLINE"] == "1"
+    assert environment["GLOO_SOCKET_IFNAME"] == "eth0"  # the profile's, for a job of several nodes
     assert not set(exported) & set(environment), sorted(environment)
     assert not [v for v in environment.values() if any(secret in v for secret in exported.values())]
     log = (run_dir / "logs" / "train.log").read_text()
     assert f"submitted Slurm job {job.job_id}" in log and "strategy: ddp" in log
+    assert {host.split()[0] for host in re.findall(r"rank \d/2: host (\S+ \S+)", log)} == {
+        "slurm-node-1",
+        "slurm-node-2",
+    }

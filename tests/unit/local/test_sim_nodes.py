@@ -18,7 +18,17 @@ from pathlib import Path
 import pytest
 
 from eksflow.local.node import Requests
-from eksflow.local.pod_network import POD_RANGE, REGISTRY, PodNetwork, PodNetworkError, netns_pids, sweep, unavailable
+from eksflow.local.pod_network import (
+    POD_RANGE,
+    REGISTRY,
+    PodNetwork,
+    PodNetworkError,
+    hand_over,
+    netns_pids,
+    remove_network,
+    sweep,
+    unavailable,
+)
 from eksflow.local.sim_nodes import SimNode, choose_node
 from eksflow.local.status import NodeStatus, node_document, read_nodes
 from tests.unit.test_cli import in_process
@@ -142,3 +152,44 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     )
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
     assert f"efb{tag}" not in links and "efb0badc1" not in links
+
+
+@needs_root
+def test_a_network_handed_over_to_a_daemon_lives_as_long_as_it_and_a_disconnected_pod_comes_back():
+    """What the local Slurm's nodes rely on: the network outlives its maker, and a lost node's pod is reconnected."""
+    daemon = subprocess.Popen(["sleep", "300"])
+    network = PodNetwork()
+    try:
+        pod = network.add("node-a")
+        hand_over(network.tag, daemon.pid)
+        assert network.tag not in sweep() and (REGISTRY / network.tag).is_dir()  # its owner lives
+
+        listen = "import socket;s=socket.socket();s.bind(('0.0.0.0',7000));s.listen()\nwhile 1: s.accept()[0].close()"
+        subprocess.Popen([*pod.enter(network.hosts), sys.executable, "-c", listen])
+
+        def answers() -> bool:
+            for _ in range(50):
+                try:
+                    socket.create_connection((pod.address, 7000), timeout=1).close()
+                    return True
+                except ConnectionRefusedError:
+                    time.sleep(0.05)  # not listening yet
+                except OSError:
+                    return False
+            return False
+
+        assert answers()
+        pod.disconnect()
+        assert not answers()  # its address answers no one
+        pod.connect()
+        pod.connect()  # idempotent
+        assert answers()
+        route = subprocess.run(["ip", "-n", pod.netns, "route"], capture_output=True, text=True, check=True).stdout
+        assert "default dev eth0" in route
+        daemon.kill()
+        daemon.wait()
+        assert network.tag in sweep() and not pod.exists()  # its owner gone, the network goes
+    finally:
+        daemon.kill()
+        remove_network(network.tag)
+    assert not (REGISTRY / network.tag).exists()
