@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .DEFAULT_GOAL := help
-.PHONY: help setup engine-vllm engine-litellm browser slurm-up slurm-down images check-images run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
+.PHONY: help setup engine-vllm engine-litellm browser sshd slurm-up slurm-down images check-images run test test-fast lint templates docs check-templates serve rollback mlflow-ui clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -48,6 +48,16 @@ browser: ## Debian's chromium for the report's browser test (installed as root w
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "no chromium, and no root apt-get to install it: the report's browser test will be skipped"; fi
 
+# sshd is started by the tests alone, in simulated pods: policy-rc.d keeps the package from starting the host's own.
+sshd: ## OpenSSH's sshd for MPIJobs on simulated nodes (installed as root where apt-get exists, never started; else that test is skipped)
+	@if command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+			chmod +x /usr/sbin/policy-rc.d; guard=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			openssh-server >/dev/null; rc=$$?; [ -z "$$guard" ] || rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	else echo "no sshd, and no root apt-get to install it: the MPIJob-on-nodes test will be skipped"; fi
+
 slurm-up: $(STAMP) ## a real Slurm 22.05 (munge, slurmctld, slurmd, slurmrestd; root: apt-get installs it); NODES=2: on simulated nodes
 	$(BIN)/python scripts/local_slurm.py up --nodes $(call shell_word,$(NODES))
 
@@ -67,11 +77,11 @@ run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set t
 # `make test` runs the unit, contract and e2e (`slow`) tests in one session on at most two pytest-xdist workers:
 # one runs the e2e modules that start vLLM engines (ENGINE_MODULES in tests/conftest.py) while the other trains and
 # runs the rest, each filling the other's idle time. `make test-fast` runs the unit and contract tests on every core.
-test: setup browser ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~20 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu and not cluster and not images" -n auto --maxprocesses=2 $(ARGS)
+test: setup browser sshd ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~20 min on 2 cores)
+	$(BIN)/python -m pytest -m "not gpu and not cluster and not images and not drill" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
-	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow and not images" -n auto --maxprocesses=8 $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow and not images and not drill" -n auto --maxprocesses=8 $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """The MPIJob launcher (kubeflow.org/v2beta1, MPI Operator v0.8): mpirun in a launcher pod over sshd worker pods.
 
 `cluster.launcher: mpijob` runs a distributed step through it on GPU nodes (and on CPU nodes: one worker pod, a rank
-per worker); the step's Args need a `launcher` field taking "mpi" (eksflow.llm.steps.train has one):
+per worker, or with several nodes a worker pod with one rank on each); the step's Args need a `launcher` field
+taking "mpi" (eksflow.llm.steps.train has one):
 
     Launcher  one small pod, no devices, started once every worker's sshd is up (launcherCreationPolicy):
                 mpirun -np <nodes x slots> --bind-to none --map-by slot -x PATH -x NCCL_...
@@ -33,7 +34,7 @@ from typing import Any
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, register, worker_layout
+from eksflow.launchers.base import Job, JobRequest, one_worker_per_node, register, worker_layout
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
@@ -65,11 +66,11 @@ TRAINIUM_REFUSAL = (
 
 
 def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
-    """(worker pods, ranks per pod): a node's devices per pod on GPU, all `workers` in one pod on CPU."""
-    cluster = cluster_of(cfg)
+    """(worker pods, ranks per pod): a node's devices on GPU; on CPU all `workers` in one pod, or one pod per node."""
+    nodes = cluster_of(cfg).nodes
     if profile.kind == "cpu":
-        return 1, workers
-    return cluster.nodes, profile.workers
+        return (1, workers) if nodes == 1 else (nodes, 1)
+    return nodes, profile.workers
 
 
 def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: list[dict[str, str]]) -> list[str]:
@@ -90,7 +91,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: li
     name = job_name(task)
     labels = pipeline_labels(cfg.name)
     env = [
-        *profiles.env(profile),
+        *profiles.env(profile, cluster.nodes),
         {"name": "MASTER_ADDR", "value": f"{name}-worker-0.{name}"},  # the operator's pod hostname + Service
         {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
     ]
@@ -160,6 +161,8 @@ class MpiJob(JobLauncher):
                 'mpirun, but its Args have no `launcher` field; fix: give its Args a `launcher` field taking "mpi" '
                 "(as eksflow.llm.steps.train has), or --set cluster.launcher=rayjob"
             )
+        if request.profile.kind == "cpu" and request.cluster.nodes > 1:
+            request = one_worker_per_node(request)
         return replace(request, values={**request.values, "launcher": "mpi"})
 
     def pods(self, cfg: PipelineConfig, job: Job) -> str:

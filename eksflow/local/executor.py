@@ -358,7 +358,9 @@ class _Run:
             with self.book.lock:
                 node = self.book[key]
                 node.pods = pods or node.pods  # the last pods stay listed once the job has ended
-                node.host_node = next((p["hostNodeName"] for p in node.pods if p["role"] == "head"), node.host_node)
+                # the pod running the job's own process: a RayJob's head, an MPIJob's launcher
+                main = (p["hostNodeName"] for p in node.pods if p["role"] in ("head", "launcher"))
+                node.host_node = next(main, node.host_node)
             self.book.touch()
 
         return NodesContext(self.cluster, spawn, lambda proc: process.end(proc, self.tracker), pods_changed)

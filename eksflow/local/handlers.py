@@ -21,6 +21,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eksflow.local import mpijob, ray_pods, resources, services
+from eksflow.local import mpi_pods, mpijob, ray_pods, resources, services
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -184,14 +185,16 @@ class ResourceHandler:
                     env.get("PATH") or ctx.env.get("PATH", ""),
                 ]
             )
-            if job.prepare is not None:
-                env.update(job.prepare(ctx.task_dir))
+            if job.prepare is not None and not (ctx.nodes is not None and job.mpi is not None):
+                env.update(job.prepare(ctx.task_dir))  # on simulated nodes the pods are what it stands in for
         argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
         deadline = min(deadlines) if deadlines else None
         if ctx.nodes is not None and job.ray_groups:
             group_envs = {group.role: map_env(group.env, paths, rules) for group in job.ray_groups}
             return _ray_on_nodes(job, ctx, ctx.nodes, argv, env, group_envs, deadline)
+        if ctx.nodes is not None and job.mpi is not None:
+            return _mpi_on_nodes(job.mpi, ctx, ctx.nodes, argv, env, deadline)
         return ctx.execute(argv, env, deadline)
 
 
@@ -225,6 +228,31 @@ def _ray_on_nodes(
         attempt.message = "; ".join(
             filter(None, [attempt.message, "worker pods replaced: " + ", ".join(pods.replaced)])
         )
+    return attempt
+
+
+def _mpi_on_nodes(
+    layout: resources.MpiLayout,
+    ctx: TaskContext,
+    nodes: NodesContext,
+    argv: list[str],
+    env: dict[str, str],
+    deadline: float | None,
+) -> Attempt:
+    """An MPIJob as the MPI Operator runs it, on the simulated nodes: sshd workers, mpirun in the launcher pod."""
+    if mpi_pods.sshd() is None:  # no retry can install it
+        return Attempt(Phase.FAILED, None, mpi_pods.INSTALL_SSHD, 0.0, retriable=False)
+    pods = mpi_pods.MpiPods(
+        nodes.cluster, layout, folder=ctx.task_dir / "ssh", logs=ctx.task_dir / "pods", path=env["PATH"],
+        spawn=nodes.spawn, reap=nodes.reap, changed=nodes.pods_changed,
+    )  # fmt: skip
+    try:
+        launcher_env = pods.start()
+        attempt = ctx.execute([*pods.in_launcher(), *argv], {**env, **launcher_env}, deadline)
+    except (mpi_pods.MpiPodsError, PodNetworkError, OSError, subprocess.CalledProcessError) as exc:
+        attempt = Attempt(Phase.ERROR, None, f"the MPIJob's pods: {exc}", 0.0)
+    finally:
+        pods.close()
     return attempt
 
 

@@ -9,6 +9,9 @@ OMPI_MCA_orte_ name), so the command's `-np` needs no oversubscription. The rank
 workers' environment (mpirun passes its own on to local ranks), the workers' volume mounts, and MASTER_ADDR
 127.0.0.1 with a free MASTER_PORT in place of the first worker pod's DNS name, which exists only in the cluster.
 
+On simulated nodes (`run --nodes N`) the MPIJob runs as the operator runs it instead: sshd worker pods, the
+hostfile naming them, mpirun over ssh in the launcher pod (mpi_pods.py).
+
 Refused before anything runs: a launcher whose command is not Open MPI's mpirun (the operator's other
 implementations, or a wrapper), no mpirun on this machine, and (resources.refusal) GPUs or Neuron devices the
 pods ask for that this machine lacks. Scheduling, SSH, restart and cleanup policies act only on pods: ignored.
@@ -24,7 +27,16 @@ from pathlib import Path
 from typing import Any
 
 # resources.py reads every resource manifest the same way; its helpers are this package's own
-from eksflow.local.resources import DeviceRequest, LocalJob, ResourceError, _fields, _mounts, _pod_devices
+from eksflow.local.resources import (
+    DeviceRequest,
+    LocalJob,
+    MpiLayout,
+    ResourceError,
+    _fields,
+    _mounts,
+    _pod_devices,
+    pod_requests,
+)
 from eksflow.runtime.ports import free_port
 
 MPIJOB_API = "kubeflow.org/v2beta1"
@@ -88,6 +100,14 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
     env = _fields.env(launcher, c_at)
     if workers:  # the workers' environment, then the launcher's (mpirun's own, which it passes on to local ranks)
         env = (*_fields.env(worker, f"{w_at}.containers[0]"), *env)
+    metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")
+    layout = MpiLayout(
+        _fields.text(metadata.get("name", ""), f"{where}.metadata.name"),
+        workers,
+        slots,
+        pod_requests(launcher, c_at),
+        pod_requests(worker, f"{w_at}.containers[0]"),
+    )
     return LocalJob(
         "MPIJob",
         "",
@@ -102,6 +122,7 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
         ),
         refusal=refusal,
         prepare=local_environment(max(hosts, 1) * slots),
+        mpi=layout if workers else None,  # runLauncherAsWorker alone: mpirun's ranks are the launcher's own
     )
 
 

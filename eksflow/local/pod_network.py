@@ -69,6 +69,7 @@ class Pod:
     name: str
     netns: str
     address: str
+    aliases: tuple[str, ...] = ()  # more names /etc/hosts gives its address (a pod's FQDN under its subdomain)
 
     def exists(self) -> bool:
         """Whether the pod's namespace is still there (a lost node takes its pods' namespaces with it)."""
@@ -136,8 +137,8 @@ class PodNetwork:
             self.close()
             raise
 
-    def add(self, name: str) -> Pod:
-        """A new pod named `name` (its host name, unique in the run) with the next free address."""
+    def add(self, name: str, aliases: tuple[str, ...] = ()) -> Pod:
+        """A new pod `name` (its host name, unique in the run) with the next free address, `aliases` naming it too."""
         with self._lock:
             if name in self._pods:
                 raise PodNetworkError(f"pod {name!r} exists already")
@@ -145,7 +146,7 @@ class PodNetwork:
             self._next += 1
             if number >= self.subnet.num_addresses - 1:
                 raise PodNetworkError(f"the pod network {self.subnet} has no address left for pod {name!r}")
-            pod = Pod(name, f"ef{self.tag}-{number}", str(self.subnet.network_address + number))
+            pod = Pod(name, f"ef{self.tag}-{number}", str(self.subnet.network_address + number), aliases)
             self._pods[name] = pod
         veth = f"efv{self.tag}{number:x}"
         try:
@@ -183,7 +184,7 @@ class PodNetwork:
     def _write_hosts(self) -> None:
         with self._lock:
             lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-            lines += [f"{pod.address}\t{pod.name}" for pod in self._pods.values()]
+            lines += [" ".join([f"{pod.address}\t{pod.name}", *pod.aliases]) for pod in self._pods.values()]
             # rewritten in place: every pod's mount namespace has this very file bound over its /etc/hosts
             with open(self.hosts, "a+", encoding="utf-8") as hosts:
                 hosts.seek(0)

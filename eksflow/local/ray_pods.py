@@ -88,7 +88,6 @@ class RayPods:
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self.replaced: list[str] = []  # "pod on node -> pod on node" for every worker pod replaced
-        self._replacements: dict[str, str] = {}  # lost node -> the node added in its place
         self.head: PlacedPod | None = None
 
     def exec_in_head(self) -> list[str]:
@@ -208,8 +207,8 @@ class RayPods:
                 self._end(running)
                 if self._closing.is_set():
                     return
-                if self.cluster.is_lost(node) and node not in self._replacements:
-                    self._replacements[node] = self.cluster.add_node()
+                if self.cluster.is_lost(node):
+                    self.cluster.replace_lost()
                 replacement = self._start_pod(running.group)
                 self.replaced.append(
                     f"{running.pod.name} on {node} -> {replacement.pod.name} on {replacement.pod.node}"

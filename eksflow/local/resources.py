@@ -109,6 +109,17 @@ class RayGroup:
 
 
 @dataclass(frozen=True)
+class MpiLayout:
+    """An MPIJob's pods as the MPI Operator makes them: `<name>-worker-<i>` running sshd, and the launcher."""
+
+    name: str  # the MPIJob's: its pods' host names start with it, and its headless Service (their subdomain) is it
+    workers: int
+    slots: int  # slotsPerWorker: the hostfile's slots per worker
+    launcher: Requests  # one pod's CPU and memory requests
+    worker: Requests
+
+
+@dataclass(frozen=True)
 class LocalJob:
     """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
 
@@ -126,6 +137,7 @@ class LocalJob:
     prepare: Callable[[Path], dict[str, str]] | None = None
     service_object: Mapping[str, Any] | None = None  # an object of a run service's kind: it applies it (services.py)
     ray_groups: tuple[RayGroup, ...] = ()  # a RayJob's head and worker groups, for simulated nodes (ray_pods.py)
+    mpi: MpiLayout | None = None  # an MPIJob's pods, for simulated nodes (mpi_pods.py)
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]
@@ -167,6 +179,14 @@ def describe(text: str, where: str) -> LocalJob:
     metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")
     notes = _fields.mapping(metadata.get("annotations"), f"{where}.metadata.annotations")
     return replace(job, annotations=tuple((str(k), str(v)) for k, v in notes.items()))
+
+
+def pod_requests(container: Mapping[str, Any], at: str) -> Requests:
+    """A container's CPU and memory requests; ResourceError naming `at` for a bad quantity."""
+    try:
+        return container_requests(_fields.mapping(container.get("resources"), f"{at}.resources"))
+    except QuantityError as exc:
+        raise ResourceError(f"{at}.resources: {exc}") from None
 
 
 def _podgroup(manifest: Mapping[str, Any], where: str) -> LocalJob:
@@ -266,10 +286,7 @@ def _ray_group(
         if not _RAY_PARAM.fullmatch(str(key)):
             raise ResourceError(f"{at}.rayStartParams: {key!r} is not a `ray start` option name")
     c_at = f"{at}.template.spec.containers[0]"
-    try:
-        requests = container_requests(_fields.mapping(container.get("resources"), f"{c_at}.resources"))
-    except QuantityError as exc:
-        raise ResourceError(f"{c_at}.resources: {exc}") from None
+    requests = pod_requests(container, c_at)
     lifecycle = _fields.mapping(container.get("lifecycle"), f"{c_at}.lifecycle")
     pre_stop = _fields.mapping(_fields.mapping(lifecycle.get("preStop"), f"{c_at}.lifecycle.preStop").get("exec"), at)
     command = tuple(

@@ -36,6 +36,7 @@ class SimNode:
     allocated: Requests = field(default_factory=Requests)
     pods: dict[str, str] = field(default_factory=dict)  # pod name -> the job it belongs to
     lost: bool = False
+    replaced: bool = False  # a node was added in its place
 
 
 @dataclass(frozen=True)
@@ -73,16 +74,21 @@ class SimulatedCluster:
         """The run's /etc/hosts, as every pod sees it."""
         return self.network.hosts
 
-    def create_pod(self, job: str, role: str, asked: Requests) -> PlacedPod:
-        """Place a new pod of `job` and give it its network; its name is `<job>-<role>-<suffix>`, as a controller's."""
-        name = f"{job[:40]}-{role[:12]}-{secrets.token_hex(3)}".lower()
+    def create_pod(
+        self, job: str, role: str, asked: Requests, name: str = "", aliases: tuple[str, ...] = ()
+    ) -> PlacedPod:
+        """Place a new pod of `job` with its network, named `name` or `<job>-<role>-<suffix>`; `aliases` name it too.
+
+        `name` is a controller's own (an MPIJob's `<job>-worker-<i>`), unique in the run.
+        """
+        name = name or f"{job[:40]}-{role[:12]}-{secrets.token_hex(3)}".lower()
         with self._lock:
             node = choose_node(self.nodes, job, asked)
             counted = asked.within(node.capacity)
             node.allocated += counted
             node.pods[name] = job
         try:
-            network = self.network.add(name)
+            network = self.network.add(name, aliases)
         except BaseException:
             self._release(node.name, name, counted)
             raise
@@ -108,12 +114,23 @@ class SimulatedCluster:
         with self._lock:
             return self._node(node_name).lost
 
-    def add_node(self) -> str:
-        """A new node of the same share (as Karpenter provisions one for pods left Pending); its name."""
+    def add_node(self, replacing: str = "") -> str:
+        """A new node of the same share (as Karpenter provisions one for pods left Pending); its name.
+
+        `replacing`: the lost node it takes the place of.
+        """
         with self._lock:
             node = SimNode(f"node-{len(self.nodes) + 1}", self.nodes[0].capacity)
             self.nodes.append(node)
+            if replacing:
+                self._node(replacing).replaced = True
             return node.name
+
+    def replace_lost(self) -> list[str]:
+        """A new node for each lost one not replaced yet (a job's pods are about to ask for them); their names."""
+        with self._lock:
+            lost = [node.name for node in self.nodes if node.lost and not node.replaced]
+        return [self.add_node(replacing=name) for name in lost]
 
     def take_notices(self) -> list[str]:
         """The nodes given a Spot interruption notice since the last call (the drill's handle: a file each)."""

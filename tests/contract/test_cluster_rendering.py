@@ -38,6 +38,7 @@ VARIANTS = {
         "cluster.launcher=mpijob",
     ],
     "cpu-mpijob": ["cluster.launcher=mpijob", "train.strategy=deepspeed", "train.zero_stage=3"],
+    "cpu-mpijob-2-nodes": ["cluster.launcher=mpijob", "cluster.nodes=2", "train.strategy=deepspeed"],
     "p4d-slurm": [
         "cluster.instance_type=p4d.24xlarge",
         "cluster.nodes=2",

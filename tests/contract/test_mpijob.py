@@ -83,6 +83,18 @@ def test_kueue_admits_the_mpijob_whole_and_cpu_gets_one_pod_of_ranks():
     assert "--strategy=deepspeed" in launcher["args"] and "--zero-stage=3" in launcher["args"]
 
 
+def test_several_cpu_nodes_get_a_worker_pod_each_with_one_rank_and_gloo_on_the_pods_eth0():
+    _, job = job_of("cpu-mpijob-2-nodes")
+    launcher, _ = launcher_and_worker(job)
+    assert job["spec"]["slotsPerWorker"] == 1 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert launcher["command"][:3] == ["mpirun", "-np", "2"] and "--num-workers=2" in launcher["args"]
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    forwarded = [launcher["command"][i + 1] for i, word in enumerate(launcher["command"]) if word == "-x"]
+    assert "GLOO_SOCKET_IFNAME" in forwarded  # to the ranks, which sshd starts without the container's environment
+    assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-worker-0.{job['metadata']['name']}"
+
+
 def attempts(overrides):
     (job,) = pipeline(overrides).jobs
     return job.attempts(config(overrides))

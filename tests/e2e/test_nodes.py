@@ -25,10 +25,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from eksflow.launchers import rayjob
+from eksflow.launchers import mpijob, rayjob
 from eksflow.llm.steps.common import checkpoints
 from eksflow.llm.steps.train.state import read_metrics
 from eksflow.local import run_workflow
+from eksflow.local.mpi_pods import INSTALL_SSHD, sshd
 from eksflow.local.pod_network import POD_RANGE, REGISTRY, netns_pids, unavailable
 from tests.e2e.conftest import training_folder
 from tests.e2e.test_train_zero import train_args
@@ -43,16 +44,22 @@ def workdir(tmp_path_factory, tiny_llama):
     return training_folder(tmp_path_factory.mktemp("nodes"), tiny_llama)
 
 
-def run_on_nodes(state: Path, argv: list[str], *, retries: int = 0, during=None):
-    """The rendered RayJob of `cluster.nodes=2` in a workflow of one task, run with two simulated nodes."""
-    manifest = rayjob.manifest(config(["cluster.nodes=2"]), "train", "eksflow.llm.steps.train", argv)
+def run_on_nodes(state: Path, argv: list[str], *, retries: int = 0, during=None, launcher: str = "rayjob"):
+    """The rendered RayJob (or MPIJob) of `cluster.nodes=2` in a workflow of one task, run with two simulated nodes."""
+    cfg = config(["cluster.nodes=2", f"cluster.launcher={launcher}"])
+    if launcher == "mpijob":
+        manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, argv)
+        success, failure = mpijob.SUCCESS, mpijob.failure(cfg)
+    else:
+        manifest = rayjob.manifest(cfg, "train", "eksflow.llm.steps.train", argv)
+        success, failure = rayjob.SUCCESS, rayjob.FAILURE
     template = {
         "name": "train",
         "retryStrategy": {"limit": retries, "retryPolicy": "Always"},
         "resource": {
             "action": "create",
-            "successCondition": rayjob.SUCCESS,
-            "failureCondition": rayjob.FAILURE,
+            "successCondition": success,
+            "failureCondition": failure,
             "manifest": yaml.safe_dump(manifest, sort_keys=False),
         },
     }
@@ -107,13 +114,7 @@ def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_re
         progress = (status_file.parent / "tasks" / "train" / "progress").read_text().split("/")[0]
         done = max(int(progress or 0), checkpoints.committed(out / "checkpoints")[-1].step)
         lost.update(node=victim["hostNodeName"], done=done)
-        # the node goes at once: its pods' namespaces are gone before their processes die
-        for netns in pod_namespaces({p["podIP"] for p in pods if p["hostNodeName"] == victim["hostNodeName"]}):
-            pids = netns_pids(netns)
-            subprocess.run(["ip", "netns", "delete", netns], check=True)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        lose_node(pods, victim["hostNodeName"])
         lost["at"] = time.monotonic()
         while time.monotonic() < deadline and checkpoints.committed(out / "checkpoints")[-1].step <= done:
             time.sleep(0.05)
@@ -152,6 +153,16 @@ def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_re
             f"\nnode lost after step {lost['done']}: resumed from step {resumed[0]} ({steps_lost} steps lost); "
             f"{float(lost['recovered']) - float(lost['at']):.0f} s from the loss to the next new checkpoint"
         )
+
+
+def lose_node(pods: list[dict[str, str]], node: str) -> None:
+    """Node `node` goes at once, as a reclaimed Spot instance: its pods' namespaces vanish, then their processes."""
+    for netns in pod_namespaces({p["podIP"] for p in pods if p["hostNodeName"] == node}):
+        pids = netns_pids(netns)
+        subprocess.run(["ip", "netns", "delete", netns], check=True)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def pod_namespaces(addresses: set[str]) -> list[str]:
@@ -200,3 +211,80 @@ def train_log(state: Path) -> str:
     """The run's train task log so far ("" before it has one)."""
     found = list((state / "runs").glob("*/logs/train.log"))
     return found[0].read_text(errors="replace") if found else ""
+
+
+@pytest.mark.skipif(sshd() is None, reason=INSTALL_SSHD)
+def test_zero2_across_two_nodes_as_the_mpi_operator_runs_it_over_ssh(workdir, tmp_path):
+    """The MPIJob of `cluster.nodes=2` on CPU: a worker pod per node running sshd, the launcher's mpirun starting one
+    rank in each over ssh with the operator's hostfile (`<job>-worker-<i>.<job>`, resolving to the pods' addresses),
+    DeepSpeed ZeRO-2 between them over gloo, MASTER_ADDR the first worker's name."""
+    before = leftovers()
+    out = tmp_path / "train"
+    argv = train_args(workdir, out, "deepspeed", launcher="mpi", max_steps=4, checkpoint_every=4, zero_stage=2)
+    node, status, log = run_on_nodes(tmp_path / "state", argv, launcher="mpijob")
+    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
+    ranks = re.findall(r"rank (\d)/2: host (\S+) (\S+)", log)
+    assert {rank for rank, _, _ in ranks} == {"0", "1"}, log[-3000:]
+    # the operator's pod names, <job>-worker-<i>, each with its own pod address
+    assert {re.sub(r".*-train-0-worker-", "", host) for _, host, _ in ranks} == {"0", "1"}, ranks
+    assert len({address for _, _, address in ranks}) == 2
+    assert all(ipaddress.ip_address(address) in POD_RANGE for _, _, address in ranks)
+    assert "strategy: deepspeed (strategy=deepspeed (ZeRO-2)" in log, log[-3000:]
+    assert checkpoints.committed(out / "checkpoints")[-1].step == 4
+    pods = status["pods"]
+    assert [p["role"] for p in pods] == ["launcher", "worker", "worker"], pods
+    assert len({p["hostNodeName"] for p in pods if p["role"] == "worker"}) == 2, "one worker pod per node"
+    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # mpirun runs in the launcher pod
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
+
+
+@pytest.mark.drill
+@pytest.mark.skipif(sshd() is None, reason=INSTALL_SSHD)
+def test_an_mpijob_whose_worker_node_is_lost_is_retried_from_its_checkpoint(workdir, tmp_path, capsys):
+    """The MPI node-loss drill (`pytest -m drill`: minutes, not in `make test`). A worker's node lost after the first
+    commit fails the MPIJob (mpirun has no in-job retry); Argo's retry resumes from that checkpoint on the node left
+    and a replacement, once rank 0's checkpoint lease (its holder died with the attempt) has no heartbeat left."""
+    before = leftovers()
+    out = tmp_path / "train"
+    steps, every = 8, 2
+    lost: dict[str, object] = {}
+
+    def lose_a_worker_node(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not checkpoints.committed(out / "checkpoints"):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        victim = next(p for p in pods if p["role"] == "worker" and p["hostNodeName"] != pods[0]["hostNodeName"])
+        lose_node(pods, victim["hostNodeName"])
+        lost["at"] = time.monotonic()
+        lost.update(node=victim["hostNodeName"], done=checkpoints.committed(out / "checkpoints")[-1].step)
+
+    argv = train_args(
+        workdir, out, "deepspeed", launcher="mpi", max_steps=steps, checkpoint_every=every, zero_stage=2,
+        grad_accum_steps=8,
+    )  # fmt: skip
+    node, status, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_a_worker_node, launcher="mpijob")
+    assert node.phase == "Succeeded" and node.retries == 1, f"{node.message}\n{log[-3000:]}"
+    ranks = re.findall(r"rank (\d)/2: host (\S+) (\S+)", log)
+    assert {rank for rank, _, _ in ranks} == {"0", "1"}, log[-3000:]
+    # the operator's pod names, <job>-worker-<i>, each with its own pod address
+    assert {re.sub(r".*-train-\d-worker-", "", host) for _, host, _ in ranks} == {"0", "1"}, ranks
+    assert all(ipaddress.ip_address(address) in POD_RANGE for _, _, address in ranks)
+    assert "strategy: deepspeed (strategy=deepspeed (ZeRO-2)" in log, log[-3000:]
+    resumed = [int(s) for s in re.findall(r"rank 0: resumed from \S+ \(step (\d+)\)", log)]
+    assert resumed == [lost["done"]], log[-3000:]
+    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    pods = status["pods"]  # the retry's: the launcher, and a worker on the node left and on the replacement
+    assert [p["role"] for p in pods] == ["launcher", "worker", "worker"], pods
+    workers = {p["hostNodeName"] for p in pods if p["role"] == "worker"}
+    assert len(workers) == 2 and lost["node"] not in workers and "node-3" in workers, pods
+    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # mpirun runs in the launcher pod
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
+    took_over = next(line for line in log.splitlines() if "taking over stale lease" in line).split(": ", 1)[1]
+    with capsys.disabled():
+        print(
+            f"\nMPI worker node lost after checkpoint step {lost['done']}: the retry resumed from step {resumed[0]}; "
+            f"{time.monotonic() - float(str(lost['at'])):.0f} s from the loss to the end of training; the lease: "
+            f"{took_over}"
+        )

@@ -46,6 +46,24 @@ def test_lease_from_another_host_goes_stale_without_heartbeat(tmp_path):
     assert lease.acquire(tmp_path, "run-a", ttl_s=60).path == path
 
 
+def test_a_holder_on_another_host_is_waited_for_until_its_heartbeat_stops_or_given_up_on(tmp_path, capsys):
+    """A retry in a new pod meets the lease of a rank 0 killed with its node: it waits, then takes it over."""
+    record = {"host": "lost-node", "pid": 1, "run_name": "run-a", "token": "old"}
+    path = tmp_path / lease.LEASE_FILE
+    path.write_text(json.dumps(record))
+    last_beat = time.time() - 58
+    os.utime(path, (last_beat, last_beat))  # its heartbeat stopped 58 s ago: stale at 60 s
+    started = time.monotonic()
+    taken = lease.acquire(tmp_path, "run-a", ttl_s=60, wait_s=30)
+    assert 1 <= time.monotonic() - started < 10
+    assert json.loads(taken.path.read_text())["pid"] == os.getpid()
+    assert "lost-node, which this host cannot check: waiting up to 30 s" in capsys.readouterr().out
+    taken.release()
+    path.write_text(json.dumps(record))  # a live holder on another host keeps beating: given up on, named
+    with pytest.raises(lease.LeaseHeldError, match="lost-node"):
+        lease.acquire(tmp_path, "run-a", ttl_s=60, wait_s=1.5)
+
+
 def test_release_does_not_remove_a_lease_taken_over_meanwhile(tmp_path):
     mine = lease.acquire(tmp_path, "run-a")
     (tmp_path / lease.LEASE_FILE).write_text(json.dumps({"token": "someone-else"}))

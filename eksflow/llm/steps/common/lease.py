@@ -4,7 +4,9 @@ A second trainer pointed at the same checkpoint root (a duplicate submission, a 
 interleave checkpoints with the first. The lease is created with O_EXCL, so exactly one process holds it; the
 holder refreshes its mtime from a thread (`kept_alive`). A lease is stale, and is taken over, when its holder is
 a dead process on this host, or when its heartbeat is older than `ttl_s` (a holder on another host, e.g. a pod
-killed with SIGKILL). A live holder makes the newcomer fail with LeaseHeldError naming the holder.
+killed with SIGKILL). A trainer waits that long for a holder on another host (the rank 0 of an MPIJob whose node
+was lost dies without releasing it, and the retry runs in a new pod); a live holder makes the newcomer fail with
+LeaseHeldError naming the holder.
 
 The run identity (`RUN_FILE`) records which workflow run owns the root: a retry of that run resumes; another
 run_name is refused instead of silently continuing someone else's checkpoints.
@@ -25,6 +27,7 @@ from pathlib import Path
 LEASE_FILE = "LEASE"
 RUN_FILE = "RUN"
 DEFAULT_TTL_S = 120.0
+HEARTBEAT_S = DEFAULT_TTL_S / 4
 
 
 class LeaseHeldError(Exception):
@@ -48,7 +51,7 @@ class Lease:
             os.utime(self.path)
 
     @contextlib.contextmanager
-    def kept_alive(self, interval_s: float = DEFAULT_TTL_S / 4) -> Iterator[None]:
+    def kept_alive(self, interval_s: float = HEARTBEAT_S) -> Iterator[None]:
         """Heartbeat from a background thread while the body runs (Ray workers do not touch the driver's lease)."""
         stop = threading.Event()
 
@@ -71,18 +74,34 @@ class Lease:
                 self.path.unlink()
 
 
-def acquire(root: Path, run_name: str, *, ttl_s: float = DEFAULT_TTL_S) -> Lease:
-    """Take the lease for `root`, taking over a stale one; raise LeaseHeldError if a live writer holds it."""
+def acquire(root: Path, run_name: str, *, ttl_s: float = DEFAULT_TTL_S, wait_s: float = 0.0) -> Lease:
+    """Take the lease for `root`, taking over a stale one; raise LeaseHeldError if a live writer holds it.
+
+    A holder on another host may be alive or gone (a pod killed with its node, whose retry starts in a new pod):
+    for up to `wait_s` the newcomer waits for it to release the lease or for its heartbeat to stop long enough.
+    """
     root.mkdir(parents=True, exist_ok=True)
     path = root / LEASE_FILE
     token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     record = {"host": socket.gethostname(), "pid": os.getpid(), "run_name": run_name, "token": token}
-    for _ in range(3):  # a takeover races other newcomers: whoever wins O_EXCL holds it
+    until, waiting = time.monotonic() + wait_s, False
+    takeovers = 0
+    while takeovers < 3:  # a takeover races other newcomers: whoever wins O_EXCL holds it
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             holder = _read(path)
             reason = _stale_reason(path, holder, ttl_s)
+            if reason is None and holder.get("host") != socket.gethostname() and time.monotonic() < until:
+                if not waiting:
+                    print(
+                        f"{path} is held by pid {holder.get('pid')} on {holder.get('host')}, which this host cannot "
+                        f"check: waiting up to {wait_s:.0f} s for its release or for its heartbeat to stop",
+                        flush=True,
+                    )
+                    waiting = True
+                time.sleep(1.0)
+                continue
             if reason is None:
                 raise LeaseHeldError(
                     f"{path} is held by pid {holder.get('pid')} on {holder.get('host')} "
@@ -93,6 +112,7 @@ def acquire(root: Path, run_name: str, *, ttl_s: float = DEFAULT_TTL_S) -> Lease
             with contextlib.suppress(FileNotFoundError):
                 os.replace(path, root / f".{LEASE_FILE}.stale-{os.getpid()}")
                 (root / f".{LEASE_FILE}.stale-{os.getpid()}").unlink()
+            takeovers += 1
             continue
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(record, f)

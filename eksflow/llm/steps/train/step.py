@@ -58,7 +58,7 @@ def run(args: Args) -> Outputs:
     root = (args.output_dir / "checkpoints").resolve()
     try:
         lease.claim_run(root, args.run_name)
-        held = lease.acquire(root, args.run_name)
+        held = lease.acquire(root, args.run_name, wait_s=lease.DEFAULT_TTL_S + lease.HEARTBEAT_S)
     except lease.RunMismatchError as err:
         raise StepInputError(str(err)) from err
     except lease.LeaseHeldError as err:
