@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -33,6 +34,24 @@ def test_lease_of_a_dead_process_is_taken_over(tmp_path):
     (tmp_path / lease.LEASE_FILE).write_text(json.dumps(record))
     taken = lease.acquire(tmp_path, "run-a")
     assert json.loads(taken.path.read_text())["pid"] == os.getpid()
+
+
+def test_lease_of_a_zombie_is_taken_over(tmp_path):
+    """A trainer killed after its parent (a Slurm step's task on a requeued node) stays a zombie of a PID 1 that
+    does not reap it: it holds nothing, and the requeued job's rank 0 on the same node takes over at once."""
+    zombie = subprocess.Popen(["true"])  # never waited for: a zombie once it exits
+    stat = f"/proc/{zombie.pid}/stat"
+    deadline = time.monotonic() + 30
+    while Path(stat).read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        record = {"host": socket.gethostname(), "pid": zombie.pid, "run_name": "run-a", "token": "old"}
+        (tmp_path / lease.LEASE_FILE).write_text(json.dumps(record))  # a fresh heartbeat: only the state tells
+        taken = lease.acquire(tmp_path, "run-a")
+        assert json.loads(taken.path.read_text())["pid"] == os.getpid()
+    finally:
+        zombie.wait()
 
 
 def test_lease_from_another_host_goes_stale_without_heartbeat(tmp_path):

@@ -3,10 +3,10 @@
 A second trainer pointed at the same checkpoint root (a duplicate submission, a retry racing a zombie pod) would
 interleave checkpoints with the first. The lease is created with O_EXCL, so exactly one process holds it; the
 holder refreshes its mtime from a thread (`kept_alive`). A lease is stale, and is taken over, when its holder is
-a dead process on this host, or when its heartbeat is older than `ttl_s` (a holder on another host, e.g. a pod
-killed with SIGKILL). A trainer waits that long for a holder on another host (the rank 0 of an MPIJob whose node
-was lost dies without releasing it, and the retry runs in a new pod); a live holder makes the newcomer fail with
-LeaseHeldError naming the holder.
+a dead process (or a zombie) on this host, or when its heartbeat is older than `ttl_s` (a holder on another host,
+e.g. a pod killed with SIGKILL). A trainer waits that long for a holder on another host (the rank 0 of an MPIJob
+whose node was lost dies without releasing it, and the retry runs in a new pod); a live holder makes the newcomer
+fail with LeaseHeldError naming the holder.
 
 The run identity (`RUN_FILE`) records which workflow run owns the root: a retry of that run resumes; another
 run_name is refused instead of silently continuing someone else's checkpoints.
@@ -161,10 +161,19 @@ def _stale_reason(path: Path, holder: dict[str, object], ttl_s: float) -> str | 
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs on this host.
+
+    A zombie does not: a killed trainer whose parent died first waits as one for a PID 1 that may never reap it
+    (slurmd is PID 1 of a node's pod), and writes nothing any more.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return not Path("/proc/self/stat").exists()  # it ended meanwhile; without /proc (macOS) kill's answer holds
+    return state != "Z"
