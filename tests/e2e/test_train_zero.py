@@ -77,7 +77,8 @@ def train_args(workdir: Path, out: Path, strategy: str, zero_stage: int = 2, **e
 def run_as_mpijob(state: Path, argv: list[str]):
     """The MPIJob `cluster.launcher: mpijob` renders on the CPU profile, run by the local executor."""
     cfg = config(["cluster.launcher=mpijob"])
-    manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, ["--launcher=mpi", *argv])
+    argv = ["--launcher=mpi", *argv]
+    manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, argv, ("final_loss",))
     template = {
         "name": "train",
         "resource": {

@@ -11,7 +11,7 @@ import yaml
 from eksflow.local import LocalExecutorError
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ContainerTemplate, ResourceTemplate
-from eksflow.local.mpijob import mpirun
+from eksflow.local.mpijob import mpirun, mpirun_words
 from eksflow.local.resources import describe, nvidia_gpus
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
@@ -44,9 +44,11 @@ def pod(container: dict[str, Any]) -> dict[str, Any]:
     return {"spec": {"containers": [container], "volumes": [FSX_VOLUME]}}
 
 
-def mpijob(program: list[str], *, np: int = 4, slots: int = 2, workers: int = 2, **spec: Any) -> str:
+def mpijob(
+    program: list[str], *, np: int = 4, slots: int = 2, workers: int = 2, wrapper: tuple[str, ...] = (), **spec: Any
+) -> str:
     """An MPIJob shaped like eksflow.launchers.mpijob renders it: mpirun in the launcher, sshd workers, FSx on both."""
-    command = ["mpirun", "-np", str(np), "--bind-to", "none", "--map-by", "slot"]
+    command = [*wrapper, "mpirun", "-np", str(np), "--bind-to", "none", "--map-by", "slot"]
     command += ["-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "FROM_LAUNCHER"]
     launcher = {
         "name": "launcher",
@@ -121,6 +123,36 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
     assert train.phase == "Failed" and train.exit_code == 3 and train.retries == 1  # retried like any job failure
 
 
+def test_eksflows_wrapper_fails_an_mpirun_that_ends_0_without_the_steps_outputs(tmp_path: Path) -> None:
+    """The launcher's command as eksflow renders it: mpirun's 0 counts only once rank 0 wrote the step's output."""
+    wrapper = ("python", "-m", "eksflow.runtime.mpi_launcher", "--outputs-dir=/fsx/out", "--expect=done", "--")
+    writes = (
+        "import os, pathlib, sys\n"
+        "if os.environ['OMPI_COMM_WORLD_RANK'] == '0':\n"
+        "    pathlib.Path(sys.argv[1]).mkdir(parents=True); (pathlib.Path(sys.argv[1]) / 'done').touch()"
+    )
+    for program, phase in ((["python", "-c", "pass"], "Failed"), (["python", "-c", writes, "/fsx/out"], "Succeeded")):
+        manifest = workflow(
+            [("train", None)],
+            [resource("train", mpijob(program, np=2, wrapper=wrapper))],
+            arguments={"parameters": [{"name": "greeting", "value": "hi"}]},
+        )
+        result = run(manifest, tmp_path / phase)
+        assert phases(result) == {"train": phase}, result.nodes["train"].message
+    assert result.nodes["train"].exit_code == 0
+    log = (tmp_path / "Failed").rglob("train.log")
+    assert "error: mpirun exited 0 but the step wrote no done in" in next(log).read_text()
+
+
+def test_only_mpirun_or_eksflows_wrapper_of_it_is_a_launcher_command() -> None:
+    wrapped = ("python3", "-m", "eksflow.runtime.mpi_launcher", "--outputs-dir=/o", "--", "/usr/bin/mpirun", "-np")
+    assert mpirun_words(wrapped) == ("/usr/bin/mpirun", "-np")
+    assert mpirun_words(("mpirun", "-np", "2")) == ("mpirun", "-np", "2")
+    assert mpirun_words(("python", "-m", "eksflow.runtime.mpi_launcher", "--", "deepspeed")) == ()
+    assert mpirun_words(("python", "-m", "eksflow.runtime.mpi_launcher", "mpirun")) == ()  # no `--`
+    assert mpirun_words(("bash", "-c", "mpirun -np 2")) == ()
+
+
 @pytest.mark.skipif(nvidia_gpus()[0] >= 8, reason="this machine has the GPUs the rendered MPIJob asks for")
 def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(tmp_path: Path) -> None:
     parsed = parse_manifest(rendered("cluster.instance_type=p4d.24xlarge", "cluster.launcher=mpijob"))
@@ -130,7 +162,7 @@ def test_gpus_this_machine_lacks_fail_the_job_in_one_line_before_mpirun_starts(t
     template = parsed.templates["train"]
     assert isinstance(template, ResourceTemplate)
     job = describe(REFERENCE.sub(PLACEHOLDER, template.manifest), "train")
-    assert job.kind == "MPIJob" and job.argv[0] == "mpirun" and "--launcher=mpi" in job.argv
+    assert job.kind == "MPIJob" and mpirun_words(job.argv)[0] == "mpirun" and "--launcher=mpi" in job.argv
     (workers,) = [d for d in job.devices if d.group == "Worker"]
     assert (workers.resource, workers.pods, workers.per_pod) == ("nvidia.com/gpu", 1, 8)
     manifest = workflow(
