@@ -94,9 +94,9 @@ def leftovers() -> list[str]:
 
 def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_replacement(workdir, tmp_path, capsys):
     """FSDP with one training worker per node, gloo between their pod addresses. A worker's node is lost
-    mid-training (its pods' processes killed and namespaces gone, as a reclaimed Spot instance): the RayJob fails
-    (Ray Train leaves retries to Argo), a replacement node joins as Karpenter would add one, and Argo's retry
-    resumes from the last committed checkpoint, losing at most one checkpoint interval."""
+    mid-training (its pods' processes killed and namespaces gone, as a reclaimed Spot instance): a replacement node
+    joins as Karpenter would add one, and Ray Train restarts the worker group in the same attempt (max_failures=1)
+    from the last committed checkpoint, losing at most one checkpoint interval; Argo's retry is not needed."""
     before = leftovers()
     out = tmp_path / "train"
     every, steps = 2, 12
@@ -118,16 +118,17 @@ def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_re
         lost["at"] = time.monotonic()
         while time.monotonic() < deadline and checkpoints.committed(out / "checkpoints")[-1].step <= done:
             time.sleep(0.05)
-        lost["recovered"] = time.monotonic()  # the retried attempt committed a step the lost one had not
+        lost["recovered"] = time.monotonic()  # the restarted workers committed a step the lost ones had not
 
     argv = train_args(workdir, out, "fsdp", launcher="ray", max_steps=steps, checkpoint_every=every)
     node, status, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_a_worker_node)
     assert "recovered" in lost, f"the drill did not see the loss and the recovery: {lost}"
     assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
-    assert node.retries == 1
-    assert "worker pods replaced" not in node.message or lost["node"] in node.message
+    assert node.retries == 0, "Ray Train restarts the worker group within the attempt"
+    assert "[FailurePolicy] RETRY" in log and "Source: worker group" in log, log[-3000:]  # Ray Train's own decision
+    assert "worker pods replaced" in node.message and lost["node"] in node.message, node.message
 
-    # the retry's pods: the head, and one training worker on each node, the lost one's replacement among them
+    # the pods at the end: the head, and one training worker on each node, the lost one's replacement among them
     pods = status["pods"]
     assert [p["role"] for p in pods] == ["head", "cpu", "cpu"], pods
     workers = [p for p in pods if p["role"] == "cpu"]
@@ -137,13 +138,13 @@ def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_re
     assert status["hostNodeName"] == pods[0]["hostNodeName"]  # the driver runs on the head
     addresses = {p["podIP"] for p in pods}
     assert len(addresses) == 3 and all(ipaddress.ip_address(a) in POD_RANGE for a in addresses)
-    # each rank ran in a worker pod: its own host name, resolving to its own pod address (the retry's, logged last)
+    # each rank ran in a worker pod: its own host name, resolving to its own pod address (the restart's, logged last)
     ranks = dict(re.findall(r"rank (\d)/2: host (\S+ \S+)", log))
     assert set(ranks.values()) == {f"{p['name']} {p['podIP']}" for p in workers}, log[-3000:]
     assert "Reporting training result" not in log
     resumed = [int(s) for s in re.findall(r"rank 0: resumed from \S+ \(step (\d+)\)", log)]
     assert resumed, log[-3000:]
-    steps_lost = int(lost["done"]) - resumed[0]  # done when the node went, minus where the retry began
+    steps_lost = int(lost["done"]) - resumed[0]  # done when the node went, minus where the restart began
     assert 0 <= steps_lost <= every
     committed = checkpoints.committed(out / "checkpoints")
     assert committed[-1].step == steps and 0 < read_metrics(committed[-1].path)["loss"] < 20

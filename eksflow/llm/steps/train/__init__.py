@@ -51,8 +51,10 @@ from eksflow.llm.steps.common.base_model import default_cache_dir
 from eksflow.runtime.args import Location, Settings, StepArgs
 from eksflow.runtime.preflight import Layout, Preflight
 
-# Argo owns retries (one budget across Argo x RayJob x Ray Train): a failed worker fails this attempt.
-MAX_FAILURES = 0
+# Ray Train restarts a failed worker group this many times within one attempt, from the last committed checkpoint:
+# a worker's node lost without notice costs the steps since it, not a new job. `plan` counts these restarts in the
+# one retry budget (Argo x RayJob x Ray Train); a preempted node's restarts Ray counts apart (max_preemption_failures).
+MAX_FAILURES = 1
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
 Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.steps.train.parallel.resolve_precision
 

@@ -195,7 +195,8 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
             # GPU workers fill each node's devices; CPU workers go one per node, so every node's cores train
             placement_strategy="PACK" if settings.use_gpu else "SPREAD",
         ),
-        # Argo owns retries (one budget, see the workflow's retryStrategy); Ray Train does not retry on its own.
+        # A failed worker group restarts MAX_FAILURES times in this attempt (waiting for a lost node's replacement),
+        # then the attempt fails and the workflow's retryStrategy takes over: one budget, checked by `plan`.
         run_config=RunConfig(
             name=run_name, storage_path=str(storage.resolve()), failure_config=FailureConfig(max_failures=MAX_FAILURES)
         ),
