@@ -49,18 +49,29 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("bad input: no command after `--`; usage: mpi_launcher --outputs-dir=DIR -- mpirun ...", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        proc = subprocess.Popen(command)
-    except OSError as err:
-        print(f"error: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr)
-        return EXIT_FAILED
+    started: list[subprocess.Popen[bytes]] = []
+    early: list[int] = []  # signals that came before mpirun started: it gets them once it has
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        proc.send_signal(signum)
+        if started:
+            started[0].send_signal(signum)
+        else:
+            early.append(signum)
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    code = proc.wait()
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    try:
+        try:
+            proc = subprocess.Popen(command)  # the handlers are Python's: mpirun starts with the default ones
+        except OSError as err:
+            print(f"error: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr)
+            return EXIT_FAILED
+        started.append(proc)
+        for received in early:
+            proc.send_signal(received)
+        code = proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if code < 0:
         return 128 - code
     missing = missing_outputs(args.outputs_dir, args.expect)

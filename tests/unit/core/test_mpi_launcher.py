@@ -20,9 +20,11 @@ def test_an_exit_0_without_every_expected_output_fails_the_launcher_in_one_line(
     assert mpi_launcher.main([*wrote_one, sys.executable, "-c", "pass"]) == 0
 
 
-def test_mpiruns_own_failure_is_the_launchers_exit_code(tmp_path: Path) -> None:
+def test_mpiruns_own_failure_is_the_launchers_exit_code_and_the_signal_handlers_are_put_back(tmp_path: Path) -> None:
+    before = {signum: signal.getsignal(signum) for signum in mpi_launcher.FORWARDED}
     argv = [f"--outputs-dir={tmp_path}", "--expect=final_loss", "--", sys.executable, "-c", "raise SystemExit(213)"]
     assert mpi_launcher.main(argv) == 213
+    assert {signum: signal.getsignal(signum) for signum in mpi_launcher.FORWARDED} == before
 
 
 def test_no_command_or_one_that_cannot_start_is_one_line(tmp_path: Path, capsys) -> None:
