@@ -99,6 +99,9 @@ def test_vllm_serves_the_base_model_from_fsx_with_runtime_adapters_and_a_generat
     assert env["VLLM_LORA_RESOLVER_CACHE_DIR"]["value"] == "/fsx/serving/llama-lora/adapters"
     assert env["VLLM_LORA_RESOLVER_CACHE_DIR"]["value"].startswith(container["volumeMounts"][0]["mountPath"] + "/")
     assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "eksflow-serving", "key": "vllm-api-key"}
+    # The proxy (LiteLLM's aiohttp pool: 15 s) closes an idle connection before the engine does, never reusing one
+    # the engine is closing (vLLM's own 5 s gave the canary a 500 now and then)
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]["value"]) > 15
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe[:3] == ["python3", "-m", "eksflow.llm.steps.ready"]  # a real generation, not GET /health
     assert container["startupProbe"]["exec"]["command"] == probe

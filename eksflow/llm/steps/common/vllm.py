@@ -46,6 +46,10 @@ from eksflow.runtime.args import Settings, StepFailedError, StepInputError
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ADAPTER_CONFIG = "adapter_config.json"
+# How long the engine keeps an idle HTTP connection: longer than any client's idle pool (the LiteLLM proxy's aiohttp
+# pool keeps one 15 s), so the client closes it first. With vLLM's 5 s the proxy reused connections the engine was
+# closing: "Cannot write to closing transport", a 500 counted against the canary (seen under load in make test).
+KEEP_ALIVE_S = 75
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: any other --max-lora-rank is refused
 # Modules of Llama-style models that vLLM can apply a LoRA to (it fuses q/k/v and gate/up, adapters included).
 LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
@@ -117,14 +121,16 @@ def engine_args(model_dir: str, served_name: str, port: int, settings: EngineSet
 
 
 def engine_env(settings: EngineSettings, *, cpu: bool, adapters_dir: str = "") -> dict[str, str]:
-    """Environment the engine needs: runtime LoRA updates, no usage reports, no hub; CPU KV cache and address.
+    """Environment the engine needs: runtime LoRA updates, idle connections kept, no usage reports, no hub.
 
-    With `adapters_dir`, vLLM's filesystem resolver serves every adapter published there by name, at its first
-    request (eksflow/llm/steps/common/adapters.py); it is the only plugin the engine loads.
+    On CPU also its KV cache and address. With `adapters_dir`, vLLM's filesystem resolver serves every adapter
+    published there by name, at its first request (eksflow/llm/steps/common/adapters.py); it is the only plugin the
+    engine loads.
     """
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S),
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
