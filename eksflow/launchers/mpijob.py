@@ -41,6 +41,7 @@ from eksflow.launchers.base import Job, JobRequest, one_worker_per_node, registe
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
+from eksflow.runtime import mpi_launcher
 from eksflow.templates import contract
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -107,7 +108,7 @@ def manifest(
     options = mpirun_options(cfg, profile, workers, env)
     # the folder the ranks write the outputs to: the step's own --outputs-dir, one wire
     folder = [word for word in argv if word.startswith("--outputs-dir=")]
-    wrapper = ["python", "-m", "eksflow.runtime.mpi_launcher", *folder, *(f"--expect={o}" for o in outputs), "--"]
+    wrapper = ["python", "-m", mpi_launcher.__name__, *folder, *(f"--expect={o}" for o in outputs), "--"]
     launcher = pod_spec(cfg, profile, {"name": "launcher", "command": [*wrapper, "mpirun", *options]}, head=True)
     launcher["containers"][0].update(args=program, env=env, resources=LAUNCHER_RESOURCES)
     worker = pod_spec(cfg, profile, {"name": "worker", "command": SSHD})

