@@ -262,7 +262,7 @@ def _apply(manifest: Mapping[str, object], where: str, ctx: TaskContext) -> Atte
         return _refused(f"{where}: {manifest.get('kind')} is applied by a run service, and this task has none")
     started = time.monotonic()
     try:
-        note = ctx.services.apply(manifest, where, ctx.stop_reason)
+        note = ctx.services.apply(manifest, where, ctx.stop_reason, ctx.nodes)
     except services.RunServiceError as exc:
         return Attempt(Phase.FAILED, None, str(exc), time.monotonic() - started, retriable=exc.retriable)
     return Attempt(Phase.SUCCEEDED, 0, note, time.monotonic() - started)

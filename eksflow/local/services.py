@@ -5,6 +5,7 @@ factory, and the executor does the rest for every run.
 
     register_run_service({("apps/v1", "Deployment"), ("v1", "Service")}, factory, check=None, prepare=None)
     factory(state_dir, run_dir, cwd, tracker) -> RunService   # one per run, made when the run starts
+    service.apply(manifest, where, stop_reason, nodes=...)      # nodes=: only in a run with simulated nodes
 
 The executor makes one service of each registered factory when a run starts (making one must be cheap: nothing
 starts before an object is applied), hands it every object of its kinds that a resource template applies
@@ -27,7 +28,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -37,6 +38,9 @@ from eksflow.local.process import ProcessTracker
 from eksflow.local.resources import LocalJob, ResourceError, register_kind
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.manifests import REFERENCE
+
+if TYPE_CHECKING:
+    from eksflow.local.handlers import NodesContext
 
 Kind = tuple[str, str]  # (apiVersion, kind), e.g. ("apps/v1", "Deployment")
 
@@ -52,8 +56,19 @@ class RunServiceError(EksflowError):
 class RunService(Protocol):
     """What a run's service does for the executor; every method may be called from any task's thread."""
 
-    def apply(self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str]) -> str:
-        """Do what applying `manifest` does on a cluster; return the task's message. Raises RunServiceError."""
+    def apply(
+        self,
+        manifest: Mapping[str, Any],
+        where: str,
+        stop_reason: Callable[[], str],
+        *,
+        nodes: NodesContext | None = None,
+    ) -> str:
+        """Do what applying `manifest` does on a cluster; return the task's message. Raises RunServiceError.
+
+        `nodes`: the run's simulated nodes (`run --nodes N`), where the object's pods go; passed only in such a run,
+        so a service that runs everything on this machine may leave it out.
+        """
 
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         """A container's argv with each address of something this service runs replaced by the local one."""
@@ -114,12 +129,16 @@ class RunServices:
     def __init__(self, state_dir: Path, run_dir: Path, cwd: Path, tracker: ProcessTracker | None) -> None:
         self._services = [(kinds, factory(state_dir, run_dir, cwd, tracker)) for kinds, factory in _REGISTERED]
 
-    def apply(self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str]) -> str:
+    def apply(
+        self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str], nodes: NodesContext | None
+    ) -> str:
         """Apply `manifest` with the service that takes its kind. Raises RunServiceError."""
         kind = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
         for kinds, service in self._services:
-            if kind in kinds:
+            if kind in kinds and nodes is None:
                 return service.apply(manifest, where, stop_reason)
+            if kind in kinds:
+                return service.apply(manifest, where, stop_reason, nodes=nodes)
         raise RunServiceError(
             f"{where}: no run service of this run takes {kind[1]} ({kind[0]}); it was registered after the run "
             "started: register it (register_run_service) before running the workflow",

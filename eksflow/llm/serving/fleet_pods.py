@@ -51,6 +51,12 @@ def gpu_request(container: Mapping[str, Any]) -> int:
     return max(int(str((resources.get(k) or {}).get("nvidia.com/gpu", 0))) for k in ("requests", "limits"))
 
 
+def container_port(container: Mapping[str, Any]) -> int:
+    """The port the container listens on (its first containerPort; vLLM's 8000 where it names none)."""
+    ports = container.get("ports") or [{}]
+    return int(ports[0].get("containerPort", 8000))
+
+
 def request(url: str, api_key: str = "", payload: object = None, timeout_s: float = 60) -> tuple[int, bytes]:
     """(status, body) of one HTTP request; status 0 when nothing answered."""
     data = None if payload is None else json.dumps(payload).encode()

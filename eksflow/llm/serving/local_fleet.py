@@ -6,38 +6,30 @@ their kinds (FLEET_KINDS; eksflow/llm/serving/__init__.py imports it, so every p
 executor makes a LocalFleet with each run, hands it each applied object and stops it when the run ends. The fleet
 does here what the cluster would do:
 
-- apps/v1 Deployment of vLLM (`python3 -m vllm.entrypoints.openai.api_server ...`): one engine process with the
-  interpreter of vLLM's virtualenv (eksflow.llm.engines; $EKSFLOW_VLLM_PYTHON), its args and env, container paths (whole
-  values) mapped to the run's volumes, listening on 127.0.0.1 only; it resolves the adapters published to the FSx
-  adapter folder by name, as every pod does. One engine whatever spec.replicas says (the cluster's at least 2): every
-  pod serves the same adapters from the same folder, so one stands for all. The task succeeds when the engine answers a
-  real generation (the pod's readiness probe), as Argo's successCondition waits for an available pod. One engine per
-  machine: two stall each other on 2 cores, so a second vLLM Deployment in one run is refused (a base-model change needs
-  a cluster).
-- apps/v1 Deployment of the LiteLLM proxy (`litellm --config ...`): a proxy process from the proxy's
-  virtualenv ($EKSFLOW_LITELLM) in the folder its ConfigMap volume maps to, holding the ConfigMap's files unchanged
-  (config.yaml and the routes callback); it routes by the routes file on the run's FSx volume, as every proxy
-  pod does, to the engines this fleet runs only ($EKSFLOW_UPSTREAMS: its one engine's address, where the
-  cluster's pods admit the pipeline's fleet Services). The proxy is new with the run, so a routes file an
-  earlier run left (naming that run's engine) is removed before it starts. Its task succeeds once it answers
-  /health/liveliness; it is ready, as its pod's readiness probe would say, once the run routes the public name
-  to the engine (serve-champion), and refuses the name (503) until then.
-- v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after
-  it allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>; free
-  text is never rewritten.
-- v1 ConfigMap: its files, written where the Deployment that mounts it looks. policy/v1 PodDisruptionBudget:
-  nothing to protect.
+- apps/v1 Deployment of vLLM (`python3 -m vllm.entrypoints.openai.api_server ...`): the interpreter of vLLM's
+  virtualenv (eksflow.llm.engines), its args and env, container paths (whole values) mapped to the run's volumes
+  (fleet_inputs.py); it resolves the adapters published to the FSx adapter folder by name, as every pod does. On this
+  machine: one engine on 127.0.0.1 whatever spec.replicas says (every pod serves the same adapters from the same
+  folder, so one stands for all; two stall each other on 2 cores, so a second vLLM Deployment in one run is refused),
+  or the engine $EKSFLOW_VLLM_URL names (adopted_engine.py). On simulated nodes (`run --nodes N`): spec.replicas
+  pods, spread over the nodes (fleet_nodes.py). The task succeeds when the engine answers a real generation (the
+  pod's readiness probe), as Argo's successCondition waits for an available Deployment.
+- apps/v1 Deployment of the LiteLLM proxy (`litellm --config ...`): the proxy's virtualenv ($EKSFLOW_LITELLM) in
+  the folder its ConfigMap volume maps to, holding the ConfigMap's files unchanged (config.yaml and the routes
+  callback); it routes by the routes file on the run's FSx volume, as every proxy pod does, to the engines this
+  fleet runs only ($EKSFLOW_UPSTREAMS). The proxy is new with the run, so a routes file an earlier run left (naming
+  that run's engine) is removed before it starts. Its task succeeds once it answers /health/liveliness; it is
+  ready, as its pod's readiness probe would say, once the run routes the public name to the engine
+  (serve-champion), and refuses the name (503) until then.
+- v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after it
+  allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>, or on
+  simulated nodes the Service's address on the run's bridge (eksflow/local/service_proxy.py); free text is never
+  rewritten.
+- v1 ConfigMap: its files, written where the Deployment that mounts it looks. v1 Secret keys: the run's random
+  values (fleet_inputs.py). policy/v1 PodDisruptionBudget: nothing to protect.
 - networking.k8s.io/v1 NetworkPolicy: recorded (`policies`, and its spec in logs/fleet-<name>.log), not enforced:
-  that takes the cluster's CNI. Here every process listens on 127.0.0.1 only, and vLLM asks for its key on every
-  route.
-- $EKSFLOW_VLLM_URL (an engine already running on this machine, e.g. a test session's): the vLLM Deployment
-  adopts it instead of starting a second engine, after checking that it serves the same base model folder; it is
-  not stopped with the run. Its API key is $EKSFLOW_VLLM_API_KEY, its adapter folder $EKSFLOW_VLLM_ADAPTERS: the
-  run's adapter folder becomes a link to it (adapters already published there move into it first), so what the
-  run's steps publish is what the engine resolves.
-- Secrets: each key a Deployment reads (env secretKeyRef) gets a random value for the run, written as a file to
-  the run volume named after the Secret, which is where a step mounting that Secret (a volume of the same name)
-  reads it. The files are deleted when the fleet stops.
+  that takes the cluster's CNI. Every process listens on 127.0.0.1 or its pod's address only, and vLLM asks for
+  its key on every route.
 
 Before a run starts anything, the engines its Deployments need are installed where they are missing (once per
 machine, eksflow.llm.engines); one that cannot be is one line then, not after training.
@@ -54,7 +46,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -67,7 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from eksflow.llm import engines
-from eksflow.llm.serving import fleet_pods
+from eksflow.llm.serving import adopted_engine, fleet_pods
+from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV
+from eksflow.llm.serving.fleet_inputs import ContainerInputs
+from eksflow.llm.serving.fleet_nodes import Replicas
 from eksflow.llm.serving.fleet_pods import FleetError
 from eksflow.llm.serving.objects import MODEL_LABEL
 from eksflow.llm.steps.common import vllm_process
@@ -76,9 +70,13 @@ from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_E
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
 from eksflow.local import register_run_service
 from eksflow.local.display import log_tail
+from eksflow.local.handlers import NodesContext
 from eksflow.local.model import PathRules
-from eksflow.local.paths import PathMap, map_argv, map_env
+from eksflow.local.node import container_requests
+from eksflow.local.paths import map_argv, map_env
 from eksflow.local.process import ProcessTracker
+from eksflow.local.service_proxy import ServiceProxy
+from eksflow.local.sim_nodes import PlacedPod
 from eksflow.runtime.ports import free_port
 
 FLEET_KINDS = {
@@ -88,10 +86,6 @@ FLEET_KINDS = {
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 }
-ADOPT_ENV = "EKSFLOW_VLLM_URL"  # an engine already running here that the run uses instead of its own
-ADOPT_KEY_ENV = "EKSFLOW_VLLM_API_KEY"
-ADOPT_ADAPTERS_ENV = "EKSFLOW_VLLM_ADAPTERS"  # the adopted engine's adapter folder (VLLM_LORA_RESOLVER_CACHE_DIR)
-RESOLVER_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
 _GRACE_S = 15.0
 
 
@@ -123,9 +117,12 @@ class _Process:
     wanted: str = ""  # an adopted engine: the base model folder it must serve
     routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
     scratch: str = ""  # vLLM: its temporary folder (vllm_process.scratch_folder), removed once it stopped
+    replicas: Replicas | None = None  # with simulated nodes: its pods (fleet_nodes.py), and no popen
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
+        if self.replicas is not None:
+            return self.replicas.alive()
         return self.popen is None or self.popen.poll() is None
 
 
@@ -139,36 +136,56 @@ class LocalFleet:
     tracker: ProcessTracker | None = None  # the run's watchdog learns of each process (stopped if the executor dies)
     _processes: dict[str, _Process] = field(default_factory=dict)
     _services: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)  # name -> (port, selector)
-    _config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
+    _service_proxies: dict[str, ServiceProxy] = field(default_factory=dict)  # with simulated nodes: name -> address
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # NetworkPolicies applied, by name
-    _secrets: dict[tuple[str, str], str] = field(default_factory=dict)  # (Secret, key) -> this run's value
     _engine_port: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
+    def __post_init__(self) -> None:
+        self._inputs = ContainerInputs(self.state_dir, self.run_dir)
+
     # -- applying objects ----------------------------------------------------------------------------------
 
-    def apply(self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str]) -> str:
-        """Do what applying `manifest` does on a cluster; returns the task's message. Raises FleetError."""
+    def apply(
+        self,
+        manifest: Mapping[str, Any],
+        where: str,
+        stop_reason: Callable[[], str],
+        *,
+        nodes: NodesContext | None = None,
+    ) -> str:
+        """Do what applying `manifest` does on a cluster (on the simulated nodes, given); the task's message.
+
+        Raises FleetError.
+        """
         kind = manifest.get("kind")
         name = str((manifest.get("metadata") or {}).get("name", ""))
         if not name:
             raise FleetError(f"{where}.metadata.name is required", retriable=False)
         with self._lock:
             if kind == "ConfigMap":
-                self._config_maps[name] = {str(k): str(v) for k, v in (manifest.get("data") or {}).items()}
-                return f"ConfigMap {name}: {len(self._config_maps[name])} key(s) for the Deployments that mount it"
+                self._inputs.config_maps[name] = {str(k): str(v) for k, v in (manifest.get("data") or {}).items()}
+                return (
+                    f"ConfigMap {name}: {len(self._inputs.config_maps[name])} key(s) for the Deployments that mount it"
+                )
             if kind == "Service":
                 spec = manifest.get("spec") or {}
                 port = int((spec.get("ports") or [{}])[0].get("port", 0))
                 self._services[name] = (port, {str(k): str(v) for k, v in (spec.get("selector") or {}).items()})
-                return f"Service {name}:{port}: a local address, http://127.0.0.1:<port of the process it selects>"
+                if nodes is None:
+                    return f"Service {name}:{port}: a local address, http://127.0.0.1:<port of the process it selects>"
+                if name not in self._service_proxies:
+                    self._service_proxies[name] = ServiceProxy(name, nodes.cluster.network.gateway)
+                self._refresh_endpoints()
+                return f"Service {name}:{port}: {self._service_proxies[name].url}, to the ready pods it selects"
             if kind == "PodDisruptionBudget":
                 return f"PodDisruptionBudget {name}: no evictions happen on this machine; nothing to protect"
             if kind == "NetworkPolicy":
                 self.policies[name] = dict(manifest)
+                listens = "on its pods' addresses, which only the run's bridge reaches," if nodes else "on 127.0.0.1"
                 note = (
                     f"NetworkPolicy {name}: recorded, not enforced here (enforcing it needs the cluster's CNI); "
-                    "the fleet listens on 127.0.0.1 only and vLLM asks for its key on every route"
+                    f"the fleet listens {listens} and vLLM asks for its key on every route"
                 )
                 log = self.run_dir / "logs" / f"fleet-{name}.log"
                 log.parent.mkdir(parents=True, exist_ok=True)
@@ -177,10 +194,10 @@ class LocalFleet:
                 return note
             if name in self._processes and self._processes[name].alive():
                 return f"Deployment {name} is already running here: unchanged"
-            process = self._start(manifest, name, where)
+            process = self._start(manifest, name, where, nodes)
         return self._wait_ready(process, stop_reason, where)
 
-    def _start(self, manifest: Mapping[str, Any], name: str, where: str) -> _Process:
+    def _start(self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None) -> _Process:
         container = fleet_pods.container(manifest, where)
         role = fleet_pods.role(container, where)
         gpus = fleet_pods.gpu_request(container)
@@ -198,23 +215,28 @@ class LocalFleet:
             )
         template = (manifest.get("spec") or {}).get("template") or {}
         labels = {str(k): str(v) for k, v in ((template.get("metadata") or {}).get("labels") or {}).items()}
-        paths = self._mounts(template.get("spec") or {}, container, name)
+        paths = self._inputs.mounts(template.get("spec") or {}, container, name)
         # Every value that is a container path as a whole, alone or after `--flag=` (as the old per-value rule).
         args = map_argv(["", *(str(a) for a in container.get("args") or [])], paths, PathRules(None, None))[1:]
-        env = map_env(
-            self._env(container, where).items(),
-            paths,
-            PathRules(None, None),
-        )
+        env = map_env(self._container_env(container, where).items(), paths, PathRules(None, None))
         log = self.run_dir / "logs" / f"fleet-{name}.log"
         model = next((a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")), "")
         if role == "vllm" and os.environ.get(ADOPT_ENV):
-            _share_adapters(env.get(RESOLVER_DIR_ENV, ""), where)
+            if nodes is not None:
+                raise FleetError(
+                    f"{where}: ${ADOPT_ENV} names an engine of this machine, and on simulated nodes the Deployment's "
+                    f"pods run their own: unset {ADOPT_ENV}, or run without --nodes",
+                    retriable=False,
+                )
+            adopted_engine.share_adapters(env.get(RESOLVER_DIR_ENV, ""), where)
             process = self._adopt(name, labels, args, log)
             self._processes[name] = process
             return process
-        port = self.engine_port() if role == "vllm" else free_port()
-        args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", "--host=127.0.0.1"]
+        if nodes is not None:  # the container's port on the pod's own address
+            port, host = fleet_pods.container_port(container), "0.0.0.0"  # the pod's own interfaces
+        else:
+            port, host = (self.engine_port() if role == "vllm" else free_port()), "127.0.0.1"
+        args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", f"--host={host}"]
         scratch = ""
         if role == "vllm":
             python = engines.command(engines.ENGINES["vllm"])
@@ -223,40 +245,96 @@ class LocalFleet:
             env = vllm_process.engine_process_env(env, python, scratch)  # the key middleware, from this eksflow
             cwd = self.cwd
         else:
-            cwd = self._proxy_folder(template.get("spec") or {}, name)
+            cwd = self._inputs.write_config_maps(template.get("spec") or {}, name)
             argv = [engines.command(engines.ENGINES["litellm"]), *args]
-            # The engines this fleet runs: its one engine (its own or the adopted one), whatever the cluster's
-            # pattern of fleet Services says. A routes file left by an earlier run names that run's engine, which
-            # is gone or someone else's by now: this proxy is new, so its routes start empty, as a new fleet's.
-            env[UPSTREAMS_ENV] = re.escape(f"http://127.0.0.1:{self.engine_port()}")
+            # The engines this fleet runs, whatever the cluster's pattern of fleet Services says: its one engine
+            # (its own or the adopted one), or on simulated nodes a Service of this run (only they listen on the
+            # run's bridge address, in whatever order the run applies them). A routes file left by an earlier run
+            # names that run's engine, which is gone or someone else's by now: this proxy is new, so its routes
+            # start empty, as a new fleet's.
+            env[UPSTREAMS_ENV] = (
+                re.escape(f"http://{nodes.cluster.network.gateway}:") + "[0-9]+"
+                if nodes is not None
+                else re.escape(f"http://127.0.0.1:{self.engine_port()}")
+            )
             model = labels.get(MODEL_LABEL, "")
             _remove_leftover(Path(env.get(ROUTES_FILE_ENV, "")))
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(
-                argv, cwd=cwd, env={**os.environ, **env, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,  # stopped as a group, spared Ctrl-C
-            )  # fmt: skip
-        if self.tracker is not None:
-            self.tracker.started(f"fleet-{name}", popen.pid)
-        process = _Process(name, role, popen, port, labels, log, model, env.get("VLLM_API_KEY", ""))
+        full_env = {**os.environ, **env, "HF_HUB_OFFLINE": "1"}
+        process = _Process(name, role, None, port, labels, log, model, env.get("VLLM_API_KEY", ""))
         process.routes = (env.get(ROUTES_FILE_ENV, ""), env.get(UPSTREAMS_ENV, ""))
         process.scratch = scratch
         self._processes[name] = process
+        if nodes is None:
+            process.popen = self._spawn(argv, cwd, full_env, log)
+            return process
+
+        def start_pod(pod: PlacedPod) -> subprocess.Popen[bytes]:
+            return self._spawn([*pod.network.enter(nodes.cluster.hosts), *argv], cwd, full_env, log.with_name(
+                f"fleet-{pod.name}.log"))  # fmt: skip
+
+        def changed() -> None:
+            self._refresh_endpoints()
+            nodes.pods_changed(replicas.documents())
+
+        replicas = Replicas(
+            nodes.cluster, name, role, count=int((manifest.get("spec") or {}).get("replicas", 1)), port=port,
+            requests=container_requests(container.get("resources")), start_pod=start_pod, stop_pod=self._end,
+            ready=lambda url: self._ready(process, url), changed=changed,
+        )  # fmt: skip
+        process.replicas = replicas
+        replicas.start()
         return process
+
+    def _container_env(self, container: Mapping[str, Any], where: str) -> dict[str, str]:
+        """The container's env, its Secrets' keys as the run's values."""
+        # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy, whichever of the
+        # engine's and the proxy's Deployments (both read it as VLLM_API_KEY) is applied first.
+        given = {VLLM_KEY_ENV: adopted_engine.adopted_key()} if adopted_engine.adopted_url() else {}
+        return self._inputs.env(container, where, given)
+
+    def _spawn(self, argv: list[str], cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """Start a fleet process in its own session (stopped as a group, spared Ctrl-C), told to the watchdog."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        if self.tracker is not None:
+            self.tracker.started(log.stem, popen.pid)
+        return popen
+
+    def _end(self, popen: subprocess.Popen[bytes]) -> None:
+        """Wait up to the grace for a process told to stop, then kill what is left of its group."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(_GRACE_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)  # the engine's core and worker processes too
+        popen.wait()
+        if self.tracker is not None:
+            self.tracker.ended(popen.pid)
+
+    @staticmethod
+    def _ready(process: _Process, base: str) -> bool:
+        """The pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
+        if process.role == "vllm":
+            return fleet_pods.generates(base, process.model, process.api_key)
+        return fleet_pods.status(f"{base}/health/liveliness") == 200
 
     def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> _Process:
         """The engine at $EKSFLOW_VLLM_URL (checked once it answers: `_wait_ready`)."""
-        url = os.environ[ADOPT_ENV].rstrip("/")
         wanted = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), "")
         with self._lock:
-            self._engine_port = int(url.rsplit(":", 1)[1])
-        return _Process(
-            name, "vllm", None, self._engine_port, labels, log, "", os.environ.get(ADOPT_KEY_ENV, ""), wanted
-        )
+            self._engine_port = int(adopted_engine.adopted_url().rsplit(":", 1)[1])
+        return _Process(name, "vllm", None, self._engine_port, labels, log, "", adopted_engine.adopted_key(), wanted)
 
     def _wait_ready(self, process: _Process, stop_reason: Callable[[], str], where: str) -> str:
         """Poll like the pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
+        if (replicas := process.replicas) is not None:
+            took = replicas.wait_available(stop_reason, where, lambda pod: process.log.with_name(f"fleet-{pod}.log"))
+            state = f"started; {_routed(process)}" if process.role == "litellm" else "ready"
+            pods = ", ".join(f"{p.pod.name} on {p.pod.node} ({replicas.url(p)})" for p in replicas.pods())
+            return f"{process.role} {process.name}: {replicas.count} pod(s) {state} after {took:.0f} s: {pods}"
         base = f"http://127.0.0.1:{process.port}"
         started = time.monotonic()
         while not stop_reason():
@@ -267,12 +345,10 @@ class LocalFleet:
                     f"{process.name} exited with code {code} before it was ready; log {process.log}:\n{tail}"
                 )
             if process.role == "vllm" and not process.model:  # adopted: which model does it serve?
-                self._check_adopted(process, base, where)
+                process.model = adopted_engine.served_model(base, process.api_key, process.wanted, where)
                 ready = False
-            elif process.role == "vllm":
-                ready = fleet_pods.generates(base, process.model, process.api_key)
             else:
-                ready = fleet_pods.status(f"{base}/health/liveliness") == 200
+                ready = self._ready(process, base)
             if ready:
                 owner = f"pid {process.popen.pid}" if process.popen else f"adopted from ${ADOPT_ENV}"
                 # The proxy's task waits for it to start, not for its readiness: that needs routes, which the
@@ -284,22 +360,6 @@ class LocalFleet:
                 )
             time.sleep(1.0)
         raise FleetError(f"{where}: {stop_reason()} while {process.name} was starting")
-
-    @staticmethod
-    def _check_adopted(process: _Process, base: str, where: str) -> None:
-        """Once the adopted engine answers /v1/models: it must serve the Deployment's base model folder."""
-        models = fleet_pods.models(base, process.api_key)
-        if models is None:
-            return  # still starting, like a pod that is not ready yet
-        card = next((m for m in models if not m.get("parent")), None)
-        served = str((card or {}).get("root", ""))
-        if Path(served).resolve() != Path(process.wanted).resolve():
-            raise FleetError(
-                f"{where}: {ADOPT_ENV}={base} serves {served!r}, the Deployment wants {process.wanted!r}; unset "
-                f"{ADOPT_ENV} to start this run's own engine",
-                retriable=False,
-            )
-        process.model = str((card or {}).get("id", ""))
 
     # -- what steps see ------------------------------------------------------------------------------------
 
@@ -329,6 +389,8 @@ class LocalFleet:
             service = self._services.get(name)
             if service is None or port_text != str(service[0]):
                 return value
+            if name in self._service_proxies:
+                return f"{self._service_proxies[name].url}{slash}{path}"
             port = self._selected_port(service[1])
         return value if port is None else f"http://127.0.0.1:{port}{slash}{path}"
 
@@ -348,8 +410,15 @@ class LocalFleet:
     def stop(self) -> None:
         """Stop every process the fleet started (SIGTERM, SIGKILL after the grace); delete the run's keys."""
         with self._lock:
+            pods = [p.replicas for p in self._processes.values() if p.replicas is not None]
             processes = [p for p in self._processes.values() if p.popen is not None]
+            scratch = [p.scratch for p in self._processes.values() if p.scratch]
             self._processes.clear()
+            proxies, self._service_proxies = list(self._service_proxies.values()), {}
+        for replicas in pods:
+            replicas.close()
+        for proxy in proxies:
+            proxy.close()
         for process in processes:
             assert process.popen is not None
             with contextlib.suppress(ProcessLookupError):
@@ -362,77 +431,36 @@ class LocalFleet:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGKILL)  # the engine's core and worker processes too
             process.popen.wait()
-            if process.scratch:
-                shutil.rmtree(process.scratch, ignore_errors=True)
             if self.tracker is not None:
                 self.tracker.ended(process.popen.pid)
-        for secret, key in list(self._secrets):
-            (self.run_dir / "volumes" / secret / key).unlink(missing_ok=True)
+        for folder in scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._inputs.delete_secrets()
 
     # -- helpers -------------------------------------------------------------------------------------------
 
+    def _refresh_endpoints(self) -> None:
+        """Each Service's endpoints on the simulated nodes: the ready pods of the Deployments it selects."""
+        with self._lock:
+            for name, proxy in self._service_proxies.items():
+                selector = self._services[name][1]
+                proxy.set_endpoints([
+                    endpoint
+                    for process in self._processes.values()
+                    if process.replicas is not None and _selects(selector, process.labels)
+                    for endpoint in process.replicas.endpoints()
+                ])  # fmt: skip
+
     def _selected_port(self, selector: Mapping[str, str]) -> int | None:
         for process in self._processes.values():
-            if selector and all(process.labels.get(k) == v for k, v in selector.items()):
+            if _selects(selector, process.labels):
                 return process.port
         return None
 
-    def _secret(self, secret: str, key: str, value: str | None = None) -> str:
-        """This run's value of a Secret key (random unless given), also written where a step mounts the Secret."""
-        if (secret, key) not in self._secrets or value is not None:
-            self._secrets[(secret, key)] = secrets.token_urlsafe(32) if value is None else value
-            folder = self.run_dir / "volumes" / secret
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / key
-            path.write_text(self._secrets[(secret, key)], encoding="utf-8")
-            path.chmod(0o600)
-        return self._secrets[(secret, key)]
 
-    def _env(self, container: Mapping[str, Any], where: str) -> dict[str, str]:
-        env = {}
-        adopted = bool(os.environ.get(ADOPT_ENV))
-        for i, var in enumerate(container.get("env") or []):
-            name = str(var.get("name"))
-            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-            if ref is not None:
-                # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy, whichever
-                # of the engine's and the proxy's Deployments (both read it as VLLM_API_KEY) is applied first.
-                given = os.environ.get(ADOPT_KEY_ENV, "") if adopted and name == VLLM_KEY_ENV else None
-                env[name] = self._secret(str(ref.get("name")), str(ref.get("key")), given)
-            elif var.get("valueFrom") is not None:
-                raise FleetError(f"{where} env[{i}] {name}: only values and secretKeyRef run locally", retriable=False)
-            else:
-                env[name] = str(var.get("value", ""))
-        return env
-
-    def _mounts(self, pod: Mapping[str, Any], container: Mapping[str, Any], name: str) -> PathMap:
-        volumes = {str(v.get("name")): v for v in pod.get("volumes") or []}
-        pairs = []
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(str(mount.get("name")), {})
-            path = str(mount.get("mountPath", "")).rstrip("/")
-            if "persistentVolumeClaim" in volume:
-                host = self.state_dir / "volumes" / str(volume["persistentVolumeClaim"]["claimName"])
-            elif "configMap" in volume:
-                host = self.run_dir / "fleet" / name / "config"
-            else:
-                continue  # /dev/shm and other pod-scoped memory: the machine's own
-            host.mkdir(parents=True, exist_ok=True)
-            pairs.append((path, str(host)))
-        return PathMap(pairs)
-
-    def _proxy_folder(self, pod: Mapping[str, Any], name: str) -> Path:
-        """Write the files of the ConfigMap the proxy mounts into the folder its volume maps to (`_mounts`)."""
-        folder = self.run_dir / "fleet" / name / "config"
-        mounted = [str((v.get("configMap") or {}).get("name")) for v in pod.get("volumes") or [] if "configMap" in v]
-        missing = [m for m in mounted if m not in self._config_maps]
-        if not mounted or missing:
-            raise FleetError(f"the proxy {name} mounts ConfigMap {missing or '(none)'}, which was not applied first")
-        folder.mkdir(parents=True, exist_ok=True)
-        for config_map in mounted:
-            for file_name, text in self._config_maps[config_map].items():
-                (folder / file_name).write_text(text, encoding="utf-8")
-        return folder
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a Service's selector picks a pod of these labels (an empty one picks none, as for endpoints)."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 def _remove_leftover(routes_file: Path) -> None:
@@ -447,29 +475,6 @@ def _routed(proxy: _Process) -> str:
     if not why:
         return f"ready: it routes {proxy.model!r} to this run's engine"
     return f"not ready, and it refuses {proxy.model!r} (503) until the run routes it to its engine ({why})"
-
-
-def _share_adapters(run_folder: str, where: str) -> None:
-    """Make the run's adapter folder a link to the adopted engine's ($EKSFLOW_VLLM_ADAPTERS)."""
-    engine_folder = Path(os.environ.get(ADOPT_ADAPTERS_ENV, ""))
-    if not run_folder or not os.environ.get(ADOPT_ADAPTERS_ENV) or not engine_folder.is_dir():
-        raise FleetError(
-            f"{where}: adopting ${ADOPT_ENV} needs ${ADOPT_ADAPTERS_ENV}, the engine's adapter folder "
-            f"({RESOLVER_DIR_ENV}), and the Deployment's {RESOLVER_DIR_ENV}; unset {ADOPT_ENV} to start the run's "
-            "own engine",
-            retriable=False,
-        )
-    folder = Path(run_folder)
-    if folder.is_symlink() and folder.resolve() == engine_folder.resolve():
-        return
-    if folder.is_dir() and not folder.is_symlink():
-        for published in folder.iterdir():
-            if not (engine_folder / published.name).exists():
-                os.replace(published, engine_folder / published.name)
-        shutil.rmtree(folder)
-    folder.unlink(missing_ok=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    folder.symlink_to(engine_folder.resolve(), target_is_directory=True)
 
 
 register_run_service(FLEET_KINDS, LocalFleet, check, prepare)

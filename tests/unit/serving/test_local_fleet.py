@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.llm.serving import fleet_pods, local_fleet
+from eksflow.llm.serving import adopted_engine, fleet_pods
 from eksflow.llm.serving import objects as serving
 from eksflow.llm.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from eksflow.local import resources
@@ -99,7 +99,7 @@ def test_an_unknown_deployment_is_refused_before_the_run():
 def test_the_proxy_runs_on_its_config_maps_files_unchanged(fleet):
     cfg = load_config()
     pod = serving.proxy_deployment(cfg)["spec"]["template"]["spec"]
-    folder = fleet._proxy_folder(pod, "llama-lora-proxy")
+    folder = fleet._inputs.write_config_maps(pod, "llama-lora-proxy")
     shipped = serving.proxy_config_map(cfg)["data"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(shipped)  # config.yaml and the routes callback
     for name, text in shipped.items():
@@ -113,7 +113,7 @@ def test_the_proxy_refuses_to_start_before_its_config_map(tmp_path):
     fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
     pod = serving.proxy_deployment(load_config())["spec"]["template"]["spec"]
     with pytest.raises(FleetError, match="was not applied first"):
-        fleet._proxy_folder(pod, "llama-lora-proxy")
+        fleet._inputs.write_config_maps(pod, "llama-lora-proxy")
 
 
 def test_an_adopted_engine_shares_its_adapter_folder_with_the_run(tmp_path, monkeypatch):
@@ -122,23 +122,23 @@ def test_an_adopted_engine_shares_its_adapter_folder_with_the_run(tmp_path, monk
     (engine_folder / "llama-lora-v1-aaaaaaaa").mkdir()
     run_folder = tmp_path / "run" / "adapters"
     (run_folder / "llama-lora-v2-bbbbbbbb").mkdir(parents=True)  # published before the run adopted the engine
-    monkeypatch.setenv(local_fleet.ADOPT_ADAPTERS_ENV, str(engine_folder))
-    local_fleet._share_adapters(str(run_folder), "vllm")
+    monkeypatch.setenv(adopted_engine.ADOPT_ADAPTERS_ENV, str(engine_folder))
+    adopted_engine.share_adapters(str(run_folder), "vllm")
     assert run_folder.is_symlink() and run_folder.resolve() == engine_folder.resolve()
     assert sorted(p.name for p in run_folder.iterdir()) == ["llama-lora-v1-aaaaaaaa", "llama-lora-v2-bbbbbbbb"]
-    local_fleet._share_adapters(str(run_folder), "vllm")  # a resumed run: already shared
+    adopted_engine.share_adapters(str(run_folder), "vllm")  # a resumed run: already shared
     assert run_folder.resolve() == engine_folder.resolve()
-    monkeypatch.delenv(local_fleet.ADOPT_ADAPTERS_ENV)
+    monkeypatch.delenv(adopted_engine.ADOPT_ADAPTERS_ENV)
     with pytest.raises(FleetError, match="EKSFLOW_VLLM_ADAPTERS"):
-        local_fleet._share_adapters(str(run_folder), "vllm")
+        adopted_engine.share_adapters(str(run_folder), "vllm")
 
 
 @pytest.mark.parametrize("first", ["proxy", "vllm"])
 def test_an_adopted_engines_key_reaches_the_proxy_whichever_deployment_comes_first(tmp_path, monkeypatch, first):
     """The engine's and the proxy's Deployments start in parallel: the proxy must get the adopted engine's key even
     when it is applied first (it once got a random key then, and every request through it was refused with 401)."""
-    monkeypatch.setenv(local_fleet.ADOPT_ENV, "http://127.0.0.1:9")
-    monkeypatch.setenv(local_fleet.ADOPT_KEY_ENV, "the-engines-own-key")
+    monkeypatch.setenv(adopted_engine.ADOPT_ENV, "http://127.0.0.1:9")
+    monkeypatch.setenv(adopted_engine.ADOPT_KEY_ENV, "the-engines-own-key")
     cfg = load_config()
     containers = {
         "proxy": serving.proxy_deployment(cfg),
@@ -146,7 +146,9 @@ def test_an_adopted_engines_key_reaches_the_proxy_whichever_deployment_comes_fir
     }
     fleet = LocalFleet(tmp_path / "state", tmp_path / "run", tmp_path)
     order = [first, *(name for name in containers if name != first)]
-    keys = {name: fleet._env(fleet_pods.container(containers[name], name), name)["VLLM_API_KEY"] for name in order}
+    keys = {
+        name: fleet._container_env(fleet_pods.container(containers[name], name), name)["VLLM_API_KEY"] for name in order
+    }
     assert keys == {"proxy": "the-engines-own-key", "vllm": "the-engines-own-key"}
 
 
