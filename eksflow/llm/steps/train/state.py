@@ -58,7 +58,9 @@ def save_checkpoint(
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            # The training device's stream only: a checkpoint must resume where fewer GPUs are visible (an MPI rank
+            # sees the node's every GPU; a Ray GPU worker, one).
+            "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         },
         folder / STATE_FILE,
     )
@@ -94,6 +96,17 @@ def restore_state(state: dict[str, Any], model: Any, optimizer: Any, scheduler: 
     restore_progress(state, scheduler, rank)
 
 
+def device_rng(saved: Any, device: int) -> Any:
+    """The saved CUDA random state for GPU `device`; None when there is none.
+
+    A checkpoint holds one state (its training device's); an older one, a list of every visible GPU's: that GPU's
+    entry, if it has one.
+    """
+    if isinstance(saved, (list, tuple)):
+        return saved[device] if device < len(saved) else None
+    return saved
+
+
 def restore_progress(state: dict[str, Any], scheduler: Any, rank: int) -> None:
     """Scheduler and RNG streams: what every strategy restores the same way after its optimizer state."""
     import torch
@@ -101,7 +114,10 @@ def restore_progress(state: dict[str, Any], scheduler: Any, rank: int) -> None:
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if (
+        torch.cuda.is_available()
+        and (cuda_rng := device_rng(state["cuda_rng"], torch.cuda.current_device())) is not None
+    ):
+        torch.cuda.set_rng_state(cuda_rng)
     if rank:
         torch.manual_seed(int(state["step"]) * 7919 + rank)  # distinct dropout streams per rank
