@@ -1,4 +1,7 @@
-"""`python -m pipelines.<objects> [-o FILE] [--config FILE] [--set k=v ...]`: the flagship config's objects as YAML."""
+"""`python -m pipelines.<objects> [-o FILE] [--config FILE] [--set k=v ...]`: a pipeline config's objects as YAML.
+
+A shared helper imports no pipeline: the caller names the config type (the flagship's, for the GitOps objects).
+"""
 
 from __future__ import annotations
 
@@ -10,20 +13,24 @@ from typing import Any
 
 import yaml
 
-from eksflow.config import ConfigError, load_config
+from eksflow.config import PipelineConfig, load_config
+from eksflow.errors import ConfigError
 
 
-def write_objects(prog: str, objects: Callable[[Any], list[dict[str, Any]]], argv: Sequence[str] | None) -> int:
-    """Load the flagship's config (with `--config`/`--set`), write `objects(cfg)` as one YAML stream; exit code."""
-    from pipelines.llama_lora import LlamaLoraConfig
-
+def write_objects(
+    prog: str,
+    config: type[PipelineConfig],
+    objects: Callable[[Any], list[dict[str, Any]]],
+    argv: Sequence[str] | None,
+) -> int:
+    """Load a `config` (its defaults, `--config`, `--set`), write `objects(cfg)` as one YAML stream; exit code."""
     parser = argparse.ArgumentParser(prog=prog, description=objects.__doc__)
     parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
-    parser.add_argument("--config", type=Path, help="YAML file overriding the flagship's defaults")
+    parser.add_argument("--config", type=Path, help="YAML file overriding the config's defaults")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(LlamaLoraConfig, args.config, args.overrides)
+        cfg = load_config(config, args.config, args.overrides)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

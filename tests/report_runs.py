@@ -73,8 +73,8 @@ def eval_report(hostile: bool) -> dict[str, Any]:
             "contains_gain": 0.6875,
         },
         "thresholds": [
-            {"metric": "exact_match", "op": ">=", "value": 0.6, "actual": 0.875},
-            {"metric": "exact_match_gain", "op": ">=", "value": 0.2, "actual": 0.8125},
+            {"metric": "exact_match", "op": ">=", "value": 0.6, "actual": 0.875, "ok": True},
+            {"metric": "exact_match_gain", "op": ">=", "value": 0.2, "actual": 0.8125, "ok": True},
         ],
         "champion": {
             "applied": True,

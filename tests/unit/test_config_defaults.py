@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field
 from eksflow.cli import apply_variant
 from eksflow.config import (
     ClusterSettings,
-    ConfigError,
     PipelineConfig,
     RetrySettings,
     SlurmSettings,
@@ -27,10 +26,11 @@ from eksflow.config import (
     name_field,
 )
 from eksflow.config_docs import effective_yaml, rows
+from eksflow.errors import ConfigError
 from eksflow.llm.pipeline import LlmPipelineConfig, MlflowSettings
 from eksflow.llm.serving.objects import ServingConfig
+from eksflow.llm.steps.common.gate import Threshold
 from eksflow.llm.steps.evaluate import EvaluateSettings
-from eksflow.llm.steps.evaluate.gate import Threshold
 from eksflow.llm.steps.stage_data import StageSettings
 from eksflow.llm.steps.train import LoraSettings, TrainSettings
 from eksflow.plan import check

@@ -12,6 +12,8 @@
   eksflow.llm.engines (standard library only: where the serving engines' interpreters are).
 - A step's contract (what a pipeline imports to wire it) is light too.
 - The LiteLLM proxy's callback (eksflow/llm/steps/common/litellm_routes.py) imports nothing of this project.
+- What the steps share (eksflow/llm/steps/common) imports no step, and what the pipelines share (pipelines/_*.py)
+  imports no pipeline: shared code sits below what uses it, so a step or pipeline changes without moving it.
 """
 
 import ast
@@ -77,6 +79,7 @@ LAYERS = (
     "eksflow.argo_client",
     "eksflow.argo_server",
     "eksflow.submit",
+    "eksflow.config_file",  # reading a config file
     "eksflow.config",  # the base config
     "eksflow.parameters",  # the rules a workflow parameter's values are held to (retry/resubmit -p)
     "eksflow.conditions",  # when= expressions
@@ -221,3 +224,28 @@ def test_step_contracts_are_light():
     loaded = loaded_after("\n".join(f"import {c}" for c in contracts))
     assert sorted(set(loaded) & set(HEAVY)) == []
     assert "hera" not in loaded
+
+
+COMMON_FILES = sorted((STEPS / "common").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", COMMON_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shared_step_code_imports_no_step(path):
+    """A step imported by eksflow/llm/steps/common would load with every step that shares it, and could cycle."""
+    steps = [
+        name
+        for name in imports(path)
+        if name.startswith("eksflow.llm.steps.") and not name.startswith("eksflow.llm.steps.common")
+    ]
+    assert steps == [], f"{path.relative_to(ROOT)} imports steps: {steps}; move what it needs into steps/common"
+
+
+SHARED_PIPELINE_FILES = sorted((ROOT / "pipelines").glob("_*.py"))
+
+
+@pytest.mark.parametrize("path", SHARED_PIPELINE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shared_pipeline_code_imports_no_pipeline(path):
+    """pipelines/_*.py serve every pipeline: what they need of one (its config type) is passed in."""
+    found = [name for name in imports(path) if name.split(".")[0] == "pipelines"]
+    pipelines = [name for name in found if not name.split(".")[1].startswith("_")]
+    assert pipelines == [], f"{path.relative_to(ROOT)} imports pipelines: {pipelines}; pass in what it needs"

@@ -3,18 +3,22 @@
 import json
 import math
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from eksflow.llm.steps import canary
+from eksflow.llm.steps.canary import analysis, traffic
+from eksflow.llm.steps.canary import report as canary_report
+from eksflow.llm.steps.canary import step as canary_step
 from eksflow.llm.steps.common import canary_sizing, litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
 from eksflow.llm.steps.common.rollout import RolloutState
 from eksflow.llm.steps.common.vllm import Answer
-from eksflow.llm.steps.evaluate.gate import Threshold, gate
 
-SENT = {"candidate": canary.Asked(sent=4, errors=0), "champion": canary.Asked(sent=4, errors=0)}
+SENT = {"candidate": traffic.Asked(sent=4, errors=0), "champion": traffic.Asked(sent=4, errors=0)}
 
 
 def args(tmp_path: Path, **extra) -> canary.Args:
@@ -60,8 +64,8 @@ def test_live_requests_follow_from_the_share_bound(weight, tolerance, requests):
     sizing = canary_sizing.live_requests(weight, tolerance, 4.0)
     assert sizing.requests == requests
     if weight < 1:  # a share off by the tolerance reaches the z limit with n requests, not with n - 1
-        assert canary.share_z(weight + tolerance, weight, sizing.requests) >= 4.0 - 1e-9 or requests == 20
-        assert canary.share_z(weight + tolerance, weight, sizing.requests - 1) < 4.0 or requests == 20
+        assert analysis.share_z(weight + tolerance, weight, sizing.requests) >= 4.0 - 1e-9 or requests == 20
+        assert analysis.share_z(weight + tolerance, weight, sizing.requests - 1) < 4.0 or requests == 20
     else:  # a router sending the tolerance elsewhere goes unseen no more often than a correct one fails at z = 4
         assert (1 - tolerance) ** sizing.requests <= math.erfc(4 / math.sqrt(2)) < (1 - tolerance) ** (requests - 1)
     assert f"{requests} live requests" in sizing.describe()
@@ -112,14 +116,14 @@ def test_canary_traffic_settings_are_validated(settings, match):
     ],
 )
 def test_share_z_counts_binomial_standard_errors(share, weight, n, expected):
-    z = canary.share_z(share, weight, n)
+    z = analysis.share_z(share, weight, n)
     assert (math.isnan(z) and math.isnan(expected)) or z == pytest.approx(expected)
 
 
 def test_probe_rows_are_the_first_rows_evaluate_scored():
     rows = [{"prompt": f"p{i}", "reference": f"c{i}", "exact_match": float(i % 2)} for i in range(6)]
     rows.insert(1, {"prompt": "old report", "exact_match": 1.0})  # no reference: not a probe
-    probes = canary.probe_set(rows, 3)
+    probes = traffic.probe_set(rows, 3)
     assert [(p.prompt, p.reference, p.evaluated) for p in probes] == [
         ("p0", "c0", 0.0),
         ("p1", "c1", 1.0),
@@ -131,7 +135,7 @@ def test_a_report_without_per_row_scores_is_bad_input():
     from eksflow.runtime.args import StepInputError
 
     with pytest.raises(StepInputError, match="no per-row exact_match scores"):
-        canary.probe_set([{"prompt": "a", "reference": "b"}], 4)
+        traffic.probe_set([{"prompt": "a", "reference": "b"}], 4)
 
 
 def live(served_by: list[str], latency: float = 0.5) -> list[Answer]:
@@ -144,14 +148,18 @@ def test_metrics_of_a_healthy_step_pass_the_default_rules(tmp_path):
         champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=10
     )
     probes = [
-        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)
+        traffic.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)
         for i in range(4)
     ]
-    traffic = live(["llama-lora-green"] * 4 + ["llama-lora-blue"] * 36)
-    metrics = canary.analyse(a, state, traffic, probes, SENT)
+    requests = live(["llama-lora-green"] * 4 + ["llama-lora-blue"] * 36)
+    metrics = analysis.analyse(a, state, requests, probes, SENT)
     assert metrics["candidate_share"] == 0.1 and metrics["share_z"] == 0.0
     assert metrics["served_gap"] == 0.0 and metrics["error_rate"] == 0.0 and metrics["score_vs_champion"] == 0.0
-    assert gate(metrics, [*a.thresholds, *a.champion_thresholds])[0]
+    verdict = analysis.decide(a, state, metrics)
+    assert verdict.passed and [r.rule.metric for r in verdict.results if r.ok] == [
+        *(r.metric for r in a.thresholds),
+        *(r.metric for r in a.champion_thresholds),
+    ]
 
 
 def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
@@ -160,13 +168,15 @@ def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
         champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=50
     )
     probes = [
-        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=0.0, champion_score=1.0)
+        traffic.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=0.0, champion_score=1.0)
         for i in range(4)
     ]
-    traffic = live(["llama-lora-green", "llama-lora-blue"] * 20 + [""])  # one request timed out
-    metrics = canary.analyse(a, state, traffic, probes, SENT)
-    passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
-    assert not passed
+    requests = live(["llama-lora-green", "llama-lora-blue"] * 20 + [""])  # one request timed out
+    metrics = analysis.analyse(a, state, requests, probes, SENT)
+    verdict = analysis.decide(a, state, metrics)
+    reason = verdict.reason
+    assert not verdict.passed
+    assert {r.rule.metric for r in verdict.results if not r.ok} == {"served_gap", "error_rate", "score_vs_champion"}
     assert "served_gap = 1.0000 fails served_gap <= 0.125" in reason
     assert "error_rate = 0.0222 fails error_rate <= 0" in reason
     assert "score_vs_champion = -1.0000 fails score_vs_champion >= -0.125" in reason
@@ -174,9 +184,9 @@ def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
 
 def test_without_a_champion_there_are_no_champion_metrics(tmp_path):
     state = RolloutState(candidate_version="1", candidate_slot="blue", percent=100)
-    probes = [canary.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0)]
-    metrics = canary.analyse(
-        args(tmp_path, percent=100), state, live(["llama-lora-blue"] * 3), probes, {"candidate": canary.Asked(1, 0)}
+    probes = [traffic.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0)]
+    metrics = analysis.analyse(
+        args(tmp_path, percent=100), state, live(["llama-lora-blue"] * 3), probes, {"candidate": traffic.Asked(1, 0)}
     )
     assert "champion_score" not in metrics and metrics["share_z"] == 0.0
 
@@ -184,7 +194,9 @@ def test_without_a_champion_there_are_no_champion_metrics(tmp_path):
 def test_report_table_names_every_rule_and_the_split(tmp_path):
     state = RolloutState(champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green")
     rules = [Threshold(metric="error_rate", op="<=", value=0.0)]
-    table = canary.render_table(10, state, {"error_rate": 0.5, "p95_latency_s": 1.0}, rules, False, "x", {"a": 3})
+    metrics = {"error_rate": 0.5, "p95_latency_s": 1.0}
+    verdict = replace(gate(metrics, rules), reason="x")
+    table = canary_report.render_table(10, state, metrics, verdict, {"a": 3})
     assert "| error_rate <= 0 | 0.5000 | FAIL |" in table and "live traffic served by: a 3" in table
     assert table.endswith("analysis: FAILED (x)")
 
@@ -237,15 +249,15 @@ def test_metrics_from_probes_that_all_errored_are_missing_and_fail_closed(tmp_pa
         champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=10
     )
     probes = [
-        canary.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=math.nan, champion_score=math.nan)
+        traffic.Probe(prompt=f"p{i}", reference="r", evaluated=1.0, candidate_score=math.nan, champion_score=math.nan)
         for i in range(4)
     ]
-    failed = {"candidate": canary.Asked(sent=4, errors=4), "champion": canary.Asked(sent=4, errors=4)}
-    metrics = canary.analyse(a, state, live([""] * 8), probes, failed)
+    failed = {"candidate": traffic.Asked(sent=4, errors=4), "champion": traffic.Asked(sent=4, errors=4)}
+    metrics = analysis.analyse(a, state, live([""] * 8), probes, failed)
     for name in ("served_score", "served_gap", "champion_score", "score_vs_champion", "candidate_share"):
         assert math.isnan(metrics[name]), name  # nothing answered: no score, not a 0 that passes
-    passed, reason = gate(metrics, [*a.thresholds, *a.champion_thresholds])
-    assert not passed and "score_vs_champion" in reason and "served_gap" in reason
+    verdict = analysis.decide(a, state, metrics)
+    assert not verdict.passed and "score_vs_champion" in verdict.reason and "served_gap" in verdict.reason
 
 
 def test_a_dead_engine_is_named(tmp_path):
@@ -283,9 +295,10 @@ def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, 
         champion_version="1", champion_slot="blue", candidate_version="2", candidate_slot="green", percent=50
     )
     sizing = canary_sizing.live_requests(0.5, a.share_tolerance, 4.0)
-    asked = {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(16, 1)}
+    asked = {"candidate": traffic.Asked(0, 0, "analyze-10"), "champion": traffic.Asked(16, 1)}
     metrics = {"error_rate": 0.0}
-    path = canary.write_report(a, state, metrics, [], True, "ok", sizing, live(["llama-lora-green"]), [], asked)
+    verdict = Verdict(passed=True, reason="ok")
+    path = canary_report.write_report(a, state, metrics, verdict, sizing, live(["llama-lora-green"]), [], asked)
     report = json.loads(path.read_text())
     assert report["live_traffic"]["sized"].startswith("64 live requests: a share off by 0.25 from 50% reaches")
     assert report["probes_asked"]["candidate"] == {"sent": 0, "errors": 0, "reused_from": "analyze-10"}
@@ -301,7 +314,7 @@ def test_without_a_champion_a_step_below_100_leaves_the_one_analysis_to_the_last
 
     a = args(tmp_path, percent=10)
     rollout.write_state(a.state_file, RolloutState(candidate_version="1", candidate_slot="blue", percent=100))
-    out = canary.run(a)
+    out = canary_step.run(a)
     assert out.reason == "no champion served: the candidate already takes all traffic; analyze-100 measures it"
     assert out.metrics == {} and out.report == ""
     assert not a.report_dir.exists()

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps import canary, finish_rollout
+from eksflow.llm.steps.canary import step as canary_step
+from eksflow.llm.steps.canary import traffic
 from eksflow.llm.steps.common import litellm_proxy, rollout, tracking
 from eksflow.runtime.args import StepFailedError
 from tests.unit.steps import test_canary_probes
@@ -101,7 +103,7 @@ def fleet(tmp_path, registry) -> Iterator[dict]:
 def test_the_failing_analysis_names_the_dead_proxy_first(fleet, tmp_path):
     args = canary.Args.model_validate({**fleet, "percent": 10, "report_dir": tmp_path / "reports", "probe_rows": 4})
     with pytest.raises(StepFailedError) as failed:
-        canary.run(args)
+        canary_step.run(args)
     message = str(failed.value)
     proxy = f"the LiteLLM proxy at {fleet['proxy_url']} does not answer"
     assert message.startswith(f"canary analysis at 10% failed for v2: {proxy}"), message
@@ -111,7 +113,7 @@ def test_the_failing_analysis_names_the_dead_proxy_first(fleet, tmp_path):
 
 def test_the_pre_traffic_analysis_sends_nothing_through_the_proxy_so_never_blames_it(fleet, tmp_path):
     args = canary.Args.model_validate({**fleet, "percent": 0, "report_dir": tmp_path / "reports"})
-    assert canary.component_down(args) == ""
+    assert traffic.component_down(args) == ""
 
 
 def test_the_exit_handler_says_the_proxy_died_and_the_engine_is_up(fleet, capsys):

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps import canary
+from eksflow.llm.steps.canary import analysis, traffic
+from eksflow.llm.steps.canary import report as canary_report
 from eksflow.llm.steps.common import probe_cache, vllm
 from eksflow.llm.steps.common.rollout import RolloutState
 from eksflow.llm.steps.common.vllm import Answer
@@ -62,7 +64,7 @@ class Engine:
 
 def step(
     tmp_path: Path, percent: float = 10, prompts: tuple[str, ...] = ("p0", "p1", "p2"), **extra
-) -> tuple[dict[str, canary.Asked], list[canary.Probe]]:
+) -> tuple[dict[str, traffic.Asked], list[traffic.Probe]]:
     args = canary.Args.model_validate(
         {
             "model_name": "llama-lora",
@@ -78,20 +80,20 @@ def step(
             **extra,
         }
     )
-    probes = [canary.Probe(prompt=p, reference=f"llama-lora-v2-bbbbbbbb says {p}", evaluated=1.0) for p in prompts]
-    return canary.send_probes(args, STATE, probes, exact_match), probes
+    probes = [traffic.Probe(prompt=p, reference=f"llama-lora-v2-bbbbbbbb says {p}", evaluated=1.0) for p in prompts]
+    return traffic.send_probes(args, STATE, probes, exact_match), probes
 
 
 def test_each_model_answers_once_and_later_steps_reuse_its_answers(tmp_path, monkeypatch):
     engine = Engine(tmp_path, monkeypatch)
     first, _ = step(tmp_path, 10)
-    assert first == {"candidate": canary.Asked(3, 0), "champion": canary.Asked(3, 0)} and len(engine.asked) == 6
+    assert first == {"candidate": traffic.Asked(3, 0), "champion": traffic.Asked(3, 0)} and len(engine.asked) == 6
     again, probes = step(tmp_path, 50)
     assert len(engine.asked) == 6, "nothing changed: no probe is sent again"
-    assert again == {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(0, 0, "analyze-10")}
+    assert again == {"candidate": traffic.Asked(0, 0, "analyze-10"), "champion": traffic.Asked(0, 0, "analyze-10")}
     assert [p.candidate_score for p in probes] == [1.0, 1.0, 1.0]  # scored from the kept answers, as when sent
     assert probes[0].champion == "llama-lora-v1-aaaaaaaa says p0"
-    assert canary.describe_asked(again) == "candidate reused from analyze-10, champion reused from analyze-10"
+    assert canary_report.describe_asked(again) == "candidate reused from analyze-10, champion reused from analyze-10"
     assert not list((tmp_path / "rollout").glob(".*tmp"))  # written in one rename
 
 
@@ -99,10 +101,10 @@ def test_the_pre_traffic_step_always_asks_and_times_the_candidate_and_later_step
     engine = Engine(tmp_path, monkeypatch)
     step(tmp_path, 0)
     resumed, probes = step(tmp_path, 0)  # a resumed analyze-0 measures again: it is the gate before any user
-    assert resumed == {"candidate": canary.Asked(3, 0), "champion": canary.Asked(3, 0)} and len(engine.asked) == 12
+    assert resumed == {"candidate": traffic.Asked(3, 0), "champion": traffic.Asked(3, 0)} and len(engine.asked) == 12
     assert [p.candidate_latency_s for p in probes] == [0.1, 0.1, 0.1]
     later, probes = step(tmp_path, 10)
-    assert later == {"candidate": canary.Asked(0, 0, "analyze-0"), "champion": canary.Asked(0, 0, "analyze-0")}
+    assert later == {"candidate": traffic.Asked(0, 0, "analyze-0"), "champion": traffic.Asked(0, 0, "analyze-0")}
     assert all(math.isnan(p.candidate_latency_s) for p in probes)  # not asked by this step
 
 
@@ -138,7 +140,7 @@ def test_a_change_the_answers_depend_on_asks_the_candidate_again(tmp_path, monke
         extra["max_new_tokens"] = 64
     engine.asked.clear()
     asked, _ = step(tmp_path, 50, prompts, **extra)
-    assert asked["candidate"] == canary.Asked(3, 0), change
+    assert asked["candidate"] == traffic.Asked(3, 0), change
     assert "llama-lora-v2-bbbbbbbb" in engine.asked
 
 
@@ -146,11 +148,11 @@ def test_failed_answers_are_never_kept(tmp_path, monkeypatch):
     engine = Engine(tmp_path, monkeypatch)
     engine.failing = True
     first, probes = step(tmp_path, 10)
-    assert first["candidate"] == canary.Asked(3, 3) and probes[0].candidate.startswith("<error")
+    assert first["candidate"] == traffic.Asked(3, 3) and probes[0].candidate.startswith("<error")
     assert not probe_cache.cache_path(tmp_path / "rollout" / "state.json").exists()
     engine.failing = False
     again, _ = step(tmp_path, 50)
-    assert again["candidate"] == canary.Asked(3, 0)
+    assert again["candidate"] == traffic.Asked(3, 0)
 
 
 def test_an_unreadable_engine_means_no_reuse_and_nothing_kept(tmp_path, monkeypatch):
@@ -172,7 +174,7 @@ def test_a_corrupt_cache_is_ignored_with_a_note_then_replaced(tmp_path, monkeypa
     cache.parent.mkdir(parents=True)
     cache.write_text('{"entries": [{"key": ')  # half a file
     asked, _ = step(tmp_path, 10)
-    assert asked["candidate"] == canary.Asked(3, 0) and len(engine.asked) == 6
+    assert asked["candidate"] == traffic.Asked(3, 0) and len(engine.asked) == 6
     assert "ignoring the probe answers" in capsys.readouterr().err
     assert {e["step"] for e in json.loads(cache.read_text())["entries"]} == {"analyze-10"}
 
@@ -192,12 +194,12 @@ def test_reused_probes_are_no_requests_in_error_rate(tmp_path):
         }
     )
     state = STATE.model_copy(update={"percent": 50})
-    probes = [canary.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)] * 4
+    probes = [traffic.Probe(prompt="p", reference="r", evaluated=1.0, candidate_score=1.0, champion_score=1.0)] * 4
     live = [Answer(200, "ok", 0.1, "llama-lora-green"), Answer(0, "", 9.0, error="timeout")] * 10
-    reused = {"candidate": canary.Asked(0, 0, "analyze-10"), "champion": canary.Asked(0, 0, "analyze-10")}
-    metrics = canary.analyse(a, state, live, probes, reused)
+    reused = {"candidate": traffic.Asked(0, 0, "analyze-10"), "champion": traffic.Asked(0, 0, "analyze-10")}
+    metrics = analysis.analyse(a, state, live, probes, reused)
     assert metrics["error_rate"] == 0.5  # 10 failed of the 20 live requests: the kept answers are not requests
     assert metrics["champion_error_rate"] == 0.0
-    sent = {"candidate": canary.Asked(4, 0), "champion": canary.Asked(4, 2)}
-    metrics = canary.analyse(a, state, live, probes, sent)
+    sent = {"candidate": traffic.Asked(4, 0), "champion": traffic.Asked(4, 2)}
+    metrics = analysis.analyse(a, state, live, probes, sent)
     assert metrics["error_rate"] == pytest.approx(10 / 24) and metrics["champion_error_rate"] == 0.5

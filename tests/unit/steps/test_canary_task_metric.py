@@ -1,7 +1,7 @@
 """The canary scores served answers by any task metric evaluate scored the version with, the project's own included.
 
 Before, `canary.task_metric` took only exact_match or contains: a pipeline gated on its own metric could not judge
-the served model by it. The analysis here is the real one (canary.run) against a real sqlite registry holding
+the served model by it. The analysis here is the real one (canary_step.run) against a real sqlite registry holding
 evaluate's report and a small live OpenAI-style engine; the metric is a module of a test project.
 """
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from eksflow.llm.steps import canary
+from eksflow.llm.steps.canary import step as canary_step
+from eksflow.llm.steps.canary import traffic
 from eksflow.llm.steps.common import rollout, tracking
 from eksflow.llm.steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
 from eksflow.runtime.args import StepInputError
@@ -99,7 +101,7 @@ def fleet(tmp_path, user_package) -> Iterator[dict]:
 def test_the_analysis_scores_served_answers_with_the_projects_own_metric(fleet, user_package, tmp_path, named):
     metric = f"{user_package}.mine:starts_alike"
     args = canary.Args.model_validate({**fleet, "task_metric": "starts_alike" if named == "short" else metric})
-    out = canary.run(args)
+    out = canary_step.run(args)
     assert (out.metrics["served_score"], out.metrics["evaluated_score"], out.metrics["served_gap"]) == (1.0, 1.0, 0.0)
     assert out.metrics["champion_score"] == 1.0  # the champion's answers scored by the same metric
     report = json.loads(Path(out.report).read_text())
@@ -108,21 +110,21 @@ def test_the_analysis_scores_served_answers_with_the_projects_own_metric(fleet, 
 
 
 def test_a_built_in_metric_still_scores_the_served_answers(fleet):
-    out = canary.run(canary.Args.model_validate({**fleet, "task_metric": "exact_match"}))
+    out = canary_step.run(canary.Args.model_validate({**fleet, "task_metric": "exact_match"}))
     assert (out.metrics["served_score"], out.metrics["evaluated_score"]) == (0.0, 0.0)
 
 
 def test_a_short_name_the_evaluation_did_not_list_is_bad_input_and_imports_nothing(fleet, user_package, tmp_path):
     args = canary.Args.model_validate({**fleet, "task_metric": "starts_alike"})
     with pytest.raises(StepInputError) as refused:
-        canary.served_metric(args.task_metric, ["exact_match"], "2")
+        traffic.served_metric(args.task_metric, ["exact_match"], "2")
     assert str(refused.value) == (
         "--task-metric: 'starts_alike' is not a task metric v2 was evaluated with (exact_match); name one of them"
     )
     assert f"{user_package}.mine" not in sys.modules and not (tmp_path / "called").exists()
     mine, other = f"{user_package}.mine:starts_alike", f"{user_package}.other:starts_alike"
     with pytest.raises(StepInputError, match=f"is the short name of both {mine} and {other}"):
-        canary.served_metric("starts_alike", [mine, other], "2")
+        traffic.served_metric("starts_alike", [mine, other], "2")
 
 
 @pytest.mark.parametrize("metric", ["exact_match", "contains", "json_match", "rouge_l", "starts_alike"])
@@ -185,7 +187,7 @@ def test_a_canary_metric_evaluate_does_not_score_fails_the_config_in_one_line(us
 
 def test_a_metric_the_version_was_not_evaluated_with_exits_2_in_one_line(fleet, user_package, capsys):
     argv = [f"--{key.replace('_', '-')}={value}" for key, value in {**fleet, "task_metric": "contains"}.items()]
-    assert canary.main(argv) == 2
+    assert canary_step.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         "error: --task-metric: 'contains' is not a task metric v2 was evaluated with "

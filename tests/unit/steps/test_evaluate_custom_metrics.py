@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.common.gate import Threshold, gate
 from eksflow.llm.steps.evaluate import EvaluateSettings
-from eksflow.llm.steps.evaluate.gate import Threshold, combine, gate
+from eksflow.llm.steps.evaluate.gate import combine
 from eksflow.llm.steps.evaluate.metrics import resolve, score
 from eksflow.llm.steps.evaluate.step import main
 from eksflow.runtime import metrics as runtime_metrics
@@ -371,7 +372,7 @@ def test_a_threshold_names_a_custom_metric_by_its_short_or_full_name(user_packag
     assert rule.metric == reads and settings.champion_metric == full  # the key evaluate's metrics have
     tuned = {"eval_loss": 0.5, "perplexity": 1.65, "exact_match": 0.5, full: 0.75}
     measured = combine(tuned, {**tuned, full: 0.25}, settings.task_metrics)
-    _, reason = gate(measured, settings.thresholds)
+    reason = gate(measured, settings.thresholds).reason
     assert reads in measured and "missing" not in reason, reason  # the gate reads what evaluate measured
     assert not (tmp_path / "called").exists()
 

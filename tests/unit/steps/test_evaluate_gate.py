@@ -6,8 +6,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
 from eksflow.llm.steps.evaluate import EvaluateSettings
-from eksflow.llm.steps.evaluate.gate import Champion, Threshold, champion_gate, combine, distinct_prefixes, gate
+from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine, distinct_prefixes
 from eksflow.llm.steps.evaluate.report import render_table
 from eksflow.llm.steps.evaluate.step import eval_set_digest
 
@@ -44,14 +45,16 @@ def rules(*triples):
     ],
 )
 def test_gate(metrics, thresholds, passed):
-    assert gate(metrics, thresholds)[0] is passed
+    assert gate(metrics, thresholds).passed is passed
 
 
 def test_gate_reason_names_each_failing_rule():
-    passed, reason = gate({"exact_match": 0.1}, rules(("exact_match", ">=", 0.6), ("contains", ">=", 0.5)))
-    assert not passed
-    assert "exact_match = 0.1000 fails exact_match >= 0.6" in reason
-    assert "contains is missing or NaN" in reason
+    verdict = gate({"exact_match": 0.1}, rules(("exact_match", ">=", 0.6), ("contains", ">=", 0.5)))
+    assert not verdict.passed
+    assert "exact_match = 0.1000 fails exact_match >= 0.6" in verdict.reason
+    assert "contains is missing or NaN" in verdict.reason
+    assert [(r.rule.metric, r.ok) for r in verdict.results] == [("exact_match", False), ("contains", False)]
+    assert math.isnan(verdict.results[1].value) and verdict.results[1].report()["actual"] is None
 
 
 def test_combine_adds_base_and_gain():
@@ -79,8 +82,9 @@ def test_table_shows_base_tuned_and_decision():
         "base_perplexity": 7.4,
         "base_exact_match": 0.1,
     }
-    table = render_table(metrics, ["exact_match"], rules(("exact_match", ">=", 0.6)), True, "ok", 48)
+    table = render_table(metrics, ["exact_match"], gate(metrics, rules(("exact_match", ">=", 0.6))), 48)
     assert "| exact_match | 0.1000 | 0.9000 | +0.8000 |" in table
+    assert "| exact_match >= 0.6 | 0.9000 | pass |" in table
     assert "gate: PASSED" in table
 
 
@@ -163,5 +167,5 @@ def test_champion_metric_must_be_a_tuned_metric():
 
 def test_table_shows_the_champion_rule():
     check = champion_gate({"exact_match": 0.74}, champion(0.7), "sha256:aa", "exact_match", 0.05)
-    table = render_table({"exact_match": 0.74}, ["exact_match"], [], False, check.reason, 8, check)
+    table = render_table({"exact_match": 0.74}, ["exact_match"], Verdict(False, check.reason), 8, check)
     assert "| exact_match >= 0.75 (champion v3) | 0.7400 | FAIL |" in table

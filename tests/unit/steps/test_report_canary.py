@@ -1,7 +1,7 @@
 """The report's Canary section: each step's share vs weight, scores, errors and latency, and where the rollout stopped.
 
 Every page here is written by the report step itself (eksflow.llm.steps.report.step.run, no MLflow) from a flagship run
-folder whose analyze tasks left canary-<percent>.json as eksflow.llm.steps.canary.write_report writes it.
+folder whose analyze tasks left canary-<percent>.json as eksflow.llm.steps.canary.report.write_report writes it.
 """
 
 from __future__ import annotations
@@ -9,18 +9,21 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from eksflow.llm.steps import canary, report
+from eksflow.llm.steps.canary import analysis, traffic
+from eksflow.llm.steps.canary import report as canary_report
 from eksflow.llm.steps.common.canary_sizing import live_requests, share_z_limit
 from eksflow.llm.steps.common.rollout import RolloutState
 from eksflow.llm.steps.common.vllm import Answer
-from eksflow.llm.steps.evaluate.gate import gate
 from eksflow.llm.steps.report import svg
-from eksflow.llm.steps.report.canary import percent_of, section
+from eksflow.llm.steps.report.canary import section
+from eksflow.llm.steps.report.canary_steps import percent_of
 from eksflow.llm.steps.report.collect import canary_tasks, collect
 from eksflow.llm.steps.report.step import run
 from eksflow.llm.steps.report.workflow import read_local
@@ -33,7 +36,7 @@ CANDIDATE, CHAMPION = "llama-lora-green", "llama-lora-blue"  # litellm_proxy.slo
 
 
 def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
-    """The metrics eksflow.llm.steps.canary.analyse gives a healthy candidate at `percent`, with `changes` applied."""
+    """What eksflow.llm.steps.canary.analysis.analyse gives a healthy candidate at `percent`, with `changes` applied."""
     n = live_requests(percent / 100, SETTINGS.share_tolerance, share_z_limit(SETTINGS.thresholds)).requests
     found = {
         "served_score": 0.9375,
@@ -42,7 +45,7 @@ def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
         "error_rate": 0.0,
         "p95_latency_s": 1.25,
         "candidate_share": share if percent else math.nan,
-        "share_z": canary.share_z(share, percent / 100, n) if percent else math.nan,
+        "share_z": analysis.share_z(share, percent / 100, n) if percent else math.nan,
         "champion_score": 0.875,
         "score_vs_champion": 0.0625,
         "champion_error_rate": 0.0,
@@ -53,12 +56,8 @@ def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
 def write_canary(
     reports: Path, percent: float, values: dict[str, float], reason_prefix: str = "", *, champion: bool = True
 ) -> bool:
-    """canary-<percent>.json and .md by eksflow.llm.steps.canary.write_report itself, decided by its own rules; the
-    decision."""
-    rules = [*SETTINGS.thresholds, *(SETTINGS.champion_thresholds if champion else ())]
-    if percent == 0:
-        rules = [r for r in rules if r.metric not in canary.ROUTING_METRICS]
-    passed, reason = gate(values, rules)
+    """canary-<percent>.json and .md by eksflow.llm.steps.canary.report.write_report itself, decided by the analysis's
+    own decide; the decision."""
     sizing = live_requests(percent / 100, SETTINGS.share_tolerance, share_z_limit(SETTINGS.thresholds))
     on_candidate = round(sizing.requests * values["candidate_share"]) if percent else 0
     live = [
@@ -68,12 +67,15 @@ def write_canary(
     state = RolloutState(candidate_version="3", candidate_slot="green", percent=percent)
     if champion:
         state = state.model_copy(update={"champion_version": "2", "champion_slot": "blue"})
-    probes = [canary.Probe(prompt="Date: July 4, 1976", reference="1976-07-04", evaluated=1.0)]
-    how = canary.Asked(sent=16, errors=0) if percent == 0 else canary.Asked(0, 0, "analyze-0")
+    probes = [traffic.Probe(prompt="Date: July 4, 1976", reference="1976-07-04", evaluated=1.0)]
+    how = traffic.Asked(sent=16, errors=0) if percent == 0 else traffic.Asked(0, 0, "analyze-0")
     asked = {"candidate": how, **({"champion": how} if champion else {})}
-    args = canary.Args.model_construct(percent=percent, report_dir=reports)  # write_report reads these two
-    canary.write_report(args, state, values, rules, passed, reason_prefix + reason, sizing, live, probes, asked)
-    return passed
+    # decide reads the settings and the percent, write_report the percent and the folder
+    args = canary.Args.model_construct(**dict(SETTINGS), percent=percent, report_dir=reports)
+    verdict = analysis.decide(args, state, values)
+    verdict = replace(verdict, reason=reason_prefix + verdict.reason)
+    canary_report.write_report(args, state, values, verdict, sizing, live, probes, asked)
+    return verdict.passed
 
 
 def analysed(percent: float, values: dict[str, float], passed: bool) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def test_sections_read_an_evaluation_report_of_unknown_metrics():
 
     report = eval_report(False)
     report["metrics"] = {"rouge_l": 0.5, "base_rouge_l": 0.25, "json_field_match": 1.0}
-    report["thresholds"] = [{"metric": "rouge_l", "op": ">=", "value": 0.4, "actual": 0.5}, "junk"]
+    report["thresholds"] = [{"metric": "rouge_l", "op": ">=", "value": 0.4, "actual": 0.5, "ok": True}, "junk"]
     facts_task = collect(
         {
             "spec": {

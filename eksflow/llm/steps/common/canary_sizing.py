@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from eksflow.llm.steps.evaluate.gate import Threshold
+from eksflow.llm.steps.common.gate import Threshold
 
 SHARE_METRIC = "share_z"
 PERCENTILE = 0.95  # p95_latency_s

@@ -7,8 +7,9 @@ answer set is reused only when everything it depends on is unchanged, else the m
   restart: vLLM's finished-request counter (vllm:request_success_total) only grows while the engine runs and
   starts from 0 after a restart, so a counter below the one read before the answers means a new engine;
 - the model: the slot name it is served under, the registered version, the folder the engine loaded the adapter
-  from (GET /v1/models) and the checkpoint digest of the files there (eksflow.llm.steps.register's); an adapter reloaded
-  from other files changes the folder or the digest, one reloaded from the same files answers the same;
+  from (GET /v1/models) and the checkpoint digest of the files there (register's: steps/common/adapter_digest.py);
+  an adapter reloaded from other files changes the folder or the digest, one reloaded from the same files answers
+  the same;
 - the probe prompts (their digest) and the answer cap (max_new_tokens).
 Anything that cannot be read (the engine does not answer, the adapter is not listed, its folder is unreadable)
 means no reuse and nothing stored. Only a set in which every probe was answered is stored: a failed request is
@@ -27,6 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eksflow.llm.steps.common import rollout, vllm
+from eksflow.llm.steps.common.adapter_digest import checkpoint_digest
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.outputs import atomic_write_text
 
@@ -75,8 +77,6 @@ def model_key(
     vllm_url: str, api_key: str, served_name: str, version: str, prompts: Sequence[str], max_new_tokens: int
 ) -> ModelKey | None:
     """The key of `served_name`'s answers on the engine now; None when part of it cannot be read."""
-    from eksflow.llm.steps.register import checkpoint_digest
-
     try:
         base = vllm.base_model_card(vllm_url, api_key=api_key)
         root = vllm.loaded_adapters(vllm_url, api_key=api_key).get(served_name)

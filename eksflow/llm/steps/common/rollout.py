@@ -22,8 +22,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from eksflow.llm.steps.common import adapters, litellm_proxy, tracking, vllm
+from eksflow.llm.steps.common.evaluation import evaluated_rows
 from eksflow.llm.steps.common.litellm_proxy import Slot
-from eksflow.llm.steps.evaluate.report import evaluated_rows
 from eksflow.runtime.args import Location, StepArgs, StepFailedError, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
 

@@ -45,7 +45,8 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import default_cache_dir
-from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, Threshold, threshold_metric
+from eksflow.llm.steps.common.gate import Threshold
+from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, threshold_metric
 from eksflow.llm.steps.evaluate.metrics import configured, resolve, shown
 from eksflow.runtime.args import Location, Settings, StepArgs
 

@@ -1,38 +1,19 @@
-"""The gate, pure: task scores, thresholds (missing or NaN fail closed) and the champion/challenger rule."""
+"""Evaluate's gate, pure: what its thresholds may name, the champion/challenger rule, the metrics they read.
+
+The rules themselves are judged by eksflow.llm.steps.common.gate, the same code as the canary's.
+"""
 
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from eksflow.llm.steps.common.gate import Threshold, gate
 from eksflow.llm.steps.evaluate.metrics import configured, shown
-from eksflow.runtime.args import Settings
-
-COMPARISONS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge,
-    ">": operator.gt,
-    "<=": operator.le,
-    "<": operator.lt,
-}
-
 
 LOSS_METRICS = ("eval_loss", "perplexity")  # lower is better
-
-
-class Threshold(Settings):
-    """One gate rule: `metric op value`, e.g. exact_match >= 0.6."""
-
-    metric: str
-    op: Literal[">=", ">", "<=", "<"] = ">="
-    value: float = Field(allow_inf_nan=False)
-
-    def describe(self) -> str:
-        """`exact_match >= 0.6`."""
-        return f"{self.metric} {self.op} {self.value:g}"
 
 
 def distinct_prefixes(first: str, second: str, length: int = 12) -> tuple[str, str]:
@@ -102,22 +83,6 @@ def known_metrics(task_metrics: Sequence[str]) -> str:
     )
 
 
-def gate(metrics: Mapping[str, float], thresholds: Sequence[Threshold]) -> tuple[bool, str]:
-    """Apply every threshold; missing and NaN metrics fail closed. Returns (passed, reason)."""
-    failures = []
-    for rule in thresholds:
-        value = metrics.get(rule.metric)
-        if value is None or math.isnan(value):
-            failures.append(f"{rule.metric} is missing or NaN (needs {rule.describe()})")
-        elif not COMPARISONS[rule.op](value, rule.value):
-            failures.append(f"{rule.metric} = {value:.4f} fails {rule.describe()}")
-    if not thresholds:
-        return False, "no thresholds configured: refusing to pass an ungated model"
-    if failures:
-        return False, "; ".join(failures)
-    return True, "all thresholds met: " + ", ".join(r.describe() for r in thresholds)
-
-
 def champion_gate(
     metrics: Mapping[str, float], champion: Champion | None, eval_set_digest: str, metric: str, margin: float
 ) -> ChampionCheck:
@@ -147,7 +112,8 @@ def champion_gate(
     # Metrics are rounded to 6 digits (combine); so is the bar, or 0.7 + 0.05 would demand 0.7500000000000001.
     required = round(recorded - margin if lower_is_better else recorded + margin, 6)
     rule = Threshold(metric=metric, op="<=" if lower_is_better else ">=", value=required)
-    ok, why = gate(metrics, [rule])
+    verdict = gate(metrics, [rule])
+    ok = verdict.passed
     actual = metrics.get(metric)
     return ChampionCheck(
         applied=True,
@@ -159,7 +125,7 @@ def champion_gate(
         actual=actual,
         reason=(
             f"{'beats' if ok else 'does not beat'} champion v{champion.version} ({metric} {recorded:.4f}, "
-            f"margin {margin:g}): " + (rule.describe() if ok else why)
+            f"margin {margin:g}): " + (rule.describe() if ok else verdict.reason)
         ),
     )
 

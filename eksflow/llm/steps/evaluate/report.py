@@ -5,24 +5,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.data import Example
+from eksflow.llm.steps.common.evaluation import REPORT_ARTIFACT, REPORT_FILE
+from eksflow.llm.steps.common.gate import Verdict
 from eksflow.llm.steps.evaluate import Args
 from eksflow.llm.steps.evaluate import metrics as task_metrics
-from eksflow.llm.steps.evaluate.gate import COMPARISONS, LOSS_METRICS, ChampionCheck, Threshold
+from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, ChampionCheck
 from eksflow.llm.steps.evaluate.scoring import Scores
-from eksflow.runtime.args import StepInputError
-
-REPORT_FILE = "eval_report.json"
-
 
 TABLE_FILE = "eval_report.md"
-
-
-REPORT_ARTIFACT = "eval"  # artifact folder of the reports in the MLflow run
 
 
 EVAL_SET_TAG = "eval_set_digest"  # on the run (this step) and on the model version (register)
@@ -33,8 +27,7 @@ def write_report(
     examples: Sequence[Example],
     scores: Mapping[str, Scores],
     metrics: Mapping[str, float],
-    passed: bool,
-    reason: str,
+    verdict: Verdict,
     digest: str,
     check: ChampionCheck,
     intervals: Mapping[str, Sequence[float]] | None = None,
@@ -42,6 +35,7 @@ def write_report(
 ) -> Path:
     """Write eval_report.json and eval_report.md, and print the table.
 
+    `verdict` is the decision, the champion comparison included, with the thresholds' results as the gate judged them.
     `intervals` (a sampled set: the Wilson intervals of the task metrics) and `total` (the usable examples the
     set holds) go into both reports.
     """
@@ -50,7 +44,6 @@ def write_report(
         {"prompt": e.prompt, "reference": e.completion, "base": b, "tuned": t}
         for e, b, t in zip(examples[:8], scores["base"].answers, scores["tuned"].answers, strict=False)
     ]
-    thresholds = [{**r.model_dump(), "actual": metrics.get(r.metric)} for r in args.thresholds]
     # Per-row scores of the tuned model: the canary checks that the served model scores the same rows alike (RO3).
     scorers = {name: task_metrics.resolve(name) for name in args.task_metrics}
     rows = [
@@ -59,10 +52,10 @@ def write_report(
         for e, a in zip(examples, scores["tuned"].answers, strict=False)
     ]
     report = {
-        "passed": passed,
-        "reason": reason,
+        "passed": verdict.passed,
+        "reason": verdict.reason,
         "metrics": dict(metrics),
-        "thresholds": thresholds,
+        "thresholds": [result.report() for result in verdict.results],
         "champion": {**check.model_dump(), "rule_metric": args.champion_metric, "margin": args.champion_margin},
         "eval_set_digest": digest,
         "examples": len(examples),
@@ -75,7 +68,7 @@ def write_report(
     }
     path = args.report_dir / REPORT_FILE
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    table = render_table(metrics, args.task_metrics, args.thresholds, passed, reason, len(examples), check)
+    table = render_table(metrics, args.task_metrics, verdict, len(examples), check)
     if intervals:
         shown = ", ".join(f"{name} [{low:.4f}, {high:.4f}]" for name, (low, high) in intervals.items())
         table += (
@@ -90,22 +83,17 @@ def write_report(
 def render_table(
     metrics: Mapping[str, float],
     task_metrics: Sequence[str],
-    thresholds: Sequence[Threshold],
-    passed: bool,
-    reason: str,
+    verdict: Verdict,
     n_examples: int,
     check: ChampionCheck | None = None,
 ) -> str:
-    """A markdown table of base vs tuned metrics, the thresholds, the champion comparison and the decision."""
+    """A markdown table of base vs tuned metrics, the thresholds' results, the champion comparison and the decision."""
     lines = [f"held-out examples: {n_examples}", "", "| metric | base | tuned | gain |", "|---|---|---|---|"]
     for name in [*LOSS_METRICS, *task_metrics]:
         base, tuned = metrics.get(f"base_{name}", math.nan), metrics.get(name, math.nan)
         lines.append(f"| {name} | {base:.4f} | {tuned:.4f} | {tuned - base:+.4f} |")
     lines += ["", "| threshold | actual | result |", "|---|---|---|"]
-    for rule in thresholds:
-        value = metrics.get(rule.metric, math.nan)
-        ok = not math.isnan(value) and COMPARISONS[rule.op](value, rule.value)
-        lines.append(f"| {rule.describe()} | {value:.4f} | {'pass' if ok else 'FAIL'} |")
+    lines += [result.table_row() for result in verdict.results]
     if check is not None and check.applied and check.required is not None:
         actual = math.nan if check.actual is None else check.actual
         op = "<=" if check.metric in LOSS_METRICS else ">="
@@ -115,7 +103,7 @@ def render_table(
         )
     elif check is not None:
         lines += ["", f"champion: {check.reason}"]
-    lines += ["", f"gate: {'PASSED' if passed else 'FAILED'} ({reason})"]
+    lines += ["", f"gate: {'PASSED' if verdict.passed else 'FAILED'} ({verdict.reason})"]
     return "\n".join(lines)
 
 
@@ -152,39 +140,3 @@ def log_to_run(
         },
     )
     tracking.log_files(uri, run_id, [report, report.with_name(TABLE_FILE)], REPORT_ARTIFACT)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What `evaluate` recorded for a registered version: the task metrics it scored with, its per-row scores."""
-
-    task_metrics: list[str]  # as evaluate.task_metrics named them: the keys of each row's scores
-    rows: list[dict[str, object]]  # in order: prompt, reference, answer and one score per task metric
-
-
-def evaluated_rows(tracking_uri: str, model_name: str, version: str) -> list[dict[str, object]]:
-    """The held-out rows `evaluate` scored for a registered version, in order (see `evaluation`)."""
-    return evaluation(tracking_uri, model_name, version).rows
-
-
-def evaluation(tracking_uri: str, model_name: str, version: str) -> Evaluation:
-    """The task metrics and per-row scores of a registered version's evaluation (its report in the version's run).
-
-    Raises StepInputError when the version's run has no report: what is served cannot be compared with what was
-    evaluated without it.
-    """
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    with tracking.errors(tracking_uri, f"reading the evaluation report of {model_name} v{version}"):
-        run_id = tracking.client(tracking_uri).get_model_version(model_name, version).run_id
-        try:
-            text = mlflow.artifacts.load_text(f"runs:/{run_id}/{REPORT_ARTIFACT}/{REPORT_FILE}")
-        except (MlflowException, OSError) as err:
-            raise StepInputError(
-                f"--model-name={model_name}: version {version} has no {REPORT_ARTIFACT}/{REPORT_FILE} in run "
-                f"{run_id}; served == evaluated cannot be checked without evaluate's per-row scores"
-            ) from err
-    report = json.loads(text)
-    rows, listed = report.get("rows") or [], report.get("task_metrics") or []
-    return Evaluation([m for m in listed if isinstance(m, str)], [r for r in rows if isinstance(r, dict)])

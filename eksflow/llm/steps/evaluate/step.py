@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from eksflow.llm.steps.common import checkpoints, storage, tracking
 from eksflow.llm.steps.common.data import EVAL_FILE, Example, load_examples
+from eksflow.llm.steps.common.gate import gate
 from eksflow.llm.steps.evaluate import Args, Outputs
-from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine, gate
+from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine
 from eksflow.llm.steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
 from eksflow.llm.steps.evaluate.sampling import intervals, load_sample, sample_suffix
 from eksflow.llm.steps.evaluate.scoring import score_models
@@ -44,22 +46,22 @@ def run(args: Args) -> Outputs:
     champion = find_champion(args.tracking_uri, args.model_name) if args.tracking_uri and args.model_name else None
     scores = score_models(args, examples)
     metrics = combine(scores["tuned"].metrics, scores["base"].metrics, args.task_metrics)
-    passed, reason = gate(metrics, args.thresholds)
+    verdict = gate(metrics, args.thresholds)
     check = champion_gate(metrics, champion, digest, args.champion_metric, args.champion_margin)
-    if passed and not check.passed:
-        passed, reason = False, check.reason
+    if verdict.passed and not check.passed:
+        verdict = replace(verdict, passed=False, reason=check.reason)
     else:
-        reason = f"{reason}; {check.reason}"
+        verdict = replace(verdict, reason=f"{verdict.reason}; {check.reason}")
     answers = {name: s.answers for name, s in scores.items()}
     sampled = {}  # a confidence interval only for a random sample (--max-examples takes the first N: not one)
     if args.sample_size and len(examples) < total:
         sampled = intervals(args.task_metrics, answers, examples, args.confidence)
-    report = write_report(args, examples, scores, metrics, passed, reason, digest, check, sampled, total)
+    report = write_report(args, examples, scores, metrics, verdict, digest, check, sampled, total)
     if args.tracking_uri and args.mlflow_run_id:
-        log_to_run(args, metrics, passed, reason, digest, check, report)
+        log_to_run(args, metrics, verdict.passed, verdict.reason, digest, check, report)
     return Outputs(
-        passed=passed,
-        reason=reason,
+        passed=verdict.passed,
+        reason=verdict.reason,
         metrics=metrics,
         exact_match=metrics.get("exact_match", math.nan),
         base_exact_match=metrics.get("base_exact_match", math.nan),

@@ -17,44 +17,15 @@ from datetime import datetime
 from typing import Any
 
 from eksflow.llm.steps.report import canary, svg
-from eksflow.llm.steps.report.canary import CanaryStep
+from eksflow.llm.steps.report.canary_steps import CanaryStep
 from eksflow.llm.steps.report.collect import EXIT, MAIN, RunFacts, Task
 from eksflow.llm.steps.report.runs import EndedRun, TrainingRun
+from eksflow.llm.steps.report.style import CSP, CSS
 from eksflow.llm.steps.report.svg import esc, format_duration
 
 LOWER_IS_BETTER = re.compile(r"loss|perplexity")
 VALUE_CHARS = 240  # an output longer than this is folded into a <details>
 SAMPLE_CHARS = 1200
-CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;color:#222;margin:0;background:#f6f7f9}
-main{max-width:1180px;margin:0 auto;padding:20px 24px 40px}
-header{background:#fff;border-left:6px solid #999;padding:14px 20px;border-radius:8px;margin-bottom:16px}
-header.Succeeded{border-color:#2e7d32}header.Failed,header.Error{border-color:#c62828}
-header.Running{border-color:#1565c0}
-h1{font-size:21px;margin:0 0 4px}h2{font-size:16px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 6px}
-section{background:#fff;border-radius:8px;padding:14px 20px;margin-bottom:16px;box-shadow:0 1px 2px #0001}
-.badge{display:inline-block;padding:1px 9px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
-background:#8d8d8d}
-.badge.Succeeded{background:#2e7d32}.badge.Failed,.badge.Error{background:#c62828}.badge.Running{background:#1565c0}
-.muted{color:#666}.note{color:#555;font-style:italic}.bad{color:#c62828;font-weight:600}
-.good{color:#2e7d32;font-weight:600}
-table{border-collapse:collapse;width:100%;margin:6px 0}
-th,td{text-align:left;vertical-align:top;padding:5px 8px;border-bottom:1px solid #eee}
-th{background:#fafafa;font-weight:600;font-size:12.5px;color:#444}
-td.num{font-variant-numeric:tabular-nums;text-align:right;white-space:nowrap}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
-.text{white-space:pre-wrap;word-break:break-word;max-height:12em;overflow:auto;
-font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
-.charts{display:flex;flex-wrap:wrap;gap:16px}.charts svg{flex:1 1 380px;max-width:560px}
-svg.dag{width:100%;height:auto;max-height:640px}
-.decision{padding:8px 12px;border-radius:6px;margin:8px 0;font-weight:600}
-.decision.pass{background:#e8f5e9;color:#1b5e20}.decision.fail{background:#ffebee;color:#b71c1c}
-.legend span{display:inline-block;margin-right:12px;font-size:12px}
-.legend i{display:inline-block;width:11px;height:11px;border-radius:3px;margin-right:4px;vertical-align:-1px}
-details summary{cursor:pointer;color:#1565c0}
-footer{color:#777;font-size:12px;text-align:center}
-"""
-CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
 @dataclass(frozen=True)
@@ -286,19 +257,13 @@ def _metric_rows(report: Mapping[str, Any]) -> tuple[str, dict[str, dict[str, fl
 
 
 def _threshold_rows(report: Mapping[str, Any]) -> str:
+    """Each threshold's result as the evaluation's gate judged it (its `ok`; anything else fails closed)."""
     rows = []
-    ops = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
     for rule in report.get("thresholds") or []:
         if not isinstance(rule, Mapping):
             continue
         actual, value, op = rule.get("actual"), rule.get("value"), str(rule.get("op", ">="))
-        ok = (
-            isinstance(actual, (int, float))
-            and isinstance(value, (int, float))
-            and op in ops
-            and math.isfinite(actual)
-            and ops[op](float(actual), float(value))
-        )
+        ok = rule.get("ok") is True
         rows.append(
             f"<tr><td class='mono'>{esc(rule.get('metric'))} {esc(op)} {esc(value)}</td>"
             f"<td class='num'>{number(actual)}</td>"

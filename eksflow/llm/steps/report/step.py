@@ -13,7 +13,7 @@ from typing import Any
 
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.report import REPORT_FILE, Args, Outputs
-from eksflow.llm.steps.report.canary import CanaryStep, percent_of, report_file
+from eksflow.llm.steps.report.canary_steps import CanaryStep, percent_of, report_file
 from eksflow.llm.steps.report.collect import (
     RunFacts,
     Task,

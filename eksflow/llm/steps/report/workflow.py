@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.rundir import MANIFEST_FILE, STATUS_FILE
 
@@ -35,6 +36,9 @@ Workflow = dict[str, Any]
 
 class WorkflowUnavailableError(StepFailedError):
     """The Workflow could not be read (API down, no permission, no run folder); retryable, one line."""
+
+    label = "workflow unavailable"
+    exit_code = EXIT_FAILED
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,3 @@
+from eksflow.llm.steps.canary.step import main
+
+raise SystemExit(main())
