@@ -47,7 +47,7 @@ _PUBLIC = {
     "distributed": "eksflow.launchers",
     "main": "eksflow.cli",
     "PipelineConfig": "eksflow.config",
-    "ConfigError": "eksflow.config",
+    "ConfigError": "eksflow.errors",
     "config_hash": "eksflow.config",
     "name_field": "eksflow.config",
     "image_field": "eksflow.config",
@@ -97,8 +97,8 @@ if TYPE_CHECKING:
     from hera.workflows import Resources
 
     from eksflow.cli import main
-    from eksflow.config import ClusterSettings, ConfigError, PipelineConfig, config_hash, image_field, name_field
-    from eksflow.errors import PipelineError
+    from eksflow.config import ClusterSettings, PipelineConfig, config_hash, image_field, name_field
+    from eksflow.errors import ConfigError, PipelineError
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline
     from eksflow.refs import Item, Ref, TaskRef, ended

@@ -26,7 +26,7 @@ from typing import Any
 import requests
 from urllib3.exceptions import InsecureRequestWarning, ProtocolError, ReadTimeoutError
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
 from eksflow.runtime.shown import printable, redact, url_credential
 
 CONNECT_TIMEOUT_S = 10.0  # a reachable server accepts in milliseconds; 10 s covers a cold port-forward
@@ -46,13 +46,22 @@ _TAG = re.compile(r"<[^>]*>")
 class ArgoServerError(EksflowError):
     """A request the Argo Server refused or could not answer; the message is one line saying what to check."""
 
+    label = "argo server error"
+    exit_code = EXIT_FAILED
+
 
 class ArgoSettingError(ArgoServerError):
     """Bad input, refused before any request: a connection setting (ARGO_SERVER, ARGO_TOKEN, ...), a run name."""
 
+    label = "config error"
+    exit_code = EXIT_BAD_INPUT
+
 
 class StreamIdleError(ArgoServerError):
     """A streaming answer (a followed log) sent nothing for the read timeout; the caller may reconnect."""
+
+    label = "idle stream"
+    exit_code = EXIT_FAILED
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import requests
 
 from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError, StreamIdleError, workflow_object
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.names import PIPELINE_LABEL, workflow_name_problem
 
 DONE = ("Succeeded", "Failed", "Error")
@@ -49,6 +49,9 @@ _TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:
 
 class ParameterError(EksflowError, ValueError):
     """A `-p name=value` override that is not of that form: bad input, exit 2."""
+
+    label = "parameter error"
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True)

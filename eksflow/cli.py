@@ -4,8 +4,9 @@
         main(build)          # build(cfg: MyConfig) -> Pipeline; the config type comes from its annotation
 
 Bad input (config, a pipeline that cannot be built, a file that cannot be written) exits 2 with one line per
-problem before anything runs or is submitted; a failed workflow exits 1; a local run stopped by a signal exits
-128 + the signal's number with the way to resume it.
+problem before anything runs or is submitted; a failed workflow, or an Argo Server that cannot answer, exits 1; a
+local run stopped by a signal exits 128 + the signal's number with the way to resume it. `main` is the one place
+that turns an EksflowError into its lines (`<label>: <message>`) and its exit code: each error class carries both.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from eksflow.config import ConfigError, PipelineConfig, cluster_of, config_type, load_config
-from eksflow.errors import EXIT_FAILED, EksflowError
+from eksflow.config import PipelineConfig, cluster_of, config_type, load_config
+from eksflow.errors import ConfigError, EksflowError
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
 from eksflow.render import KINDS, cron_workflow, manifest, workflow_template
@@ -164,16 +165,9 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
         print_plan(check(pipeline), Console())
         if args.command == "plan":
             return 0
-        from eksflow.submit import ArgoSettingError, SubmitError, submit
+        from eksflow.submit import submit
 
-        rendered = checked_manifest(pipeline)
-        try:
-            return submit(rendered, args, console)
-        except ArgoSettingError as err:
-            raise ConfigError(str(err)) from None
-        except SubmitError as err:
-            console.print(f"[red]submit failed:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
-            return EXIT_FAILED
+        return submit(checked_manifest(pipeline), args, console)
     from eksflow.run import run_locally
 
     return run_locally(pipeline, checked_manifest(pipeline), project_root(build), args, console)

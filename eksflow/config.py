@@ -20,21 +20,26 @@ import hashlib
 import inspect
 import itertools
 import re
+import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 
-from eksflow.errors import EksflowError
+from eksflow.config_file import read_yaml
+from eksflow.errors import ConfigError, PipelineError
 from eksflow.kinds import kind_of
 from eksflow.profiles import PROFILES
 from eksflow.runtime.args import K8S_NAME, Settings
 from eksflow.runtime.shown import redact, url_setting_problem
 from eksflow.runtime.slurm import MAX_TIME_LIMIT_MIN, SlurmUrl, TimeLimitMin
+
+if TYPE_CHECKING:
+    from eksflow.launchers.base import Launcher
 
 # One argv item must stay well under Linux's 128 KiB per-argument limit, and a manifest under the API server's
 # ~1.5 MiB object limit: 64 KiB of text per setting is more than any prompt or path needs.
@@ -42,10 +47,13 @@ MAX_TEXT_BYTES = 64 * 1024
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][\w.\-/:]*(@sha256:[0-9a-f]{64})?")  # an image name: no space, quote, newline
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 RESERVED_ENV_PREFIXES = ("EKSFLOW_", "ARGO_")
-MAX_CONFIG_BYTES = 1024 * 1024  # a config file; the largest real one is a few KiB
-MAX_CONFIG_NODES = 100_000  # values in a config file with its aliases expanded (a 700-byte alias bomb has millions)
 
 C = TypeVar("C", bound="PipelineConfig")
+
+# The launchers `cluster.launcher` may name, by name: eksflow.launchers.base.register adds each, so a project's own
+# launcher is valid once its module is imported (importing eksflow.launchers registers eksflow's, as any pipeline
+# calling `distributed()` does).
+LAUNCHERS: dict[str, Launcher] = {}
 
 
 def name_field(default: str) -> Any:
@@ -60,12 +68,6 @@ def image_field(default: str, description: str = "image of the pipeline's steps 
     a deployment overrides it in config (`image: ...` or `--set image=...`).
     """
     return Field(default, description=description, validate_default=True)
-
-
-class ConfigError(EksflowError):
-    """Config that cannot run; each line names the field and the fix."""
-
-    label = "config error"
 
 
 def pinned_image(image: str) -> str:
@@ -138,6 +140,9 @@ class SlurmSettings(Settings):
     )
 
 
+DEPRECATED_BACKOFF_LIMIT = "rayjob_backoff_limit"  # cluster.backoff_limit's old name, still read
+
+
 class ClusterSettings(Settings):
     """Where distributed steps run on EKS: node type (its accelerator profile), gang scheduling, the jobs' images.
 
@@ -146,7 +151,7 @@ class ClusterSettings(Settings):
 
     instance_type: str = Field("m6i.4xlarge", description="EC2 instance type of the training nodes (profiles.py)")
     nodes: int = Field(1, ge=1, le=64, description="training nodes; the job is admitted only when all fit at once")
-    launcher: Literal["rayjob", "mpijob", "slurm"] = Field(
+    launcher: str = Field(
         "rayjob",
         description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod), mpijob "
         "(MPI Operator MPIJob, mpirun over worker pods) or slurm (a Slurm batch job through slurmrestd, srun ranks); "
@@ -156,7 +161,7 @@ class ClusterSettings(Settings):
     queue: str = Field("eksflow", pattern=K8S_NAME, max_length=63, description="Kueue LocalQueue or Volcano Queue name")
     spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
     zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
-    rayjob_backoff_limit: int = Field(
+    backoff_limit: int = Field(
         1, ge=0, le=10, description="the training job's own retries: RayJob resubmissions, MPIJob launcher restarts"
     )
     retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
@@ -167,12 +172,34 @@ class ClusterSettings(Settings):
     neuron_image: Image = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
     slurm: SlurmSettings = SlurmSettings()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_backoff_limit(cls, data: Any) -> Any:
+        """Take `rayjob_backoff_limit`, the name before every job launcher read it, as `backoff_limit`."""
+        if not (isinstance(data, dict) and DEPRECATED_BACKOFF_LIMIT in data):
+            return data
+        if "backoff_limit" in data:
+            raise ValueError(f"{DEPRECATED_BACKOFF_LIMIT} is the old name of backoff_limit; give only backoff_limit")
+        print(f"warning: cluster.{DEPRECATED_BACKOFF_LIMIT} is deprecated; use cluster.backoff_limit", file=sys.stderr)
+        moved = {key: value for key, value in data.items() if key != DEPRECATED_BACKOFF_LIMIT}
+        return {**moved, "backoff_limit": data[DEPRECATED_BACKOFF_LIMIT]}
+
     @field_validator("instance_type")
     @classmethod
     def _known(cls, instance_type: str) -> str:
         if instance_type not in PROFILES:
             raise ValueError(f"unknown instance type {instance_type!r}; known: {', '.join(sorted(PROFILES))}")
         return instance_type
+
+    @field_validator("launcher")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in LAUNCHERS:
+            raise ValueError(
+                f"no launcher {name!r}; registered: {', '.join(sorted(LAUNCHERS))} (a project's own: import "
+                "the module registering it before loading the config)"
+            )
+        return name
 
 
 class PipelineConfig(Settings):
@@ -231,18 +258,18 @@ def cluster_of(cfg: PipelineConfig) -> ClusterSettings:
 
 
 def config_type(build: Callable[..., Any]) -> type[PipelineConfig]:
-    """The config model a pipeline's build function takes: the annotation of its first parameter."""
+    """The config model a pipeline's build function takes: the annotation of its first parameter; else PipelineError."""
     parameters = list(inspect.signature(build).parameters)
     hints = typing.get_type_hints(build)
     found = hints.get(parameters[0]) if parameters else None
     if not (isinstance(found, type) and issubclass(found, PipelineConfig)):
-        raise TypeError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
+        raise PipelineError(f"{build.__qualname__} must take one argument annotated with a PipelineConfig subclass")
     return found
 
 
 def load_config(config_type: type[C], path: Path | None = None, overrides: Iterable[str] = ()) -> C:
     """The declared defaults, the YAML file, then each `dotted.key=value` merged over them; ConfigError if bad."""
-    raw: dict[str, Any] = _read_yaml(path) if path is not None else {}
+    raw: dict[str, Any] = read_yaml(path) if path is not None else {}
     problems = []
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -362,69 +389,6 @@ def _typed(config_type: type[BaseModel], key: str, value: str) -> object:
             raise ConfigError(f"--set {key}: takes {_SCALAR_WORDS[kind]}, got {shown}") from None
         where = getattr(err, "problem", None) or "not valid YAML"
         raise ConfigError(f"--set {key}: {where} in {shown}; quote text, e.g. --set '{key}=\"...\"'") from None
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML merges them silently: the last wins)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            line = key_node.start_mark.line + 1
-            if key_node.value in first:
-                raise ConfigError(
-                    f"key {key_node.value!r} is given twice (lines {first[key_node.value]} and {line}); keep one"
-                )
-            first[key_node.value] = line
-        return super().construct_mapping(node, deep)
-
-
-def _expanded_nodes(value: object, budget: int) -> int:
-    """How many nodes `value` has with every YAML alias expanded, counting no further than `budget`."""
-    count, stack = 0, [value]
-    while stack and count <= budget:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)  # bounded: `--config /dev/zero` must not fill the memory
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"--config {path}: more than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few KiB")
-        text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {path}: is a folder; give a YAML file") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"--config {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-    except OSError as err:
-        raise ConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
-    try:
-        loaded = yaml.load(text, Loader=_ConfigLoader) or {}
-    except ConfigError as err:
-        raise ConfigError(f"--config {path}: {err}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"--config {path}: invalid YAML{at}: {getattr(err, 'problem', None) or err}") from None
-    if _expanded_nodes(loaded, MAX_CONFIG_NODES) > MAX_CONFIG_NODES:  # YAML aliases can expand exponentially
-        raise ConfigError(
-            f"--config {path}: more than {MAX_CONFIG_NODES:,} values once its aliases (*name) are expanded; "
-            "write the values out"
-        )
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of sections, got {type(loaded).__name__}")
-    return loaded
 
 
 def text_problem(key: str, value: str) -> str | None:

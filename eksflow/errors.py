@@ -21,9 +21,18 @@ class PipelineError(EksflowError):
     """A pipeline that cannot be built; the message names the task and field, and the fix."""
 
     label = "pipeline error"
+    exit_code = EXIT_BAD_INPUT
 
 
 class NotFoundError(EksflowError):
     """What a command names (a run, a task of a run) does not exist; the message lists what does."""
 
     label = "not found"
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(EksflowError):
+    """Config that cannot run; each line names the field and the fix."""
+
+    label = "config error"
+    exit_code = EXIT_BAD_INPUT

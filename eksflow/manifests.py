@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 
 SAFE_REFERENCES = frozenset({"workflow.name", "workflow.namespace", "workflow.uid", "retries"})
 REFERENCE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")  # as Argo (and eksflow.local.substitution) reads a tag
@@ -41,6 +41,9 @@ _MARKER = "eksflow-expression"  # a plain YAML scalar `<marker>-<n>` marks where
 
 class ManifestError(EksflowError, ValueError):
     """An object that cannot become manifest text safely; the message names the field."""
+
+    label = "manifest error"
+    exit_code = EXIT_BAD_INPUT
 
 
 def manifest_text(obj: Mapping[str, Any]) -> str:

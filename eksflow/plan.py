@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from eksflow import profiles
-from eksflow.config import ConfigError, PipelineConfig, cluster_of
+from eksflow.config import PipelineConfig, cluster_of
+from eksflow.errors import ConfigError
 from eksflow.launchers import Job
 from eksflow.launchers.base import refusal, worker_layout
 from eksflow.local.node import QuantityError, Requests, container_requests, cpu_text, quantity
@@ -107,7 +108,7 @@ def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     if attempts > cluster.retry_budget:
         problems.append(
             f"cluster.retry_budget: Argo x {job.launcher.name} x in-job retries allow {attempts} attempts of "
-            f"{job.task}, more than the budget of {cluster.retry_budget}; fix: lower cluster.rayjob_backoff_limit or "
+            f"{job.task}, more than the budget of {cluster.retry_budget}; fix: lower cluster.backoff_limit or "
             "raise cluster.retry_budget"
         )
     return problems

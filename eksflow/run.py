@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from eksflow.config import ConfigError, PipelineConfig
-from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, NotFoundError
+from eksflow.config import PipelineConfig
+from eksflow.errors import EXIT_FAILED, ConfigError
 from eksflow.pipeline import Pipeline
 from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
@@ -108,6 +108,7 @@ def execute(
 
     A resume with no inputs given (`inputs_given` False: no --config, --set or --variant) keeps the run's own
     manifest and parameters, as `argo retry` does; with inputs, it is refused if they differ from the run's.
+    A run that cannot start raises LocalExecutorError (RunNotFoundError for a missing run) for the CLI's `main`.
     """
     from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
     from eksflow.local.runs import run_folder
@@ -138,11 +139,6 @@ def execute(
             soft_wrap=True,
         )
         return stopped.exit_code  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
-    except NotFoundError:
-        raise  # `--resume` naming no run: the command line's "not found" line
-    except LocalExecutorError as err:
-        console.print(f"[red]cannot run locally:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
-        return EXIT_BAD_INPUT
     return print_result(result, console)
 
 

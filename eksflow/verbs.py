@@ -28,8 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from eksflow.config import ConfigError
-from eksflow.errors import EXIT_FAILED, NotFoundError
+from eksflow.errors import EXIT_FAILED, ConfigError
 from eksflow.runtime.shown import shown
 from eksflow.submit import add_connection_options
 
@@ -69,13 +68,10 @@ def remote(args: argparse.Namespace) -> bool:
 
 
 def run_verb(args: argparse.Namespace, pipeline: str, root: Path, console: Console) -> int:
-    """Run one verb; ConfigError (bad input) propagates for the CLI's exit 2."""
-    from eksflow.argo_server import ParameterError, parse_parameters
+    """Run one verb; the errors eksflow raises on purpose (EksflowError) propagate to the CLI's `main`."""
+    from eksflow.argo_server import parse_parameters
 
-    try:
-        parameters = parse_parameters(getattr(args, "parameters", []))
-    except ParameterError as err:
-        raise ConfigError(f"-p: {err}") from None
+    parameters = parse_parameters(getattr(args, "parameters", []))
     if remote(args):
         return _remote(args, pipeline, parameters, console)
     return _local(args, pipeline, parameters, root, console)
@@ -87,52 +83,47 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
     from eksflow.parameters import parameter_problems
     from eksflow.run import execute_env, print_result
 
-    try:
-        if args.command == "list":
-            runs = [r for r in local.list_runs(args.state_dir) if args.all or r.pipeline == pipeline]
-            _table(
-                console,
-                ["run", "phase", "started", "duration", "message"],
-                ([r.name, str(r.phase), _when(r.started_at), _seconds(r.duration_s), r.message] for r in runs),
+    if args.command == "list":
+        runs = [r for r in local.list_runs(args.state_dir) if args.all or r.pipeline == pipeline]
+        _table(
+            console,
+            ["run", "phase", "started", "duration", "message"],
+            ([r.name, str(r.phase), _when(r.started_at), _seconds(r.duration_s), r.message] for r in runs),
+        )
+        return 0
+    if args.command == "get":
+        out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
+        view = local.load_run(args.state_dir, args.name)
+        out.print(
+            f"[bold]{escape(shown(view.name))}[/bold] {view.phase}"
+            + (f": {escape(shown(view.message))}" if view.message else ""),
+            highlight=False,
+        )
+        out.print(shown(f"run folder: {view.run_dir}"), markup=False, highlight=False, soft_wrap=True)
+        for key, node in view.nodes.items():
+            duration = _seconds(_span(node.started_at, node.finished_at))
+            cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
+            placed = f"  on {node.host_node}" if node.host_node else ""  # with simulated nodes (`run --nodes`)
+            line = f"  {local.node_label(view, key)}  {node.phase}  {duration}{cached}{placed}" + (
+                f"  {node.message}" if node.message else ""
             )
-            return 0
-        if args.command == "get":
-            out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
-            view = local.load_run(args.state_dir, args.name)
-            out.print(
-                f"[bold]{escape(shown(view.name))}[/bold] {view.phase}"
-                + (f": {escape(shown(view.message))}" if view.message else ""),
-                highlight=False,
-            )
-            out.print(shown(f"run folder: {view.run_dir}"), markup=False, highlight=False, soft_wrap=True)
-            for key, node in view.nodes.items():
-                duration = _seconds(_span(node.started_at, node.finished_at))
-                cached = " (memoized)" if node.memoization is not None and node.memoization.hit else ""
-                placed = f"  on {node.host_node}" if node.host_node else ""  # with simulated nodes (`run --nodes`)
-                line = f"  {local.node_label(view, key)}  {node.phase}  {duration}{cached}{placed}" + (
-                    f"  {node.message}" if node.message else ""
-                )
-                out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
-                for pod in node.pods:
-                    pod_line = f"      pod {pod['name']} ({pod['role']}) on {pod['hostNodeName']}, {pod['podIP']}"
-                    out.print(shown(pod_line), markup=False, highlight=False, soft_wrap=True)
-                for name, value in view.host_outputs(key).items():
-                    out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
-            return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED
-        if args.command == "logs":
-            return _local_logs(args, console)
-        settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console}
-        saved, _ = run_folder(args.state_dir, args.name).read()
-        if problems := parameter_problems(saved, parameters):  # checked before a new run starts, as `run` is
-            raise ConfigError("\n".join(problems))
-        if args.command == "retry":
-            result = local.retry_run(args.state_dir, args.name, parameters, **settings)
-        else:
-            result = local.resubmit_run(args.state_dir, args.name, parameters, **settings)
-    except NotFoundError:
-        raise  # a run or task that is not there: "not found", not a config error
-    except local.LocalExecutorError as err:
-        raise ConfigError(str(err)) from None
+            out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
+            for pod in node.pods:
+                pod_line = f"      pod {pod['name']} ({pod['role']}) on {pod['hostNodeName']}, {pod['podIP']}"
+                out.print(shown(pod_line), markup=False, highlight=False, soft_wrap=True)
+            for name, value in view.host_outputs(key).items():
+                out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
+        return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED
+    if args.command == "logs":
+        return _local_logs(args, console)
+    settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console}
+    saved, _ = run_folder(args.state_dir, args.name).read()
+    if problems := parameter_problems(saved, parameters):  # checked before a new run starts, as `run` is
+        raise ConfigError("\n".join(problems))
+    if args.command == "retry":
+        result = local.retry_run(args.state_dir, args.name, parameters, **settings)
+    else:
+        result = local.resubmit_run(args.state_dir, args.name, parameters, **settings)
     return print_result(result, console)
 
 
@@ -157,54 +148,48 @@ def _local_logs(args: argparse.Namespace, console: Console) -> int:
 
 def _remote(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], console: Console) -> int:
     from eksflow import argo_server
-    from eksflow.argo_client import ArgoServer, ArgoServerError, ArgoSettingError
+    from eksflow.argo_client import ArgoServer
     from eksflow.parameters import parameter_problems
 
-    try:
-        server = ArgoServer.from_options(args)
-        if args.command == "list":
-            runs = argo_server.list_workflows(server, pipeline=None if args.all else pipeline)
-            _table(
-                console,
-                ["run", "phase", "started", "duration", "message"],
-                ([r.name, r.phase, _when(r.started), _seconds(r.duration_s), r.message] for r in runs),
-            )
-            return 0
-        if args.command == "get":
-            out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
-            detail = argo_server.get_workflow(server, args.name)
-            out.print(
-                f"[bold]{escape(shown(detail.summary.name))}[/bold] {escape(shown(detail.summary.phase))}",
-                highlight=False,
-            )
-            for task in detail.tasks:
-                line = f"  {task.name}  {task.phase}  {_seconds(_span(task.started, task.finished))}" + (
-                    f"  {task.message}" if task.message else ""
-                )
-                out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
-                for name, value in task.outputs.items():
-                    out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
-            return 0 if detail.summary.phase == "Succeeded" else EXIT_FAILED
-        if args.command == "logs":
-            for entry in argo_server.workflow_logs(server, args.name, args.task, follow=args.follow):
-                sys.stdout.write(shown(f"{entry.task}: {entry.content}" if not args.task else entry.content) + "\n")
-                sys.stdout.flush()
-            return 0
-        if parameters:  # checked before the server starts anything, as for a local run
-            workflow = argo_server.workflow_manifest(server, args.name)
-            if problems := parameter_problems(workflow, parameters):
-                raise ConfigError("\n".join(problems))
-        if args.command == "retry":
-            argo_server.retry_workflow(server, args.name, parameters)
-        else:
-            argo_server.resubmit_workflow(server, args.name, parameters)
-        console.print(shown(f"{args.command}: {args.name} sent to {server.url}"), markup=False, highlight=False)
+    server = ArgoServer.from_options(args)
+    if args.command == "list":
+        runs = argo_server.list_workflows(server, pipeline=None if args.all else pipeline)
+        _table(
+            console,
+            ["run", "phase", "started", "duration", "message"],
+            ([r.name, r.phase, _when(r.started), _seconds(r.duration_s), r.message] for r in runs),
+        )
         return 0
-    except ArgoSettingError as err:
-        raise ConfigError(str(err)) from None
-    except ArgoServerError as err:
-        console.print(f"[red]{args.command} failed:[/red] {escape(shown(str(err)))}", highlight=False, soft_wrap=True)
-        return EXIT_FAILED
+    if args.command == "get":
+        out = Console(soft_wrap=True)  # the answer goes to stdout, like `argo get`
+        detail = argo_server.get_workflow(server, args.name)
+        out.print(
+            f"[bold]{escape(shown(detail.summary.name))}[/bold] {escape(shown(detail.summary.phase))}",
+            highlight=False,
+        )
+        for task in detail.tasks:
+            line = f"  {task.name}  {task.phase}  {_seconds(_span(task.started, task.finished))}" + (
+                f"  {task.message}" if task.message else ""
+            )
+            out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
+            for name, value in task.outputs.items():
+                out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
+        return 0 if detail.summary.phase == "Succeeded" else EXIT_FAILED
+    if args.command == "logs":
+        for entry in argo_server.workflow_logs(server, args.name, args.task, follow=args.follow):
+            sys.stdout.write(shown(f"{entry.task}: {entry.content}" if not args.task else entry.content) + "\n")
+            sys.stdout.flush()
+        return 0
+    if parameters:  # checked before the server starts anything, as for a local run
+        workflow = argo_server.workflow_manifest(server, args.name)
+        if problems := parameter_problems(workflow, parameters):
+            raise ConfigError("\n".join(problems))
+    if args.command == "retry":
+        argo_server.retry_workflow(server, args.name, parameters)
+    else:
+        argo_server.resubmit_workflow(server, args.name, parameters)
+    console.print(shown(f"{args.command}: {args.name} sent to {server.url}"), markup=False, highlight=False)
+    return 0
 
 
 def _table(console: Console, header: list[str], rows: Iterable[list[str]]) -> None:

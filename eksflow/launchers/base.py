@@ -1,9 +1,11 @@
 """The launcher interface and its registry: how a distributed step runs, and which launcher runs it.
 
-A launcher (one module each: container, rayjob, mpijob, volcano) adds the task(s) running a step for a
+A launcher (one module each: container, rayjob, mpijob, volcano, slurm) adds the task(s) running a step for a
 `JobRequest` and tells `plan` what it needs: the pods, the most attempts its retry layers allow, and why it refuses
-a profile. Its module registers it (`register(MpiJob())`); `select` is the one place a launcher is picked: the one
-`cluster.launcher` names where it runs on the profile's kind, otherwise the kind's own (DEFAULTS).
+a profile. Its module registers it (`register(MpiJob())`), a project's own launcher module too, which makes its name
+one `cluster.launcher` takes (eksflow.config.LAUNCHERS, the registry, checked when the config is loaded); `select`
+is the one place a launcher is picked: the one `cluster.launcher` names where it runs on the profile's kind,
+otherwise the kind's own (DEFAULTS).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
-from eksflow.config import ClusterSettings, PipelineConfig, cluster_of
+from eksflow.config import LAUNCHERS, ClusterSettings, PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
 from eksflow.profiles import Profile
 from eksflow.refs import Ref, TaskRef, When
@@ -100,7 +102,6 @@ class Launcher(ABC):
         """Add the task(s) running the step to the pipeline being built; returns the task holding its outputs."""
 
 
-LAUNCHERS: dict[str, Launcher] = {}
 L = TypeVar("L", bound=Launcher)
 
 

@@ -63,7 +63,7 @@ class JobLauncher(Launcher):
         """(Argo's JOB_RETRY) x (the job's own retries) x (the step's in-job retries, where it has them)."""
         argo = int(str(JOB_RETRY.limit)) + 1
         inner = job.inner_retries if self.in_job_retries else 0
-        return argo * (cluster_of(cfg).rayjob_backoff_limit + 1) * (inner + 1)
+        return argo * (cluster_of(cfg).backoff_limit + 1) * (inner + 1)
 
     def add(self, request: JobRequest) -> TaskRef:
         """The job task and its collector, both memoized under one key: a hit skips the job and still gives outputs."""

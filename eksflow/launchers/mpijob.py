@@ -20,7 +20,7 @@ sshd, which passes no container environment on). Gang scheduling: under Kueue th
 the queue label and admitted whole; under Volcano (or scheduler-plugins, whichever the operator runs with
 --gang-scheduling) `runPolicy.schedulingPolicy` makes the operator create a PodGroup of launcher + workers.
 
-Retries stay within the declared budget: the launcher Job retries `cluster.rayjob_backoff_limit` times (the same
+Retries stay within the declared budget: the launcher Job retries `cluster.backoff_limit` times (the same
 knob as the RayJob's resubmissions), Argo once more with a new job, Ray Train not at all. Argo's resource
 template follows the job's status: the operator marks the MPIJob Succeeded when the launcher succeeded
 (replicaStatuses.Launcher.succeeded = 1), and Failed when the launcher Job exhausted its backoff (Launcher.failed =
@@ -57,10 +57,7 @@ IMAGE_ENV = {"cpu": ("PATH",), "gpu": ("PATH", "LD_LIBRARY_PATH")}
 def failure(cfg: PipelineConfig) -> str:
     """The launcher Job gave up (more failed pods than its backoffLimit), or a worker pod failed (evicted)."""
     cluster = cluster_of(cfg)
-    return (
-        f"status.replicaStatuses.Launcher.failed > {cluster.rayjob_backoff_limit},"
-        "status.replicaStatuses.Worker.failed > 0"
-    )
+    return f"status.replicaStatuses.Launcher.failed > {cluster.backoff_limit},status.replicaStatuses.Worker.failed > 0"
 
 
 TRAINIUM_REFUSAL = (
@@ -116,7 +113,7 @@ def manifest(
         spec.pop("schedulerName", None)  # the operator sets it on every pod when it gang-schedules
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",  # workers' sshd outlive the launcher: delete them when it ends
-        "backoffLimit": cluster.rayjob_backoff_limit,
+        "backoffLimit": cluster.backoff_limit,
         "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
         "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the job fails first and says why
     }

@@ -113,7 +113,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
         "entrypoint": command,
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
-        "backoffLimit": cluster.rayjob_backoff_limit,
+        "backoffLimit": cluster.backoff_limit,
         "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the RayJob fails first and says why
         "rayClusterSpec": {
             "headGroupSpec": {

@@ -78,7 +78,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
             "schedulerName": "volcano",
             "queue": cluster.queue,
             "minAvailable": nodes,
-            "maxRetry": cluster.rayjob_backoff_limit,
+            "maxRetry": cluster.backoff_limit,
             "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
             "plugins": {"svc": [], "env": []},
             "policies": [{"event": "PodEvicted", "action": "RestartJob"}],

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import signal
 
-from eksflow.errors import EksflowError, NotFoundError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError, NotFoundError
 
 
 class LocalExecutorError(EksflowError):
     """A manifest or run folder the local executor cannot run; the message names the field and the fix."""
 
+    label = "cannot run locally"
+    exit_code = EXIT_BAD_INPUT
+
 
 class RunNotFoundError(LocalExecutorError, NotFoundError):
     """A run (or a task of a run) that the state folder does not hold; the message lists those it does."""
+
+    label = "not found"
+    exit_code = EXIT_BAD_INPUT
 
 
 class StateWriteError(LocalExecutorError):
@@ -20,6 +26,9 @@ class StateWriteError(LocalExecutorError):
 
     Before a run starts it refuses the run (exit 2); during a run, the run stops and ends Failed.
     """
+
+    label = "cannot run locally"
+    exit_code = EXIT_BAD_INPUT
 
 
 class RunInterrupted(KeyboardInterrupt):

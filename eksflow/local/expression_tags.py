@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.local.gojson import go_json
 
 _TOKEN = re.compile(
@@ -37,6 +37,9 @@ _HEX_ESCAPE = {"x": 2, "X": 2, "u": 4, "U": 8}
 
 class ExpressionTagError(EksflowError, ValueError):
     """An expression tag outside the subset read here, or one naming a value that does not exist."""
+
+    label = "expression tag error"
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.local.phase import Phase
 
 Value = bool | float | str
@@ -68,6 +68,9 @@ _KEYWORD_OPS = {"and": "&&", "or": "||", "not": "!", "matches": "matches"}
 
 class ExpressionError(EksflowError, ValueError):
     """An expression that cannot be parsed or evaluated; the message quotes it."""
+
+    label = "expression error"
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True)

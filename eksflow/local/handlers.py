@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eksflow.local import mpi_pods, mpijob, ray_pods, resources, services
+import eksflow.local.job_kinds  # noqa: F401  # importing it registers eksflow's kinds of resource object
+from eksflow.local import mpi_pods, ray_pods, resources, services
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -282,9 +283,6 @@ HANDLERS: dict[type[Template], TaskHandler] = {
     ContainerTemplate: ContainerHandler(),
     ResourceTemplate: ResourceHandler(),
 }
-
-
-resources.register_kind("MPIJob", mpijob.MPIJOB_API, mpijob.describe)
 
 
 def handler_for(template: Template) -> TaskHandler:

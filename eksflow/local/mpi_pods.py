@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.local.ray_pods import Reap, Spawn
 from eksflow.local.resources import MpiLayout
 from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
@@ -45,6 +45,9 @@ INSTALL_SSHD = "an MPIJob on simulated nodes needs OpenSSH's sshd in its worker 
 
 class MpiPodsError(EksflowError):
     """The MPIJob's pods could not start; the message says which and why."""
+
+    label = "mpi pods error"
+    exit_code = EXIT_FAILED
 
 
 def sshd() -> str | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.local.model import ContainerTemplate, ResourceTemplate, Template
 from eksflow.local.substitution import Scope, UnresolvedError
 
@@ -46,6 +46,9 @@ _WAIT_S = 0.5  # how often a waiting pod checks whether the run is stopping
 
 class QuantityError(EksflowError, ValueError):
     """A resource quantity Kubernetes would refuse; the message names it."""
+
+    label = "quantity error"
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.local.watchdog import start_time
 from eksflow.profiles import POD_INTERFACE  # the name the training pods' socket settings give gloo and NCCL
 
@@ -49,6 +49,9 @@ _TAG = re.compile(r"[0-9a-f]{6}")  # secrets.token_hex(3)
 
 class PodNetworkError(EksflowError):
     """The pod network could not be made or changed; the message has what `ip` said."""
+
+    label = "pod network error"
+    exit_code = EXIT_FAILED
 
 
 def unavailable() -> str:

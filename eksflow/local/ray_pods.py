@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.local.pod_network import PodNetworkError, join
 from eksflow.local.resources import LocalJob, RayGroup
 from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
@@ -49,6 +49,9 @@ Reap = Callable[["subprocess.Popen[bytes]"], int]
 
 class RayPodsError(EksflowError):
     """The Ray cluster's pods could not start; the message says which and why."""
+
+    label = "ray pods error"
+    exit_code = EXIT_FAILED
 
 
 @dataclass

@@ -14,7 +14,8 @@
   service of the run, which runs them as local processes for the run's lifetime.
 
 Each kind has a describer that turns its object into a LocalJob (what runs here); `register_kind` adds one, so a
-new kind (an MPIJob under local mpirun) is one function and one line (a run service's kinds: services.py).
+new kind (an MPIJob under local mpirun) is one function and one line: eksflow's own are registered in job_kinds.py,
+a run service's as it is registered (services.py).
 `describe` reads a manifest whose `{{...}}` references are already substituted (Argo substitutes the manifest text
 before parsing it); the executor also calls it up front with placeholders, so a malformed manifest, an
 unsupported kind or a Job's refusal (`LocalJob.refusal`; a kind is never templated) fails before anything runs.
@@ -35,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.local.fields import FieldReader
 from eksflow.local.node import QuantityError, Requests, container_requests
 from eksflow.profiles import GPU_RESOURCE
@@ -62,6 +63,9 @@ _HINTS = {
 
 class ResourceError(EksflowError):
     """A resource manifest the local executor cannot run; the message names the field and the fix."""
+
+    label = "resource error"
+    exit_code = EXIT_BAD_INPUT
 
 
 _fields = FieldReader(ResourceError, _HINTS)
@@ -189,7 +193,8 @@ def pod_requests(container: Mapping[str, Any], at: str) -> Requests:
         raise ResourceError(f"{at}.resources: {exc}") from None
 
 
-def _podgroup(manifest: Mapping[str, Any], where: str) -> LocalJob:
+def describe_podgroup(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    """A Volcano PodGroup: gang admission on a cluster, nothing to run here."""
     return LocalJob(
         "PodGroup", "", note="PodGroup: gang admission by the Volcano scheduler on a cluster; nothing to create here"
     )
@@ -230,7 +235,8 @@ def neuron_devices() -> tuple[int, str]:
     return len(glob.glob("/dev/neuron[0-9]*")), "/dev/neuron*"
 
 
-def _ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+def describe_ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    """A RayJob: its entrypoint as a local process with the head container's env (ResourceError for a bad one)."""
     spec = _fields.mapping(manifest.get("spec"), f"{where}.spec")
     _fields.check_keys(spec, f"{where}.spec", _RAYJOB_USED, _RAYJOB_CLUSTER_ONLY)
     entrypoint = _fields.text(spec.get("entrypoint"), f"{where}.spec.entrypoint").strip()
@@ -305,7 +311,8 @@ def _ray_group(
     )
 
 
-def _volcano_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+def describe_volcano_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
+    """A Volcano Job: refused with the way out (torchrun across pods needs the cluster)."""
     spec = _fields.mapping(manifest.get("spec"), f"{where}.spec")
     devices = []
     for i, task in enumerate(_fields.mappings(spec.get("tasks"), f"{where}.spec.tasks")):
@@ -376,8 +383,3 @@ def _mounts(pod: Mapping[str, Any], pod_at: str, container: Mapping[str, Any], a
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
-
-
-register_kind("RayJob", RAYJOB_API, _ray_job)
-register_kind("PodGroup", PODGROUP_GROUP, _podgroup)
-register_kind("Job", VOLCANO_JOB_GROUP, _volcano_job)

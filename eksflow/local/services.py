@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
 from eksflow.local.model import ResourceTemplate, Workflow
 from eksflow.local.process import ProcessTracker
 from eksflow.local.resources import LocalJob, ResourceError, register_kind
@@ -46,11 +46,18 @@ Kind = tuple[str, str]  # (apiVersion, kind), e.g. ("apps/v1", "Deployment")
 
 
 class RunServiceError(EksflowError):
-    """An object a run service cannot run, or a process of it that failed; `retriable` False for manifest errors."""
+    """An object a run service cannot run, or a process of it that failed; `retriable` False for manifest errors.
+
+    `exit_code` follows `retriable`: a process that failed may work on a retry (1), a manifest never will (2).
+    """
+
+    label = "run service error"
+    exit_code = EXIT_FAILED
 
     def __init__(self, message: str, *, retriable: bool = True) -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.exit_code = EXIT_FAILED if retriable else EXIT_BAD_INPUT
 
 
 class RunService(Protocol):
@@ -100,7 +107,9 @@ def register_run_service(
         if made is factory and known == wanted:
             return  # its module imported again: registered already
         if taken := sorted(known & wanted):
-            raise ValueError(f"{taken} already go to the run service {made!r}; register each kind once")
+            raise RunServiceError(
+                f"{taken} already go to the run service {made!r}; register each kind once", retriable=False
+            )
     _REGISTERED.append((wanted, factory))
     if prepare is not None:
         _PREPARE[wanted] = prepare

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eksflow.errors import EksflowError
+from eksflow.errors import EXIT_BAD_INPUT, EksflowError
 from eksflow.local import expression_tags
 from eksflow.local.gojson import go_json
 from eksflow.manifests import REFERENCE
@@ -27,6 +27,9 @@ PLACEHOLDER = "eksflow-placeholder"  # stands in for every {{...}} when a manife
 
 class UnresolvedError(EksflowError):
     """A `{{...}}` reference with no value; the message names it."""
+
+    label = "unresolved reference"
+    exit_code = EXIT_BAD_INPUT
 
 
 def substitute(text: str, lookup: Callable[[str], str]) -> str:

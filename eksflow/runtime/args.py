@@ -57,10 +57,14 @@ def is_location(field: FieldInfo) -> bool:
 class StepInputError(EksflowError):
     """Input the step cannot work with; the message says what was wrong and how to fix it. Exits 2."""
 
+    label = "error"  # a step's lines read `error: <message>` (print_error), wherever they are printed
+    exit_code = EXIT_BAD_INPUT
+
 
 class StepFailedError(EksflowError):
     """An expected, explained failure (a dependency down, a check failed): one line on stderr, exit 1."""
 
+    label = "error"
     exit_code = EXIT_FAILED
 
 
@@ -132,12 +136,9 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
         for line in error_lines(err):
             print_error(line)
         return EXIT_BAD_INPUT
-    except StepInputError as err:
+    except (StepInputError, StepFailedError) as err:
         print_error(str(err))
-        return EXIT_BAD_INPUT
-    except StepFailedError as err:
-        print_error(str(err))
-        return EXIT_FAILED
+        return err.exit_code
     try:
         write_outputs(args.outputs_dir, outputs)
     except OSError as err:  # a full or read-only folder: one line (no file is left half-written), and a retry may fit

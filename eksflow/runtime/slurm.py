@@ -64,6 +64,7 @@ class SlurmError(EksflowError):
 class SlurmTokenError(SlurmError):
     """A token no request can carry (empty, a control character inside); refused before any request, not shown."""
 
+    label = "slurm token error"
     exit_code = EXIT_BAD_INPUT
 
 

@@ -3,10 +3,10 @@
 Argo substitutes a resource template's manifest as text and then parses it as YAML, so a value with a quote and a
 newline could add `hostPID: true` or an initContainer to a RayJob's head pod. eksflow writes every reference there
 as a JSON-encoding expression tag (eksflow/manifests.py). For every resource template of every pipeline, profile
-kind, launcher and scheduler (derived from the config, so a new one is covered without editing this file), each
-parameter the template reads gets each value of a hostile corpus; the manifest is substituted as Argo's controller
-does it (tests/argo_substitution.py) and as the local executor does it, and both parse to an object of the same
-shape as with a benign value, holding the hostile value intact.
+kind, registered launcher and scheduler (derived from the config and the launcher registry, so a new one is covered
+without editing this file), each parameter the template reads gets each value of a hostile corpus; the manifest is
+substituted as Argo's controller does it (tests/argo_substitution.py) and as the local executor does it, and both
+parse to an object of the same shape as with a benign value, holding the hostile value intact.
 """
 
 import importlib
@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, task
+from eksflow.config import LAUNCHERS as REGISTERED_LAUNCHERS
 from eksflow.config import ClusterSettings, config_type, load_config
 from eksflow.llm.serving.rollout import rollout_pipeline
 from eksflow.local.substitution import Scope
@@ -34,7 +35,7 @@ from tests.unit.test_pipeline import make
 GENERATED = {"workflow.name": "llama-lora-abc12", "workflow.uid": "0-1", "workflow.namespace": "argo", "retries": "0"}
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = sorted(p.stem for p in (ROOT / "pipelines").glob("*.py") if not p.stem.startswith("_"))
-LAUNCHERS = get_args(ClusterSettings.model_fields["launcher"].annotation)
+LAUNCHERS = sorted(REGISTERED_LAUNCHERS)  # eksflow's own, registered by importing the pipelines above
 SCHEDULERS = get_args(ClusterSettings.model_fields["scheduler"].annotation)
 INIT_CONTAINER = (
     "x'\n    initContainers:\n    - name: pwn\n      image: alpine\n"

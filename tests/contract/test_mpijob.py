@@ -6,7 +6,7 @@ import re
 import pytest
 
 from eksflow import plan
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from eksflow.launchers import mpijob
 from tests.argo_substitution import manifest_object
 from tests.contract.test_cluster_rendering import VARIANTS, errors, render
@@ -125,7 +125,7 @@ def test_the_retry_layers_stay_within_the_budget():
     _, job = job_of("gpu-mpijob")
     assert job["spec"]["runPolicy"]["backoffLimit"] == 1
     # Argo (1 retry) x launcher Job (3 retries); Ray Train takes no part
-    assert attempts([*VARIANTS["gpu-mpijob"], "cluster.rayjob_backoff_limit=3"]) == 2 * 4
+    assert attempts([*VARIANTS["gpu-mpijob"], "cluster.backoff_limit=3"]) == 2 * 4
     assert attempts(VARIANTS["cpu-mpijob"]) == 2 * 2
 
 

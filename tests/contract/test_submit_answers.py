@@ -210,7 +210,7 @@ def test_the_cli_exits_1_with_one_line(fake, capsys, monkeypatch, reply, expecte
         main(build, ["submit", "--argo-server", fake.address, "--no-secure"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("submit failed:") and expected in err
+    assert len(err.splitlines()) == 1 and err.startswith("argo server error:") and expected in err
 
 
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0LXBheWxvYWQ.c2lnbmF0dXJl"  # a service-account-token-shaped secret
@@ -246,7 +246,7 @@ def test_a_server_echoing_the_authorization_header_never_prints_the_token(
     out, err = capsys.readouterr()
     assert fake.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"  # it was sent, and echoed
     assert exit_info.value.code == 1
-    assert len(err.strip().splitlines()) == 1 and err.startswith("submit failed:")
+    assert len(err.strip().splitlines()) == 1 and err.startswith("argo server error:")
     for part in TOKEN.split("."):
         assert part not in out + err
 

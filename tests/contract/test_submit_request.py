@@ -95,7 +95,7 @@ def test_server_errors_become_one_line(server, monkeypatch, capsys, status, payl
     monkeypatch.delenv("ARGO_TOKEN", raising=False)
     assert run_cli(address) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("submit failed:") and expected in err
+    assert len(err.splitlines()) == 1 and err.startswith("argo server error:") and expected in err
     assert "Traceback" not in err
 
 

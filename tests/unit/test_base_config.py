@@ -5,7 +5,8 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, image_field, name_field, retry, task
-from eksflow.config import ConfigError, load_config
+from eksflow.config import load_config
+from eksflow.errors import ConfigError
 from eksflow.render import manifest
 from tests.unit.test_pipeline import MakeArgs, MakeOutputs, make, step, template
 

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from eksflow.config import MAX_TEXT_BYTES, ConfigError, PipelineConfig, config_hash, load_config, name_field
+from eksflow.config import MAX_TEXT_BYTES, PipelineConfig, config_hash, load_config, name_field
+from eksflow.errors import ConfigError
 from eksflow.llm.pipeline import LlmPipelineConfig, MlflowSettings
 from pipelines.champion_check import ChampionCheckConfig
 from pipelines.llama_lora import LlamaLoraConfig

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from eksflow.config import load_config
+from eksflow.config_file import MAX_CONFIG_BYTES
+from eksflow.errors import ConfigError
 from pipelines.llama_lora import LlamaLoraConfig
 
 # 9 levels of 9 aliases: 700 bytes that expand to 9^9 values (the "billion laughs" of YAML).

@@ -48,7 +48,8 @@ class Config(PipelineConfig):
 @pytest.mark.parametrize(
     ("error", "line", "code"),
     [
-        (RunServiceError("no engine answered"), "error: no engine answered", EXIT_BAD_INPUT),
+        (RunServiceError("no engine answered"), "run service error: no engine answered", EXIT_FAILED),
+        (RunServiceError("no such kind", retriable=False), "run service error: no such kind", EXIT_BAD_INPUT),
         (StepFailedError("the server is down"), "error: the server is down", EXIT_FAILED),
     ],
 )

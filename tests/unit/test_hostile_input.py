@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.config import ConfigError, config_type, load_config
+from eksflow.config import config_type, load_config
 from eksflow.config_docs import rows
+from eksflow.errors import ConfigError
 from eksflow.render import manifest
 
 ROOT = Path(__file__).resolve().parents[2]

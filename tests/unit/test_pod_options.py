@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, task
-from eksflow.config import ConfigError, load_config
+from eksflow.config import load_config
+from eksflow.errors import ConfigError
 from eksflow.render import manifest
 from eksflow.templates import resource
 from pipelines.llama_lora import LlamaLoraConfig

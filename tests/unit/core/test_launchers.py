@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
-from eksflow.config import cluster_of
+from eksflow.config import LAUNCHERS, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers import base, mpijob, slurm
+from eksflow.launchers import mpijob, slurm
 from eksflow.launchers.base import Job, JobRequest, Launcher, named, refusal, register, select
 from eksflow.launchers.container import ContainerTask
 from eksflow.launchers.mpijob import MpiJob
@@ -52,14 +52,14 @@ class Tiny(Launcher):
 
 
 @pytest.fixture
-def tiny(monkeypatch):
-    """Registers Tiny in a copy of the registry, so no other test sees it."""
-    monkeypatch.setattr(base, "LAUNCHERS", dict(base.LAUNCHERS))
-    return register(Tiny())
+def tiny():
+    """Registers Tiny for one test; no other test sees it."""
+    yield register(Tiny())
+    del LAUNCHERS["tiny"]
 
 
 def configured(launcher, overrides=()):
-    """The flagship config with `cluster.launcher` set to any registered name (the config's Literal bypassed)."""
+    """The flagship config with `cluster.launcher` set to any name (the config's check bypassed: `select` sees it)."""
     cfg = config(list(overrides))
     return cfg.model_copy(update={"cluster": cluster_of(cfg).model_copy(update={"launcher": launcher})})
 
@@ -101,9 +101,7 @@ def test_an_unknown_launcher_is_refused_naming_the_field_and_the_registered_ones
     )
 
 
-def test_two_launchers_cannot_share_a_name(monkeypatch):
-    monkeypatch.setattr(base, "LAUNCHERS", dict(base.LAUNCHERS))
-
+def test_two_launchers_cannot_share_a_name():
     class Impostor(Tiny):
         name = "rayjob"
 

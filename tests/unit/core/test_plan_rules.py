@@ -8,7 +8,8 @@ import yaml
 
 from eksflow import plan
 from eksflow.cli import check_schedule
-from eksflow.config import ConfigError, config_type, load_config
+from eksflow.config import config_type, load_config
+from eksflow.errors import ConfigError
 from eksflow.launchers.rayjob import entrypoint
 from eksflow.llm.serving.objects import ServingConfig
 from eksflow.llm.steps.train import TrainSettings
@@ -62,10 +63,10 @@ def test_spot_requires_checkpoints_before_the_end():
 
 
 def test_retry_layers_stay_within_the_budget():
-    cfg = config(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=2"])
-    (job,) = pipeline(["cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=2"]).jobs
+    cfg = config(["cluster.instance_type=g5.12xlarge", "cluster.backoff_limit=2"])
+    (job,) = pipeline(["cluster.instance_type=g5.12xlarge", "cluster.backoff_limit=2"]).jobs
     assert job.attempts(cfg) == 2 * 3 * 2  # Argo x RayJob x Ray Train's own restart of the worker group
-    (line,) = problems("cluster.instance_type=g5.12xlarge", "cluster.rayjob_backoff_limit=3")
+    (line,) = problems("cluster.instance_type=g5.12xlarge", "cluster.backoff_limit=3")
     assert line.startswith("cluster.retry_budget:")
 
 

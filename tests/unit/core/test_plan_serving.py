@@ -10,7 +10,7 @@ import pytest
 
 from eksflow import Pipeline, PipelineConfig, plan, profiles, resource
 from eksflow.cli import apply_variant
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from pipelines.llama_lora import build
 from tests.commands import python
 from tests.flagship import config

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from eksflow.runtime.slurm import MAX_TIME_LIMIT_MIN
 from tests.flagship import config
 

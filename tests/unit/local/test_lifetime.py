@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from hera.workflows import DAG, Container, Workflow
 from rich.console import Console
+from eksflow.errors import EksflowError
 from eksflow.run import execute
 
 state_dir, marks, resume = sys.argv[1], sys.argv[2], sys.argv[3] or None
@@ -40,7 +41,11 @@ with Workflow(name="sleepy", entrypoint="main") as workflow:
     hang = Container(name="hang", image="python:3.11", command=["python", "-c", code], args=[marks])
     with DAG(name="main"):
         hang()
-sys.exit(execute(workflow.to_dict(), Path(state_dir), resume, Console(stderr=True, width=200), root=Path.cwd()))
+try:  # as the command line's `main` does
+    sys.exit(execute(workflow.to_dict(), Path(state_dir), resume, Console(stderr=True, width=200), root=Path.cwd()))
+except EksflowError as err:
+    print(f"{err.label}: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
 """
 
 

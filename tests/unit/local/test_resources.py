@@ -342,13 +342,15 @@ def test_rendered_cluster_variants_are_runnable_manifests(overrides: list[str], 
 
 
 def test_run_refuses_the_trainium_workflow_in_one_line_before_anything_runs(tmp_path: Path) -> None:
-    from eksflow.run import EXIT_BAD_INPUT, execute
+    from eksflow.run import execute
 
-    out = io.StringIO()
     workflow = rendered("cluster.instance_type=trn1.32xlarge")
-    assert execute(workflow, tmp_path / "state", None, Console(file=out, width=300), root=ROOT) == EXIT_BAD_INPUT
-    assert out.getvalue().startswith("cannot run locally: template 'train': a Volcano Job (tasks[0] 'worker': ")
-    assert out.getvalue().endswith(
-        "Neuron cores need Trainium; run the cpu profile here (`run --variant cpu`) or `submit` to a cluster\n"
+    with pytest.raises(LocalExecutorError) as refused:
+        execute(workflow, tmp_path / "state", None, Console(file=io.StringIO()), root=ROOT)
+    line = f"{refused.value.label}: {refused.value}"  # what the command line prints, exit 2
+    assert refused.value.exit_code == 2 and "\n" not in line
+    assert line.startswith("cannot run locally: template 'train': a Volcano Job (tasks[0] 'worker': ")
+    assert line.endswith(
+        "Neuron cores need Trainium; run the cpu profile here (`run --variant cpu`) or `submit` to a cluster"
     )
     assert not (tmp_path / "state").exists()

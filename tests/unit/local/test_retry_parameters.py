@@ -13,7 +13,7 @@ from rich.console import Console
 
 from eksflow import Pipeline, PipelineConfig, PipelineError
 from eksflow.cli import main, parser
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from eksflow.llm.steps import (
     stage_data,  # the pipeline's step, imported as a pipeline imports it: its rules are the value's
 )

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from eksflow.cli import parser
-from eksflow.local import list_runs, load_run, resume_workflow
+from eksflow.local import StateWriteError, list_runs, load_run, resume_workflow
 from eksflow.run import execute
 from eksflow.runtime.args import StepArgs, run_step
 from eksflow.runtime.outputs import Progress
@@ -136,10 +136,10 @@ def test_a_state_folder_that_cannot_be_written_refuses_the_run_in_one_line_befor
     manifest = workflow([task("first", "first")], [container("first", TOUCH, str(marks))])
     (tmp_path / "read-only").touch()
     FailingDisk(monkeypatch, tmp_path / "state", tmp_path / "read-only", lambda path: True, errno.EROFS)
-    out = io.StringIO()
-    code = execute(manifest, tmp_path / "state", None, Console(file=out, width=300), root=tmp_path)
-    assert code == 2
-    assert out.getvalue().splitlines() == [
+    with pytest.raises(StateWriteError) as refused:
+        execute(manifest, tmp_path / "state", None, Console(file=io.StringIO()), root=tmp_path)
+    assert refused.value.exit_code == 2
+    assert f"{refused.value.label}: {refused.value}".splitlines() == [
         f"cannot run locally: {PROBLEM}{tmp_path / 'state'}: Read-only file system; use a state folder this user can "
         "write (--state-dir, EKSFLOW_STATE_DIR)"
     ]
@@ -153,9 +153,9 @@ def test_a_new_run_that_cannot_start_leaves_no_folder_and_a_resume_leaves_the_ru
     before = files(tmp_path / "state")
     (tmp_path / "full").touch()
     FailingDisk(monkeypatch, tmp_path / "state", tmp_path / "full", named("status.json"), errno.ENOSPC)
-    out = io.StringIO()
-    assert execute(filling(tmp_path), tmp_path / "state", None, Console(file=out), root=tmp_path) == 2
-    assert out.getvalue().startswith(f"cannot run locally: {PROBLEM}")
+    with pytest.raises(StateWriteError, match=f"^{PROBLEM}") as refused:
+        execute(filling(tmp_path), tmp_path / "state", None, Console(file=io.StringIO()), root=tmp_path)
+    assert refused.value.exit_code == 2
     assert [r.name for r in list_runs(tmp_path / "state")] == [failed.name]  # the new run's folder is gone
     FailingDisk(monkeypatch, tmp_path / "state", tmp_path / "full", lambda path: True, errno.ENOSPC)  # now all
     with pytest.raises(Exception, match=PROBLEM):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common import litellm_routes, vllm
 from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.outputs import atomic_write_text
@@ -44,6 +45,9 @@ UNASSIGNED = "http://unassigned.invalid/v1"  # a slot's address until the routes
 
 class RoutingError(StepFailedError):
     """The routes file cannot be read or would leave the public name without a route; the message says why."""
+
+    label = "routing error"
+    exit_code = EXIT_FAILED
 
 
 def slot_id(public_name: str, slot: Slot) -> str:

@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from eksflow.errors import EXIT_BAD_INPUT
 from eksflow.llm.steps.common.s3errors import s3_errors
 from eksflow.runtime.args import StepInputError
 
 
 class UnsafeKeyError(StepInputError):
     """An object key that would land outside the folder it is copied into."""
+
+    label = "unsafe key"
+    exit_code = EXIT_BAD_INPUT
 
 
 S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")  # AWS's bucket naming rules (lower case, 3-63)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common.storage import exclusive
 from eksflow.runtime.args import StepFailedError, StepInputError
 from eksflow.runtime.shown import shown, url_setting_problem
@@ -81,6 +82,9 @@ WORKFLOW_TAG = "eksflow.workflow"
 
 class TrackingError(StepFailedError):
     """MLflow failed (server down, store error); the message is one line. Retryable: the steps are idempotent."""
+
+    label = "tracking error"
+    exit_code = EXIT_FAILED
 
 
 @contextmanager

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common import vllm_auth
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError
 
@@ -62,6 +63,9 @@ _LORA_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[\w]+)?\.we
 
 class ServingError(StepFailedError):
     """The engine failed to start, died, or answered with an error; the message says which and why."""
+
+    label = "serving error"
+    exit_code = EXIT_FAILED
 
 
 class EngineSettings(Settings):

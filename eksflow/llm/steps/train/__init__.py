@@ -56,6 +56,13 @@ from eksflow.runtime.preflight import Layout, Preflight
 # one retry budget (Argo x RayJob x Ray Train); a preempted node's restarts Ray counts apart (max_preemption_failures).
 MAX_FAILURES = 1
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
+# How `--launcher` runs the training loop, by name; the driver has one launch function each (step.py LAUNCHES).
+Launcher = Literal["ray", "local", "mpi"]
+LAUNCHERS: dict[Launcher, str] = {
+    "ray": "Ray Train workers",
+    "local": "this process",
+    "mpi": "one rank of `mpirun` (eksflow.llm.steps.train.mpi)",
+}
 Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.steps.train.parallel.resolve_precision
 
 
@@ -174,12 +181,7 @@ class Args(TrainSettings, StepArgs):
     output_dir: Path = Field(description="run folder on shared storage; checkpoints live under it")
     run_name: str = Field("local", description="the workflow name: a retry resumes, a new run starts fresh")
     checkpoint_uri: Location = Field("", description="s3:// prefix for a durable copy of every checkpoint; '' for none")
-    launcher: Literal["ray", "local", "mpi"] = Field(
-        "ray",
-        description=(
-            "ray: Ray Train workers; local: this process; mpi: one rank of `mpirun` (eksflow.llm.steps.train.mpi)"
-        ),
-    )
+    launcher: Launcher = Field("ray", description="; ".join(f"{name}: {how}" for name, how in LAUNCHERS.items()))
     tracking_uri: Location = Field("", description="MLflow tracking URI for params and losses; empty: no tracking")
     experiment: str = Field("eksflow", description="MLflow experiment of the training run")
 

@@ -6,7 +6,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from eksflow.llm.steps.common import checkpoints, lease, tracking
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import TRAIN_FILE
-from eksflow.llm.steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Outputs, TrainSettings, mpi
+from eksflow.llm.steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Launcher, Outputs, TrainSettings, mpi
 from eksflow.llm.steps.train.data import prepare_cache
 from eksflow.llm.steps.train.loop import (
     STOP_FILE,
@@ -96,12 +96,7 @@ def _run_holding_lease(
     previous = _on_sigterm(root)
     try:
         with held.kept_alive():
-            if args.launcher == "local":
-                train_worker(loop, local_context(loop.settings))
-            elif args.launcher == "mpi":
-                mpi.lead(loop)  # the other ranks of mpirun join this loop (eksflow.llm.steps.train.mpi)
-            else:
-                _fit(loop, args.output_dir / "ray", args.run_name)
+            LAUNCHES[args.launcher](loop, args)
     finally:
         signal.signal(signal.SIGTERM, previous)
     final = checkpoints.latest(root)
@@ -202,6 +197,26 @@ def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
         ),
     )
     trainer.fit()
+
+
+def _launch_ray(loop: LoopConfig, args: Args) -> None:
+    _fit(loop, args.output_dir / "ray", args.run_name)
+
+
+def _launch_local(loop: LoopConfig, args: Args) -> None:
+    train_worker(loop, local_context(loop.settings))
+
+
+def _launch_mpi(loop: LoopConfig, args: Args) -> None:
+    mpi.lead(loop)  # the other ranks of mpirun join this loop (eksflow.llm.steps.train.mpi)
+
+
+# One way to run the training loop per `--launcher` name.
+LAUNCHES: dict[Launcher, Callable[[LoopConfig, Args], None]] = {
+    "ray": _launch_ray,
+    "local": _launch_local,
+    "mpi": _launch_mpi,
+}
 
 
 def _point_state_api_at_own_dashboard() -> int:
