@@ -3,11 +3,10 @@
 The manifest is exactly what `render` prints and `submit` sends; manifest.py checks it against the supported subset
 before anything runs. This module drives a run: it claims the run folder (rundir.py), starts the watchdog that
 cleans up if this process dies (watchdog.py), lets the scheduler (scheduler.py) walk the DAGs, runs each pod's
-attempts on a thread through the handler of its template kind (handlers.py) with retries (retry.py) and
-supervised processes (process.py), keeps status.json current (book.py, status.py) and shows the live table
-(display.py). A run's services (services.py: what objects of a registered kind run as, e.g. a model server's
-Deployment) keep their processes until the run ends: stopped after the exit handler, or when the run is stopped or
-fails.
+attempts on a thread (attempts.py: the handler of its template kind, retries, supervised processes), keeps
+status.json current (book.py, status.py) and shows the live table (display.py). A run's services (services.py:
+what objects of a registered kind run as, e.g. a model server's Deployment) keep their processes until the run
+ends: stopped after the exit handler, or when the run is stopped or fails.
 
 Ctrl-C, SIGTERM and SIGHUP all stop a run the same way: running tasks get SIGTERM (SIGKILL after the grace),
 status.json records Failed "interrupted", and RunInterrupted is raised carrying the signal (exit 128 + signal).
@@ -22,42 +21,36 @@ disk stays whole: every file is the last version written in full, and no tempora
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
 
-from eksflow.local import process, services
+from eksflow.local import services
+from eksflow.local.attempts import PodRunner
 from eksflow.local.book import NodeBook
-from eksflow.local.display import TaskDisplay, format_duration, log_tail
+from eksflow.local.display import TaskDisplay
 from eksflow.local.errors import LocalExecutorError, RunInterrupted, StateWriteError
-from eksflow.local.handlers import NodesContext, TaskContext, handler_for
 from eksflow.local.manifest import dag_inputs, effective_parameters, new_run_name, parse_manifest, plain_manifest
 from eksflow.local.memo import MemoCache
-from eksflow.local.model import ContainerTemplate, DagTemplate, Mount, Workflow
-from eksflow.local.node import Node, Requests, Ticket, machine, template_requests
+from eksflow.local.model import DagTemplate, Workflow
+from eksflow.local.node import Node, Requests, machine
 from eksflow.local.phase import Phase
-from eksflow.local.process import KILL_GRACE_S, ProcessTracker
-from eksflow.local.retry import Attempt, next_delay
-from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document, writing
+from eksflow.local.process import KILL_GRACE_S, ProcessTracker, Watchdog
+from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.services import RunServices
 from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.status import NAMESPACE, NodeStatus, RunResult, now, run_document, short
 from eksflow.local.substitution import Scope
-from eksflow.runtime.rundir import RUN_DIR_ENV
 
 __all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_workflow"]
 
@@ -65,7 +58,6 @@ __all__ = ["KILL_GRACE_S", "RunSettings", "execute_run", "parse_manifest", "run_
 INTERRUPTED = "interrupted"
 _TICK_S = 0.5  # how often the scheduler looks around when nothing told it to (progress files, deadlines)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_WATCHDOG = Path(__file__).with_name("watchdog.py")
 
 
 @dataclass(frozen=True)
@@ -114,7 +106,6 @@ class _Run:
         self.abort_reason = ""
         self.signalled: int | None = None
         self.state_error: str | None = None  # why the state folder could not be written, once it could not
-        self.threads: dict[str, threading.Thread] = {}
         self.base_env = {**os.environ, **settings.env}
         self.values = {"name": name, "uid": uid, "namespace": NAMESPACE}
         self.values |= {f"parameters.{k}": v for k, v in parameters.items()}
@@ -124,18 +115,22 @@ class _Run:
         self.owner = folder.claim(None)
         folder.write_status(self.status_document())  # before anything starts: a folder it cannot write refuses it
         self.writer = LatestWriter(compact_json, self._state_failed)  # status.json and owner.json, off the tasks' path
-        self.watchdog: subprocess.Popen[bytes] | None = None
-        self.tracker = ProcessTracker(self._process_started, self._tell_watchdog)
+        self.watchdog = Watchdog()
+        self.tracker = ProcessTracker(self._process_started, self.watchdog.tell)
         self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
         self.cluster = (
             SimulatedCluster(settings.nodes, machine(), folder.path / "spot-notices") if settings.nodes > 1 else None
         )
+        self.pods = PodRunner(
+            self.book, self.node, folder, state_dir, settings.cwd, self.base_env, self.tracker, self.services,
+            self.cluster, self.stop_reason, self._wait_stop, self._state_failed, self._save_memo,
+        )  # fmt: skip
         self.scheduler = Scheduler(
             workflow,
             self.book,
             values=self.values,
             memo=MemoCache(state_dir / "memoize", read=settings.memoize),
-            start_pod=self._start_pod,
+            start_pod=self.pods.start,
             stop_reason=self.stop_reason,
         )
 
@@ -165,41 +160,28 @@ class _Run:
     def write_status(self) -> None:
         self.writer.submit(self.folder.status, self.status_document())
 
-    def _tell_watchdog(self, note: str) -> None:
-        """A task process started or ended: the watchdog follows the live ones."""
-        if self.watchdog is not None and self.watchdog.stdin is not None:
-            with contextlib.suppress(OSError):
-                os.write(self.watchdog.stdin.fileno(), note.encode())
-
     def _process_started(self, note: str) -> None:
         """Record a new task process in owner.json too (while it starts up, off the scheduler's path).
 
         Ended processes are not written out at once: a stale entry is harmless (readers check that a recorded PID
         still runs, with its start time), and the next start or the run's end rewrites the list.
         """
-        self._tell_watchdog(note)
+        self.watchdog.tell(note)
         self.owner.processes = dict(self.tracker.live)
         self.writer.submit(self.folder.owner, owner_document(self.owner))
-
-    def _poll_progress(self) -> None:
-        changed = False
-        for key, node in list(self.book.nodes.items()):
-            if node.phase is not Phase.RUNNING or key not in self.threads:
-                continue
-            with contextlib.suppress(OSError):
-                value = (self.folder.task_dir(key) / "progress").read_text(encoding="utf-8", errors="replace")
-                value = value.strip()[:40]
-                if value and value != node.progress:
-                    node.progress = value
-                    changed = True
-        if changed:
-            self.book.touch()
 
     # -- stopping --------------------------------------------------------------------------------------------
 
     def stop_reason(self) -> str:
         """Why the run is stopping ("" while it is not)."""
         return self.abort_reason if self.abort.is_set() else ""
+
+    def _wait_stop(self, delay_s: float) -> bool:
+        """Wait up to `delay_s` for the run to stop (the exit handler gets a fresh stop event); whether it did."""
+        return self.abort.wait(delay_s)
+
+    def _save_memo(self, unit: Unit) -> None:
+        self.scheduler.save_memo(unit)  # the scheduler is made after the pods' runner, which it starts pods with
 
     def stop(self, reason: str) -> None:
         """Stop the run: running tasks are killed (they end Failed with `reason`) and nothing new starts."""
@@ -235,175 +217,11 @@ class _Run:
 
     def _start_watchdog(self) -> None:
         try:
-            self.watchdog = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_WATCHDOG), str(self.folder.path), str(KILL_GRACE_S)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # a terminal's SIGHUP and Ctrl-C are not for it
-            )
+            self.owner.watchdog = self.watchdog.start(self.folder.path)
         except OSError as exc:
             self.display.note(f"warning: no watchdog ({exc}); if this process is killed, stop its tasks by hand")
             return
-        self.owner.watchdog = self.watchdog.pid
         self.writer.submit(self.folder.owner, owner_document(self.owner))
-
-    def _end_watchdog(self) -> None:
-        """Tell the watchdog the run ended well; it exits on its own (no waiting for its interpreter to start)."""
-        if self.watchdog is None or self.watchdog.stdin is None:
-            return
-        with contextlib.suppress(OSError):
-            self.watchdog.stdin.write(b"exit\n")
-            self.watchdog.stdin.close()
-
-    # -- pods ------------------------------------------------------------------------------------------------
-
-    def _start_pod(self, unit: Unit) -> None:
-        """Create the pod: Pending until the node has room for it (the pass's `node.schedule` decides)."""
-        ticket = self._ask_node(unit, 0)
-        self.book.set(
-            unit.key, Phase.PENDING, "", retries=0, exit_code=None, outputs={}, progress=None, finished_at=None,
-            started_at=now(),
-        )  # fmt: skip
-        thread = threading.Thread(target=self._pod_thread, args=(unit, ticket), name=f"task-{unit.key}", daemon=True)
-        self.threads[unit.key] = thread
-        thread.start()
-
-    def _ask_node(self, unit: Unit, attempt: int) -> Ticket:
-        asked, lasting = template_requests(unit.template, Scope(unit.values, unit.inputs, retries=attempt))
-        return self.node.request(unit.key, asked, lasting=lasting)
-
-    def _placed(self, key: str, ticket: Ticket) -> bool:
-        """Wait until the node has room for `ticket`'s pod, shown Pending with the reason; False if the run stops."""
-        if not self.node.wait(ticket, self.stop_reason, lambda reason: self.book.set(key, Phase.PENDING, reason)):
-            return False
-        self.book.set(key, Phase.RUNNING, ticket.reason)
-        return True
-
-    def _pod_thread(self, unit: Unit, ticket: Ticket) -> None:
-        try:
-            result = self._attempts(unit, ticket)
-        except StateWriteError as exc:  # its log or folder: the run cannot keep its state, so it stops
-            self._state_failed(exc)
-            result = Attempt(Phase.ERROR, None, str(exc), 0.0)
-        except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
-            result = Attempt(Phase.ERROR, None, f"local executor error: {exc!r}", 0.0)
-        self.book.set(unit.key, result.phase, result.message, exit_code=result.exit_code, outputs=result.outputs)
-        if result.phase is Phase.SUCCEEDED:
-            try:
-                self.scheduler.save_memo(unit)
-            except StateWriteError as exc:
-                self._state_failed(exc)
-
-    def _attempts(self, unit: Unit, ticket: Ticket) -> Attempt:
-        """Every attempt of a pod, each placed on the node first, retried per its retryStrategy."""
-        template = unit.template
-        handler = handler_for(template)
-        task_dir = self.folder.task_dir(unit.key)
-        with writing(task_dir):
-            task_dir.mkdir(parents=True, exist_ok=True)
-        first_start = time.monotonic()
-        attempt = 0
-        while True:
-            scope = Scope(unit.values, unit.inputs, retries=attempt)
-            ctx = TaskContext(
-                key=unit.key,
-                attempt=attempt,
-                scope=scope,
-                task_dir=task_dir,
-                host_folder=self._host_folder,
-                env=self.base_env,
-                execute=functools.partial(self._execute, unit.key, attempt),
-                services=self.services,
-                stop_reason=self.stop_reason,
-                nodes=self._nodes_context(unit.key),
-            )
-            with writing(task_dir):
-                (task_dir / "progress").unlink(missing_ok=True)
-            if attempt:
-                ticket = self._ask_node(unit, attempt)
-                self.book.wake()
-            if not self._placed(unit.key, ticket):
-                return Attempt(Phase.FAILED, None, f"not started: {self.stop_reason()}", 0.0)
-            if self.cluster is not None and isinstance(template, ContainerTemplate):
-                with self.book.lock:  # beside the simulated nodes, a container task runs on this machine itself
-                    self.book[unit.key].host_node = socket.gethostname()
-            result = handler.run(template, ctx)
-            if not (ticket.lasting and result.phase is Phase.SUCCEEDED):
-                self.node.release(ticket)  # a Deployment's pod that runs keeps its share until the run ends
-            if result.phase is Phase.SUCCEEDED or self.abort.is_set():
-                return result
-            delay, why_not = next_delay(template.retry, attempt, result, first_start, scope)
-            if delay is None:
-                result.message += why_not
-                return result
-            attempt += 1
-            limit = template.retry.limit if template.retry else 0
-            message = f"{result.message}; retry {attempt}/{limit} in {format_duration(delay)}"
-            self.book.set(unit.key, Phase.RUNNING, message, retries=attempt, exit_code=result.exit_code)
-            if self.abort.wait(delay):
-                result.message += f"; not retried: {self.abort_reason}"
-                return result
-
-    def _nodes_context(self, key: str) -> NodesContext | None:
-        """How a task's object starts pods on the simulated nodes; None without them."""
-        if self.cluster is None:
-            return None
-        cwd, log_key = self.settings.cwd, key
-
-        def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-            return process.start(argv, key=log_key, cwd=cwd, env=env, log=log, tracker=self.tracker)
-
-        def pods_changed(pods: list[dict[str, str]]) -> None:
-            with self.book.lock:
-                node = self.book[key]
-                node.pods = pods or node.pods  # the last pods stay listed once the job has ended
-                # the pod running the job's own process: a RayJob's head, an MPIJob's launcher
-                main = (p["hostNodeName"] for p in node.pods if p["role"] in ("head", "launcher"))
-                node.host_node = next(main, node.host_node)
-            self.book.touch()
-
-        return NodesContext(self.cluster, spawn, lambda proc: process.end(proc, self.tracker), pods_changed)
-
-    def _host_folder(self, mount: Mount) -> str:
-        host = mount.host_folder(self.state_dir, self.folder.volumes)
-        with writing(host):
-            host.mkdir(parents=True, exist_ok=True)
-        return str(host)
-
-    def _execute(self, key: str, attempt: int, argv: list[str], env: dict[str, str], deadline: float | None) -> Attempt:
-        log_path = self.folder.log(key)
-        with self.book.lock:
-            self.book[key].log = log_path
-        full_env = {
-            **self.base_env,
-            **env,
-            "ARGO_PROGRESS_FILE": str(self.folder.task_dir(key) / "progress"),
-            "PYTHONUNBUFFERED": "1",
-            RUN_DIR_ENV: str(self.folder.path),  # manifest.yaml and status.json: what a report task reads
-        }
-        with self.folder.open_log(key, f"===== {key}: attempt {attempt + 1}, {now()} =====\n") as log:
-            try:
-                ended = process.run(
-                    argv,
-                    key=key,
-                    cwd=self.settings.cwd,
-                    env=full_env,
-                    log=log,
-                    tracker=self.tracker,
-                    stop_reason=self.stop_reason,
-                    deadline_s=deadline,
-                )
-            except OSError as exc:
-                return Attempt(Phase.ERROR, None, f"cannot start {argv[0]!r}: {exc}", 0.0)
-        if ended.stopped_for:
-            return Attempt(Phase.FAILED, ended.exit_code, ended.stopped_for, ended.duration_s)
-        if ended.exit_code == 0:
-            return Attempt(Phase.SUCCEEDED, 0, "", ended.duration_s)
-        last = next((line.strip() for line in reversed(log_tail(log_path, 5)) if line.strip()), "")
-        last = "" if last.startswith("=====") else last
-        message = f"exit code {ended.exit_code}" + (f": {short(last)}" if last else "")
-        return Attempt(Phase.FAILED, ended.exit_code, message, ended.duration_s)
 
     # -- the whole workflow ----------------------------------------------------------------------------------
 
@@ -419,7 +237,7 @@ class _Run:
                     return
                 if version == self.book.version:
                     self.book.changed.wait(_TICK_S)
-            self._poll_progress()
+            self.pods.poll_progress()
             if deadline is not None and time.monotonic() > deadline and not self.abort.is_set():
                 self.stop(f"workflow exceeded spec.activeDeadlineSeconds={deadline_s:g}")
 
@@ -444,22 +262,20 @@ class _Run:
                 # A bug in the executor (or a KeyboardInterrupt outside the signal handler): stop every task and
                 # say so in status.json, rather than leave processes running and a run that claims Running.
                 self.stop(f"local executor error: {exc!r}")
-                for thread in list(self.threads.values()):
-                    thread.join(KILL_GRACE_S + 5)
+                self.pods.join(KILL_GRACE_S + 5)
                 with self.book.lock:
                     self.phase, self.message, self.finished_at = Phase.ERROR, self.abort_reason, now()
                     self.write_status()
                 raise
             finally:
-                for thread in list(self.threads.values()):
-                    thread.join(KILL_GRACE_S + 5)
+                self.pods.join(KILL_GRACE_S + 5)
                 self.services.stop()  # run services live as long as the run: after the exit handler
                 if self.cluster is not None:
                     self.cluster.close()  # no node, pod or address outlives the run
                 self.owner.processes = dict(self.tracker.live)
                 self.writer.submit(self.folder.owner, owner_document(self.owner))
                 self.writer.close()  # status.json is final on disk before the run is released
-                self._end_watchdog()
+                self.watchdog.end()
                 self.folder.release()
             if self.signalled is not None:
                 self.display.note(f"workflow {self.name} {INTERRUPTED}: its tasks were stopped")
@@ -484,8 +300,7 @@ class _Run:
             else:
                 reason = f"local executor error: {type(exc).__name__}: {exc}"
                 self.stop(reason)
-            for thread in list(self.threads.values()):
-                thread.join(KILL_GRACE_S + 5)
+            self.pods.join(KILL_GRACE_S + 5)
             with self.book.lock:
                 for key, node in list(self.book.nodes.items()):
                     if node.phase is Phase.PENDING:

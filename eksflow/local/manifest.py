@@ -17,7 +17,7 @@ from typing import Any
 
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.expressions import ExpressionError, dependencies_to_depends, depends_on_failure
-from eksflow.local.model import EXIT_HANDLER, DagTask, DagTemplate, Loop, Template, Workflow
+from eksflow.local.model import EXIT_HANDLER, DagTask, DagTemplate, Loop, Template, Workflow, bind_inputs
 from eksflow.local.parse_templates import (
     CLUSTER_ONLY_TEMPLATE,
     fields,
@@ -286,16 +286,14 @@ def plain_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 def dag_inputs(dag: DagTemplate, parameters: Mapping[str, str]) -> dict[str, str]:
     """The entrypoint DAG's inputs: the workflow parameters of the same name (as Argo does), else the defaults."""
-    values: dict[str, str] = {}
-    for param in dag.inputs:
-        value = parameters.get(param.name, param.default)
-        if value is None:
-            raise LocalExecutorError(
-                f"input parameter {param.name!r} of template {dag.name!r} has no value; add a workflow parameter "
-                "of that name or a default"
-            )
-        values[param.name] = value
-    return values
+    return bind_inputs(
+        dag.inputs,
+        parameters,
+        lambda name: LocalExecutorError(
+            f"input parameter {name!r} of template {dag.name!r} has no value; add a workflow parameter of that name "
+            "or a default"
+        ),
+    )
 
 
 def effective_parameters(workflow: Workflow, overrides: Mapping[str, str] | None) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -19,6 +19,19 @@ class Input:
 
     name: str
     default: str | None
+
+
+def bind_inputs(
+    inputs: tuple[Input, ...], given: Mapping[str, str], missing: Callable[[str], Exception]
+) -> dict[str, str]:
+    """Each input's value: the one `given` by its name, else its default; `missing(name)` is raised for neither."""
+    values = {}
+    for param in inputs:
+        value = given.get(param.name, param.default)
+        if value is None:
+            raise missing(param.name)
+        values[param.name] = value
+    return values
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from eksflow.local.watchdog import session_members, signal_session, start_time, 
 KILL_GRACE_S = 30.0
 _CHECK_S = 0.2  # how often a waiting task checks for a stop request or its deadline
 _PR_SET_PDEATHSIG = 1
+_WATCHDOG = Path(__file__).with_name("watchdog.py")
 
 
 def _setpriv() -> str | None:
@@ -112,6 +113,38 @@ class ProcessTracker:
             self.live.pop(pid, None)
             if self._ended is not None:
                 self._ended(f"-{pid}\n")
+
+
+class Watchdog:
+    """The run's watchdog process (watchdog.py): told of each task process, and that the run ended well."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, run_dir: Path) -> int:
+        """Start it for the run in `run_dir`; its pid. OSError if it cannot start.
+
+        In its own session: a terminal's SIGHUP and Ctrl-C are not for it.
+        """
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_WATCHDOG), str(run_dir), str(KILL_GRACE_S)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        return self._proc.pid
+
+    def tell(self, note: str) -> None:
+        """A task process started or ended (ProcessTracker's notes): the watchdog follows the live ones."""
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._proc.stdin.fileno(), note.encode())
+
+    def end(self) -> None:
+        """Tell it the run ended well; it exits on its own (no waiting for its interpreter to start)."""
+        if self._proc is None or self._proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self._proc.stdin.write(b"exit\n")
+            self._proc.stdin.close()
 
 
 def start(

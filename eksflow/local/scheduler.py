@@ -27,7 +27,7 @@ from typing import Any
 from eksflow.local.book import NodeBook
 from eksflow.local.expressions import ExpressionError, TaskOutcome, evaluate_depends, evaluate_when
 from eksflow.local.memo import MemoCache
-from eksflow.local.model import DagTask, DagTemplate, Template, Workflow
+from eksflow.local.model import DagTask, DagTemplate, Template, Workflow, bind_inputs
 from eksflow.local.phase import Phase
 from eksflow.local.status import NodeType
 from eksflow.local.substitution import (
@@ -225,15 +225,14 @@ class Scheduler:
                     self._skip(key, Phase.SKIPPED, f"when {condition!r} evaluated to false")
                     return
             arguments = {name: scope.substitute(value) for name, value in task.arguments}
-            inputs = {}
-            for param in template.inputs:
-                value = arguments.get(param.name, param.default)
-                if value is None:
-                    raise UnresolvedError(
-                        f"input parameter {param.name!r} of template {template.name!r} has no value; pass it in "
-                        "the task's arguments.parameters or give it a default"
-                    )
-                inputs[param.name] = value
+            inputs = bind_inputs(
+                template.inputs,
+                arguments,
+                lambda name: UnresolvedError(
+                    f"input parameter {name!r} of template {template.name!r} has no value; pass it in the task's "
+                    "arguments.parameters or give it a default"
+                ),
+            )
         except (UnresolvedError, ExpressionError) as exc:
             self._error(run, task.name, key, str(exc))
             return

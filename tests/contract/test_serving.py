@@ -9,8 +9,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from eksflow.config import ConfigError
+from eksflow.errors import ConfigError
 from eksflow.llm.serving import objects as serving
+from eksflow.llm.serving import policies
 from eksflow.llm.serving.local_fleet import FLEET_KINDS
 from eksflow.llm.serving.rollout import gitops_objects
 from eksflow.llm.steps import (
@@ -274,7 +275,7 @@ def test_network_policies_admit_only_the_proxy_and_the_rollout_steps_to_vllm_and
     cfg = load_config()
     manifests = fleet_manifests(workflow)
     vllm_policy, proxy_policy = manifests["vllm-policy"], manifests["proxy-policy"]
-    assert [vllm_policy, proxy_policy] == serving.network_policies(cfg)  # the rollout applies what GitOps gets
+    assert [vllm_policy, proxy_policy] == policies.network_policies(cfg)  # the rollout applies what GitOps gets
     pod_labels = {name: manifests[name]["spec"]["template"]["metadata"]["labels"] for name in ("vllm", "proxy")}
     port, proxy_port = cfg.serving.port, cfg.serving.proxy_port
     assert _selects(vllm_policy["spec"]["podSelector"], pod_labels["vllm"])
@@ -296,7 +297,7 @@ def test_network_policies_admit_only_the_proxy_and_the_rollout_steps_to_vllm_and
     assert not _admits(vllm_policy, pod_labels["vllm"], port) and not _admits(
         proxy_policy, pod_labels["vllm"], proxy_port
     )
-    client = {serving.client_label(cfg): "true"}
+    client = {policies.client_label(cfg): "true"}
     assert _admits(proxy_policy, client, proxy_port) and not _admits(vllm_policy, client, port)  # clients: proxy only
     assert not _admits(vllm_policy, labels["serve-champion"], proxy_port)  # only the API port
     for name in ("vllm-policy", "proxy-policy"):

@@ -1,4 +1,4 @@
-"""A serving Deployment's pod as this machine runs it: which process it is, and the probes that say it is ready.
+"""A serving Deployment's pod as this machine runs it: which process, how it starts and ends, its readiness probes.
 
 The readiness checks speak plain HTTP (urllib) rather than use the steps' clients: of the steps, the fleet imports
 only constants (the readiness prompt, the resolver's variable) and the engine's process (vllm_process).
@@ -6,20 +6,29 @@ only constants (the readiness prompt, the resolver's variable) and the engine's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
 from eksflow.llm.steps.common.vllm import READY_PROMPT
 from eksflow.local import RunServiceError
+from eksflow.local.process import ProcessTracker
 
 
 class FleetError(RunServiceError):
     """An object the local fleet cannot run, or a process that failed; `retriable` False for manifest errors."""
+
+    label = "fleet error"
+    exit_code = EXIT_FAILED
 
 
 def container(manifest: Mapping[str, Any], where: str) -> Mapping[str, Any]:
@@ -92,3 +101,36 @@ def generates(base: str, model: str, api_key: str) -> bool:
         return answered == 200 and bool(str(json.loads(body)["choices"][0]["message"]["content"] or "").strip())
     except (ValueError, KeyError, IndexError, TypeError):
         return False
+
+
+def ready(role: str, base: str, model: str, api_key: str) -> bool:
+    """A pod's readiness probe: a real generation (vLLM) or /health/liveliness (the proxy)."""
+    if role == "vllm":
+        return generates(base, model, api_key)
+    return status(f"{base}/health/liveliness") == 200
+
+
+def spawn(
+    argv: list[str], cwd: Path, env: Mapping[str, str], log: Path, tracker: ProcessTracker | None
+) -> subprocess.Popen[bytes]:
+    """Start a fleet process in its own session (stopped as a group, spared Ctrl-C), told to the run's watchdog."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(
+            argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    if tracker is not None:
+        tracker.started(log.stem, popen.pid)
+    return popen
+
+
+def end(popen: subprocess.Popen[bytes], tracker: ProcessTracker | None, grace_s: float) -> None:
+    """Wait up to `grace_s` for a process told to stop, then kill what is left of its group (engine workers too)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()
+    if tracker is not None:
+        tracker.ended(popen.pid)

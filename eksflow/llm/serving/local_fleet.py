@@ -279,7 +279,7 @@ class LocalFleet:
         replicas = Replicas(
             nodes.cluster, name, role, count=int((manifest.get("spec") or {}).get("replicas", 1)), port=port,
             requests=container_requests(container.get("resources")), start_pod=start_pod, stop_pod=self._end,
-            ready=lambda url: self._ready(process, url), changed=changed,
+            ready=lambda url: fleet_pods.ready(process.role, url, process.model, process.api_key), changed=changed,
         )  # fmt: skip
         process.replicas = replicas
         replicas.start()
@@ -293,33 +293,10 @@ class LocalFleet:
         return self._inputs.env(container, where, given)
 
     def _spawn(self, argv: list[str], cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-        """Start a fleet process in its own session (stopped as a group, spared Ctrl-C), told to the watchdog."""
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(
-                argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        if self.tracker is not None:
-            self.tracker.started(log.stem, popen.pid)
-        return popen
+        return fleet_pods.spawn(argv, cwd, env, log, self.tracker)
 
     def _end(self, popen: subprocess.Popen[bytes]) -> None:
-        """Wait up to the grace for a process told to stop, then kill what is left of its group."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(_GRACE_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)  # the engine's core and worker processes too
-        popen.wait()
-        if self.tracker is not None:
-            self.tracker.ended(popen.pid)
-
-    @staticmethod
-    def _ready(process: _Process, base: str) -> bool:
-        """The pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
-        if process.role == "vllm":
-            return fleet_pods.generates(base, process.model, process.api_key)
-        return fleet_pods.status(f"{base}/health/liveliness") == 200
+        fleet_pods.end(popen, self.tracker, _GRACE_S)
 
     def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> _Process:
         """The engine at $EKSFLOW_VLLM_URL (checked once it answers: `_wait_ready`)."""
@@ -348,7 +325,7 @@ class LocalFleet:
                 process.model = adopted_engine.served_model(base, process.api_key, process.wanted, where)
                 ready = False
             else:
-                ready = self._ready(process, base)
+                ready = fleet_pods.ready(process.role, base, process.model, process.api_key)
             if ready:
                 owner = f"pid {process.popen.pid}" if process.popen else f"adopted from ${ADOPT_ENV}"
                 # The proxy's task waits for it to start, not for its readiness: that needs routes, which the
@@ -423,16 +400,9 @@ class LocalFleet:
             assert process.popen is not None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _GRACE_S
-        for process in processes:
+        for process in processes:  # all told at once: the grace runs for all of them together
             assert process.popen is not None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.popen.wait(max(deadline - time.monotonic(), 0.1))
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.popen.pid, signal.SIGKILL)  # the engine's core and worker processes too
-            process.popen.wait()
-            if self.tracker is not None:
-                self.tracker.ended(process.popen.pid)
+            self._end(process.popen)
         for folder in scratch:
             shutil.rmtree(folder, ignore_errors=True)
         self._inputs.delete_secrets()

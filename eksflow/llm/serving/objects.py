@@ -3,7 +3,7 @@
 Plain dicts from pure functions, validated strictly with kubernetes-validate by the contract tests. The workflow
 applies them with Argo resource templates (action apply, no owner reference: the fleet outlives the workflow);
 `make templates` writes them to workflow-templates/serving.yaml for GitOps; the local executor runs the same
-objects as local processes for the run's lifetime (eksflow/local/fleet.py).
+objects as local processes for the run's lifetime (eksflow/llm/serving/local_fleet.py).
 
     <pipeline>-vllm-<8 hex>   Deployment + Service + PodDisruptionBudget: one vLLM engine per base model (the
                               base model folder from FSx; every pod resolves the adapters published to the FSx
@@ -214,7 +214,8 @@ def routes_file(cfg: ServingConfig) -> str:
     return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/routes.json"
 
 
-def _labels(cfg: ServingConfig, component: str, name: str) -> dict[str, str]:
+def object_labels(cfg: ServingConfig, component: str, name: str) -> dict[str, str]:
+    """The labels of a fleet object: its component and name, eksflow's, the public model name and the pipeline."""
     return {
         "app.kubernetes.io/name": component,
         "app.kubernetes.io/instance": name,
@@ -269,7 +270,7 @@ def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str,
     }
     if tolerations := profiles.tolerations(profile):
         pod["tolerations"] = tolerations
-    labels = {**_labels(cfg, "vllm", fleet), FLEET_LABEL: fleet}
+    labels = {**object_labels(cfg, "vllm", fleet), FLEET_LABEL: fleet}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -289,7 +290,7 @@ def service(cfg: ServingConfig, name: str, component: str, port: int, selector: 
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
+        "metadata": {"name": name, "labels": object_labels(cfg, component, name)},
         "spec": {
             "type": "ClusterIP",
             "selector": selector,
@@ -308,7 +309,7 @@ def disruption_budget(cfg: ServingConfig, name: str, component: str, replicas: i
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
+        "metadata": {"name": name, "labels": object_labels(cfg, component, name)},
         "spec": {
             "minAvailable": max(replicas - 1, 1),
             "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
@@ -322,7 +323,7 @@ def proxy_config_map(cfg: ServingConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": proxy_name(cfg), "labels": _labels(cfg, "litellm", proxy_name(cfg))},
+        "metadata": {"name": proxy_name(cfg), "labels": object_labels(cfg, "litellm", proxy_name(cfg))},
         "data": {
             "config.yaml": yaml.safe_dump(config, sort_keys=False),
             CALLBACK_SOURCE.name: CALLBACK_SOURCE.read_text(encoding="utf-8"),
@@ -334,7 +335,7 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
     """LiteLLM's proxy: the public name by weight across the slots (routes file on FSx); master key from the Secret."""
     name = proxy_name(cfg)
     profile = INFERENCE_PROFILES["m6i.4xlarge"]  # CPU pods: the proxy only forwards requests
-    labels = _labels(cfg, "litellm", name)
+    labels = object_labels(cfg, "litellm", name)
     fsx = {"name": "fsx", "persistentVolumeClaim": {"claimName": cfg.storage.fsx_claim, "readOnly": True}}
     container = {
         "name": "litellm",
@@ -390,57 +391,6 @@ def proxy_deployment(cfg: ServingConfig) -> dict[str, Any]:
             },
         },
     }
-
-
-def client_label(cfg: ServingConfig) -> str:
-    """The label (value "true") a pod carries to reach the pipeline's proxy (a key per pipeline: clients of many)."""
-    return f"eksflow.dev/{cfg.name}-client"
-
-
-def _ingress_only_from(
-    cfg: ServingConfig, name: str, component: str, pods: dict[str, str], port: int, sources: list[dict[str, str]]
-) -> dict[str, Any]:
-    """A NetworkPolicy: `pods` accept TCP on `port` from pods of the namespace matching one of `sources`, only."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "labels": _labels(cfg, component, name)},
-        "spec": {
-            "podSelector": {"matchLabels": pods},
-            "policyTypes": ["Ingress"],  # egress stays open: the proxy reaches the fleets, vLLM nothing it lacks
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": dict(source)}} for source in sources],
-                    "ports": [{"protocol": "TCP", "port": port}],
-                }
-            ],
-        },
-    }
-
-
-def vllm_network_policy(cfg: ServingConfig) -> dict[str, Any]:
-    """Every vLLM pod of the pipeline (all its fleets) admits only its proxy's pods and its rollout steps' pods.
-
-    The kubelet's probes are not pod traffic (the readiness probe runs in the pod; liveness comes from the node).
-    """
-    rollout_steps = {ROLLOUT_LABEL: cfg.name}
-    vllm_pods = {"app.kubernetes.io/name": "vllm", PIPELINE_LABEL: cfg.name}
-    proxy_pods = {"app.kubernetes.io/instance": proxy_name(cfg)}
-    name = f"{cfg.name}-vllm"
-    return _ingress_only_from(cfg, name, "vllm", vllm_pods, cfg.serving.port, [proxy_pods, rollout_steps])
-
-
-def proxy_network_policy(cfg: ServingConfig) -> dict[str, Any]:
-    """The proxy's pods admit only its clients (`client_label`) and the pipeline's rollout steps."""
-    name = proxy_name(cfg)
-    sources = [{client_label(cfg): "true"}, {ROLLOUT_LABEL: cfg.name}]
-    pods = {"app.kubernetes.io/instance": name}
-    return _ingress_only_from(cfg, name, "litellm", pods, cfg.serving.proxy_port, sources)
-
-
-def network_policies(cfg: ServingConfig) -> list[dict[str, Any]]:
-    """The fleet's and the proxy's NetworkPolicies (first in serving.yaml: in place before the pods they guard)."""
-    return [vllm_network_policy(cfg), proxy_network_policy(cfg)]
 
 
 def proxy_objects(cfg: ServingConfig) -> list[dict[str, Any]]:

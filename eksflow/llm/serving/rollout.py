@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
-from eksflow.llm.serving import objects
+from eksflow.llm.serving import objects, policies
 from eksflow.llm.serving.objects import ServingConfig
 from eksflow.llm.steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
 from eksflow.llm.steps import finish_rollout as finish_step
@@ -147,7 +147,7 @@ def rollout(
         previous = _apply(name, manifest, previous, ready=wait)
         ready.append(previous)
     # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
-    for name, manifest in zip(("vllm-policy", "proxy-policy"), objects.network_policies(cfg), strict=True):
+    for name, manifest in zip(("vllm-policy", "proxy-policy"), policies.network_policies(cfg), strict=True):
         ready.append(_apply(name, manifest, prepared, ready=False))
     engine = Engine(prepared.vllm_url, prepared.model_dir, cfg.serving.engine.max_lora_rank)
     champion = _keyed(cfg, serve_champion, engine, after=ready)
@@ -202,7 +202,7 @@ def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
     """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml)."""
     fleet = fleet_name(cfg.name, cfg.base_model)
     model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
-    return [*objects.network_policies(cfg), *objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
+    return [*policies.network_policies(cfg), *objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
 
 
 def rollout_pipeline(cfg: ServingConfig) -> Pipeline:

@@ -5,7 +5,7 @@
         --output-dir=/fsx/run/train            # the same arguments as eksflow.llm.steps.train
 
 Runs in the train-neuron image (the `neuron` extra: optimum-neuron pins its own transformers), launched by the
-Volcano Job that eksflow/launchers.py renders for trn1 instance types. The eksflow -> NeuronTrainingArguments
+Volcano Job that eksflow/launchers/volcano.py renders for trn1 instance types. The eksflow -> NeuronTrainingArguments
 mapping (tensor parallelism, bf16, ZeRO-1, checkpoint cadence) is eksflow.llm.steps.common.neuron.training_arguments,
 unit tested without the Neuron SDK; this module itself needs Trainium and has not run on this project's CPU machines.
 

@@ -141,7 +141,9 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     assert tag
     owner.send_signal(signal.SIGKILL)
     owner.wait()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30  # the pod's process enters its namespace once its interpreter has started
+    while not netns_pids(f"ef{tag}-2") and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert netns_pids(f"ef{tag}-2"), "the orphan pod's sleep outlived its executor"
     subprocess.run(["ip", "netns", "add", "ef0badc0-7"], check=True)  # a namespace whose record is gone
     subprocess.run(["ip", "link", "add", "efb0badc1", "type", "bridge"], check=True)  # and a bridge

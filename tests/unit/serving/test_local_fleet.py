@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eksflow.llm.serving import adopted_engine, fleet_pods
+from eksflow.llm.serving import adopted_engine, fleet_pods, policies
 from eksflow.llm.serving import objects as serving
 from eksflow.llm.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
 from eksflow.local import resources
@@ -164,7 +164,7 @@ def test_a_resumed_run_applies_the_fleet_again_with_every_task_after_it():
 
 def test_a_network_policy_is_recorded_with_a_note_that_the_cni_enforces_it(fleet, tmp_path):
     cfg = load_config()
-    for policy in serving.network_policies(cfg):
+    for policy in policies.network_policies(cfg):
         job = resources.describe(yaml.safe_dump(policy), "policy")  # a kind the local executor takes
         assert job.service_object == policy
         note = fleet.apply(policy, "policy", running)
