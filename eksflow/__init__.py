@@ -16,6 +16,7 @@ Authoring a pipeline (imports hera; never imported by steps):
     gauges, retry   Prometheus gauges and a retry budget for a task
     Resources       CPU/memory requests of a task (Hera's)
     Ref, TaskRef    a value known when the workflow runs; a task in the DAG
+    When            what `when=` takes: a boolean Ref or a condition built from Refs (`score > 0.9`)
     Item            a fan-out's current item (`p.fan_out(body, items)` calls `body(item)`)
     ended           `after=ended(t)`: run once t has finished, whatever its outcome (exit handlers)
     PipelineError, ConfigError
@@ -37,6 +38,7 @@ _PUBLIC = {
     "Ref": "eksflow.refs",
     "TaskRef": "eksflow.refs",
     "Item": "eksflow.refs",
+    "When": "eksflow.refs",
     "PipelineError": "eksflow.errors",
     "ended": "eksflow.refs",
     "task": "eksflow.templates",
@@ -79,6 +81,7 @@ __all__ = [
     "StepFailedError",
     "StepInputError",
     "TaskRef",
+    "When",
     "config_hash",
     "distributed",
     "ended",
@@ -101,7 +104,7 @@ if TYPE_CHECKING:
     from eksflow.errors import ConfigError, PipelineError
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline
-    from eksflow.refs import Item, Ref, TaskRef, ended
+    from eksflow.refs import Item, Ref, TaskRef, When, ended
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
     from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress

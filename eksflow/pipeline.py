@@ -151,8 +151,12 @@ class Pipeline:
         inputs: Mapping[str, Ref] | None = None,
         after: TaskRef | Sequence[TaskRef] = (),
         when: When | None = None,
+        fingerprint: str = "",
     ) -> TaskRef:
-        """Add a task running `template` (named like the task) to the current DAG; used by task() and launchers."""
+        """Add a task running `template` (named like the task) to the current DAG; used by task() and launchers.
+
+        `fingerprint`: what makes the task's result (templates.template_fingerprint), for memoized consumers' keys.
+        """
         dag = self._dag
         self._check_name(name, dag)
         self.templates[name] = template
@@ -174,7 +178,7 @@ class Pipeline:
             )
         )
         dag.names.add(name)
-        self.tasks[name] = TaskRef(name, outputs, dag, step)
+        self.tasks[name] = TaskRef(name, outputs, dag, step, fingerprint)
         return self.tasks[name]
 
     def fan_out(

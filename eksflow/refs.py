@@ -117,7 +117,7 @@ def _named(value: object) -> str:
 
 def ended(task: TaskRef) -> TaskRef:
     """`after=ended(t)`: run once t has finished, whether it succeeded, failed or was skipped (exit handlers)."""
-    whatever = TaskRef(task._name, task._outputs, task._dag, task._step)
+    whatever = TaskRef(task._name, task._outputs, task._dag, task._step, task._fingerprint)
     whatever._any_outcome = True
     return whatever
 
@@ -125,12 +125,12 @@ def ended(task: TaskRef) -> TaskRef:
 class TaskRef:
     """A task in a DAG. Its step's outputs are attributes: `staged.dataset_dir` is a Ref to that output."""
 
-    def __init__(self, name: str, outputs: Mapping[str, Kind], dag: Scope, step: str) -> None:
+    def __init__(self, name: str, outputs: Mapping[str, Kind], dag: Scope, step: str, fingerprint: str = "") -> None:
         self._name = name
         self._outputs = dict(outputs)
         self._dag = dag
         self._step = step
-        self._fingerprint = ""  # what makes its result (eksflow.templates): a memoized consumer's key includes it
+        self._fingerprint = fingerprint  # what makes its result (eksflow.templates): a memoized consumer's key has it
         self._any_outcome = False  # as `after=ended(t)`: t finished, succeeded or not
 
     def __getattr__(self, output: str) -> Ref:

@@ -163,9 +163,10 @@ def task(
         node_selector=checked_labels("node_selector", node_selector, where) or None,
         memoize=memo,
     )
-    added = pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when)
-    added._fingerprint = fingerprint
-    return added
+    return pipeline.add(
+        name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=after, when=when,
+        fingerprint=fingerprint,
+    )  # fmt: skip
 
 
 def step_gauges(cfg: PipelineConfig, step: ModuleType, task_name: str) -> m.Metrics | None:

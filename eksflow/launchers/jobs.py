@@ -93,9 +93,10 @@ class JobLauncher(Launcher):
         )
         template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), memo, list(memo_inputs))
         collect = f"{name}-outputs"
-        published = pipeline.add(collect, template, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job)
-        published._fingerprint = fingerprint
-        return published
+        return pipeline.add(
+            collect, template, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job,
+            fingerprint=fingerprint,
+        )  # fmt: skip
 
 
 def collector(

@@ -171,10 +171,10 @@ class SlurmLauncher(Launcher):
             node_selector={profiles.CAPACITY_TYPE_LABEL: "on-demand"},  # it only follows the job: never lose it
             memoize=memo,
         )
-        added = pipeline.add(name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=request.after,
-                             when=request.when)  # fmt: skip
-        added._fingerprint = fingerprint
-        return added
+        return pipeline.add(
+            name, container, step=step.__name__, outputs=outputs, inputs=inputs, after=request.after,
+            when=request.when, fingerprint=fingerprint,
+        )  # fmt: skip
 
 
 def path_annotations(step_args: type[StepArgs]) -> dict[str, str]:

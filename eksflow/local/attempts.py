@@ -23,7 +23,6 @@ from typing import IO
 
 from eksflow.local import process
 from eksflow.local.book import NodeBook
-from eksflow.local.display import format_duration, log_tail
 from eksflow.local.errors import StateWriteError
 from eksflow.local.handlers import NodesContext, TaskContext, handler_for
 from eksflow.local.model import ContainerTemplate, Mount
@@ -37,6 +36,7 @@ from eksflow.local.services import RunServices
 from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.status import now, short
 from eksflow.local.substitution import Scope
+from eksflow.runtime.readable import format_duration, log_tail
 from eksflow.runtime.rundir import RUN_DIR_ENV
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console, RenderableType
@@ -19,9 +18,9 @@ from rich.text import Text
 
 from eksflow.local.phase import Phase
 from eksflow.local.status import NodeStatus, NodeType, parse_time
+from eksflow.runtime.readable import format_duration, log_tail
 from eksflow.runtime.shown import shown
 
-LOG_TAIL_LINES = 20
 _PHASE_STYLES = {
     Phase.PENDING: "dim",
     Phase.RUNNING: "bold blue",
@@ -33,16 +32,6 @@ _PHASE_STYLES = {
 }
 _SHOWN_MESSAGE_CHARS = 160
 CACHED = "cached"  # how a memoized node (outputs from the cache, nothing ran) is marked
-
-
-def format_duration(seconds: float) -> str:
-    """`45s`, `3m12s`, `1h02m`: short enough for a table column."""
-    total = int(seconds)
-    if total < 60:
-        return f"{total}s"
-    if total < 3600:
-        return f"{total // 60}m{total % 60:02d}s"
-    return f"{total // 3600}h{total % 3600 // 60:02d}m"
 
 
 def node_duration(node: NodeStatus) -> str:
@@ -57,18 +46,6 @@ def node_duration(node: NodeStatus) -> str:
 def _short(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= _SHOWN_MESSAGE_CHARS else line[: _SHOWN_MESSAGE_CHARS - 3] + "..."
-
-
-def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `lines` lines of a task log (decoded leniently: a step may print any bytes)."""
-    if path is None or not path.exists():
-        return []
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        # 64 KiB is plenty for 20 lines of a normal log, and bounds the read for a huge one.
-        f.seek(max(f.tell() - 65536, 0))
-        text = f.read().decode("utf-8", errors="replace")
-    return text.splitlines()[-lines:]
 
 
 def in_tree_order(nodes: Sequence[NodeStatus]) -> list[tuple[int, NodeStatus]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eksflow.llm.serving.fleet_pods import FleetError
-from eksflow.local.paths import PathMap
+from eksflow.local import PathMap
 
 
 @dataclass

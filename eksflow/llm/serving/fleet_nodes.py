@@ -25,10 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eksflow.llm.serving.fleet_pods import FleetError
-from eksflow.local.display import log_tail
-from eksflow.local.node import Requests
-from eksflow.local.pod_network import PodNetworkError
-from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
+from eksflow.local import PlacedPod, PodNetworkError, Requests, SimulatedCluster
+from eksflow.runtime.readable import log_tail
 
 StartPod = Callable[[PlacedPod], "subprocess.Popen[bytes]"]  # run the container's command in this pod
 Ready = Callable[[str], bool]  # the readiness probe's check, given the pod's base URL

@@ -20,8 +20,7 @@ from typing import Any
 from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
 from eksflow.llm.steps.common.vllm import READY_PROMPT
-from eksflow.local import RunServiceError
-from eksflow.local.process import ProcessTracker
+from eksflow.local import ProcessTracker, RunServiceError
 
 
 class FleetError(RunServiceError):

@@ -68,16 +68,19 @@ from eksflow.llm.steps.common import vllm_process
 from eksflow.llm.steps.common.litellm_proxy import VLLM_KEY_ENV
 from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV, unrouted
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
-from eksflow.local import register_run_service
-from eksflow.local.display import log_tail
-from eksflow.local.handlers import NodesContext
-from eksflow.local.model import PathRules
-from eksflow.local.node import container_requests
-from eksflow.local.paths import map_argv, map_env
-from eksflow.local.process import ProcessTracker
-from eksflow.local.service_proxy import ServiceProxy
-from eksflow.local.sim_nodes import PlacedPod
+from eksflow.local import (
+    NodesContext,
+    PathRules,
+    PlacedPod,
+    ProcessTracker,
+    ServiceProxy,
+    container_requests,
+    map_argv,
+    map_env,
+    register_run_service,
+)
 from eksflow.runtime.ports import free_port
+from eksflow.runtime.readable import log_tail
 
 FLEET_KINDS = {
     ("apps/v1", "Deployment"),

@@ -118,7 +118,7 @@ def run(args: Args) -> Outputs:
         except KeyboardInterrupt:
             print("\nstopping vLLM", file=sys.stderr)
             return Outputs(endpoint=f"{base_url}/v1/chat/completions", model_version=version)
-    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm.log_tail(log_path)}")
+    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm.log_excerpt(log_path)}")
 
 
 def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:

@@ -44,6 +44,7 @@ from pydantic import Field, field_validator
 from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common import vllm_auth
 from eksflow.runtime.args import Settings, StepFailedError, StepInputError
+from eksflow.runtime.readable import log_tail
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -56,7 +57,6 @@ VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks: any 
 LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 READY_PROMPT = "Say OK."
 RESOLVER_PLUGIN = "lora_filesystem_resolver"  # vLLM's filesystem LoRA resolver (entry point in vllm.general_plugins)
-LOG_TAIL_LINES = 20
 _PEFT_PREFIX = "base_model.model."
 _LORA_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[\w]+)?\.weight$")
 
@@ -390,26 +390,27 @@ def wait_ready(
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
-            raise ServingError(f"vLLM exited with code {process.returncode} before it answered; {log_tail(log_path)}")
+            raise ServingError(
+                f"vLLM exited with code {process.returncode} before it answered; {log_excerpt(log_path)}"
+            )
         answer = chat(base_url, model, prompt, api_key=api_key, max_tokens=max_tokens, timeout_s=60)
         if answer.ok:
             return answer
         if time.monotonic() > deadline:
             raise ServingError(
                 f"vLLM at {base_url} gave no answer for {model!r} within {timeout_s:.0f} s "
-                f"(serving.engine.startup_timeout_s); last: {answer.error or answer.status}; {log_tail(log_path)}"
+                f"(serving.engine.startup_timeout_s); last: {answer.error or answer.status}; {log_excerpt(log_path)}"
             )
         time.sleep(1.0)
 
 
-def log_tail(log_path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a log, for error messages."""
+def log_excerpt(log_path: Path | None) -> str:
+    """The last lines of the engine's log, introduced, for an error message."""
     if log_path is None:
         return "no log"
-    try:
-        tail = log_path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
+    if not log_path.is_file():
         return f"no log at {log_path}"
+    tail = log_tail(log_path)
     return f"last {len(tail)} lines of {log_path}:\n" + "\n".join(tail)
 
 

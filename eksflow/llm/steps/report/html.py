@@ -21,7 +21,8 @@ from eksflow.llm.steps.report.canary_steps import CanaryStep
 from eksflow.llm.steps.report.collect import EXIT, MAIN, RunFacts, Task
 from eksflow.llm.steps.report.runs import EndedRun, TrainingRun
 from eksflow.llm.steps.report.style import CSP, CSS
-from eksflow.llm.steps.report.svg import esc, format_duration
+from eksflow.llm.steps.report.svg import esc
+from eksflow.runtime.readable import format_duration
 
 LOWER_IS_BETTER = re.compile(r"loss|perplexity")
 VALUE_CHARS = 240  # an output longer than this is folded into a <details>

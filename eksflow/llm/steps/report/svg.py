@@ -43,18 +43,6 @@ def clip(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: chars - 1] + "\u2026"
 
 
-def format_duration(seconds: float | None) -> str:
-    """`45s`, `3m12s`, `1h02m`; empty for None."""
-    if seconds is None:
-        return ""
-    total = int(seconds)
-    if total < 60:
-        return f"{total}s"
-    if total < 3600:
-        return f"{total // 60}m{total % 60:02d}s"
-    return f"{total // 3600}h{total % 3600 // 60:02d}m"
-
-
 # -- the DAG --------------------------------------------------------------------------------------------------------
 
 
