@@ -26,6 +26,11 @@ def adopted_url() -> str:
     return os.environ.get(ADOPT_ENV, "").rstrip("/")
 
 
+def adopted_port() -> int:
+    """The adopted engine's port (its URL's)."""
+    return int(adopted_url().rsplit(":", 1)[1])
+
+
 def adopted_key() -> str:
     """The adopted engine's API key."""
     return os.environ.get(ADOPT_KEY_ENV, "")

@@ -73,10 +73,9 @@ class Replicas:
         self._pods: list[FleetPod] = []
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
-        self.replaced: list[str] = []  # "pod on node -> pod on node" for every pod put in a lost one's place
 
     def start(self) -> None:
-        """Start every replica and the watch that keeps them (readiness is `wait_ready`'s and the watch's)."""
+        """Start every replica and the watch that keeps them and lets each in once it is ready."""
         for _ in range(self.count):
             self._add()
         self._watcher = threading.Thread(target=self._watch, name=f"replicas-{self.name}", daemon=True)
@@ -171,14 +170,11 @@ class Replicas:
                 self.cluster.delete_pod(pod.pod)
                 if self.cluster.is_lost(node):
                     self.cluster.replace_lost()
-            lost = [f"{pod.pod.name} on {pod.pod.node}" for pod in ended]
             while len(self.pods()) < self.count and not self._closing.is_set():
                 try:
-                    replacement = self._add()
+                    self._add()
                 except (OSError, PodNetworkError):
                     break  # the next round tries again, as a ReplicaSet does
-                if lost:
-                    self.replaced.append(f"{lost.pop(0)} -> {replacement.pod.name} on {replacement.pod.node}")
             self._probe()
 
     def _probe(self) -> None:

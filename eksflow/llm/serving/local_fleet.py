@@ -59,7 +59,7 @@ from typing import Any
 
 from eksflow.llm import engines
 from eksflow.llm.serving import adopted_engine, fleet_pods
-from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV
+from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV, adopted_url
 from eksflow.llm.serving.fleet_inputs import ContainerInputs
 from eksflow.llm.serving.fleet_nodes import Replicas
 from eksflow.llm.serving.fleet_pods import FleetError
@@ -102,7 +102,7 @@ def prepare(objects: Sequence[Mapping[str, Any]]) -> None:
     """Install the engines the run's Deployments need where they are missing, before anything runs (EngineError)."""
     deployments = [m for m in objects if m.get("kind") == "Deployment"]
     roles = {fleet_pods.role(fleet_pods.container(m, "Deployment"), "Deployment") for m in deployments}
-    if os.environ.get(ADOPT_ENV):
+    if adopted_url():
         roles.discard("vllm")  # the adopted engine runs already
     engines.ensure(sorted(roles), say=lambda line: print(line, file=sys.stderr, flush=True))
 
@@ -167,10 +167,10 @@ class LocalFleet:
             raise FleetError(f"{where}.metadata.name is required", retriable=False)
         with self._lock:
             if kind == "ConfigMap":
-                self._inputs.config_maps[name] = {str(k): str(v) for k, v in (manifest.get("data") or {}).items()}
-                return (
-                    f"ConfigMap {name}: {len(self._inputs.config_maps[name])} key(s) for the Deployments that mount it"
-                )
+                files = self._inputs.config_maps[name] = {
+                    str(k): str(v) for k, v in (manifest.get("data") or {}).items()
+                }
+                return f"ConfigMap {name}: {len(files)} key(s) for the Deployments that mount it"
             if kind == "Service":
                 spec = manifest.get("spec") or {}
                 port = int((spec.get("ports") or [{}])[0].get("port", 0))
@@ -224,7 +224,7 @@ class LocalFleet:
         env = map_env(self._container_env(container, where).items(), paths, PathRules(None, None))
         log = self.run_dir / "logs" / f"fleet-{name}.log"
         model = next((a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")), "")
-        if role == "vllm" and os.environ.get(ADOPT_ENV):
+        if role == "vllm" and adopted_url():
             if nodes is not None:
                 raise FleetError(
                     f"{where}: ${ADOPT_ENV} names an engine of this machine, and on simulated nodes the Deployment's "
@@ -268,12 +268,14 @@ class LocalFleet:
         process.scratch = scratch
         self._processes[name] = process
         if nodes is None:
-            process.popen = self._spawn(argv, cwd, full_env, log)
+            process.popen = fleet_pods.spawn(argv, cwd, full_env, log, self.tracker)
             return process
 
         def start_pod(pod: PlacedPod) -> subprocess.Popen[bytes]:
-            return self._spawn([*pod.network.enter(nodes.cluster.hosts), *argv], cwd, full_env, log.with_name(
-                f"fleet-{pod.name}.log"))  # fmt: skip
+            pod_log = log.with_name(f"fleet-{pod.name}.log")
+            return fleet_pods.spawn(
+                [*pod.network.enter(nodes.cluster.hosts), *argv], cwd, full_env, pod_log, self.tracker
+            )
 
         def changed() -> None:
             self._refresh_endpoints()
@@ -292,11 +294,8 @@ class LocalFleet:
         """The container's env, its Secrets' keys as the run's values."""
         # An adopted engine has its own key: the run's Secret carries it to the steps and the proxy, whichever of the
         # engine's and the proxy's Deployments (both read it as VLLM_API_KEY) is applied first.
-        given = {VLLM_KEY_ENV: adopted_engine.adopted_key()} if adopted_engine.adopted_url() else {}
+        given = {VLLM_KEY_ENV: adopted_engine.adopted_key()} if adopted_url() else {}
         return self._inputs.env(container, where, given)
-
-    def _spawn(self, argv: list[str], cwd: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-        return fleet_pods.spawn(argv, cwd, env, log, self.tracker)
 
     def _end(self, popen: subprocess.Popen[bytes]) -> None:
         fleet_pods.end(popen, self.tracker, _GRACE_S)
@@ -304,9 +303,7 @@ class LocalFleet:
     def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> _Process:
         """The engine at $EKSFLOW_VLLM_URL (checked once it answers: `_wait_ready`)."""
         wanted = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), "")
-        with self._lock:
-            self._engine_port = int(adopted_engine.adopted_url().rsplit(":", 1)[1])
-        return _Process(name, "vllm", None, self._engine_port, labels, log, "", adopted_engine.adopted_key(), wanted)
+        return _Process(name, "vllm", None, self.engine_port(), labels, log, "", adopted_engine.adopted_key(), wanted)
 
     def _wait_ready(self, process: _Process, stop_reason: Callable[[], str], where: str) -> str:
         """Poll like the pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
@@ -347,9 +344,7 @@ class LocalFleet:
         """The port of this run's (single) vLLM engine, chosen before it starts so the proxy can name it first."""
         with self._lock:
             if not self._engine_port:
-                self._engine_port = (
-                    int(os.environ[ADOPT_ENV].rsplit(":", 1)[1]) if os.environ.get(ADOPT_ENV) else free_port()
-                )
+                self._engine_port = adopted_engine.adopted_port() if adopted_url() else free_port()
             return self._engine_port
 
     def local_value(self, value: str) -> str:
