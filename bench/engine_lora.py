@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from serve import free_port  # noqa: E402  (bench/serve.py, beside this script)
-
-from eksflow.llm.steps.common import vllm, vllm_auth  # noqa: E402  (bench scripts run from a checkout, like the steps)
+from eksflow.llm.steps.common import vllm, vllm_auth, vllm_client, vllm_process  # noqa: E402  (bench scripts run from a checkout, like the steps)
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model  # noqa: E402
+from eksflow.runtime.ports import free_port  # noqa: E402
 
 PROMPT = "Rewrite this date in ISO 8601 format (YYYY-MM-DD). Answer with the date only.\nDate: July 4, {year}"
 HIT_RATE = re.compile(r"Prefix cache hit rate: ([0-9.]+)%")
@@ -61,9 +59,9 @@ def make_adapter(model_dir: Path, out: Path) -> Path:
 def batch(url: str, model: str, key: str, requests: int, repeated: bool, seed: int) -> tuple[float, float]:
     """(wall seconds, median latency) of `requests` chat requests, 4 in flight."""
 
-    def ask(i: int) -> vllm.Answer:
+    def ask(i: int) -> vllm_client.Answer:
         year = 1976 if repeated else 1000 + 100 * seed + i
-        return vllm.chat(url, model, PROMPT.format(year=year), api_key=key, max_tokens=8)
+        return vllm_client.chat(url, model, PROMPT.format(year=year), api_key=key, max_tokens=8)
 
     started = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
@@ -81,7 +79,7 @@ def resolver_cost(url: str, key: str, adapter: Path, resolves: int) -> None:
         name = f"published-{i}"
         shutil.copytree(adapter, adapter.parent / name)
         for latencies in (first, second):
-            answer = vllm.chat(url, name, PROMPT.format(year=1976), api_key=key, max_tokens=8)
+            answer = vllm_client.chat(url, name, PROMPT.format(year=1976), api_key=key, max_tokens=8)
             if not answer.ok:
                 raise SystemExit(f"{name} did not answer: {answer.error or answer.status}")
             latencies.append(answer.latency_s)
@@ -99,16 +97,11 @@ def measure(block_size: int, model_dir: Path, adapter: Path, args: argparse.Name
     settings = vllm.EngineSettings(cpu_block_size=block_size)
     key = secrets.token_urlsafe(16)
     engine_env = vllm.engine_env(settings, cpu=True, adapters_dir=str(adapter.parent))
-    python = vllm.vllm_python()
-    env = vllm.engine_process_env({**engine_env, vllm_auth.KEY_ENV: key}, python)
-    flags = vllm.engine_args(str(model_dir), "base", port, settings)
-    command = [python, "-m", vllm.ENGINE_MODULE, *flags, "--host=127.0.0.1"]
-    with open(log, "wb") as out:
-        engine = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    flags = [*vllm.engine_args(str(model_dir), "base", port, settings), "--host=127.0.0.1"]
     url = f"http://127.0.0.1:{port}"
-    try:
+    with vllm_process.engine(flags, {**engine_env, vllm_auth.KEY_ENV: key}, log_path=log) as engine:
         started = time.monotonic()
-        vllm.wait_ready(url, "base", api_key=key, timeout_s=900, process=engine, log_path=log)
+        vllm_client.wait_ready(url, "base", api_key=key, timeout_s=900, process=engine, log_path=log)
         print(f"block size {block_size}: ready in {time.monotonic() - started:.1f} s", flush=True)
         resolver_cost(url, key, adapter, args.resolves)
         for round_ in range(args.rounds):
@@ -121,8 +114,6 @@ def measure(block_size: int, model_dir: Path, adapter: Path, args: argparse.Name
                         f"median latency {median:.2f} s",
                         flush=True,
                     )
-    finally:
-        vllm.stop(engine)
     rates = HIT_RATE.findall(log.read_text(errors="replace"))
     print(f"  prefix-cache hit rate at the end: {rates[-1] if rates else '?'}%", flush=True)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm import engines
-from eksflow.llm.steps.common import vllm, vllm_auth, vllm_process
+from eksflow.llm.steps.common import vllm, vllm_auth, vllm_client, vllm_process
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 from eksflow.runtime.ports import free_port
 
@@ -94,7 +94,9 @@ class SharedEngine:
     def url(self) -> str:
         """The engine's address, once it runs and generates."""
         base = self.address
-        vllm.wait_ready(base, BASE_NAME, api_key=self.api_key, timeout_s=1800, process=self.process, log_path=self.log)
+        vllm_client.wait_ready(
+            base, BASE_NAME, api_key=self.api_key, timeout_s=1800, process=self.process, log_path=self.log
+        )
         return base
 
     def stop(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common import vllm, vllm_client
 from tests.e2e.conftest import BASE_NAME, SharedEngine
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_every_route_of_the_real_engine_refuses_a_request_without_the_key(shared
     assert requests.get(f"{base}/health", timeout=30).status_code == 200  # liveness needs no key
     assert requests.get(f"{base}/no-such-route", timeout=30).status_code == 401  # not even a 404 without the key
     # With the key: generation, and the adapter listing the rollout reads.
-    assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, api_key=key, max_tokens=2).ok
-    assert vllm.chat(base, BASE_NAME, vllm.READY_PROMPT, max_tokens=2).status == 401
-    assert vllm.base_model_card(base, api_key=key) is not None
+    assert vllm_client.chat(base, BASE_NAME, vllm.READY_PROMPT, api_key=key, max_tokens=2).ok
+    assert vllm_client.chat(base, BASE_NAME, vllm.READY_PROMPT, max_tokens=2).status == 401
+    assert vllm_client.base_model_card(base, api_key=key) is not None
     print(f"\n{len(routes)} routes refused without the key but {sorted(OPEN)}; {time.monotonic() - started:.1f} s")

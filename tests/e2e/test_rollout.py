@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.llm.steps.common import adapters, rollout, tracking, vllm
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm_client
 from tests.e2e.processes import serving_processes
 from tests.e2e.rollouts import (
     MODEL,
@@ -92,7 +92,7 @@ def test_a_good_candidate_is_canaried_by_weight_and_promoted(state, model_cache,
     # Served by name from the adapter folder: published once, resolved by the engine at its first request.
     candidate, champion = published(registry, "2"), published(registry, "1")
     assert outputs(run.node("load-candidate"))["adapter"] == candidate
-    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    loaded = vllm_client.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
     assert Path(loaded[candidate]) == adopt_engine.adapters_dir / candidate
     assert f"Resolved and loaded LoRA adapter '{candidate}'" in adopt_engine.log.read_text(errors="replace")
     assert (adopt_engine.adapters_dir / champion).is_dir()  # the former champion stays published: rollback's target
@@ -125,7 +125,7 @@ def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_ca
     """A rerun on unchanged data registers the champion's version again: nothing is loaded, canaried or promoted,
     and `previous` still names the version before the champion. The routes file the earlier run left names a port
     where another process listens now: the run's proxy sends it nothing, and is not ready before serve-champion."""
-    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    loaded = vllm_client.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
     listener = Listener()
     left = json.loads((state / "volumes" / "fsx-claim" / "serving" / MODEL / "routes.json").read_text())
     for route in left[MODEL].values():
@@ -149,7 +149,7 @@ def test_rolling_out_the_champions_own_version_rolls_nothing_out(state, model_ca
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert str(tracking.alias_version(registry, MODEL, tracking.PREVIOUS).version) == "1"
     assert rollout.version_tags(registry, MODEL, "2")[rollout.PHASE_TAG] == "Healthy"
-    assert vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key) == loaded
+    assert vllm_client.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key) == loaded
 
 
 def run_nodes(run: Run) -> list[str]:
@@ -160,12 +160,14 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     state, model_cache, registry, adopt_engine
 ):
     champion = published(registry, "2")
-    answers: list[vllm.Answer] = []
+    answers: list[vllm_client.Answer] = []
     run = Run(state, model_cache, "3")
 
     def ask_the_champion() -> None:
         while run.thread.is_alive():
-            answers.append(vllm.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key, timeout_s=120))
+            answers.append(
+                vllm_client.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key, timeout_s=120)
+            )
             time.sleep(0.5)
 
     asker = threading.Thread(target=ask_the_champion, daemon=True)
@@ -186,10 +188,10 @@ def test_a_candidate_failing_the_analysis_is_rolled_back_while_the_champion_answ
     # RO1: champion unchanged, answering during the analysis and after it.
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert answers and all(a.ok for a in answers), [a for a in answers if not a.ok]
-    assert vllm.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key).ok
+    assert vllm_client.chat(adopt_engine.url, champion, PROMPT, api_key=adopt_engine.api_key).ok
     tags = rollout.version_tags(registry, MODEL, "3")
     assert tags[rollout.PHASE_TAG] == "Degraded" and "served_gap" in tags[rollout.REASON_TAG]
-    loaded = vllm.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
+    loaded = vllm_client.loaded_adapters(adopt_engine.url, api_key=adopt_engine.api_key)
     candidate = published(registry, "3")
     assert champion in loaded and candidate not in loaded  # the candidate was dropped from the engine
     assert not (adopt_engine.adapters_dir / candidate).exists()  # and unpublished: no engine resolves it again
@@ -199,19 +201,19 @@ def test_the_engine_serves_a_published_adapter_by_name_and_refuses_one_for_anoth
     """The fleet's adapter folder on the real engine: publishing is all it takes (no load call), an adapter whose
     config names another base model is refused, and unpublishing removes it."""
     url, key, folder = adopt_engine.url, adopt_engine.api_key, adopt_engine.adapters_dir
-    root = str((vllm.base_model_card(url, api_key=key) or {})["root"])
+    root = str((vllm_client.base_model_card(url, api_key=key) or {})["root"])
     name = adapters.publish(registry, MODEL, "4", folder, lambda: root, lambda adapter: None)
-    assert name not in vllm.loaded_adapters(url, api_key=key)  # published only
-    assert vllm.chat(url, name, PROMPT, api_key=key).ok
+    assert name not in vllm_client.loaded_adapters(url, api_key=key)  # published only
+    assert vllm_client.chat(url, name, PROMPT, api_key=key).ok
     assert f"Resolved and loaded LoRA adapter '{name}'" in adopt_engine.log.read_text(errors="replace")
     other = folder / f"{MODEL}-other-base"
     shutil.copytree(folder / name, other)
     adapter_config = json.loads((other / "adapter_config.json").read_text())
     (other / "adapter_config.json").write_text(json.dumps({**adapter_config, "base_model_name_or_path": "/models/x"}))
-    assert vllm.chat(url, other.name, PROMPT, api_key=key).status == 404
+    assert vllm_client.chat(url, other.name, PROMPT, api_key=key).status == 404
     assert adapters.unpublish(folder, name) and adapters.unpublish(folder, other.name)
-    assert vllm.unload_adapter(url, name, api_key=key)  # what finish-rollout does on the engine in reach
-    assert vllm.chat(url, name, PROMPT, api_key=key).status == 404
+    assert vllm_client.unload_adapter(url, name, api_key=key)  # what finish-rollout does on the engine in reach
+    assert vllm_client.chat(url, name, PROMPT, api_key=key).status == 404
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # nothing half-published left behind
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from eksflow.llm.serving import fleet_pods, objects
 from eksflow.llm.serving.local_fleet import LocalFleet
-from eksflow.llm.steps.common import rollout, tracking, vllm
+from eksflow.llm.steps.common import rollout, tracking, vllm_client
 from eksflow.local.handlers import NodesContext
 from eksflow.local.node import machine
 from eksflow.local.pod_network import unavailable
@@ -95,13 +95,13 @@ def test_a_lost_replica_node_keeps_the_champion_answering_through_the_proxy(stat
     (proxy,) = pods["litellm"]
     url = f"http://{proxy['podIP']}:4000"
     key = (run.run_dir / "volumes" / "eksflow-serving" / "litellm-master-key").read_text()
-    answers: list[tuple[float, vllm.Answer]] = []  # (sent, answer)
+    answers: list[tuple[float, vllm_client.Answer]] = []  # (sent, answer)
 
     def ask_the_champion() -> None:
         # Until the rollout ends (its exit handler starts): the fleet stops with the run, after that handler.
         while run.thread.is_alive() and run.node("onExit.finish-rollout").get("phase") in (None, "Pending"):
             sent = time.monotonic()
-            answers.append((sent, vllm.chat(url, MODEL, PROMPT, api_key=key, timeout_s=120)))
+            answers.append((sent, vllm_client.chat(url, MODEL, PROMPT, api_key=key, timeout_s=120)))
             time.sleep(0.2)
 
     asker = threading.Thread(target=ask_the_champion, daemon=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import adapters, litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common import adapters, litellm_proxy, rollout, vllm_client
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import run_step
 
@@ -91,7 +91,7 @@ def run(args: Args) -> Outputs:
 
 def _cause(args: Args, vllm_url: str, why: str) -> str:
     """Which part of the fleet is down, and what brings it back; else why the probes failed."""
-    engine_down = vllm.engine_down(vllm_url) if vllm_url else "no fleet address"
+    engine_down = vllm_client.engine_down(vllm_url) if vllm_url else "no fleet address"
     if engine_down:
         return (
             f"{engine_down}: in the cluster its Deployment restarts the engine; here, bring the champion back with "
@@ -112,7 +112,8 @@ def _withdraw(args: Args, adapter: str, vllm_url: str, key: str) -> None:
     )
     if vllm_url:
         rollout.best_effort(
-            f"unload the candidate's adapter {adapter}", lambda: vllm.unload_adapter(vllm_url, adapter, api_key=key)
+            f"unload the candidate's adapter {adapter}",
+            lambda: vllm_client.unload_adapter(vllm_url, adapter, api_key=key),
         )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common import litellm_proxy, rollout, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
 
@@ -78,8 +78,8 @@ def check_candidate(args: Args, adapter: Path) -> None:
             f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
             f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
         )
-    spec = vllm.read_adapter(adapter, "--model-version")
-    vllm.check_adapter(spec, args.max_lora_rank, args.base_dir, f"--model-version={args.model_version}")
+    spec = vllm_lora.read_adapter(adapter, "--model-version")
+    vllm_lora.check_adapter(spec, args.max_lora_rank, args.base_dir, f"--model-version={args.model_version}")
 
 
 def progressing_tags(slot: str, workflow_name: str) -> dict[str, str]:

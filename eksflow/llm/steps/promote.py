@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm, vllm_client
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 
@@ -82,7 +82,7 @@ def _run(args: Args) -> Outputs:
     state = state.model_copy(update={"percent": 100.0, "stage": STEP, "phase": "Healthy"})
     rollout.write_state(args.state_file, state)
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
-    answer = vllm.chat(
+    answer = vllm_client.chat(
         args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, timeout_s=args.request_timeout_s
     )
     if not answer.ok or answer.served_by != candidate:

@@ -3,7 +3,7 @@ r"""vLLM's readiness probe: exit 0 only if the engine answers a real generation 
     python3 -m eksflow.llm.steps.ready --url=http://127.0.0.1:8000 --model=llama-lora-base  # VLLM_API_KEY from the env
 
 Runs inside the vLLM pod (the serve images carry eksflow/llm/steps/), every readinessProbe period: one greedy 2-token
-completion of the base model. The local fleet applies the same check (eksflow.llm.steps.common.vllm.wait_ready).
+completion of the base model. The local fleet applies the same check (eksflow.llm.steps.common.vllm_client.wait_ready).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common import vllm, vllm_client
 from eksflow.runtime.args import StepArgs, StepFailedError, run_step
 
 
@@ -31,7 +31,7 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """One generation; StepFailedError (exit 1: not ready) unless it answers."""
-    answer = vllm.chat(
+    answer = vllm_client.chat(
         args.url, args.model, vllm.READY_PROMPT, api_key=os.environ.get("VLLM_API_KEY", ""), max_tokens=2,
         timeout_s=args.timeout_s,
     )  # fmt: skip

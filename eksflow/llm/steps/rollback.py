@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 
@@ -92,8 +92,8 @@ def _reroute(args: Args, restored: str, bad: str) -> None:
     slot = litellm_proxy.other_slot(bad_slot) if bad_slot else litellm_proxy.SLOTS[0]
 
     def check(adapter: Path) -> None:
-        vllm.check_adapter(
-            vllm.read_adapter(adapter, "previous"), args.max_lora_rank, args.base_dir, f"previous v{restored}"
+        vllm_lora.check_adapter(
+            vllm_lora.read_adapter(adapter, "previous"), args.max_lora_rank, args.base_dir, f"previous v{restored}"
         )
 
     name, _ = rollout.publish_to_slot(args, restored, slot, check, timeout_s=args.timeout_s)

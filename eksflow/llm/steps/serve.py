@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth, vllm_process
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth, vllm_client, vllm_lora, vllm_process
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 
@@ -94,7 +94,9 @@ def run(args: Args) -> Outputs:
             f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
         )
     base_dir = resolve_model(base_model, args.model_cache_dir)
-    vllm.check_adapter(vllm.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}")
+    vllm_lora.check_adapter(
+        vllm_lora.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}"
+    )
     engine_args = [
         *vllm.engine_args(str(base_dir), f"{args.model_name}-base", args.port, args),
         f"--host={args.host}",
@@ -107,7 +109,7 @@ def run(args: Args) -> Outputs:
     env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
     print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
     with vllm_process.engine(engine_args, env, log_path=log_path) as process:
-        vllm.wait_ready(
+        vllm_client.wait_ready(
             base_url, args.model_name, api_key=key, timeout_s=args.startup_timeout_s, process=process,
             log_path=log_path,
         )  # fmt: skip
@@ -118,7 +120,7 @@ def run(args: Args) -> Outputs:
         except KeyboardInterrupt:
             print("\nstopping vLLM", file=sys.stderr)
             return Outputs(endpoint=f"{base_url}/v1/chat/completions", model_version=version)
-    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm.log_excerpt(log_path)}")
+    raise vllm.ServingError(f"vLLM exited with code {code}; {vllm_process.log_excerpt(log_path)}")
 
 
 def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common import litellm_proxy, rollout, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs, RolloutState
 from eksflow.runtime.args import StepInputError, run_step
 
@@ -68,8 +68,8 @@ def _run(args: Args) -> Outputs:
     slot: litellm_proxy.Slot = "green" if tags.get(rollout.SLOT_TAG) == "green" else "blue"
 
     def check(adapter: Path) -> None:
-        vllm.check_adapter(
-            vllm.read_adapter(adapter, "champion"), args.max_lora_rank, args.base_dir, f"champion v{version}"
+        vllm_lora.check_adapter(
+            vllm_lora.read_adapter(adapter, "champion"), args.max_lora_rank, args.base_dir, f"champion v{version}"
         )
 
     try:

@@ -13,10 +13,10 @@ from eksflow.llm.steps import canary
 from eksflow.llm.steps.canary import analysis, traffic
 from eksflow.llm.steps.canary import report as canary_report
 from eksflow.llm.steps.canary import step as canary_step
-from eksflow.llm.steps.common import canary_sizing, litellm_proxy, rollout, vllm
+from eksflow.llm.steps.common import canary_sizing, litellm_proxy, rollout, vllm_client
 from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
 from eksflow.llm.steps.common.rollout import RolloutState
-from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.common.vllm_client import Answer
 
 SENT = {"candidate": traffic.Asked(sent=4, errors=0), "champion": traffic.Asked(sent=4, errors=0)}
 
@@ -264,7 +264,7 @@ def test_a_dead_engine_is_named(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    assert vllm.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
+    assert vllm_client.engine_down(closed).startswith(f"the vLLM engine at {closed} does not answer")
 
 
 def test_a_champion_is_serving_only_once_it_answers_its_probe_set_from_its_slot(tmp_path, monkeypatch):
@@ -279,10 +279,10 @@ def test_a_champion_is_serving_only_once_it_answers_its_probe_set_from_its_slot(
 
         return chat
 
-    monkeypatch.setattr(vllm, "chat", proxy("llama-lora-blue"))
+    monkeypatch.setattr(vllm_client, "chat", proxy("llama-lora-blue"))
     assert rollout.not_answering(args(tmp_path), "1", "blue") == ""
     assert asked == [f"p{i}" for i in range(rollout.PROBE_ROWS)]  # the probe set, through the proxy
-    monkeypatch.setattr(vllm, "chat", proxy("llama-lora-green"))
+    monkeypatch.setattr(vllm_client, "chat", proxy("llama-lora-green"))
     assert "answered by llama-lora-green, not llama-lora-blue" in rollout.not_answering(args(tmp_path), "1", "blue")
     monkeypatch.undo()
     monkeypatch.setattr(rollout, "evaluated_rows", lambda uri, model, version: rows)

@@ -9,9 +9,9 @@ import pytest
 from eksflow.llm.steps import canary
 from eksflow.llm.steps.canary import analysis, traffic
 from eksflow.llm.steps.canary import report as canary_report
-from eksflow.llm.steps.common import probe_cache, vllm
+from eksflow.llm.steps.common import probe_cache, vllm, vllm_client
 from eksflow.llm.steps.common.rollout import RolloutState
-from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.common.vllm_client import Answer
 from eksflow.llm.steps.evaluate.metrics import exact_match
 
 STATE = RolloutState(
@@ -38,10 +38,10 @@ class Engine:
         self.finished = 100.0
         self.asked: list[str] = []
         self.failing = False
-        monkeypatch.setattr(vllm, "base_model_card", lambda url, api_key="": {"id": "base", "root": "/m"})
-        monkeypatch.setattr(vllm, "loaded_adapters", lambda url, api_key="": dict(self.adapters))
-        monkeypatch.setattr(vllm, "metrics_text", self.metrics)
-        monkeypatch.setattr(vllm, "chat", self.chat)
+        monkeypatch.setattr(vllm_client, "base_model_card", lambda url, api_key="": {"id": "base", "root": "/m"})
+        monkeypatch.setattr(vllm_client, "loaded_adapters", lambda url, api_key="": dict(self.adapters))
+        monkeypatch.setattr(vllm_client, "metrics_text", self.metrics)
+        monkeypatch.setattr(vllm_client, "chat", self.chat)
 
     def metrics(self, url: str, api_key: str = "") -> str:
         half = self.finished / 2
@@ -161,7 +161,7 @@ def test_an_unreadable_engine_means_no_reuse_and_nothing_kept(tmp_path, monkeypa
     def down(url: str, api_key: str = "") -> str:
         raise vllm.ServingError("GET /metrics failed")
 
-    monkeypatch.setattr(vllm, "metrics_text", down)
+    monkeypatch.setattr(vllm_client, "metrics_text", down)
     step(tmp_path, 10)
     step(tmp_path, 50)
     assert len(engine.asked) == 12

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps import load_candidate, register, serve
-from eksflow.llm.steps.common import adapters, tracking, vllm
+from eksflow.llm.steps.common import adapters, tracking, vllm_lora
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
 
@@ -159,12 +159,12 @@ def test_an_adapter_recorded_on_another_base_model_of_the_same_shapes_is_refused
     recorded = adapter(base, tmp_path / "adapter", 4)
     config = json.loads((recorded / "adapter_config.json").read_text())
     assert Path(config["base_model_name_or_path"]).name == base.name  # what PEFT records: the folder trained on
-    spec = vllm.read_adapter(recorded, "--model-version")
-    vllm.check_adapter(spec, 16, base, "--model-version=1")  # its own base: served
+    spec = vllm_lora.read_adapter(recorded, "--model-version")
+    vllm_lora.check_adapter(spec, 16, base, "--model-version=1")  # its own base: served
     config["base_model_name_or_path"] = "/fsx/models/smollm2-135m-instruct-sibling"
     (recorded / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(StepInputError, match=r"trained on '/fsx/models/smollm2-135m-instruct-sibling'"):
-        vllm.check_adapter(vllm.read_adapter(recorded, "--model-version"), 16, base, "--model-version=1")
+        vllm_lora.check_adapter(vllm_lora.read_adapter(recorded, "--model-version"), 16, base, "--model-version=1")
 
 
 def test_publishing_stamps_the_engines_base_and_renames_the_adapter_into_place_whole(tmp_path, registry):

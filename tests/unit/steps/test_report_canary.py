@@ -20,7 +20,7 @@ from eksflow.llm.steps.canary import analysis, traffic
 from eksflow.llm.steps.canary import report as canary_report
 from eksflow.llm.steps.common.canary_sizing import live_requests, share_z_limit
 from eksflow.llm.steps.common.rollout import RolloutState
-from eksflow.llm.steps.common.vllm import Answer
+from eksflow.llm.steps.common.vllm_client import Answer
 from eksflow.llm.steps.report import svg
 from eksflow.llm.steps.report.canary import section
 from eksflow.llm.steps.report.canary_steps import percent_of

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from eksflow.llm.steps.canary import ROUTING_METRICS, Args, step_label
 from eksflow.llm.steps.canary.traffic import Asked, Probe
-from eksflow.llm.steps.common import canary_sizing, litellm_proxy, vllm
+from eksflow.llm.steps.common import canary_sizing, litellm_proxy, vllm_client
 from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
 from eksflow.llm.steps.common.rollout import RolloutState
 
@@ -45,7 +45,11 @@ def decide(args: Args, state: RolloutState, metrics: Mapping[str, float]) -> Ver
 
 
 def analyse(
-    args: Args, state: RolloutState, live: Sequence[vllm.Answer], probes: Sequence[Probe], asked: Mapping[str, Asked]
+    args: Args,
+    state: RolloutState,
+    live: Sequence[vllm_client.Answer],
+    probes: Sequence[Probe],
+    asked: Mapping[str, Asked],
 ) -> dict[str, float]:
     """The canary metrics (see the module docstring); NaN where there is nothing to measure.
 

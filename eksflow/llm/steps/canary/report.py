@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eksflow.llm.steps.canary import Args
 from eksflow.llm.steps.canary.traffic import Asked, Probe
-from eksflow.llm.steps.common import rollout, tracking, vllm
+from eksflow.llm.steps.common import rollout, tracking, vllm_client
 from eksflow.llm.steps.common.canary_sizing import Sizing
 from eksflow.llm.steps.common.gate import Verdict
 from eksflow.llm.steps.common.rollout import RolloutState
@@ -24,7 +24,7 @@ def write_report(
     metrics: Mapping[str, float],
     verdict: Verdict,
     sizing: Sizing,
-    live: Sequence[vllm.Answer],
+    live: Sequence[vllm_client.Answer],
     probes: Sequence[Probe],
     asked: Mapping[str, Asked],
 ) -> Path:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from eksflow.llm.steps.canary import STEP, Args
-from eksflow.llm.steps.common import litellm_proxy, probe_cache, rollout, vllm
+from eksflow.llm.steps.common import litellm_proxy, probe_cache, rollout, vllm_client
 from eksflow.llm.steps.common.rollout import RolloutState
 from eksflow.llm.steps.evaluate import metrics as task_metrics
 from eksflow.llm.steps.evaluate.metrics import configured
@@ -45,7 +45,9 @@ def component_down(args: Args) -> str:
 
     The pre-traffic step sends nothing through the proxy, so only the engine counts there.
     """
-    return vllm.engine_down(args.vllm_url) or ("" if args.pre_traffic else litellm_proxy.proxy_down(args.proxy_url))
+    return vllm_client.engine_down(args.vllm_url) or (
+        "" if args.pre_traffic else litellm_proxy.proxy_down(args.proxy_url)
+    )
 
 
 def served_metric(name: str, evaluated: Sequence[str], version: str) -> tuple[str, Metric]:
@@ -81,12 +83,12 @@ def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "e
     return probes
 
 
-def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vllm.Answer]:
+def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vllm_client.Answer]:
     """`count` requests to the public name through the proxy, `concurrency` at a time."""
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
 
-    def one(i: int) -> vllm.Answer:
-        return vllm.chat(
+    def one(i: int) -> vllm_client.Answer:
+        return vllm_client.chat(
             args.proxy_url,
             args.model_name,
             prompts[i % len(prompts)],
@@ -121,7 +123,7 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
         before = probe_cache.engine_requests(args.vllm_url, key) if model else None
         # The pre-traffic step always asks: it is the gate before any user, and it times the candidate's answers.
         if model and not args.pre_traffic and (entry := probe_cache.lookup(cache, model, before)):
-            answers = [vllm.Answer(200, text, 0.0) for text in entry.answers]
+            answers = [vllm_client.Answer(200, text, 0.0) for text in entry.answers]
             asked[role] = Asked(sent=0, errors=0, reused_from=entry.step)
             rollout.log(f"{role} {name}: probe answers reused from {entry.step} (same engine, adapter, prompts)")
         else:
@@ -138,11 +140,11 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
     return asked
 
 
-def _ask(args: Args, key: str, name: str, prompts: Sequence[str]) -> list[vllm.Answer]:
+def _ask(args: Args, key: str, name: str, prompts: Sequence[str]) -> list[vllm_client.Answer]:
     """Every prompt to the adapter served as `name`, straight to the engine, `concurrency` at a time."""
 
-    def one(prompt: str) -> vllm.Answer:
-        return vllm.chat(
+    def one(prompt: str) -> vllm_client.Answer:
+        return vllm_client.chat(
             args.vllm_url, name, prompt, api_key=key, max_tokens=args.max_new_tokens, timeout_s=args.request_timeout_s
         )
 

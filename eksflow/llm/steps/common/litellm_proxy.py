@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eksflow.errors import EXIT_FAILED
-from eksflow.llm.steps.common import litellm_routes, vllm
+from eksflow.llm.steps.common import litellm_routes, vllm_client
 from eksflow.runtime.args import StepFailedError
 from eksflow.runtime.outputs import atomic_write_text
 
@@ -192,4 +192,4 @@ class RoutesFile:
 
 def proxy_down(base_url: str, timeout_s: float = 5) -> str:
     """Why the LiteLLM proxy at `base_url` is not running ("" when its liveness route answers 200)."""
-    return vllm.server_down("the LiteLLM proxy", base_url, "/health/liveliness", timeout_s)
+    return vllm_client.server_down("the LiteLLM proxy", base_url, "/health/liveliness", timeout_s)

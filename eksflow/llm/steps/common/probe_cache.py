@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from eksflow.llm.steps.common import rollout, vllm
+from eksflow.llm.steps.common import rollout, vllm, vllm_client
 from eksflow.llm.steps.common.adapter_digest import checkpoint_digest
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.outputs import atomic_write_text
@@ -78,8 +78,8 @@ def model_key(
 ) -> ModelKey | None:
     """The key of `served_name`'s answers on the engine now; None when part of it cannot be read."""
     try:
-        base = vllm.base_model_card(vllm_url, api_key=api_key)
-        root = vllm.loaded_adapters(vllm_url, api_key=api_key).get(served_name)
+        base = vllm_client.base_model_card(vllm_url, api_key=api_key)
+        root = vllm_client.loaded_adapters(vllm_url, api_key=api_key).get(served_name)
         digest = checkpoint_digest(Path(root)) if root else ""
     except (vllm.ServingError, StepInputError, OSError) as err:  # unreadable: ask the model, store nothing
         rollout.log(f"probe answers of {served_name} not reused: {type(err).__name__}: {err}")
@@ -104,7 +104,7 @@ def model_key(
 def engine_requests(vllm_url: str, api_key: str) -> float | None:
     """The engine's finished requests since it started (the sum of vllm:request_success_total); None: unknown."""
     try:
-        text = vllm.metrics_text(vllm_url, api_key=api_key)
+        text = vllm_client.metrics_text(vllm_url, api_key=api_key)
     except vllm.ServingError:
         return None
     samples = re.findall(rf"^{re.escape(FINISHED_METRIC)}(?:{{[^}}]*}})? (\S+)", text, re.MULTILINE)
@@ -133,7 +133,12 @@ def lookup(cache: Cache, key: ModelKey, requests_now: float | None) -> Entry | N
 
 
 def remember(
-    path: Path, key: ModelKey | None, api_key: str, before: float | None, step: str, answers: Sequence[vllm.Answer]
+    path: Path,
+    key: ModelKey | None,
+    api_key: str,
+    before: float | None,
+    step: str,
+    answers: Sequence[vllm_client.Answer],
 ) -> None:
     """Store a set in which every probe was answered, if the engine and the adapter held still while it was asked.
 
@@ -144,7 +149,7 @@ def remember(
         return
     now = engine_requests(key.engine, api_key)
     try:
-        root = vllm.loaded_adapters(key.engine, api_key=api_key).get(key.served_name)
+        root = vllm_client.loaded_adapters(key.engine, api_key=api_key).get(key.served_name)
     except vllm.ServingError:
         return
     if now is not None and now >= before and root == key.adapter_root:

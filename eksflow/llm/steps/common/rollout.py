@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from eksflow.llm.steps.common import adapters, litellm_proxy, tracking, vllm
+from eksflow.llm.steps.common import adapters, litellm_proxy, tracking, vllm, vllm_client
 from eksflow.llm.steps.common.evaluation import evaluated_rows
 from eksflow.llm.steps.common.litellm_proxy import Slot
 from eksflow.runtime.args import Location, StepArgs, StepFailedError, StepInputError
@@ -118,7 +118,7 @@ def routes(args: FleetArgs) -> litellm_proxy.RoutesFile:
 
 def publish_to_slot(
     args: FleetArgs, version: str, slot: Slot, check: Callable[[Path], None], *, timeout_s: float
-) -> tuple[str, vllm.Answer]:
+) -> tuple[str, vllm_client.Answer]:
     """Publish `version`'s adapter for the fleet, assign it to `slot` (weight unchanged), prove it answers.
 
     The engines resolve it by name at its first request (no load call). The proof is an answer to the first
@@ -129,7 +129,7 @@ def publish_to_slot(
     key = secret(args.secrets_dir, VLLM_KEY_FILE)
 
     def served_base() -> str:
-        card = vllm.base_model_card(args.vllm_url, api_key=key)
+        card = vllm_client.base_model_card(args.vllm_url, api_key=key)
         if card is None or not card.get("root"):
             raise StepFailedError(f"the vLLM engine at {args.vllm_url} lists no base model: it is not serving")
         return str(card["root"])
@@ -137,7 +137,7 @@ def publish_to_slot(
     name = adapters.publish(args.tracking_uri, args.model_name, version, args.serving_dir, served_base, check)
     routes(args).assign(slot, name, args.vllm_url)
     prompt, reference = held_out_rows(args.tracking_uri, args.model_name, version)[0]
-    answer = vllm.wait_ready(
+    answer = vllm_client.wait_ready(
         args.vllm_url, name, api_key=key, timeout_s=timeout_s, prompt=prompt, max_tokens=READY_TOKENS
     )
     expected = f"(reference {reference!r})" if reference else "(the generic readiness prompt: no evaluation report)"
@@ -145,7 +145,7 @@ def publish_to_slot(
     return name, answer
 
 
-def wait_routed(args: FleetArgs, slot: Slot, *, timeout_s: float) -> vllm.Answer:
+def wait_routed(args: FleetArgs, slot: Slot, *, timeout_s: float) -> vllm_client.Answer:
     """Until the public name answers through the proxy from `slot`, which the routes file gives all its traffic.
 
     A proxy pod is ready (and its Service sends it requests) only once the routes file routes the public name
@@ -156,7 +156,9 @@ def wait_routed(args: FleetArgs, slot: Slot, *, timeout_s: float) -> vllm.Answer
     expected = litellm_proxy.slot_id(args.model_name, slot)
     deadline = time.monotonic() + timeout_s
     while True:
-        answer = vllm.chat(args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, max_tokens=2, timeout_s=60)
+        answer = vllm_client.chat(
+            args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, max_tokens=2, timeout_s=60
+        )
         if answer.ok and answer.served_by == expected:
             return answer
         if time.monotonic() > deadline:
@@ -179,7 +181,7 @@ def not_answering(args: FleetArgs, version: str, slot: Slot, *, timeout_s: float
     key = secret(args.secrets_dir, MASTER_KEY_FILE)
     expected = litellm_proxy.slot_id(args.model_name, slot)
     for i, (prompt, _) in enumerate(held_out_rows(args.tracking_uri, args.model_name, version)[:PROBE_ROWS]):
-        answer = vllm.chat(
+        answer = vllm_client.chat(
             args.proxy_url, args.model_name, prompt, api_key=key, max_tokens=READY_TOKENS, timeout_s=timeout_s
         )
         if not answer.ok:

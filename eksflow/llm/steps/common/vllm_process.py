@@ -1,7 +1,8 @@
 """A vLLM engine's process: its interpreter, environment and temporary folder, started and always stopped.
 
 Whoever starts an engine (`serve`, a local run's fleet, the tests' shared engine) owns its whole process tree and
-its temporary folder: vllm.py says what the engine is asked to do, this module how it lives and ends.
+its temporary folder: vllm.py says what the engine is asked to do, this module how it lives and ends, and what its
+log says when it fails (`log_excerpt`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from eksflow.llm import engines
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE
+from eksflow.runtime.readable import log_tail
 
 SCRATCH_PREFIX = "eksflow-vllm-"
 
@@ -105,3 +107,13 @@ def stop(process: subprocess.Popen[Any], grace_s: float = 15) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # the engine core and worker processes, if the server left them
     process.wait()
+
+
+def log_excerpt(log_path: Path | None) -> str:
+    """The last lines of the engine's log, introduced, for an error message."""
+    if log_path is None:
+        return "no log"
+    if not log_path.is_file():
+        return f"no log at {log_path}"
+    tail = log_tail(log_path)
+    return f"last {len(tail)} lines of {log_path}:\n" + "\n".join(tail)
