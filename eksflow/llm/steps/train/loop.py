@@ -8,13 +8,11 @@ from __future__ import annotations
 import math
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +20,18 @@ from pydantic import BaseModel
 
 from eksflow.llm.steps.common import checkpoints, strategies, tracking
 from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train.commits import Commits
 from eksflow.llm.steps.train.data import MicroBatches, open_cache
 from eksflow.llm.steps.train.parallel import (
     TorchUpdate,
     Update,
-    agree,
     collective_device,
     plan_strategy,
     process_group,
     resolve_precision,
     shard,
 )
-from eksflow.llm.steps.train.state import load_adapter, save_checkpoint
+from eksflow.llm.steps.train.state import load_adapter
 from eksflow.runtime.outputs import Progress
 
 STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
@@ -233,17 +231,24 @@ def _train(
     progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
     if progress:
         progress.advance(first_step)
-    durable = checkpoints.DurableCopy(loop.checkpoint_uri) if rank == 0 and loop.checkpoint_uri else None
     # FSDP and ZeRO cast through their own mixed-precision settings instead (shard, zero.engine_update).
     bf16_autocast = bf16 and plan.strategy == "ddp"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
-    last_commit = time.monotonic()
-    noticed = False  # a preemption notice was seen (and its checkpoint committed)
     metrics: dict[str, float] = {}
-    stop_file = root / STOP_FILE
+    commits = Commits(
+        root,
+        settings,
+        rank,
+        update,
+        plan.strategy,
+        stop_requested=ctx.stop_requested,
+        stop_file=root / STOP_FILE,
+        preempted=ctx.preempted,
+        durable_uri=loop.checkpoint_uri,
+    )
     model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
-    try:
+    with commits:
         for step in range(first_step, settings.max_steps):
             step_loss = 0.0
             for micro in range(settings.grad_accum_steps):
@@ -268,40 +273,8 @@ def _train(
             if progress:
                 note = f"loss {step_loss:.6f}"  # this step's loss on rank 0: the kill/resume tests compare it
                 progress.advance(note=note)
-            minutes = settings.checkpoint_every_minutes
-            stop, timed, preempted = agree(
-                ctx.stop_requested() or stop_file.exists(),
-                bool(minutes) and time.monotonic() - last_commit >= minutes * 60,
-                ctx.preempted(),
-            )
-            notice = preempted and not noticed  # a node is going: commit now, once, and keep training
-            noticed = noticed or preempted
-            if done % settings.checkpoint_every == 0 or done == settings.max_steps or stop or timed or notice:
-                adapter, optimizer_state = update.full_state()  # a collective: every rank takes part
-                if rank == 0:
-                    save = partial(
-                        save_checkpoint,
-                        rank=rank,
-                        model=model,
-                        adapter=adapter,
-                        optimizer_state=optimizer_state,
-                        scheduler=scheduler,
-                        strategy=plan.strategy,
-                    )
-                    committed = checkpoints.commit(root, done, partial(save, metrics={"step": done, **metrics}))
-                    checkpoints.prune(root, settings.keep_checkpoints)
-                    if durable:
-                        durable.submit(committed)
-                last_commit = time.monotonic()
-            if notice and rank == 0:
-                print(f"rank 0: a node of this group is being preempted; checkpoint step {done} committed", flush=True)
-            if stop:
-                print(f"rank {rank}: stop requested; checkpoint step {done} committed, exiting", flush=True)
+            if commits.after_step(done, metrics):  # a collective: checkpoint (every rank), stop (every rank)
                 return
-    finally:
-        if durable:
-            for error in durable.close():
-                print(f"warning: {error}", file=sys.stderr)
 
 
 def _window_metrics(
