@@ -42,7 +42,7 @@ _PUBLIC = {
     "PipelineError": "eksflow.errors",
     "ended": "eksflow.refs",
     "task": "eksflow.templates",
-    "resource": "eksflow.templates",
+    "resource": "eksflow.resources",
     "Section": "eksflow.sections",
     "gauges": "eksflow.templates",
     "retry": "eksflow.templates",
@@ -105,11 +105,12 @@ if TYPE_CHECKING:
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline
     from eksflow.refs import Item, Ref, TaskRef, When, ended
+    from eksflow.resources import resource
     from eksflow.runtime.args import Location, Settings, StepArgs, StepFailedError, StepInputError, run_step
     from eksflow.runtime.metrics import task_metric
     from eksflow.runtime.outputs import Progress
     from eksflow.sections import Section
-    from eksflow.templates import gauges, resource, retry, task
+    from eksflow.templates import gauges, retry, task
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ import contextvars
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -200,13 +201,26 @@ class Pipeline:
         outer = self._dag
         self._check_name(name, outer)
         inner = Scope(name, parent=outer)
+        collected = self._run_body(body, items, inner, where)
+        self.templates[name] = _body_dag(inner, collected)
+        loop = self._loop(inner, outer, items, after, where)
+        looped = loop.task() if parallelism is None else self._wrapped(loop, outer, parallelism, list(collected))
+        outer.tasks.append(looped)
+        outer.names.add(name)
+        self.tasks[name] = TaskRef(name, dict.fromkeys(collected, "json"), outer, where)
+        return self.tasks[name]
+
+    def _run_body(
+        self, body: Callable[[Item], Mapping[str, Ref]], items: Sequence[Any] | Ref, inner: Scope, where: str
+    ) -> Mapping[str, Ref]:
+        """Add `body`'s tasks to `inner`, the fan-out's DAG; the outputs it collects, each one of its tasks'."""
         if isinstance(items, Ref):
             item = Item({}, "any", where, inner.items)
         elif not items:
             raise PipelineError(f"{where}: no items; give at least one")
         else:
             item = _item_of(items, where, inner.items)
-        self._dag = inner
+        outer, self._dag = self._dag, inner
         try:
             collected = body(item)
         finally:
@@ -216,20 +230,18 @@ class Pipeline:
         for output, ref in collected.items():
             if ref.dag is not inner or ref.producer is None:
                 raise PipelineError(f"{where}: output {output!r} must be an output of a task its body added")
-        self.templates[name] = DAG(
-            name=name,
-            tasks=inner.tasks,
-            inputs=[Parameter(name=param) for param, _ in inner.inputs.values()] or None,
-            outputs=[
-                Parameter(name=output, value_from=m.ValueFrom(parameter=ref.argo)) for output, ref in collected.items()
-            ]
-            or None,
-        )
-        # The body's values from outside come in as inputs: items from {{item...}}, the rest from this scope.
+        return collected
+
+    def _loop(
+        self, inner: Scope, outer: Scope, items: Sequence[Any] | Ref, after: TaskRef | Sequence[TaskRef], where: str
+    ) -> _Loop:
+        """The task in `outer` looping over `inner`: the body's values from outside come in as its arguments.
+
+        Items from `{{item...}}`, the rest from `outer`; it waits for their tasks, `after`, and those the body's
+        tasks wait for in `outer`. A withParam list is `outer`'s value, its task waited for too.
+        """
         outside = [(param, ref) for param, ref in inner.inputs.values() if ref.dag is not inner.items]
-        item_arguments = [
-            Parameter(name=p, value=ref.argo) for p, ref in inner.inputs.values() if ref.dag is inner.items
-        ]
+        from_item = [Parameter(name=p, value=ref.argo) for p, ref in inner.inputs.values() if ref.dag is inner.items]
         arguments = [Parameter(name=param, value=self._in_scope(ref, outer, where)) for param, ref in outside]
         needs = [ref.producer for _, ref in outside if ref.producer is not None]
         needs += self._after(after, outer, where)
@@ -239,57 +251,33 @@ class Pipeline:
             needs.append(items.producer)
         with_items = None if isinstance(items, Ref) else list(items)
         with_param = self._in_scope(items, outer, where) if isinstance(items, Ref) else None
-        if parallelism is None:
-            looped = Task(
-                name=name,
-                template=name,
-                arguments=[*arguments, *item_arguments] or None,
-                depends=self._depends(needs, outer),
-                with_items=with_items,
-                with_param=with_param,
-            )
-        else:
-            # Argo limits concurrent iterations through the template holding the looped task: wrap it in one.
-            wrapper = f"{name}-all"
-            self._check_name(wrapper, outer)
-            forwarded = [Parameter(name=p, value=f"{{{{inputs.parameters.{p}}}}}") for p, _ in outside]
-            param_inside = None
-            if with_param is not None:  # the list comes in as an input of the wrapper
-                arguments.append(Parameter(name="fan_out_items", value=with_param))
-                param_inside = "{{inputs.parameters.fan_out_items}}"
-            self.templates[wrapper] = DAG(
-                name=wrapper,
-                parallelism=parallelism,
-                inputs=[Parameter(name=a.name) for a in arguments] or None,
-                tasks=[
-                    Task(
-                        name=name,
-                        template=name,
-                        arguments=[*forwarded, *item_arguments] or None,
-                        with_items=with_items,
-                        with_param=param_inside,
-                    )
-                ],
-                outputs=[
-                    Parameter(
-                        name=output,
-                        value_from=m.ValueFrom(parameter=f"{{{{tasks.{name}.outputs.parameters.{output}}}}}"),
-                    )
-                    for output in collected
-                ]
-                or None,
-            )
-            looped = Task(name=name, template=wrapper, arguments=arguments or None, depends=self._depends(needs, outer))
-        outer.tasks.append(looped)
-        outer.names.add(name)
-        self.tasks[name] = TaskRef(name, dict.fromkeys(collected, "json"), outer, where)
-        return self.tasks[name]
+        return _Loop(inner.name, arguments, from_item, self._depends(needs, outer), with_items, with_param)
 
-    def task_ref(self, name: str, wanted_by: str) -> TaskRef:
-        """The task named `name`, added earlier; PipelineError naming who asked when there is none."""
-        if name not in self.tasks:
-            raise PipelineError(f"{wanted_by!r} reads an output of task {name!r}, which the pipeline has not added")
-        return self.tasks[name]
+    def _wrapped(self, loop: _Loop, outer: Scope, parallelism: int, outputs: list[str]) -> Task:
+        """The looped task in a DAG of its own: Argo limits concurrent iterations through the template holding it.
+
+        The wrapper `<name>-all` takes the loop's arguments (and a withParam list) as inputs, forwards them and
+        gives the loop's outputs; the task in `outer` runs it.
+        """
+        name, wrapper = loop.name, f"{loop.name}-all"
+        self._check_name(wrapper, outer)
+        forwarded = [Parameter(name=a.name, value=f"{{{{inputs.parameters.{a.name}}}}}") for a in loop.arguments]
+        arguments, inside = list(loop.arguments), loop
+        if loop.with_param is not None:  # the list comes in as an input of the wrapper
+            arguments.append(Parameter(name="fan_out_items", value=loop.with_param))
+            inside = replace(loop, with_param="{{inputs.parameters.fan_out_items}}")
+        self.templates[wrapper] = DAG(
+            name=wrapper,
+            parallelism=parallelism,
+            inputs=[Parameter(name=a.name) for a in arguments] or None,
+            tasks=[replace(inside, arguments=forwarded, depends=None).task()],
+            outputs=[
+                Parameter(name=o, value_from=m.ValueFrom(parameter=f"{{{{tasks.{name}.outputs.parameters.{o}}}}}"))
+                for o in outputs
+            ]
+            or None,
+        )
+        return Task(name=name, template=wrapper, arguments=arguments or None, depends=loop.depends)
 
     # -- helpers ----------------------------------------------------------------------------------------------------
 
@@ -389,6 +377,39 @@ class _Parameters:
         if name not in self._values:
             raise PipelineError(f"no workflow parameter {name!r}; declared: {', '.join(self._values) or 'none'}")
         return Ref(f"{{{{workflow.parameters.{name}}}}}", "any", f"workflow.parameters.{name}")
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """The task that runs a fan-out's body once per item (Argo withItems/withParam)."""
+
+    name: str
+    arguments: list[Parameter]  # the body's values from the enclosing scope
+    item_arguments: list[Parameter]  # and from the item
+    depends: str | None
+    with_items: list[Any] | None
+    with_param: str | None
+
+    def task(self) -> Task:
+        """The looped task: the body's DAG (named like the fan-out) once per item."""
+        return Task(
+            name=self.name,
+            template=self.name,
+            arguments=[*self.arguments, *self.item_arguments] or None,
+            depends=self.depends,
+            with_items=self.with_items,
+            with_param=self.with_param,
+        )
+
+
+def _body_dag(inner: Scope, collected: Mapping[str, Ref]) -> DAG:
+    """The body's DAG template: its tasks, the values from outside as inputs, the collected outputs."""
+    return DAG(
+        name=inner.name,
+        tasks=inner.tasks,
+        inputs=[Parameter(name=param) for param, _ in inner.inputs.values()] or None,
+        outputs=[Parameter(name=o, value_from=m.ValueFrom(parameter=ref.argo)) for o, ref in collected.items()] or None,
+    )
 
 
 def _item_of(items: Sequence[Any], where: str, scope: Scope | None) -> Item:

@@ -3,11 +3,13 @@
 `Ref` is one value (a task output, a workflow parameter, a fan-out item, the run folder) with its kind and the
 scope where its Argo expression is valid; `TaskRef` is a task whose step outputs are Refs; `Item` is a fan-out's
 current item; `Scope` is one DAG under construction (the main DAG, the exit handler or a fan-out's body).
+A task output formatted as text (str(), an f-string) is recorded on its task under that exact text, so that
+resource() finds the Ref behind a manifest string's tag (`formatted`) instead of parsing the tag back into one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,8 @@ class Ref:
     producer: TaskRef | None = None  # the task whose success the value needs
     dag: Scope | None = None  # where `argo` is valid; None: anywhere in the workflow
     values: tuple[Any, ...] | None = None  # every value it takes, when known as the pipeline is built (fan-out items)
+    output: str = ""  # for a task output: the output's name
+    joined: tuple[Ref, ...] = ()  # for a joined path (`a / b`): the values whose texts its `argo` holds, in order
 
     def __truediv__(self, part: str | Ref) -> Ref:
         """A path below this one: `p.run_dir / "data"`, `p.run_dir / "candidates" / item.name`.
@@ -45,10 +49,15 @@ class Ref:
                 f"{self.label}/{part.label}",
                 producer=self.producer or part.producer,
                 dag=self.dag or part.dag,
+                joined=(*self.parts(), *part.parts()),
             )
         if "{{" in part:
             raise PipelineError(f"{self.label} / {part[:60]!r}: the part holds '{{{{', which Argo would evaluate")
-        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", producer=self.producer, dag=self.dag)
+        return Ref(f"{self.argo}/{part}", "text", f"{self.label}/{part}", self.producer, self.dag, joined=self.parts())
+
+    def parts(self) -> tuple[Ref, ...]:
+        """The single values this one's text is made of: itself, or those of a joined path."""
+        return self.joined or (self,)
 
     def __invert__(self) -> Condition:
         """`when=~scored.passed`: run only when the bool output is false."""
@@ -104,7 +113,19 @@ class Ref:
         return compared(self, op, other, right_kind)
 
     def __str__(self) -> str:
+        """The Argo text, each task output in it recorded on its task under that text (`formatted`).
+
+        So resource() wires the output where a manifest string holds the text, typed: no `{{tasks...}}` is parsed
+        back into a task, and one typed in by hand (never a Ref's text) is refused.
+        """
+        for part in self.parts():
+            if part.producer is not None:
+                part.producer._formatted[part.argo] = part
         return self.argo
+
+    def __format__(self, spec: str) -> str:
+        """`f"{fleet}-vllm"`: the Argo text, recorded as str() records it."""
+        return format(str(self), spec)
 
 
 When = Ref | Condition
@@ -119,7 +140,13 @@ def ended(task: TaskRef) -> TaskRef:
     """`after=ended(t)`: run once t has finished, whether it succeeded, failed or was skipped (exit handlers)."""
     whatever = TaskRef(task._name, task._outputs, task._dag, task._step, task._fingerprint)
     whatever._any_outcome = True
+    whatever._formatted = task._formatted  # the same task's outputs: formatted through either, found through both
     return whatever
+
+
+def formatted(tasks: Iterable[TaskRef]) -> dict[str, Ref]:
+    """The outputs of `tasks` that were formatted as text (str(), an f-string), by that exact text."""
+    return {text: ref for task in tasks for text, ref in task._formatted.items()}
 
 
 class TaskRef:
@@ -132,6 +159,7 @@ class TaskRef:
         self._step = step
         self._fingerprint = fingerprint  # what makes its result (eksflow.templates): a memoized consumer's key has it
         self._any_outcome = False  # as `after=ended(t)`: t finished, succeeded or not
+        self._formatted: dict[str, Ref] = {}  # its outputs' Refs formatted as text, by that text (Ref.__str__)
 
     def __getattr__(self, output: str) -> Ref:
         if output.startswith("_"):
@@ -145,6 +173,7 @@ class TaskRef:
             f"{self._name}.{output}",
             producer=self,
             dag=self._dag,
+            output=output,
         )
 
     def __repr__(self) -> str:

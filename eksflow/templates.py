@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from hera.workflows import (
     Artifact,
@@ -23,7 +23,6 @@ from hera.workflows import (
     Env,
     NoneArchiveStrategy,
     Parameter,
-    Resource,
     Resources,
     RetryStrategy,
 )
@@ -33,9 +32,8 @@ from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, PipelineError
 from eksflow.kinds import Kind, accepts, kind_of
-from eksflow.manifests import REFERENCE, SAFE_REFERENCES, ManifestError, manifest_text
 from eksflow.pipeline import Pipeline, literal_problem, step_name
-from eksflow.pods import check_metadata, checked_annotations, checked_labels, secret_volumes
+from eksflow.pods import checked_annotations, checked_labels, secret_volumes
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
 from eksflow.sections import Section, section_values
@@ -348,82 +346,3 @@ def gauges(cfg: PipelineConfig, **values: tuple[str, str]) -> m.Metrics:
             for name, (help_text, value) in values.items()
         ]
     )
-
-
-def resource(
-    name: str,
-    manifest: Mapping[str, Any],
-    *,
-    action: Literal["create", "apply"] = "create",
-    success: str | None = None,
-    failure: str | None = None,
-    owned: bool = True,
-    after: TaskRef | Sequence[TaskRef] = (),
-    when: When | None = None,
-    inputs: Mapping[str, Ref] | None = None,
-    retry_strategy: RetryStrategy | None = None,
-    prometheus: m.Metrics | None = None,
-    memoize: m.Memoize | None = None,
-    step: str = "",
-) -> TaskRef:
-    """Add a task that creates or applies a Kubernetes object (an Argo resource template); returns it.
-
-    `manifest` is the object as a dict. Its strings may hold task outputs and workflow values (`f"{fleet}-vllm"`
-    with `fleet = prepared.fleet`): each task output becomes an input parameter of the template and makes this
-    task depend on its producer, and every such string reaches Argo as a JSON-encoding expression, never as text
-    pasted into the YAML (eksflow.manifests). `inputs` declares values a manifest built from a step's argv reads
-    as `{{inputs.parameters.<name>}}`. Argo waits for `success` (e.g. `status.availableReplicas > 0`) or fails on
-    `failure`; `owned` objects are deleted with the workflow (a serving fleet outlives it: `owned=False`).
-    """
-    pipeline = Pipeline.current()
-    wired = dict(inputs or {})
-
-    def wire(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {key: wire(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [wire(item) for item in value]
-        if isinstance(value, Ref):
-            value = str(value)
-        if isinstance(value, str):
-            return REFERENCE.sub(lambda found: input_for(found.group(1)), value)
-        return value
-
-    def input_for(reference: str) -> str:
-        parts = reference.split(".")
-        declared = parts[:2] == ["inputs", "parameters"] and ".".join(parts[2:]) in wired
-        if parts[0] == "workflow" or reference in SAFE_REFERENCES or declared:
-            return f"{{{{{reference}}}}}"
-        if len(parts) == 5 and parts[0] == "tasks" and parts[2:4] == ["outputs", "parameters"]:
-            ref = getattr(pipeline.task_ref(parts[1], name), parts[4])
-            for param, known in wired.items():
-                if known.argo == ref.argo:
-                    return f"{{{{inputs.parameters.{param}}}}}"
-            param = parts[4] if parts[4] not in wired else f"{parts[1].replace('-', '_')}_{parts[4]}"
-            wired[param] = ref
-            return f"{{{{inputs.parameters.{param}}}}}"
-        raise PipelineError(
-            f"resource {name!r}: the manifest reads {{{{{reference}}}}}; give task outputs and workflow values "
-            "themselves (or declare an input with inputs=)"
-        )
-
-    wired_manifest = wire(manifest)
-    check_metadata(wired_manifest, f"resource {name!r}: {manifest.get('kind', 'object')}")
-    try:
-        text = manifest_text(wired_manifest)  # parameters as JSON-encoding expressions, never as text
-    except ManifestError as err:
-        raise PipelineError(f"resource {name!r}: {err}") from None
-    template = Resource(
-        name=name,
-        action=action,
-        set_owner_reference=owned or None,  # deleting the workflow deletes the object (and a job's pods)
-        success_condition=success,
-        failure_condition=failure,
-        retry_strategy=retry_strategy,
-        manifest=text,
-        metrics=prometheus,
-        inputs=[Parameter(name=param) for param in wired] or None,
-        memoize=memoize,
-    )
-    kind = step or str(manifest.get("kind", "object"))
-    return pipeline.add(name, template, step=kind, outputs={}, inputs=wired, after=after, when=when)

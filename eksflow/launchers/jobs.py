@@ -22,6 +22,7 @@ from eksflow.names import pipeline_labels
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
+from eksflow.resources import resource
 from eksflow.templates import (
     FSX_VOLUME,
     RESTRICTED,
@@ -30,7 +31,6 @@ from eksflow.templates import (
     contract,
     gauges,
     memoization,
-    resource,
     step_gauges,
     step_retry,
     template_fingerprint,

@@ -19,7 +19,7 @@ from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
-from eksflow.templates import resource
+from eksflow.resources import resource
 
 SUCCESS = "status.jobDeploymentStatus == Complete,status.jobStatus == SUCCEEDED"
 FAILURE = "status.jobDeploymentStatus == Failed"

@@ -26,7 +26,7 @@ from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text
 from eksflow.profiles import VARIANT_DEFAULTS
 from eksflow.render import manifest
-from eksflow.templates import resource
+from eksflow.resources import resource
 from pipelines.llama_lora import LlamaLoraConfig
 from tests.argo_substitution import substitute, unresolved
 from tests.commands import python

@@ -87,7 +87,8 @@ LAYERS = (
     "eksflow.refs",  # values and tasks being wired
     "eksflow.pods",  # a task's pod options, checked by Kubernetes' rules
     "eksflow.pipeline",  # the DAG under construction
-    "eksflow.templates",  # task(), resource(): step and resource templates
+    "eksflow.templates",  # task(): step templates
+    "eksflow.resources",  # resource(): resource templates
     "eksflow.launchers",  # distributed(): a step across workers
     "eksflow.render",  # the Workflow, WorkflowTemplate, CronWorkflow
     "eksflow.plan",

@@ -16,7 +16,7 @@ from eksflow import Pipeline, PipelineConfig, PipelineError, task
 from eksflow.config import load_config
 from eksflow.errors import ConfigError
 from eksflow.render import manifest
-from eksflow.templates import resource
+from eksflow.resources import resource
 from pipelines.llama_lora import LlamaLoraConfig
 from tests.unit.test_pipeline import make, template, use
 

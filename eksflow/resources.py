@@ -1,0 +1,147 @@
+"""Resource tasks: a Kubernetes object created or applied by Argo (a resource template), its values wired typed.
+
+`resource(name, manifest)` adds the task. A manifest's task outputs become input parameters of the template, found
+as Refs (whole values, or Refs formatted into strings), never by parsing text; every string reaches Argo as a
+JSON-encoding expression (eksflow.manifests).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from hera.workflows import Parameter, Resource, RetryStrategy
+from hera.workflows import models as m
+
+from eksflow.errors import PipelineError
+from eksflow.manifests import REFERENCE, SAFE_REFERENCES, ManifestError, manifest_text
+from eksflow.pipeline import Pipeline
+from eksflow.pods import check_metadata
+from eksflow.refs import Ref, TaskRef, When, formatted
+
+
+def resource(
+    name: str,
+    manifest: Mapping[str, Any],
+    *,
+    action: Literal["create", "apply"] = "create",
+    success: str | None = None,
+    failure: str | None = None,
+    owned: bool = True,
+    after: TaskRef | Sequence[TaskRef] = (),
+    when: When | None = None,
+    inputs: Mapping[str, Ref] | None = None,
+    retry_strategy: RetryStrategy | None = None,
+    prometheus: m.Metrics | None = None,
+    memoize: m.Memoize | None = None,
+    step: str = "",
+) -> TaskRef:
+    """Add a task that creates or applies a Kubernetes object (an Argo resource template); returns it.
+
+    `manifest` is the object as a dict. Its values may be task outputs and workflow values, whole (`made.path`) or
+    formatted into strings (`f"{fleet}-vllm"` with `fleet = prepared.fleet`): each task output becomes an input
+    parameter of the template and makes this task depend on its producer, and every such string reaches Argo as a
+    JSON-encoding expression, never as text pasted into the YAML (eksflow.manifests). `inputs` declares values a
+    manifest built from a step's argv reads as `{{inputs.parameters.<name>}}`. Argo waits for `success` (e.g.
+    `status.availableReplicas > 0`) or fails on `failure`; `owned` objects are deleted with the workflow (a
+    serving fleet outlives it: `owned=False`).
+    """
+    pipeline = Pipeline.current()
+    wired = _ManifestInputs(pipeline, f"resource {name!r}", inputs or {})
+    wired_manifest = wired.wire(manifest)
+    check_metadata(wired_manifest, f"resource {name!r}: {manifest.get('kind', 'object')}")
+    try:
+        text = manifest_text(wired_manifest)  # parameters as JSON-encoding expressions, never as text
+    except ManifestError as err:
+        raise PipelineError(f"resource {name!r}: {err}") from None
+    template = Resource(
+        name=name,
+        action=action,
+        set_owner_reference=owned or None,  # deleting the workflow deletes the object (and a job's pods)
+        success_condition=success,
+        failure_condition=failure,
+        retry_strategy=retry_strategy,
+        manifest=text,
+        metrics=prometheus,
+        inputs=[Parameter(name=param) for param in wired.params] or None,
+        memoize=memoize,
+    )
+    kind = step or str(manifest.get("kind", "object"))
+    return pipeline.add(name, template, step=kind, outputs={}, inputs=wired.params, after=after, when=when)
+
+
+class _ManifestInputs:
+    """A resource's manifest with its task outputs wired as input parameters, typed: each one a Ref.
+
+    A value that is a Ref is wired as one (a joined path part by part). In a string, a tag is wired only where its
+    exact text is that of a Ref formatted into the string: Ref.__str__ records it on its task, and refs.formatted
+    finds it among this pipeline's tasks. Workflow values, names Argo generates and the declared `inputs` stay
+    tags; any other `{{...}}` (a task output typed in by hand, a fan-out item) is refused.
+    """
+
+    def __init__(self, pipeline: Pipeline, where: str, declared: Mapping[str, Ref]) -> None:
+        self.pipeline = pipeline
+        self.where = where
+        self.declared = set(declared)
+        self.params = dict(declared)  # the template's input parameters: the declared ones, then the outputs read
+        self.recorded = formatted(pipeline.tasks.values())
+
+    def wire(self, value: Any) -> Any:
+        """`value` with its task outputs as input parameters; PipelineError for a tag none of the above."""
+        if isinstance(value, Mapping):
+            return {key: self.wire(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.wire(item) for item in value]
+        if isinstance(value, Ref):
+            return self.whole(value)
+        if isinstance(value, str):
+            return REFERENCE.sub(self.tag, value)
+        return value
+
+    def whole(self, value: Ref) -> str:
+        """A Ref given as a whole value: each task output its text holds an input parameter, in text order."""
+        text = value.argo
+        for part in value.parts():
+            if part.producer is not None:
+                text = text.replace(part.argo, self.input_for(part, part.producer))
+            elif part.dag is not None:
+                raise PipelineError(
+                    f"{self.where}: the manifest reads {part.label}, a fan-out item, which a resource does not wire; "
+                    "give task outputs and workflow values themselves (or declare an input with inputs=)"
+                )
+            else:  # a workflow value (a parameter, the run folder)
+                for found in REFERENCE.finditer(part.argo):
+                    self.kept(found)
+        return text
+
+    def tag(self, found: re.Match[str]) -> str:
+        """One `{{...}}` of a string: the input parameter of a task output formatted there, or a tag kept."""
+        ref = self.recorded.get(found.group(0))
+        if ref is not None and ref.producer is not None:
+            return self.input_for(ref, ref.producer)
+        return self.kept(found)
+
+    def kept(self, found: re.Match[str]) -> str:
+        """A tag that stays one: a workflow value, a name Argo generates, a declared input; PipelineError else."""
+        reference = found.group(1)
+        parts = reference.split(".")
+        declared = parts[:2] == ["inputs", "parameters"] and ".".join(parts[2:]) in self.declared
+        if parts[0] == "workflow" or reference in SAFE_REFERENCES or declared:
+            return f"{{{{{reference}}}}}"
+        raise PipelineError(
+            f"{self.where}: the manifest reads {{{{{reference}}}}}; give task outputs and workflow values "
+            "themselves (or declare an input with inputs=)"
+        )
+
+    def input_for(self, ref: Ref, task: TaskRef) -> str:
+        """The input parameter standing for an output of `task`: the one it has, or a new one named after it."""
+        own = self.pipeline.tasks.get(task._name)
+        if own is None or own._dag is not task._dag:
+            raise PipelineError(f"{self.where}: the manifest reads {ref.label}, an output of another pipeline's task")
+        for param, known in self.params.items():
+            if known.argo == ref.argo:
+                return f"{{{{inputs.parameters.{param}}}}}"
+        param = ref.output if ref.output not in self.params else f"{task._name.replace('-', '_')}_{ref.output}"
+        self.params[param] = ref
+        return f"{{{{inputs.parameters.{param}}}}}"
