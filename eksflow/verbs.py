@@ -21,7 +21,6 @@ import sys
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -116,7 +115,7 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
         return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED
     if args.command == "logs":
         return _local_logs(args, console)
-    settings: dict[str, Any] = {"cwd": root, "env": execute_env(root), "console": console}
+    settings: local.HowToRun = {"cwd": root, "env": execute_env(root), "console": console}
     saved, _ = run_folder(args.state_dir, args.name).read()
     if problems := parameter_problems(saved, parameters):  # checked before a new run starts, as `run` is
         raise ConfigError("\n".join(problems))

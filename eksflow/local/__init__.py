@@ -2,7 +2,7 @@
 
     run_workflow(manifest, state_dir, cwd=, env=, console=, parameters=, memoize=True) -> RunResult
     resume_workflow(run_dir, cwd=, env=, console=, parameters=, manifest=, memoize=True) -> RunResult
-    retry_run(state_dir, name, parameters, cwd=, ...) / resubmit_run(state_dir, name, parameters, cwd=, ...)
+    retry_run(state_dir, name, parameters, **HowToRun) / resubmit_run(state_dir, name, parameters, **HowToRun)
     list_runs(state_dir) -> [RunSummary]; load_run(state_dir, name) -> RunView
     task_log(state_dir, name, task) -> Path; follow_task_log(...) / follow_log(path, done=) -> lines
     find_nodes(view, task) -> [node key] (every iteration of a fanned-out task); node_label(view, key)
@@ -36,6 +36,7 @@ from eksflow.local.phase import Phase
 from eksflow.local.pod_network import PodNetworkError
 from eksflow.local.process import ProcessTracker
 from eksflow.local.runs import (
+    HowToRun,
     InputChanges,
     RunSummary,
     RunView,
@@ -57,6 +58,7 @@ from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
 from eksflow.local.status import NodeStatus, NodeType, RunResult
 
 __all__ = [
+    "HowToRun",
     "InputChanges",
     "LocalExecutorError",
     "NodeStatus",

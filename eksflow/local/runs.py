@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from rich.console import Console
 
@@ -37,6 +37,15 @@ from eksflow.names import PIPELINE_LABEL, workflow_name_problem
 from eksflow.runtime.shown import shown
 
 RESUBMITTED_FROM = "workflows.argoproj.io/resubmitted-from-workflow"  # the label `argo resubmit` sets
+
+
+class HowToRun(TypedDict):
+    """How retry_run and resubmit_run run the tasks again, as keywords (the two verbs share them)."""
+
+    cwd: Path  # where task processes start
+    env: NotRequired[Mapping[str, str] | None]  # their environment
+    console: NotRequired[Console | None]  # where progress is shown; None: nowhere
+    memoize: NotRequired[bool]  # reuse memoized results (default True)
 
 
 @dataclass(frozen=True)
@@ -328,11 +337,7 @@ def retry_run(
     state_dir: Path,
     name: str,
     parameters: Mapping[str, str] | None = None,
-    *,
-    cwd: Path,
-    env: Mapping[str, str] | None = None,
-    console: Console | None = None,
-    memoize: bool = True,
+    **how: Unpack[HowToRun],
 ) -> RunResult:
     """`argo retry NAME -p name=value`: Failed/Error and never-run nodes run again, with parameters overridden.
 
@@ -342,7 +347,8 @@ def retry_run(
     folder = run_folder(state_dir, name)
     folder.settle()
     saved, document = folder.read()
-    return _rerun(folder, saved, document, dict(parameters or {}), RunSettings(cwd, dict(env or {}), console, memoize))
+    settings = RunSettings(how["cwd"], dict(how.get("env") or {}), how.get("console"), how.get("memoize", True))
+    return _rerun(folder, saved, document, dict(parameters or {}), settings)
 
 
 def _rerun(
@@ -392,11 +398,7 @@ def resubmit_run(
     state_dir: Path,
     name: str,
     parameters: Mapping[str, str] | None = None,
-    *,
-    cwd: Path,
-    env: Mapping[str, str] | None = None,
-    console: Console | None = None,
-    memoize: bool = True,
+    **how: Unpack[HowToRun],
 ) -> RunResult:
     """`argo resubmit NAME`: a new run of the same manifest, labelled with the run it came from.
 
@@ -411,4 +413,4 @@ def resubmit_run(
     metadata.pop("name", None)
     metadata["labels"] = {**(metadata.get("labels") or {}), RESUBMITTED_FROM: name}
     values = {**read_parameters(document), **(parameters or {})}
-    return run_workflow(manifest, state_dir, cwd=cwd, env=env, console=console, parameters=values, memoize=memoize)
+    return run_workflow(manifest, state_dir, parameters=values, **how)
