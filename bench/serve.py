@@ -146,7 +146,7 @@ def fleet_engine(model_dir: Path, variant: Variant, scratch: Path) -> Iterator[S
     port = free_port()
     settings = vllm.EngineSettings()
     flags = [*vllm.engine_args(str(model_dir), SERVED_NAME, port, settings), "--host=127.0.0.1"]
-    flags = [f for f in flags if not f.startswith(variant.drop)] if variant.drop else flags
+    flags = [f for f in flags if not f.startswith(variant.drop)]  # startswith(()) is False: none dropped
     adapters = scratch / "adapters"
     adapters.mkdir(exist_ok=True)
     env = vllm.engine_env(settings, cpu=True, adapters_dir=str(adapters) if variant.resolver else "")

@@ -283,3 +283,18 @@ def test_a_value_that_looks_like_eksflow_s_marker_is_data():
     cfg = load_config(LlamaLoraConfig, None, ["name=eksflow-expression-0"])
     deployment = next(t for t in manifest(rollout_pipeline(cfg))["spec"]["templates"] if t["name"] == "vllm")
     assert both_ways(deployment, {})["metadata"]["labels"]["eksflow.dev/pipeline"] == "eksflow-expression-0"
+
+
+def test_a_task_output_given_whole_reaches_the_object_as_data_whatever_its_value():
+    """A Ref given as a manifest value (not formatted into a string) travels as the same JSON-encoding expression."""
+    with Pipeline(PipelineConfig(name="t"), title="test") as p:
+        made = task(make, out_dir="/x")
+        data = {"whole": made.path, "below": made.path / "b"}
+        resource("obj", {"apiVersion": "v1", "kind": "ConfigMap", "data": data})
+    template = next(t for t in manifest(p)["spec"]["templates"] if t["name"] == "obj")
+    assert parameters_read(template) == ["inputs.parameters.path"]
+    tags = REFERENCE.findall(template["resource"]["manifest"])
+    assert all(tag.startswith("=") or tag in SAFE_REFERENCES for tag in tags), tags
+    for label, hostile in CORPUS.items():
+        made_object = both_ways(template, {"inputs.parameters.path": hostile})
+        assert made_object["data"] == {"whole": hostile, "below": f"{hostile}/b"}, label

