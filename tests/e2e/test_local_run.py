@@ -143,8 +143,8 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
 ):
     """Ctrl-C during training, `run --resume`, a fine-tuned model served; then a cron-style run on the same data.
 
-    Half the default steps: 12 steps of 16 examples teach the date format (what is asserted), 24 polish it; scored
-    on the 16 held-out rows the canary probes with. The adapter it trains is the session's demo adapter
+    The default steps: 12 steps of 16 examples teach the date format (what is asserted); scored on the 16 held-out
+    rows the canary probes with. The adapter it trains is the session's demo adapter
     (tests/e2e/conftest.py)."""
     # Every later command gives them again (a resume with other values is refused).
     steps = ("--set", f"train.max_steps={DEMO_STEPS}", "--set", "evaluate.max_examples=16")
