@@ -14,6 +14,10 @@ NODES ?= 1
 # $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
 shell_word = '$(subst ','\'',$(1))'
 LOCAL_FSX := .eksflow/volumes/fsx-claim
+# Base models (the demo's GGUF converted once), tokenized data and the base model's answers: one folder per machine
+# that every clone's `make run` and `make serve` share, as the engines are shared (a run's own default is the run
+# volume's /fsx/models, as on a cluster). The folder the steps default to when run by hand.
+MODEL_CACHE ?= $(or $(EKSFLOW_MODEL_CACHE),$(HOME)/.cache/eksflow/models)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -78,7 +82,7 @@ check-images: images ## run every step inside its image as its pod runs it (uid 
 	$(BIN)/python -m pytest -m images tests/images $(ARGS)
 
 run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
-	$(BIN)/python pipelines/llama_lora.py run $(ARGS)
+	$(BIN)/python pipelines/llama_lora.py run --set storage.model_cache=$(call shell_word,$(MODEL_CACHE)) $(ARGS)
 
 # `make test` runs the unit, contract and e2e (`slow`) tests in one session on at most two pytest-xdist workers:
 # one runs the e2e modules that start vLLM engines (ENGINE_MODULES in tests/conftest.py) while the other trains and
@@ -114,7 +118,7 @@ check-templates: $(STAMP) ## fail if workflow-templates/ drifted from a fresh re
 
 serve: setup ## serve the champion with vLLM on 127.0.0.1:8000 as model $(MODEL), keyed (.eksflow/serve/api-key; after `make run`)
 	$(BIN)/python -m eksflow.llm.steps.serve --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
-		--model-cache-dir=$(LOCAL_FSX)/models --serve-dir=.eksflow/serve $(ARGS)
+		--model-cache-dir=$(call shell_word,$(MODEL_CACHE)) --serve-dir=.eksflow/serve $(ARGS)
 
 rollback: $(STAMP) ## put the `previous` version back as champion (a local fleet lives only during a run: aliases only)
 	$(BIN)/python -m eksflow.llm.steps.rollback --model-name=$(call shell_word,$(MODEL)) --tracking-uri=sqlite:///$(CURDIR)/$(LOCAL_FSX)/mlflow/mlflow.db \
