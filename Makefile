@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 UV_VERSION := 0.13.9
 # pip's find-links (its environment variable and its configuration files), each given to uv as --find-links.
 FIND_LINKS = $(sort $(PIP_FIND_LINKS) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(foreach f,$(FIND_LINKS),--find-links $(call shell_word,$(f)))
+UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(foreach f,$(FIND_LINKS),--find-links $(call shell_word,$(f)))
 MODEL ?= llama-lora
 NODES ?= 1
 # $(1) as one shell word: single-quoted, each ' as '\'' (a recipe never lets the shell split or expand a value).
@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# uv (a PyPI wheel) installs what pip would, resolved alike, in seconds where pip took ~2 min (bench/README.md,
 	# "make run"); it reads no pip configuration, so it is given the folders of wheels on disk that pip's names.
+	# It compiles the bytecode on both cores, as pip did one file at a time: left to the first run, every Ray and
+	# step process compiled its modules while training.
 	$(PIP) install -q uv==$(UV_VERSION) 2>&1 | grep -v '^WARNING: Location' || true
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(UV_INSTALL) torch==2.13.0
