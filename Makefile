@@ -16,8 +16,8 @@ shell_word = '$(subst ','\'',$(1))'
 LOCAL_FSX := .eksflow/volumes/fsx-claim
 # Base models (the demo's GGUF converted once), tokenized data and the base model's answers: one folder per machine
 # that every clone's `make run` and `make serve` share, as the engines are shared (a run's own default is the run
-# volume's /fsx/models, as on a cluster). The folder the steps default to when run by hand.
-MODEL_CACHE ?= $(or $(EKSFLOW_MODEL_CACHE),$(HOME)/.cache/eksflow/models)
+# volume's /fsx/models, as on a cluster): the folder the steps default to, asked of them once .venv exists.
+MODEL_CACHE ?= $(shell $(BIN)/python -c "from eksflow.llm.steps.common.base_model import default_cache_dir; print(default_cache_dir())")
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 

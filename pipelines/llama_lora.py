@@ -44,8 +44,8 @@ class LlamaLoraConfig(ServingConfig):
     cluster: ClusterSettings = ClusterSettings()
     data: StageSettings = StageSettings()
     validation: ValidateSettings = ValidateSettings()
-    # 12 steps of 16 examples teach the demo's date format: the loss is under 0.02 from step 10 and the tuned exact
-    # match 0.94 on the 48 held-out rows (0.96 after 24 steps, twice the training time; bench/README.md).
+    # 12 steps of 16 examples teach the demo's date format; 24 gain little for twice the training time
+    # (bench/README.md, "make run on a fresh clone").
     train: TrainSettings = TrainSettings(max_steps=12)
     evaluate: EvaluateSettings = EvaluateSettings()
 

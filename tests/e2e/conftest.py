@@ -32,9 +32,10 @@ from eksflow.llm import engines
 from eksflow.llm.steps.common import vllm, vllm_auth, vllm_client, vllm_process
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
 from eksflow.runtime.ports import free_port
+from pipelines.llama_lora import LlamaLoraConfig
 
 BASE_NAME = "llama-lora-base"  # what the fleet's Deployment serves the base model as
-DEMO_STEPS = 12  # the demo adapter's training steps: 12 steps of 16 examples teach the date format on CPU
+DEMO_STEPS = LlamaLoraConfig().train.max_steps  # the demo adapter's training steps: the flagship's own
 
 
 class SharedEngine:
