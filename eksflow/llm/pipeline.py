@@ -18,7 +18,7 @@ from eksflow import Location, Pipeline, PipelineConfig, Ref, Resources, Section,
 from eksflow.config import StorageSettings
 from eksflow.llm.steps import report
 
-BIG = Resources(cpu_request=2, memory_request="8Gi")  # a model in memory: evaluate, register
+BIG = Resources(cpu_request=1, memory_request="8Gi")  # a model in memory on one thread: evaluate, register
 
 
 def base_model_field() -> Any:

@@ -35,6 +35,7 @@ from typing import Any
 from rich.console import Console
 
 from eksflow.local import services
+from eksflow.local.ahead import tasks_ahead
 from eksflow.local.attempts import PodRunner
 from eksflow.local.book import NodeBook
 from eksflow.local.display import TaskDisplay
@@ -111,7 +112,11 @@ class _Run:
         self.values |= {f"parameters.{k}": v for k, v in parameters.items()}
         self.display = TaskDisplay(settings.console, lambda: list(self.book.nodes.values()))
         self.book = NodeBook(kept, on_change=self._changed)
-        self.node = Node(settings.node or machine(), on_release=self.book.wake)
+        self.node = Node(
+            settings.node or machine(),
+            on_release=self.book.wake,
+            ahead=lambda key: tasks_ahead(self.scheduler.runs(), key, workflow.templates),
+        )
         self.owner = folder.claim(None)
         folder.write_status(self.status_document())  # before anything starts: a folder it cannot write refuses it
         self.writer = LatestWriter(compact_json, self._state_failed)  # status.json and owner.json, off the tasks' path

@@ -3,14 +3,18 @@
 The manifest says what each pod requests (`resources.requests`, or its limits when it gives no requests, as
 Kubernetes defaults them); a cluster's scheduler places a pod on a node only where the requests of the pods already
 there leave room for it, and leaves it Pending with the reason otherwise. The local executor does the same on a
-node the size of this machine (its usable cores and memory: `machine`), with three rules a one-node stand-in needs:
+node the size of this machine (its usable cores and memory: `machine`), with four rules a one-node stand-in needs:
 
 - A pod asking for more than the whole machine (vLLM's 14 CPUs and 48Gi, sized for an m6i.4xlarge) is counted as
   asking for the whole machine: it runs here alone, where a cluster would give it a node of its size.
 - Pods that end (tasks) are placed before pods that stay (a Deployment's, which hold their share until the run
-  ends): the engine then loads after training instead of halving it, as it would on its own inference node.
+  ends): the engine never halves a training, as it would not on its own inference node.
 - A pod that does not fit beside pods that stay only (the serving fleet) starts anyway, sharing the machine: on a
   cluster it would get a node of its own, and waiting here would wait for the end of the run.
+- A pod that stays starts sharing the machine beside tasks too, once those tasks and every task that may still start
+  before it or beside it (`ahead`: the scheduler knows them from the DAG) leave a core free: the engine then loads
+  beside the evaluation, which decodes on one core, never beside or before training, which asks for every core.
+  Memory is not counted there (the engine asks for 48Gi), as it is not when a pod shares beside the fleet.
 
 Decisions are taken on the scheduler's thread once per pass (`schedule`), after it has started every task that can
 start, so a Deployment never slips in between one task's end and the start of the task that follows it.
@@ -22,7 +26,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -42,6 +46,11 @@ _SUFFIX = {
     "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
 }  # fmt: skip
 _WAIT_S = 0.5  # how often a waiting pod checks whether the run is stopping
+_CORE_M = 1000  # what a serving pod needs left free to load beside tasks: one core
+
+# A task that may still start before or beside a pod, and what it will ask of the node (None: not known before it
+# starts, so counted as asking for every core).
+Ahead = tuple[str, "Requests | None"]
 
 
 class QuantityError(EksflowError, ValueError):
@@ -73,9 +82,13 @@ class Requests:
         return Requests(min(self.cpu_m, capacity.cpu_m), min(self.memory, capacity.memory))
 
     def short_of(self, free: Requests) -> list[str]:
-        """The resources `free` has too little of for these requests ([] when they fit)."""
+        """The resources `free` has too little of for these requests ([] when they fit).
+
+        As Kubernetes' scheduler checks them: only what the pod requests, so a pod asking nothing fits a node that
+        pods sharing it have overcommitted.
+        """
         pairs = (("cpu", self.cpu_m, free.cpu_m), ("memory", self.memory, free.memory))
-        return [name for name, need, have in pairs if need > have]
+        return [name for name, need, have in pairs if need > 0 and need > have]
 
     def __str__(self) -> str:
         return f"cpu {cpu_text(self.cpu_m)}, memory {memory_text(self.memory)}"
@@ -183,15 +196,23 @@ class Ticket:
     lasting: bool  # a Deployment's pod: it stays until the run ends
     granted: threading.Event = field(default_factory=threading.Event)
     reason: str = ""  # why it waits (the Pending node's message), or how it was placed
-    shared: bool = False  # started beside pods that stay, with too little room: on a cluster, a node of its own
+    # started with too little room (beside the fleet, or a serving pod beside tasks): on a cluster, a node of its own
+    shared: bool = False
 
 
 class Node:
     """The node's bookkeeping: tickets waiting and holding, granted once per scheduler pass (`schedule`)."""
 
-    def __init__(self, capacity: Requests, *, on_release: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        capacity: Requests,
+        *,
+        on_release: Callable[[], None] = lambda: None,
+        ahead: Callable[[str], Sequence[Ahead]] = lambda holder: (),
+    ) -> None:
         self.capacity = capacity
         self._on_release = on_release  # wakes the scheduler: a pod waiting may fit now
+        self._ahead = ahead  # the tasks that may still start before or beside a pod (called on the scheduler's thread)
         self._lock = threading.Lock()
         self._waiting: list[Ticket] = []
         self._holding: dict[str, Ticket] = {}
@@ -210,20 +231,20 @@ class Node:
             for ticket in tasks or [t for t in self._waiting if t.lasting]:
                 free = self.capacity - sum((t.requests for t in self._holding.values()), Requests())
                 short = ticket.requests.short_of(free)
-                if short and not all(t.lasting for t in self._holding.values()):
-                    holders = ", ".join(f"{t.holder} ({t.requests})" for t in self._holding.values() if not t.lasting)
+                if short:
+                    waits_for = self._waits_for(ticket, short)
+                    if waits_for:
+                        ticket.reason = waits_for
+                        continue
+                    ticket.shared = True
+                    beside = [t.holder for t in self._tasks_holding()]
                     ticket.reason = (
-                        f"0/1 nodes are available: Insufficient {', '.join(short)} (requests {ticket.requests} of "
-                        f"this machine's {self.capacity}; held by {holders})"
-                    )
-                    continue
-                ticket.shared = bool(short)
-                ticket.reason = (
-                    f"shares this machine with the serving fleet (requests {ticket.requests}): on a cluster it "
-                    "gets a node of its own"
-                    if short
-                    else ""
-                )
+                        f"loads beside {', '.join(beside)} on the core they leave free"
+                        if beside
+                        else f"shares this machine with the serving fleet (requests {ticket.requests})"
+                    ) + ": on a cluster it gets a node of its own"
+                else:
+                    ticket.shared, ticket.reason = False, ""
                 self._waiting.remove(ticket)
                 self._holding[ticket.holder] = ticket
                 ticket.granted.set()
@@ -234,6 +255,36 @@ class Node:
                             "waits for the tasks ahead of it: a serving pod holds its share of the node until the "
                             "run ends"
                         )
+
+    def _waits_for(self, ticket: Ticket, short: list[str]) -> str:
+        """Why `ticket`, which does not fit, waits (its Pending reason); "" when it starts anyway, sharing."""
+        tasks = self._tasks_holding()
+        if not tasks:
+            return ""  # beside the serving fleet only (and pods asking nothing)
+        if ticket.lasting:
+            held = sum(t.requests.cpu_m for t in tasks)
+            crowding = [f"{t.holder} (holds {t.requests})" for t in tasks] if not self._leaves_a_core(held) else []
+            for name, asks in self._ahead(ticket.holder):
+                if asks is None or not self._leaves_a_core(asks.cpu_m):
+                    crowding.append(f"{name} (ahead, asks {'what its inputs decide' if asks is None else asks})")
+            if not crowding:
+                return ""
+            return (
+                f"waits for tasks that leave no core free: {', '.join(crowding)}; a serving pod holds its share of "
+                "the node until the run ends"
+            )
+        holders = ", ".join(f"{t.holder} ({t.requests})" for t in tasks)
+        return (
+            f"0/1 nodes are available: Insufficient {', '.join(short)} (requests {ticket.requests} of this machine's "
+            f"{self.capacity}; held by {holders})"
+        )
+
+    def _tasks_holding(self) -> list[Ticket]:
+        """The tasks holding a share of the node (a pod asking nothing crowds no one)."""
+        return [t for t in self._holding.values() if not t.lasting and t.requests != Requests()]
+
+    def _leaves_a_core(self, cpu_m: int) -> bool:
+        return cpu_m + _CORE_M <= self.capacity.cpu_m
 
     def wait(self, ticket: Ticket, stop_reason: Callable[[], str], on_pending: Callable[[str], None]) -> bool:
         """Block until `ticket` is granted (True) or the run stops (False, the ticket withdrawn)."""

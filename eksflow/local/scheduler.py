@@ -20,7 +20,7 @@ failed or never ran runs again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,12 +91,23 @@ class Scheduler:
         self.memo = memo
         self.start_pod = start_pod
         self.stop_reason = stop_reason
+        self._roots: list[DagRun] = []  # the entrypoint's and the exit handler's
+
+    def runs(self) -> Iterator[DagRun]:
+        """Every DAG still running, nested ones included (what the node asks of what is ahead: ahead.py)."""
+        stack = [run for run in self._roots if not run.done]
+        while stack:
+            run = stack.pop()
+            yield run
+            stack += run.inner.values()
 
     # -- building ------------------------------------------------------------------------------------------
 
     def begin(self, template: DagTemplate, prefix: str, node: str | None, scope: Scope) -> DagRun:
         """A DagRun of `template`, its tasks' nodes created Pending (or kept from the resumed run)."""
         run = DagRun(template, prefix, node, scope)
+        if node is None:
+            self._roots.append(run)
         with self.book.quietly():
             for name, task in template.tasks.items():
                 key = prefix + name

@@ -79,6 +79,47 @@ def test_tasks_are_placed_before_the_serving_fleet_and_the_fleet_after_them() ->
     assert engine.granted.is_set() and not engine.shared
 
 
+def test_the_fleet_loads_beside_tasks_that_leave_a_core_free_once_no_task_ahead_asks_for_every_core() -> None:
+    ahead: list[tuple[str, Requests | None]] = [("train", Requests(2000, 12 * GI))]
+    node = Node(NODE, ahead=lambda holder: ahead if holder == "vllm" else [])
+    validate = node.request("validate", Requests(1000, 2 * GI), lasting=False)
+    node.schedule()
+    engine = node.request("vllm", Requests(14000, 48 * GI), lasting=True)
+    node.schedule()
+    assert not engine.granted.is_set() and "train (ahead, asks cpu 2" in engine.reason  # never before training
+    node.release(validate)
+    train = node.request("train", Requests(2000, 12 * GI), lasting=False)
+    ahead[:] = [("evaluate", Requests(1000, 8 * GI)), ("report", None)]
+    node.schedule()
+    node.schedule()
+    assert train.granted.is_set() and not engine.granted.is_set()
+    assert "train (holds cpu 2" in engine.reason and "report (ahead, asks what its inputs decide)" in engine.reason
+    node.release(train)
+    evaluate = node.request("evaluate", Requests(1000, 8 * GI), lasting=False)
+    ahead[:] = []
+    node.schedule()
+    node.schedule()
+    assert evaluate.granted.is_set() and engine.granted.is_set() and engine.shared
+    assert "loads beside evaluate on the core they leave free" in engine.reason
+
+
+def test_beside_the_fleet_loading_a_task_asking_nothing_starts_and_one_asking_a_core_waits_for_the_tasks() -> None:
+    node = Node(NODE)
+    evaluate = node.request("evaluate", Requests(1000, 8 * GI), lasting=False)
+    node.schedule()
+    engine = node.request("vllm", Requests(14000, 48 * GI), lasting=True)
+    node.schedule()
+    assert engine.granted.is_set()  # nothing ahead: it loads beside evaluate
+    service = node.request("proxy-service", Requests(), lasting=False)
+    register = node.request("register", Requests(1000, 8 * GI), lasting=False)
+    node.schedule()
+    assert service.granted.is_set() and not service.shared  # as Kubernetes checks only what a pod requests
+    assert not register.granted.is_set() and "held by evaluate" in register.reason
+    node.release(evaluate)
+    node.schedule()
+    assert register.granted.is_set() and register.shared
+
+
 def test_a_task_that_does_not_fit_beside_a_task_waits_with_the_reason() -> None:
     node = Node(NODE)
     first = node.request("validate", Requests(1000, 2 * GI), lasting=False)
