@@ -266,7 +266,7 @@ class Node:
             crowding = [f"{t.holder} (holds {t.requests})" for t in tasks] if not self._leaves_a_core(held) else []
             for name, asks in self._ahead(ticket.holder):
                 if asks is None or not self._leaves_a_core(asks.cpu_m):
-                    crowding.append(f"{name} (ahead, asks {'what its inputs decide' if asks is None else asks})")
+                    crowding.append(f"{name} (ahead, asks {'what is not known yet' if asks is None else asks})")
             if not crowding:
                 return ""
             return (

@@ -93,7 +93,7 @@ def test_the_fleet_loads_beside_tasks_that_leave_a_core_free_once_no_task_ahead_
     node.schedule()
     node.schedule()
     assert train.granted.is_set() and not engine.granted.is_set()
-    assert "train (holds cpu 2" in engine.reason and "report (ahead, asks what its inputs decide)" in engine.reason
+    assert "train (holds cpu 2" in engine.reason and "report (ahead, asks what is not known yet)" in engine.reason
     node.release(train)
     evaluate = node.request("evaluate", Requests(1000, 8 * GI), lasting=False)
     ahead[:] = []
