@@ -17,12 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-import yaml
-
 from eksflow.local.model import ContainerTemplate, DagTemplate, ResourceTemplate, Template
-from eksflow.local.node import Ahead, QuantityError, Requests, pod_requests, quantity
+from eksflow.local.node import Ahead, Requests, container_asks, resource_asks
 from eksflow.local.scheduler import DagRun
-from eksflow.local.substitution import Scope, UnresolvedError
+from eksflow.local.substitution import Scope
 
 _DEPLOYMENT = re.compile(r"^kind:\s*Deployment\s*$", re.MULTILINE)
 
@@ -43,17 +41,14 @@ def tasks_ahead(runs: Iterable[DagRun], key: str, templates: Mapping[str, Templa
 
 def known_requests(template: Template, scope: Scope) -> Requests | None:
     """What one pod of `template` will ask of the node, as far as `scope` tells it; None when it cannot yet."""
-    try:
-        if isinstance(template, ContainerTemplate):
-            found = {name: quantity(scope.substitute(value), name) for name, value in template.requests}
-            return Requests(found.get("cpu", 0), found.get("memory", 0))
-        if isinstance(template, ResourceTemplate):
-            if "containers" not in template.manifest or _DEPLOYMENT.search(template.manifest):
-                return Requests()  # no pod, or a serving pod: it shares the machine as the pod asking does
-            manifest = yaml.safe_load(scope.substitute(template.manifest))
-            return pod_requests(manifest) if isinstance(manifest, Mapping) else None
-    except (UnresolvedError, QuantityError, yaml.YAMLError):
-        return None
+    if isinstance(template, ContainerTemplate):
+        found = container_asks(template, scope)
+        return None if None in found.values() else Requests(found.get("cpu") or 0, found.get("memory") or 0)
+    if isinstance(template, ResourceTemplate):
+        if "containers" not in template.manifest or _DEPLOYMENT.search(template.manifest):
+            return Requests()  # no pod, or a serving pod: it shares the machine as the pod asking does
+        asks = resource_asks(template, scope)
+        return None if asks is None else asks[0]
     return None if isinstance(template, DagTemplate) else Requests()
 
 

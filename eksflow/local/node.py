@@ -321,18 +321,30 @@ def template_requests(template: Template, scope: Scope) -> tuple[Requests, bool]
     fails with the reason (the API server would refuse the object).
     """
     if isinstance(template, ContainerTemplate):
-        found = {}
-        for name, value in template.requests:
-            try:
-                found[name] = quantity(scope.substitute(value), name)
-            except (UnresolvedError, QuantityError):
-                found[name] = 0
-        return Requests(found.get("cpu", 0), found.get("memory", 0)), False
+        found = container_asks(template, scope)
+        return Requests(found.get("cpu") or 0, found.get("memory") or 0), False
     if isinstance(template, ResourceTemplate):
-        try:
-            manifest = yaml.safe_load(scope.substitute(template.manifest))
-            if isinstance(manifest, Mapping):
-                return pod_requests(manifest), manifest.get("kind") == "Deployment"
-        except (UnresolvedError, QuantityError, yaml.YAMLError):
-            pass
+        return resource_asks(template, scope) or (Requests(), False)
     return Requests(), False
+
+
+def container_asks(template: ContainerTemplate, scope: Scope) -> dict[str, int | None]:
+    """Each request of the container (cpu, memory) as read with `scope`; None where it cannot be read."""
+    found: dict[str, int | None] = {}
+    for name, value in template.requests:
+        try:
+            found[name] = quantity(scope.substitute(value), name)
+        except (UnresolvedError, QuantityError):
+            found[name] = None
+    return found
+
+
+def resource_asks(template: ResourceTemplate, scope: Scope) -> tuple[Requests, bool] | None:
+    """What the pods of the resource's object ask, and whether it is a Deployment; None if `scope` cannot read it."""
+    try:
+        manifest = yaml.safe_load(scope.substitute(template.manifest))
+        if isinstance(manifest, Mapping):
+            return pod_requests(manifest), manifest.get("kind") == "Deployment"
+    except (UnresolvedError, QuantityError, yaml.YAMLError):
+        pass
+    return None

@@ -7,12 +7,19 @@ from pathlib import Path
 import pytest
 
 from eksflow.local.errors import LocalExecutorError
-from eksflow.local.node import Node, QuantityError, Requests, container_requests, pod_requests, quantity
+from eksflow.local.node import Node, QuantityError, Requests, Ticket, container_requests, pod_requests, quantity
 from eksflow.local.phase import Phase
 from tests.unit.local.manifests import container, run, task, workflow
 
 GI = 2**30
 NODE = Requests(2000, 24 * GI)  # this kind of machine: 2 cores, 24 GiB
+
+
+def placed(node: Node, holder: str, requests: Requests, *, lasting: bool = False) -> Ticket:
+    """Queue a pod, then run a scheduler pass."""
+    ticket = node.request(holder, requests, lasting=lasting)
+    node.schedule()
+    return ticket
 
 
 @pytest.mark.parametrize(
@@ -82,22 +89,18 @@ def test_tasks_are_placed_before_the_serving_fleet_and_the_fleet_after_them() ->
 def test_the_fleet_loads_beside_tasks_that_leave_a_core_free_once_no_task_ahead_asks_for_every_core() -> None:
     ahead: list[tuple[str, Requests | None]] = [("train", Requests(2000, 12 * GI))]
     node = Node(NODE, ahead=lambda holder: ahead if holder == "vllm" else [])
-    validate = node.request("validate", Requests(1000, 2 * GI), lasting=False)
-    node.schedule()
-    engine = node.request("vllm", Requests(14000, 48 * GI), lasting=True)
-    node.schedule()
+    validate = placed(node, "validate", Requests(1000, 2 * GI))
+    engine = placed(node, "vllm", Requests(14000, 48 * GI), lasting=True)
     assert not engine.granted.is_set() and "train (ahead, asks cpu 2" in engine.reason  # never before training
     node.release(validate)
-    train = node.request("train", Requests(2000, 12 * GI), lasting=False)
     ahead[:] = [("evaluate", Requests(1000, 8 * GI)), ("report", None)]
-    node.schedule()
-    node.schedule()
+    train = placed(node, "train", Requests(2000, 12 * GI))
+    node.schedule()  # a pass places the tasks, the next one the fleet
     assert train.granted.is_set() and not engine.granted.is_set()
     assert "train (holds cpu 2" in engine.reason and "report (ahead, asks what is not known yet)" in engine.reason
     node.release(train)
-    evaluate = node.request("evaluate", Requests(1000, 8 * GI), lasting=False)
     ahead[:] = []
-    node.schedule()
+    evaluate = placed(node, "evaluate", Requests(1000, 8 * GI))
     node.schedule()
     assert evaluate.granted.is_set() and engine.granted.is_set() and engine.shared
     assert "loads beside evaluate on the core they leave free" in engine.reason
@@ -105,10 +108,8 @@ def test_the_fleet_loads_beside_tasks_that_leave_a_core_free_once_no_task_ahead_
 
 def test_beside_the_fleet_loading_a_task_asking_nothing_starts_and_one_asking_a_core_waits_for_the_tasks() -> None:
     node = Node(NODE)
-    evaluate = node.request("evaluate", Requests(1000, 8 * GI), lasting=False)
-    node.schedule()
-    engine = node.request("vllm", Requests(14000, 48 * GI), lasting=True)
-    node.schedule()
+    evaluate = placed(node, "evaluate", Requests(1000, 8 * GI))
+    engine = placed(node, "vllm", Requests(14000, 48 * GI), lasting=True)
     assert engine.granted.is_set()  # nothing ahead: it loads beside evaluate
     service = node.request("proxy-service", Requests(), lasting=False)
     register = node.request("register", Requests(1000, 8 * GI), lasting=False)
@@ -122,10 +123,8 @@ def test_beside_the_fleet_loading_a_task_asking_nothing_starts_and_one_asking_a_
 
 def test_a_task_that_does_not_fit_beside_a_task_waits_with_the_reason() -> None:
     node = Node(NODE)
-    first = node.request("validate", Requests(1000, 2 * GI), lasting=False)
-    node.schedule()
-    second = node.request("train", Requests(2000, 12 * GI), lasting=False)
-    node.schedule()
+    first = placed(node, "validate", Requests(1000, 2 * GI))
+    second = placed(node, "train", Requests(2000, 12 * GI))
     assert first.granted.is_set() and not second.granted.is_set()
     assert "Insufficient cpu" in second.reason and "validate" in second.reason
     node.release(first)
