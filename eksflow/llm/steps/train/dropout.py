@@ -34,8 +34,8 @@ class MaskDropout(torch.nn.Module):
         if not self.training or self.p == 0.0:
             return x
         count = x.numel()
-        draws = torch.empty((count + 1) // 2, dtype=torch.int32, device=x.device).random_()
-        fields = draws.numel()
+        fields = (count + 1) // 2
+        draws = torch.empty(fields, dtype=torch.int32, device=x.device).random_()
         keep = torch.empty(2 * fields, dtype=torch.bool, device=x.device)
         torch.ge(draws.bitwise_and(_LOW), self.threshold, out=keep[:fields])
         torch.ge(draws.bitwise_right_shift(FIELD_BITS + 1), self.threshold, out=keep[fields:])

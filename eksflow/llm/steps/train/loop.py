@@ -174,14 +174,14 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     plan = plan_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), trainable)
     precision = resolve_precision(settings, device, plan.strategy)
     bf16 = precision == "bf16"
+    kernels = ""
     if device.type == "cpu" and not bf16 and plan.strategy != "deepspeed":
         # DeepSpeed swaps torch's linear for one that gathers ZeRO-3's partitioned weights: ZeRO keeps it
         from eksflow.llm.steps.train.linear import use_onednn_linears
 
-        if use_onednn_linears(model):
-            precision += " (the frozen projections through oneDNN)"
+        kernels = " (the frozen projections through oneDNN)" if use_onednn_linears(model) else ""
     if rank == 0:
-        print(f"strategy: {plan.strategy} ({plan.reason}); precision: {precision}", flush=True)
+        print(f"strategy: {plan.strategy} ({plan.reason}); precision: {precision}{kernels}", flush=True)
 
     root = Path(loop.checkpoint_root)
     start = checkpoints.latest(root)
