@@ -158,6 +158,9 @@ def _flat_params(args: Args) -> dict[str, object]:
 def _fit(loop: LoopConfig, storage: Path, run_name: str) -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints once, not twice
+    # Each rank's own lines (its host, its resume) differ only in numbers, which Ray's log dedup folds into one
+    # line per 5 s window: a rank's line came late, after the restarted group's, or not at all past two workers.
+    os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", r"^rank \d+")
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
