@@ -283,7 +283,7 @@ def test_an_mpijob_whose_worker_node_is_lost_is_retried_from_its_checkpoint(work
     assert {re.sub(r".*-train-\d-worker-", "", host) for _, host, _ in ranks} == {"0", "1"}, ranks
     assert all(ipaddress.ip_address(address) in POD_RANGE for _, _, address in ranks)
     assert "strategy: deepspeed (strategy=deepspeed (ZeRO-2)" in log, log[-3000:]
-    resumed = [int(s) for s in re.findall(r"rank 0: resumed from \S+ \(step (\d+)\)", log)]
+    resumed = [int(s) for s in re.findall(RESUMED, log)]
     assert resumed == [lost["done"]], log[-3000:]
     assert checkpoints.committed(out / "checkpoints")[-1].step == steps
     pods = status["pods"]  # the retry's: the launcher, and a worker on the node left and on the replacement
