@@ -38,10 +38,8 @@ Build = Callable[[Any], Pipeline]
 
 
 def _node_count(text: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
+    # ASCII digits only: int() also takes ' 2', '+2', '1_6' and other scripts' digits ('٢'), none a count typed here.
+    count = int(text) if text.isascii() and text.isdigit() else 0
     if not 1 <= count <= MAX_NODES:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_NODES}, got {text!r}")
     return count
@@ -91,7 +89,7 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     run.add_argument(
         "--nodes",
         type=_node_count,
-        default=os.environ.get("EKSFLOW_NODES", "1"),
+        default=os.environ.get("EKSFLOW_NODES") or "1",  # empty means unset, as ${EKSFLOW_NODES:-1}
         help="simulated nodes for distributed jobs' pods, each with its own share, addresses and host names "
         "(root only; default $EKSFLOW_NODES or 1: this machine alone)",
     )

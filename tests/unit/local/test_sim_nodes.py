@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.cli import parser
 from eksflow.local.node import Requests
 from eksflow.local.pod_network import (
     POD_RANGE,
@@ -89,6 +90,23 @@ def test_nodes_without_root_are_refused_in_one_line_and_a_bad_count_by_argparse(
     ]
     code, _, err = in_process(build, capsys, "run", "--nodes", "0")
     assert code == 2 and "--nodes: must be a whole number from 1 to 16, got '0'" in err
+
+
+@pytest.mark.parametrize(
+    "text", [" 2", "2 ", "+2", "\u0662", "1_6", ""], ids=["space", "trailing", "plus", "arabic", "_", "empty"]
+)
+def test_a_node_count_is_ascii_digits_alone(text, capsys):
+    with pytest.raises(SystemExit) as refused:
+        parser("p", "").parse_args(["run", "--nodes", text])
+    assert refused.value.code == 2
+    assert f"--nodes: must be a whole number from 1 to 16, got {text!r}" in capsys.readouterr().err
+
+
+def test_an_empty_eksflow_nodes_is_unset_and_a_set_one_is_the_default(monkeypatch):
+    monkeypatch.setenv("EKSFLOW_NODES", "")
+    assert parser("p", "").parse_args(["run"]).nodes == 1
+    monkeypatch.setenv("EKSFLOW_NODES", "3")
+    assert parser("p", "").parse_args(["run"]).nodes == 3
 
 
 @needs_root
