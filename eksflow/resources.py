@@ -16,9 +16,15 @@ from hera.workflows import models as m
 
 from eksflow.errors import PipelineError
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, ManifestError, manifest_text
+from eksflow.names import shown
 from eksflow.pipeline import Pipeline
 from eksflow.pods import check_metadata
 from eksflow.refs import Ref, TaskRef, When, formatted
+
+# The core objects whose data maps keys to text (map[string]string in Kubernetes' API): Secret's base64 or not.
+_TEXT_DATA = {"ConfigMap": ("data", "binaryData"), "Secret": ("data", "stringData")}
+MAX_DATA_KEY = 253  # a ConfigMap's or Secret's key becomes a file name in a volume
+_DATA_KEY = re.compile(rf"[-._a-zA-Z0-9]{{1,{MAX_DATA_KEY}}}")
 
 
 def resource(
@@ -51,6 +57,7 @@ def resource(
     wired = _ManifestInputs(pipeline, f"resource {name!r}", inputs or {})
     wired_manifest = wired.wire(manifest)
     check_metadata(wired_manifest, f"resource {name!r}: {manifest.get('kind', 'object')}")
+    _check_text_data(wired_manifest, f"resource {name!r}")
     try:
         text = manifest_text(wired_manifest)  # parameters as JSON-encoding expressions, never as text
     except ManifestError as err:
@@ -69,6 +76,35 @@ def resource(
     )
     kind = step or str(manifest.get("kind", "object"))
     return pipeline.add(name, template, step=kind, outputs={}, inputs=wired.params, after=after, when=when)
+
+
+def _check_text_data(obj: Mapping[str, Any], where: str) -> None:
+    """A core ConfigMap's or Secret's data: keys Kubernetes takes, each value text; PipelineError naming one not.
+
+    The API server refuses a number or a mapping there (`data` is map[string]string), when the workflow runs, so
+    a resource task would fail far from the code that wrote it; a task output wired in is text already.
+    """
+    kind = obj.get("kind")
+    if obj.get("apiVersion") != "v1" or kind not in _TEXT_DATA:
+        return
+    for field in _TEXT_DATA[kind]:
+        data = obj.get(field)
+        if data is None:
+            continue
+        if not isinstance(data, Mapping):
+            raise PipelineError(f"{where}: {kind}.{field} is {type(data).__name__}; it maps keys to text")
+        for key, value in data.items():
+            at = f"{where}: {kind}.{field}[{shown(key) if isinstance(key, str) else repr(key)[:60]}]"
+            if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or key == "." or key.startswith(".."):
+                raise PipelineError(
+                    f"{at}: not a {kind} key: 1-{MAX_DATA_KEY} letters, digits, '-', '_' and '.', not '.' nor "
+                    "starting with '..' (it names a file)"
+                )
+            if not isinstance(value, str):
+                raise PipelineError(
+                    f"{at}: {repr(value)[:60]} is {type(value).__name__}; Kubernetes takes only text there: "
+                    "write it as a string"
+                )
 
 
 class _ManifestInputs:

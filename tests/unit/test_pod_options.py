@@ -126,6 +126,34 @@ def test_a_resource_with_bad_metadata_is_refused_naming_where(metadata, message)
     assert str(refused.value).startswith(message), refused.value
 
 
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        ({"kind": "ConfigMap", "data": {"port": 8080}}, "ConfigMap.data['port']: 8080 is int; Kubernetes takes only"),
+        ({"kind": "ConfigMap", "binaryData": {"b": None}}, "ConfigMap.binaryData['b']: None is NoneType;"),
+        ({"kind": "Secret", "stringData": {"on": True}}, "Secret.stringData['on']: True is bool; Kubernetes"),
+        ({"kind": "ConfigMap", "data": {"a": {"b": "c"}}}, "ConfigMap.data['a']: {'b': 'c'} is dict;"),
+        ({"kind": "ConfigMap", "data": {"a/b": "c"}}, "ConfigMap.data['a/b']: not a ConfigMap key"),
+        ({"kind": "ConfigMap", "data": ["a"]}, "ConfigMap.data is list; it maps keys to text"),
+    ],
+    ids=["int", "binary-none", "secret-bool", "nested", "key-with-slash", "list"],
+)
+def test_a_config_map_or_secret_whose_data_is_not_text_is_refused_when_built(obj, message):
+    """Kubernetes' data is map[string]string: the API server would refuse the object only when the workflow runs."""
+    with pytest.raises(PipelineError) as refused, Pipeline(PipelineConfig(name="t"), title="test"):
+        resource("obj", {"apiVersion": "v1", "metadata": {"name": "x"}, **obj})
+    assert str(refused.value).startswith(f"resource 'obj': {message}"), refused.value
+    assert "\n" not in str(refused.value)
+
+
+def test_config_map_data_from_a_task_output_or_formatted_text_is_taken():
+    with Pipeline(PipelineConfig(name="t"), title="test") as p:
+        made = task(make, out_dir="/x")
+        data = {"path": made.path, "port": "8080", "config.yaml": f"dir: {made.path}\n"}
+        resource("obj", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": data})
+    assert "inputs.parameters.path" in template(manifest(p), "obj")["resource"]["manifest"]
+
+
 def test_a_label_value_from_a_task_output_stays_a_reference_in_a_resource():
     with Pipeline(PipelineConfig(name="t"), title="test") as p:
         made = task(make, out_dir="/x")
