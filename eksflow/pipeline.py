@@ -63,11 +63,17 @@ class Pipeline:
         self,
         cfg: PipelineConfig,
         *,
-        title: str,
+        title: str = "",
         description: str = "",
         parameters: Mapping[str, str] | None = None,
         scheduled: Mapping[str, str] | None = None,
     ) -> None:
+        # Required, but checked here rather than by Python: a missing keyword would be a TypeError's traceback.
+        if not isinstance(title, str) or not title.strip():
+            raise PipelineError(
+                f"Pipeline(...) needs title=, the one line the Argo UI shows for the workflow (got {title!r}): "
+                'e.g. Pipeline(cfg, title="LoRA fine-tune of the demo model")'
+            )
         self.cfg = cfg
         self.title = title
         self.description = description

@@ -123,3 +123,15 @@ def test_no_text_setting_of_any_pipeline_takes_a_credential_in_a_url(capsys, pip
         named = err.startswith(f"config error: {key}") or (err.startswith(f"config error: {section}:") and field in err)
         assert len(err.splitlines()) == 1 and named, err
         assert "hunter22" not in out + err
+
+
+def test_a_pipeline_built_without_a_title_is_one_line_naming_title_and_exit_2(capsys):
+    from eksflow import Pipeline, PipelineConfig
+
+    def build(cfg: PipelineConfig) -> Pipeline:
+        with Pipeline(cfg) as p:
+            return p
+
+    code, out, err = in_process(build, capsys, "render")
+    assert code == 2 and not out
+    assert len(err.splitlines()) == 1 and err.startswith("pipeline error: Pipeline(...) needs title="), err
