@@ -1,12 +1,15 @@
 """Reading a config file (`--config`): bounded in bytes and in values, safe YAML, every problem one line.
 
-A config file is a few KiB: one over MAX_CONFIG_BYTES is refused before it is read whole (`--config /dev/zero`
-must not fill the memory), and one whose YAML aliases expand past MAX_CONFIG_NODES values (an alias bomb) is
-refused after parsing. A key given twice in one mapping is an error, not YAML's silent last-one-wins.
+A config file is a regular file of a few KiB: anything else (a FIFO, whose opening waits for a writer; a device
+such as /dev/zero, which never ends) is refused before a byte is read, one over MAX_CONFIG_BYTES before it is read
+whole, and one whose YAML aliases expand past MAX_CONFIG_NODES values (an alias bomb) after parsing. A key given
+twice in one mapping is an error, not YAML's silent last-one-wins.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,12 @@ from eksflow.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a config file; the largest real one is a few KiB
 MAX_CONFIG_NODES = 100_000  # values in a config file with its aliases expanded (a 700-byte alias bomb has millions)
+_KINDS = {
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -48,18 +57,34 @@ def _expanded_nodes(value: object, budget: int) -> int:
     return count
 
 
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, a regular file of at most MAX_CONFIG_BYTES; ConfigError for anything else.
+
+    It is opened without blocking and checked on the open descriptor before a byte is read (no race with a file
+    swapped in between): opening a FIFO waits for a writer that may never come, and a device may never end.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"--config {path}: is a folder; give a YAML file")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"--config {path}: is {_KINDS.get(stat.S_IFMT(mode), 'not a file')}; give a YAML file")
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)  # one byte past the limit tells a file over it, unread beyond
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {path}: more than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few KiB")
+    return data
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """The sections of config file `path` (--config); ConfigError, one line naming the file, when it has none."""
     try:
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)  # bounded: `--config /dev/zero` must not fill the memory
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"--config {path}: more than {MAX_CONFIG_BYTES // 1024} KiB; a config is a few KiB")
-        text = data.decode("utf-8")
+        text = _read_regular_file(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {path}: is a folder; give a YAML file") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
     except OSError as err:

@@ -1,5 +1,6 @@
 """A --config file is bounded: its size, its aliases once expanded, and each key given once (YAML keeps the last)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from eksflow.config import load_config
 from eksflow.config_file import MAX_CONFIG_BYTES
 from eksflow.errors import ConfigError
 from pipelines.llama_lora import LlamaLoraConfig
+from tests.commands import python
 
 # 9 levels of 9 aliases: 700 bytes that expand to 9^9 values (the "billion laughs" of YAML).
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -25,9 +27,18 @@ def refused(tmp_path: Path, text: str | bytes) -> str:
     return message
 
 
-def test_an_endless_file_is_refused_without_reading_it_all():
-    with pytest.raises(ConfigError, match=r"^--config /dev/zero: more than 1024 KiB"):
+def test_an_endless_device_is_refused_without_reading_it():
+    with pytest.raises(ConfigError, match=r"^--config /dev/zero: is a character device; give a YAML file$"):
         load_config(LlamaLoraConfig, Path("/dev/zero"))
+
+
+def test_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    # In a process of its own (python() bounds it): opening a FIFO to read waits for a writer, which never comes.
+    refused = python("pipelines/llama_lora.py", "render", "--config", str(fifo))
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [f"config error: --config {fifo}: is a named pipe (FIFO); give a YAML file"]
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path):
