@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from eksflow.config import PipelineConfig, cluster_of, config_type, load_config
-from eksflow.errors import ConfigError, EksflowError
+from eksflow.errors import ConfigError, EksflowError, PipelineError
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS
 from eksflow.render import KINDS, cron_workflow, manifest, workflow_template
@@ -52,6 +53,24 @@ def project_root(build: Build) -> Path:
     while (folder / "__init__.py").is_file():
         folder = folder.parent
     return folder
+
+
+def check_not_shadowed(root: Path) -> None:
+    """Refuse a project whose own top-level `eksflow` (a package or a module) would be imported in its tasks.
+
+    Tasks run in the project's folder with it first on PYTHONPATH, ahead of the installed library, so each would
+    fail on its first `from eksflow import ...` with a traceback, and be retried. (A pipeline started with the
+    project's folder on sys.path, as `python -m pipelines.x` from it, imports that package before any of eksflow
+    runs: Python's own ImportError is all there can be.)
+    """
+    found = PathFinder.find_spec("eksflow", [str(root)])
+    if found is None or found.origin is None:  # none, or a folder without __init__.py: the library still wins
+        return
+    if Path(found.origin).resolve() != Path(__file__).resolve().parent / "__init__.py":
+        raise PipelineError(
+            f"{found.origin}: the project's own `eksflow` shadows the eksflow library in its tasks, which run in "
+            f"{root} with it first on PYTHONPATH; fix: give the project's own another name"
+        )
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -142,7 +161,9 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
         return run_verb(args, pipeline_name, project_root(build), console)
     from eksflow.runtime.metrics import use_project
 
-    use_project(project_root(build))  # a config names custom metrics of this project's packages only
+    root = project_root(build)
+    check_not_shadowed(root)
+    use_project(root)  # a config names custom metrics of this project's packages only
     cfg = apply_variant(load_config(config_type(build), args.config, args.overrides), args.variant)
     if args.command == "run":  # local paths mean the caller's folder; tasks run in the project's
         from eksflow.run import localized
@@ -168,7 +189,7 @@ def dispatch(build: Build, args: argparse.Namespace, console: Console) -> int:
         return submit(checked_manifest(pipeline), args, console)
     from eksflow.run import run_locally
 
-    return run_locally(pipeline, checked_manifest(pipeline), project_root(build), args, console)
+    return run_locally(pipeline, checked_manifest(pipeline), root, args, console)
 
 
 def apply_variant(cfg: PipelineConfig, variant: str | None) -> PipelineConfig:

@@ -1,6 +1,7 @@
 """The pipeline CLI as users meet it: every bad input is one line and exit 2, `config` round-trips, no tracebacks."""
 
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -135,3 +136,40 @@ def test_a_pipeline_built_without_a_title_is_one_line_naming_title_and_exit_2(ca
     code, out, err = in_process(build, capsys, "render")
     assert code == 2 and not out
     assert len(err.splitlines()) == 1 and err.startswith("pipeline error: Pipeline(...) needs title="), err
+
+
+SHADOWED_PIPELINE = """
+from eksflow import Pipeline, PipelineConfig, task
+from tests.unit.test_pipeline import make
+
+
+def build(cfg: PipelineConfig) -> Pipeline:
+    with Pipeline(cfg, title="a project with its own eksflow") as p:
+        task(make, out_dir="/x")
+    return p
+"""
+
+
+def test_a_project_whose_own_package_is_named_eksflow_is_refused_in_one_line(tmp_path, capsys):
+    """Its tasks run with the project first on PYTHONPATH: each would import the project's `eksflow` and fail."""
+    (tmp_path / "eksflow").mkdir()
+    (tmp_path / "eksflow" / "__init__.py").write_text('"""The project\'s own helpers."""\n')
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "__init__.py").write_text("")
+    (tmp_path / "flows" / "hello.py").write_text(SHADOWED_PIPELINE)
+    spec = importlib.util.spec_from_file_location("flows_hello", tmp_path / "flows" / "hello.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    state = tmp_path / "state"
+    for command in (["render"], ["run", "--state-dir", str(state)]):
+        code, out, err = in_process(module.build, capsys, *command)
+        assert (code, out) == (2, "")
+        assert err.splitlines() == [
+            f"pipeline error: {tmp_path}/eksflow/__init__.py: the project's own `eksflow` shadows the eksflow "
+            f"library in its tasks, which run in {tmp_path} with it first on PYTHONPATH; fix: give the project's "
+            "own another name"
+        ]
+    assert not state.exists()  # refused before anything ran
+    (tmp_path / "eksflow" / "__init__.py").unlink()  # a folder without __init__.py: the library is still found first
+    assert in_process(module.build, capsys, "render")[0] == 0
