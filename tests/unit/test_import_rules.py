@@ -3,6 +3,7 @@
 - Inside the SDK imports run one way, down the layers of LAYERS: a module imports only its own unit (a module, or
   a subpackage: local, runtime, launchers) and the units below it, wherever the import statement stands (a
   function-local import is no way around a cycle). Imports for annotations only (`if TYPE_CHECKING:`) are exempt.
+- No two modules import each other, directly or through others (the steps included), wherever the imports stand.
 - The SDK (every module of eksflow/, the LLM library's pipeline side and its steps' contracts included) and
   rendering a pipeline (what `render`, `plan` and `submit` do) import none of the heavy ML or cloud libraries:
   `pip install eksflow` holds none (tests/contract/test_bare_install.py).
@@ -108,7 +109,8 @@ def sdk_unit(module: str) -> str:
 
 
 def sdk_imports(path: Path) -> set[str]:
-    """The eksflow modules a file imports at run time: anywhere in it, except under `if TYPE_CHECKING:`."""
+    """The eksflow modules a file imports at run time: anywhere in it (a function's body too), relative imports
+    resolved, except under `if TYPE_CHECKING:`."""
     tree = ast.parse(path.read_text(), str(path))
     typing_only = {
         id(inner)
@@ -116,15 +118,21 @@ def sdk_imports(path: Path) -> set[str]:
         if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
         for inner in ast.walk(node)
     }
+    module = module_of(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "eksflow"}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "eksflow":
-            # `from eksflow.local import fleet` imports the module eksflow.local.fleet
-            found |= {_module_or_package(str(node.module), alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            # `from .x import y` in package a.b is `from a.b.x import y`; each dot past the first goes one up
+            above = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join([*above, *([node.module] if node.module else [])])
+            if base.split(".")[0] == "eksflow":
+                # `from eksflow.local import fleet` imports the module eksflow.local.fleet
+                found |= {_module_or_package(base, alias.name) for alias in node.names}
     return found
 
 
@@ -161,11 +169,17 @@ def test_sdk_imports_run_down_the_layers(path):
 
 
 def test_no_import_cycle_between_sdk_modules():
-    # Steps are exempt: a step's contract (what a pipeline imports) loads its implementation inside the hook that
-    # needs it (train's `preflight` imports train.sizing), and the implementation imports the contract's Settings.
-    modules = {module_of(p): p for p in SDK_FILES if not module_of(p).startswith("eksflow.llm.steps")}
+    """Function-level imports count: one that closes a cycle only moves the cycle from import time to run time.
+
+    One back edge is allowed: a package importing a module inside it (a step's contract loads its implementation in
+    the hook that needs it, as train's `preflight` imports train.sizing, and the implementation imports the
+    contract's Settings), since Python loads a package before any module inside it.
+    """
+    modules = {module_of(p): p for p in SDK_FILES}
     graph = {
-        name: {m for m in sdk_imports(path) if m in modules and m not in (name, "eksflow")}
+        name: {
+            m for m in sdk_imports(path) if m in modules and m not in (name, "eksflow") and not m.startswith(name + ".")
+        }
         for name, path in modules.items()
         if name != "eksflow"
     }

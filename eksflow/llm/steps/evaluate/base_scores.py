@@ -15,10 +15,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from pydantic import BaseModel, ValidationError
 
-from eksflow.llm.steps.common import encoding, modeling
 from eksflow.llm.steps.common.data import Example
 from eksflow.runtime.outputs import atomic_write_text
 
@@ -33,12 +33,19 @@ class Decoded(BaseModel):
     cut: int = 0  # answers that hit the new-token cap before their end
 
 
-def cache_file(cache_dir: Path, model_dir: Path, examples: Sequence[Example], decoding: dict[str, object]) -> Path:
-    """Where the base model's `Decoded` for these examples and decoding settings is kept."""
+def cache_file(
+    cache_dir: Path,
+    model_dir: Path,
+    examples: Sequence[Example],
+    decoding: dict[str, object],
+    code: Sequence[ModuleType],
+) -> Path:
+    """Where the base model's `Decoded` for these examples, decoding settings and decoding `code` is kept.
+
+    `code`: the modules that decode and score, passed in by the scorer (this module imports none of them).
+    """
     import torch
     import transformers
-
-    from eksflow.llm.steps.evaluate import scoring
 
     files = {str(p.relative_to(model_dir)): p.stat() for p in model_dir.rglob("*") if p.is_file()}
     key = {
@@ -46,7 +53,7 @@ def cache_file(cache_dir: Path, model_dir: Path, examples: Sequence[Example], de
         "examples": [[e.prompt, e.completion] for e in examples],
         "decoding": decoding,
         "versions": [torch.__version__, transformers.__version__],
-        "code": [Path(m.__file__).read_text(encoding="utf-8") for m in (scoring, modeling, encoding) if m.__file__],
+        "code": [Path(m.__file__).read_text(encoding="utf-8") for m in code if m.__file__],
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return cache_dir / FOLDER / f"{digest}.json"

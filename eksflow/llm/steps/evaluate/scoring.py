@@ -36,13 +36,13 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from eksflow.llm.steps.common.modeling import load_tokenizer
+    from eksflow.llm.steps.common import encoding, modeling
 
     metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
     torch.manual_seed(0)
     torch.set_num_threads(compute_threads())
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = modeling.load_tokenizer(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = model.to(device).eval()
@@ -54,7 +54,8 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
         "threads": torch.get_num_threads(),
         "device": device,
     }
-    kept = base_scores.cache_file(args.model_cache_dir, model_dir, examples, decoding)
+    code = (sys.modules[__name__], modeling, encoding)  # what decodes and scores: part of the kept answers' key
+    kept = base_scores.cache_file(args.model_cache_dir, model_dir, examples, decoding, code)
     # examples scored: loss and answers, base and tuned; a line every 2 s (the Argo UI and the executor table)
     with Progress(4 * len(examples), "evaluate") as progress, torch.inference_mode():
         base = base_scores.read(kept)
