@@ -11,9 +11,7 @@ executor maps exactly those to host folders.
 from __future__ import annotations
 
 import hashlib
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -37,13 +35,13 @@ from eksflow.pods import checked_annotations, checked_labels, secret_volumes
 from eksflow.refs import Ref, TaskRef, When
 from eksflow.runtime.args import Settings, StepArgs, flag, is_location, to_argv
 from eksflow.sections import Section, section_values
+from eksflow.step_code import step_sources
 
 if TYPE_CHECKING:
     from eksflow.config import PipelineConfig
 
 OUTPUTS_DIR = "/tmp/outputs"  # steps write one file per output parameter here
 FSX_VOLUME = "fsx"
-LLM_STEPS = "eksflow.llm.steps"  # eksflow's own steps (`eksflow[llm]`): their memo keys hash that package only
 PATH_ARGS_ANNOTATION = "eksflow.dev/path-args"  # the argv flags holding container paths: the only ones mapped locally
 # The Kubernetes "restricted" Pod Security Standard.
 RESTRICTED = m.SecurityContext(
@@ -193,10 +191,11 @@ def template_fingerprint(
 ) -> str:
     """A short hash of what makes this task's result, known when the pipeline is built.
 
-    The code of the step's project package (in the cluster also its image), the image and argv as templates
-    (settings; per-run values stay `{{...}}` placeholders, the same text in every run), the configured values of
-    the workflow parameters it reads, and the fingerprints of the upstream tasks `memoize` names. A parameter
-    overridden at submit time (`argo submit -p`) is not part of the key: turn memoize off for such runs.
+    The code the step runs from the project (step_code: its module and the project modules it imports; in the
+    cluster also its image), the image and argv as templates (settings; per-run values stay `{{...}}` placeholders,
+    the same text in every run), the configured values of the workflow parameters it reads, and the fingerprints of
+    the upstream tasks `memoize` names. A parameter overridden at submit time (`argo submit -p`) is not part of the
+    key: turn memoize off for such runs.
     """
     digest = hashlib.sha256()
     used = {
@@ -204,26 +203,12 @@ def template_fingerprint(
         for name, value in sorted(parameters.items())
         if f"{{{{workflow.parameters.{name}}}}}" in "".join(argv)
     }
-    for part in (step.__name__, image, *argv, *(f"{k}={v}" for k, v in used.items()), *package_sources(step)):
+    for part in (step.__name__, image, *argv, *(f"{k}={v}" for k, v in used.items()), *step_sources(step)):
         digest.update(part.encode() + b"\0")
     for upstream in memoize:
         if isinstance(upstream, TaskRef):
             digest.update(upstream._fingerprint.encode())
     return digest.hexdigest()[:16]
-
-
-def package_sources(step: ModuleType) -> list[str]:
-    """The text of every module of the step's package: the step and the modules it shares.
-
-    A project's top-level package (`steps`), or eksflow.llm.steps for eksflow's own steps: not the whole SDK, whose
-    changes change no step's work.
-    """
-    name = step.__name__
-    top = sys.modules.get(LLM_STEPS if name.startswith(f"{LLM_STEPS}.") else name.split(".")[0])
-    folder = Path(getattr(top, "__file__", "") or "").parent if top is not None else None
-    if folder is None or not (folder / "__init__.py").is_file():
-        return []
-    return [f.read_text(encoding="utf-8") for f in sorted(folder.rglob("*.py"))]
 
 
 def memoization(

@@ -88,6 +88,7 @@ LAYERS = (
     "eksflow.refs",  # values and tasks being wired
     "eksflow.pods",  # a task's pod options, checked by Kubernetes' rules
     "eksflow.pipeline",  # the DAG under construction
+    "eksflow.step_code",  # the code a step runs, which its memo key hashes
     "eksflow.templates",  # task(): step templates
     "eksflow.resources",  # resource(): resource templates
     "eksflow.launchers",  # distributed(): a step across workers
