@@ -65,10 +65,6 @@ class PathMap:
         """`value` with its host path replaced by the container path, if it is a path as a whole."""
         return _map_whole(value, self._backward)
 
-    def is_path(self, value: str) -> bool:
-        """Whether `value` is, as a whole, a container path this map knows."""
-        return self.to_host(value) != value
-
 
 def _map_prefix(path: str, prefixes: list[tuple[str, str]]) -> str | None:
     for prefix, replacement in prefixes:

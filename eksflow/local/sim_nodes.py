@@ -142,11 +142,6 @@ class SimulatedCluster:
                     found.append(notice.name)
         return found
 
-    def pods_on(self, node_name: str) -> list[str]:
-        """The pods on node `node_name`."""
-        with self._lock:
-            return list(self._node(node_name).pods)
-
     def close(self) -> None:
         """Remove every pod and the network."""
         self.network.close()

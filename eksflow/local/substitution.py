@@ -123,10 +123,6 @@ class Scope:
         """This scope inside one iteration of a fan-out."""
         return Scope(self.workflow, self.inputs, tasks=self.tasks, item=item, retries=self.retries)
 
-    def with_retries(self, retries: int) -> Scope:
-        """This scope for attempt `retries` + 1 of a task (`{{retries}}`)."""
-        return Scope(self.workflow, self.inputs, tasks=self.tasks, item=self.item, retries=retries)
-
     def lookup(self, ref: str) -> str:
         """The value of one reference; raises UnresolvedError naming it."""
         if ref.startswith("="):  # an expression tag: the variables it names are these same references

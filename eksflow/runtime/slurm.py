@@ -166,12 +166,6 @@ class SlurmApi(ABC):
         if problem := token_problem(self.token):
             raise SlurmTokenError(f"the Slurm token {problem}")
 
-    def ping(self) -> str:
-        """The Slurm release slurmrestd answers for (it must reach slurmctld to answer)."""
-        body = self._request("GET", f"ping{self.collection_suffix}")
-        release = (body.get("meta") or {}).get("slurm") or (body.get("meta") or {}).get("Slurm") or {}
-        return str(release.get("release", "unknown release"))
-
     def submit(self, spec: JobSpec) -> int:
         """Submit the batch job; its id."""
         body = self._request("POST", "job/submit", self.submission(spec))
