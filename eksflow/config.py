@@ -30,6 +30,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 
+from eksflow import import_errors
 from eksflow.config_file import read_yaml
 from eksflow.errors import ConfigError, PipelineError
 from eksflow.kinds import kind_of
@@ -49,6 +50,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 RESERVED_ENV_PREFIXES = ("EKSFLOW_", "ARGO_")
 
 C = TypeVar("C", bound="PipelineConfig")
+
+import_errors.install()  # a config class's own bad default is refused while its module imports: one line, exit 2
 
 # The launchers `cluster.launcher` may name, by name: eksflow.launchers.base.register adds each, so a project's own
 # launcher is valid once its module is imported (importing eksflow.launchers registers eksflow's, as any pipeline

@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import default_cache_dir
 from eksflow.llm.steps.common.gate import Threshold
-from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, threshold_metric
+from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, never_holds, threshold_metric
 from eksflow.llm.steps.evaluate.metrics import configured, resolve, shown
 from eksflow.runtime.args import Location, Settings, StepArgs
 
@@ -116,7 +116,13 @@ class EvaluateSettings(Settings):
         task_metrics = info.data.get("task_metrics")
         if task_metrics is None:  # refused itself, saying why
             return rules
-        return tuple(rule.model_copy(update={"metric": threshold_metric(rule.metric, task_metrics)}) for rule in rules)
+        keys = [threshold_metric(rule.metric, task_metrics) for rule in rules]
+        unmeetable = [
+            why for rule, key in zip(rules, keys, strict=True) if (why := never_holds(rule, key, task_metrics))
+        ]
+        if unmeetable:  # a gate no model can pass would fail every run, and say only that the model fell short
+            raise ValueError("; ".join(unmeetable))
+        return tuple(rule.model_copy(update={"metric": key}) for rule, key in zip(rules, keys, strict=True))
 
     @field_validator("champion_metric")
     @classmethod

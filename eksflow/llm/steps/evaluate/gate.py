@@ -83,6 +83,33 @@ def known_metrics(task_metrics: Sequence[str]) -> str:
     )
 
 
+# What each metric can measure: a task metric is a mean of per-row scores in [0, 1] (metrics.score refuses any
+# other), its gain the difference of two such means, eval_loss a mean cross-entropy and perplexity its exponential.
+TASK_METRIC_RANGE = (0.0, 1.0)
+GAIN_RANGE = (-1.0, 1.0)
+LOSS_RANGES = {"eval_loss": (0.0, math.inf), "perplexity": (1.0, math.inf)}
+
+
+def metric_range(metric: str, task_metrics: Sequence[str]) -> tuple[float, float]:
+    """The lowest and highest value metric key `metric` (as `threshold_metric` returns it) can take."""
+    tuned = metric.removeprefix("base_") if metric not in task_metrics else metric
+    if tuned in LOSS_RANGES:
+        return LOSS_RANGES[tuned]
+    if tuned not in task_metrics and metric.removesuffix("_gain") in task_metrics:
+        return GAIN_RANGE
+    return TASK_METRIC_RANGE
+
+
+def never_holds(rule: Threshold, metric: str, task_metrics: Sequence[str]) -> str:
+    """Why no model can meet `rule` on metric key `metric` (`exact_match >= 1.5`: at most 1), or "" when one can."""
+    low, high = metric_range(metric, task_metrics)
+    possible = {">=": rule.value <= high, ">": rule.value < high, "<=": rule.value >= low, "<": rule.value > low}
+    if possible[rule.op]:
+        return ""
+    span = f"from {low:g} to {high:g}" if math.isfinite(high) else f"at least {low:g}"
+    return f"threshold {rule.describe()} can never hold: {rule.metric} is {span}; give a value in that range"
+
+
 def champion_gate(
     metrics: Mapping[str, float], champion: Champion | None, eval_set_digest: str, metric: str, margin: float
 ) -> ChampionCheck:
