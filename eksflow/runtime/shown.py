@@ -10,6 +10,7 @@ characters a terminal would act on (ESC and OSC sequences, the bell, C1 controls
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -27,6 +28,9 @@ SECRET_ENV = (
     "VLLM_API_KEY",
 )
 MIN_SECRET_CHARS = 4  # a shorter value is no credential, and hiding it would blank out ordinary words
+# A run of this many of a secret's characters in a row is hidden wherever it stands: shorter pieces of a random token
+# say little about it, and hiding them would blank out ordinary words that share a few letters with a secret.
+FRAGMENT_CHARS = 6
 HIDDEN = "***"
 
 # C0 controls but tab, DEL, C1 controls (U+009B is a one-byte CSI), and the bidi embeddings, overrides and isolates
@@ -55,16 +59,45 @@ def printable(text: str) -> str:
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """`text` with credentials replaced by `***`.
 
-    Hidden: the values of `secrets` and of SECRET_ENV, `Bearer`/`Basic` and `Authorization:` values, the user and
-    password of URLs, and credential query parameters (`?token=`, `X-Amz-Signature=`, ...).
+    Hidden: the values of `secrets` and of SECRET_ENV, and every run of FRAGMENT_CHARS or more of a value's
+    characters in a row (a server that echoes a token in pieces, or cut short, shows no piece of it), `Bearer`/`Basic`
+    and `Authorization:` values, the user and password of URLs, and credential query parameters (`?token=`,
+    `X-Amz-Signature=`, ...).
     """
     values = {s.strip() for s in secrets} | {os.environ.get(name, "").strip() for name in SECRET_ENV}
     for value in sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True):
-        text = text.replace(value, HIDDEN)  # longest first: a value that contains another is hidden whole
+        text = _without_pieces(text, value)  # longest first: a value that contains another is hidden whole
     text = _SCHEME_TOKEN.sub(lambda m: (m.group(1) or m.group(2)) + HIDDEN, text)
     text = _AUTHORIZATION.sub(rf"\1{HIDDEN}", text)
     text = _USERINFO.sub(rf"\1{HIDDEN}@", text)
     return _QUERY_VALUE.sub(lambda m: m.group(1) + HIDDEN if _CREDENTIAL_KEY.search(m.group(2)) else m.group(0), text)
+
+
+def _without_pieces(text: str, secret: str) -> str:
+    """`text` with each run of FRAGMENT_CHARS or more characters found in `secret` (the whole of it, if shorter) hidden.
+
+    Each window of FRAGMENT_CHARS characters that occurs in `secret` is covered; touching or overlapping windows make
+    one hidden run, so `secret` itself, a prefix cut by `...` and a suffix each become one `***`.
+    """
+    if len(secret) < FRAGMENT_CHARS:
+        return text.replace(secret, HIDDEN)
+    windows = _windows(secret)
+    runs: list[list[int]] = []  # [start, end) of each hidden run, in order
+    for start in range(len(text) - FRAGMENT_CHARS + 1):
+        if text[start : start + FRAGMENT_CHARS] in windows:
+            if runs and start <= runs[-1][1]:
+                runs[-1][1] = start + FRAGMENT_CHARS
+            else:
+                runs.append([start, start + FRAGMENT_CHARS])
+    for start, end in reversed(runs):
+        text = text[:start] + HIDDEN + text[end:]
+    return text
+
+
+@functools.lru_cache(maxsize=64)
+def _windows(secret: str) -> frozenset[str]:
+    """Every run of FRAGMENT_CHARS characters of `secret` (kept: the same secrets redact every line a run prints)."""
+    return frozenset(secret[i : i + FRAGMENT_CHARS] for i in range(len(secret) - FRAGMENT_CHARS + 1))
 
 
 def url_credential(url: str) -> str:

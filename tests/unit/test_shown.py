@@ -59,6 +59,23 @@ def test_redact_reads_the_secret_variables_and_keeps_ordinary_text(monkeypatch):
     assert redact(plain) == plain
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("bad token prefix JWT-SEC... suffix RET-123", "bad token prefix ***... suffix ***"),
+        ("JWT-SECRET-123 and SECRET again", "*** and *** again"),  # SECRET: 6 of its characters in a row
+        ("ECRET-1 then T-123", "*** then T-123"),  # 5 characters in a row say too little to hide
+        ("no part of it: JWT secret", "no part of it: JWT secret"),
+    ],
+)
+def test_redact_hides_every_run_of_six_or_more_of_a_secrets_characters(text, expected):
+    assert redact(text, ["JWT-SECRET-123"]) == expected
+
+
+def test_redact_hides_a_short_secret_only_whole():
+    assert redact("pin 4821 and 482", ["4821"]) == "pin *** and 482"
+
+
 def test_shown_redacts_then_escapes():
     assert shown("Bearer abc.def\x1b[2J") == "Bearer ***\\x1b[2J"
 

@@ -178,3 +178,12 @@ def test_a_stop_while_the_job_is_submitted_cancels_the_job_it_made(tmp_path, ser
     assert code == 128 + signal.SIGTERM
     assert ("DELETE", "/slurm/v0.0.38/job/41", TOKEN) in server.seen, server.seen
     assert err.strip().splitlines()[-1] == "SIGTERM: cancelled Slurm job 41"
+
+
+def test_slurmrestd_echoing_the_token_in_pieces_shows_no_piece_of_it(tmp_path, server, capsys):
+    """An echo cut in two (`JWT-SEC...`, `RET-123`) holds no whole token, yet both pieces give most of it away."""
+    server.answer = (401, "text/plain", b"bad token prefix JWT-SEC... suffix RET-123")
+    code, err = task(tmp_path, server, TOKEN, capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "JWT-SEC" not in err and "RET-123" not in err
+    assert "bad token prefix ***... suffix ***" in err
