@@ -11,8 +11,9 @@ model answers as "<name>-base". The adapter is checked (rank, base model) before
 exits 2 without starting anything.
 
 Every route asks for the API key (eksflow/llm/steps/common/vllm_auth.py), runtime LoRA loading included: the key is made
-once (`secrets.token_urlsafe`), kept in <serve dir>/api-key (mode 0600, reused at every start), given to the engine in
-its environment (never argv) and shown in the curl line. `--host` is an IP address or an RFC 1123 host name.
+once (`secrets.token_urlsafe`), kept in <serve dir>/api-key (a file of the user's, never a link, mode 0600, one line;
+reused at every start), given to the engine in its environment (never argv) and shown in the curl line. `--host` is
+an IP address or an RFC 1123 host name.
 
 Outputs (one file each under --outputs-dir, when the server stops):
     endpoint        the chat completions URL that was served
@@ -40,6 +41,8 @@ from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 KEY_FILE = "api-key"  # in --serve-dir: the engine's key, reused across restarts
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123: digits may lead
+_KEY = re.compile(r"[A-Za-z0-9._~+/-]+=*")  # RFC 6750's b64token: what `Authorization: Bearer` carries, one line
+_KEY_FILE_BYTES = 4096  # far more than any key; a bigger file is not one
 
 
 class Args(vllm.EngineSettings, StepArgs):
@@ -84,7 +87,7 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
-    key_path(args.serve_dir)  # a key file that cannot be kept fails before any download
+    key = api_key(args.serve_dir)  # a key file that cannot be kept, or holds no key, fails before any download
     tracking.require_registry(args.tracking_uri)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
@@ -105,7 +108,6 @@ def run(args: Args) -> Outputs:
     log_path = args.serve_dir / f"vllm-{args.model_name}-v{version}.log"
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
     base_url = f"http://{host}:{args.port}"
-    key = api_key(args.serve_dir)
     env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
     print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
     with vllm_process.engine(engine_args, env, log_path=log_path) as process:
@@ -135,39 +137,70 @@ def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:
 
 
 def key_path(serve_dir: Path) -> Path:
-    """serve_dir/api-key; StepInputError (exit 2) when something other than a file is in its place."""
+    """serve_dir/api-key; StepInputError (exit 2) when a link or anything but a file is in its place."""
     path = serve_dir / KEY_FILE
-    if (path.exists() or path.is_symlink()) and not path.is_file():
+    if path.is_symlink():  # its target's content would become the key, and be printed in the curl line
         raise StepInputError(
-            f"--serve-dir: {path} is not a file (a folder or a broken link?); remove it, and the next start makes a "
-            "new key there"
+            f"--serve-dir: {path} is a symbolic link; the key is kept in a file of its own: remove the link, and the "
+            "next start makes a new key there"
+        )
+    if path.exists() and not path.is_file():
+        raise StepInputError(
+            f"--serve-dir: {path} is not a file (a folder?); remove it, and the next start makes a new key there"
         )
     return path
 
 
 def api_key(serve_dir: Path) -> str:
-    """The engine's key from serve_dir/api-key (mode 0600), made once with `secrets.token_urlsafe`.
+    """The engine's key from serve_dir/api-key (mode 0600, ours), made once with `secrets.token_urlsafe`.
 
-    A key file that others could read (group or other permission bits) is replaced: that key may have leaked.
-    Anything else in its place (`key_path`), or a file that cannot be read or written, is bad input (exit 2).
+    A key file that others could read (group or other permission bits) is replaced: that key may have leaked. A link
+    or anything but a file in its place (`key_path`), a file of another user's, one that is not a single key (one line
+    of what a Bearer header carries), or a file that cannot be read or written, is bad input (exit 2).
     """
     path = key_path(serve_dir)
     try:
-        if path.is_file():
-            key = path.read_text(encoding="utf-8").strip()
-            if key and not stat.S_IMODE(path.stat().st_mode) & 0o077:
-                return key
-            if key:
-                print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
-            path.unlink()
+        key = _kept_key(path)
+        if key:
+            return key
+        path.unlink(missing_ok=True)
         serve_dir.mkdir(parents=True, exist_ok=True)
         key = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+        # Never readable by others, not even briefly; O_EXCL: a link or file made meanwhile is not written through.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(key + "\n")
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
         raise StepInputError(f"--serve-dir: cannot keep the API key in {path} ({why}); give a folder you own") from None
+    return key
+
+
+def _kept_key(path: Path) -> str:
+    """The key in `path`; "" when there is none to keep (no file, an empty one, or one others could read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a link put there since key_path looked is refused too
+    except FileNotFoundError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        facts = os.fstat(f.fileno())
+        text = f.read(_KEY_FILE_BYTES + 1).decode("utf-8")
+    if not stat.S_ISREG(facts.st_mode) or facts.st_uid != os.geteuid():
+        raise StepInputError(
+            f"--serve-dir: {path} is not a file of yours (owner uid {facts.st_uid}); whoever made it may know the key: "
+            "remove it, and the next start makes a new key there"
+        )
+    key = text.removesuffix("\n")
+    if not key:
+        return ""
+    if len(text) > _KEY_FILE_BYTES or not _KEY.fullmatch(key):
+        raise StepInputError(
+            f"--serve-dir: {path} does not hold one key (a single line of letters, digits and -._~+/=, as "
+            "`secrets.token_urlsafe` makes); remove it, and the next start makes a new key there"
+        )
+    if stat.S_IMODE(facts.st_mode) & 0o077:
+        print(f"{path} was readable by others: a new key replaces it", file=sys.stderr)
+        return ""
     return key
 
 

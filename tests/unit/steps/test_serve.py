@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps import serve
+from eksflow.runtime.args import StepInputError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,24 +58,45 @@ def test_the_curl_line_sends_the_key():
     assert "http://127.0.0.1:8000/v1/chat/completions" in words
 
 
-@pytest.mark.parametrize("kind", ["folder", "dangling-link"])
-def test_a_key_path_that_is_no_file_exits_2_in_one_line_before_the_registry_is_read(tmp_path, capsys, kind):
+KEY_REFUSALS = {
+    "folder": "is not a file (a folder?); remove it",
+    "dangling-link": "is a symbolic link; the key is kept in a file of its own: remove the link",
+    "link-to-a-file": "is a symbolic link; the key is kept in a file of its own: remove the link",
+    "two-lines": "does not hold one key (a single line of letters, digits and -._~+/=",
+    "a-space": "does not hold one key (a single line of letters, digits and -._~+/=",
+}
+
+
+@pytest.mark.parametrize("kind", KEY_REFUSALS)
+def test_a_key_path_that_is_no_key_file_exits_2_in_one_line_before_the_registry_is_read(tmp_path, capsys, kind):
+    """A link would make its target's content the key (printed in the curl line); a key must be one header token."""
     key = tmp_path / "serve" / serve.KEY_FILE
+    key.parent.mkdir()
+    linked = tmp_path / "someone-elses-secret"
+    linked.write_text("the-linked-files-content\n")
+    linked.chmod(0o600)
     if kind == "folder":
-        key.mkdir(parents=True)
-    else:
-        key.parent.mkdir()
+        key.mkdir()
+    elif kind == "dangling-link":
         key.symlink_to(tmp_path / "gone")
+    elif kind == "link-to-a-file":
+        key.symlink_to(linked)
+    else:
+        key.write_text("first-line\nsecond-line\n" if kind == "two-lines" else "a key\n")
+        key.chmod(0o600)
     argv = [
         "--model-name=llama-lora",
         f"--tracking-uri=sqlite:///{tmp_path}/none/mlflow.db",
         f"--serve-dir={key.parent}",
     ]
     assert serve.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.splitlines() == [f"error: --serve-dir: {key} is not a file (a folder or a broken link?); remove it, "
-                                "and the next start makes a new key there"]  # fmt: skip
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --serve-dir: {key} {KEY_REFUSALS[kind]}")
+    assert "the-linked-files-content" not in out + err and "second-line" not in out + err
     assert not (tmp_path / "none").exists()
+    with pytest.raises(StepInputError):  # nothing else reads it either
+        serve.api_key(key.parent)
+    assert linked.read_text() == "the-linked-files-content\n"  # and the link's target is left as it was
 
 
 @pytest.mark.parametrize("target", ["serve", "rollback"])
