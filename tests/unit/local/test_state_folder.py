@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,14 @@ from tests.unit.local.manifests import WRITE_OUTPUT, container, outputs, run, ta
 REPO = Path(__file__).resolve().parents[3]
 GREETER = REPO / "tests" / "fixtures" / "greeter"
 TOUCH = "import pathlib, sys; pathlib.Path(sys.argv[1]).touch()"
-SLEEP = "import time; time.sleep(30)"
+# `slow` records its pid and runs long; `fill` waits for that record, then marks the disk full (argv[1]).
+SLOW = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(30)"
+MARK_FULL_ONCE_SLOW_RUNS = """
+import pathlib, sys, time
+while not pathlib.Path(sys.argv[2]).is_file():
+    time.sleep(0.05)
+pathlib.Path(sys.argv[1]).touch()
+"""
 MEMOIZE = {"key": "next-1", "maxAge": "1h", "cache": {"configMap": {"name": "eksflow-memo"}}}
 PROBLEM = "cannot write the state folder: "
 
@@ -92,15 +98,23 @@ WRITE_POINTS = {
 
 
 def filling(tmp_path: Path) -> dict:
-    """`slow` runs long; `fill` says the disk is full now; `next` (memoized, one output) runs after it."""
-    slow = container("slow", SLEEP)
-    fill = container("fill", TOUCH, str(tmp_path / "full"))
+    """`slow` runs long; `fill` says the disk is full once `slow` runs; `next` (memoized, one output) runs after it."""
+    slow = container("slow", SLOW, str(tmp_path / "slow.pid"))
+    fill = container("fill", MARK_FULL_ONCE_SLOW_RUNS, str(tmp_path / "full"), str(tmp_path / "slow.pid"))
     after = container("next", WRITE_OUTPUT, "/tmp/outputs/x", "1", outputs=outputs("x"), memoize=MEMOIZE)
     return workflow([task("slow", "slow"), task("fill", "fill"), task("next", "next", "fill")], [slow, fill, after])
 
 
 def files(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie does not: it has ended, only its exit status is left)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def temporary(root: Path) -> list[str]:
@@ -113,9 +127,8 @@ def test_a_run_that_cannot_write_its_state_ends_failed_in_one_line_with_its_task
 ) -> None:
     state = tmp_path / "state"
     FailingDisk(monkeypatch, state, tmp_path / "full", WRITE_POINTS[where], errno.ENOSPC)
-    started = time.monotonic()
     result = run(filling(tmp_path), tmp_path)
-    assert time.monotonic() - started < 20  # `slow` (30 s) was stopped, not waited for
+    assert not running(int((tmp_path / "slow.pid").read_text()))  # `slow` was stopped, not left running
     assert result.phase == "Failed"
     assert result.message.startswith(PROBLEM) and "No space left on device" in result.message, result.message
     assert "\n" not in result.message and "--state-dir" in result.message

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -39,12 +40,9 @@ def test_lease_of_a_dead_process_is_taken_over(tmp_path):
 def test_lease_of_a_zombie_is_taken_over(tmp_path):
     """A trainer killed after its parent (a Slurm step's task on a requeued node) stays a zombie of a PID 1 that
     does not reap it: it holds nothing, and the requeued job's rank 0 on the same node takes over at once."""
-    zombie = subprocess.Popen(["true"])  # never waited for: a zombie once it exits
-    stat = f"/proc/{zombie.pid}/stat"
-    deadline = time.monotonic() + 30
-    while Path(stat).read_text().rpartition(")")[2].split()[0] != "Z":
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    zombie = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # returns once it has exited, leaving it unreaped
+    assert Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     try:
         record = {"host": socket.gethostname(), "pid": zombie.pid, "run_name": "run-a", "token": "old"}
         (tmp_path / lease.LEASE_FILE).write_text(json.dumps(record))  # a fresh heartbeat: only the state tells
@@ -72,11 +70,14 @@ def test_a_holder_on_another_host_is_waited_for_until_its_heartbeat_stops_or_giv
     path.write_text(json.dumps(record))
     last_beat = time.time() - 58
     os.utime(path, (last_beat, last_beat))  # its heartbeat stopped 58 s ago: stale at 60 s
-    started = time.monotonic()
     taken = lease.acquire(tmp_path, "run-a", ttl_s=60, wait_s=30)
-    assert 1 <= time.monotonic() - started < 10
     assert json.loads(taken.path.read_text())["pid"] == os.getpid()
-    assert "lost-node, which this host cannot check: waiting up to 30 s" in capsys.readouterr().out
+    waited, took_over = capsys.readouterr().out.splitlines()  # waited first, then took over the stale lease
+    assert "on lost-node" in waited and waited.endswith(
+        "cannot check: waiting up to 30 s for its release or for its heartbeat to stop"
+    )
+    stale = rf"taking over stale lease {re.escape(str(path))}: no heartbeat for \d+ s \(> 60 s\)"
+    assert re.fullmatch(stale, took_over), took_over  # its heartbeat stopped: taken over before the 30 s were up
     taken.release()
     path.write_text(json.dumps(record))  # a live holder on another host keeps beating: given up on, named
     with pytest.raises(lease.LeaseHeldError, match="lost-node"):
@@ -84,10 +85,14 @@ def test_a_holder_on_another_host_is_waited_for_until_its_heartbeat_stops_or_giv
 
 
 def test_release_does_not_remove_a_lease_taken_over_meanwhile(tmp_path):
+    """A writer that stalled past its TTL and was taken over must not free the lease its successor holds."""
     mine = lease.acquire(tmp_path, "run-a")
-    (tmp_path / lease.LEASE_FILE).write_text(json.dumps({"token": "someone-else"}))
+    successor = {"host": socket.gethostname(), "pid": os.getpid(), "run_name": "run-a", "token": "successor"}
+    (tmp_path / lease.LEASE_FILE).write_text(json.dumps(successor))  # taken over while this one stalled
     mine.release()
-    assert (tmp_path / lease.LEASE_FILE).exists()
+    assert json.loads((tmp_path / lease.LEASE_FILE).read_text()) == successor
+    with pytest.raises(lease.LeaseHeldError, match=f"pid {os.getpid()}"):  # still one writer: a third is refused
+        lease.acquire(tmp_path, "run-a")
 
 
 def test_another_run_never_resumes_these_checkpoints(tmp_path):
