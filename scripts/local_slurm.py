@@ -38,6 +38,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ from eksflow.local.pod_network import (
     remove_network,
     unavailable,
 )
+from eksflow.local.watchdog import start_time
 
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "munge", "slurm-client")
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
@@ -64,6 +66,9 @@ TOKEN_SECRET = "eksflow-slurm"  # cluster.slurm.token_secret's default
 EXIT_UNAVAILABLE = 3
 MAX_NODES = 16
 CRED_EXPIRE_S = 20
+# The daemon each pid file of the folder is for (slurmd-<node>.pid: slurmd), by the file's name.
+_DAEMONS = {"munged.pid": "munged", "slurmctld.pid": "slurmctld", "slurmrestd.pid": "slurmrestd"}
+_CLOCK_SLACK_S = 1.0  # /proc/stat's boot time is in whole seconds: a start time read from it is up to 1 s late
 
 
 class UnavailableError(Exception):
@@ -216,13 +221,44 @@ def write_config(root: Path, cluster: Layout) -> Path:
     return conf
 
 
-def running(pid_file: Path) -> bool:
-    """True when the pid file names a live process."""
+def daemon_pid(pid_file: Path) -> int | None:
+    """The pid `pid_file` names while that process is still its daemon; None otherwise.
+
+    A pid file outlives its daemon (a crash, `kill -9`, a reboot) and pids are reused, and whoever can write the
+    folder can name any process in one, which `down` would signal as root. So a pid counts only when the file is a
+    plain file of ours (not a link), the process runs the daemon (its argv[0], or on a pod node the command
+    enter_pod.py runs after `--`), and it started no later than the file was written: a daemon writes its pid file
+    once it runs, where a process that got the pid since started after.
+    """
+    name = _DAEMONS.get(pid_file.name) or ("slurmd" if pid_file.name.startswith("slurmd-") else "")
     try:
-        os.kill(int(pid_file.read_text().strip()), 0)
+        facts = pid_file.lstat()
+        if not stat.S_ISREG(facts.st_mode) or facts.st_uid != os.geteuid():
+            return None
+        pid = int(pid_file.read_text(encoding="utf-8").strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
-        return False
-    return True
+        return None
+    commands = [argv[0], *(argv[i + 1] for i, word in enumerate(argv[:-1]) if word == b"--")]
+    started = process_started(pid)
+    if not name or name.encode() not in {os.path.basename(c) for c in commands} or started is None:
+        return None
+    return pid if started <= facts.st_mtime + _CLOCK_SLACK_S else None
+
+
+def process_started(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (/proc/PID/stat's start time after /proc/stat's btime)."""
+    ticks = start_time(pid)
+    if not ticks:
+        return None
+    with open("/proc/stat", encoding="ascii") as boot:
+        booted = next(int(line.split()[1]) for line in boot if line.startswith("btime "))
+    return booted + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def running(pid_file: Path) -> bool:
+    """True when the pid file names its daemon, alive (`daemon_pid`)."""
+    return daemon_pid(pid_file) is not None
 
 
 def slurmd_pid_file(root: Path, node: Node) -> Path:
@@ -370,16 +406,23 @@ def lose(name: str) -> None:
 
 
 def down() -> None:
-    """Stop every daemon this folder's pid files name (slurmrestd, the slurmd, slurmctld, munged); remove the nodes."""
+    """Stop every daemon this folder's pid files name (slurmrestd, the slurmd, slurmctld, munged); remove the nodes.
+
+    A pid file that names no longer its daemon (`daemon_pid`) is removed, and its process left alone.
+    """
     root = folder()
     cluster = Layout.load(root)
     nodes = [slurmd_pid_file(root, n) for n in cluster.nodes] if cluster else list(root.glob("slurmd-*.pid"))
     for pid_file in (root / "slurmrestd.pid", *nodes, root / "slurmctld.pid", root / "munge" / "munged.pid"):
-        if running(pid_file):
-            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        pid = daemon_pid(pid_file)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 15
             while running(pid_file) and time.monotonic() < deadline:
                 time.sleep(0.2)
+        elif pid_file.is_file() and not pid_file.is_symlink():
+            named = pid_file.read_text(encoding="utf-8", errors="replace").strip()[:20]
+            print(f"{pid_file} names {named!r}, which is not its daemon now: nothing signalled", file=sys.stderr)
         pid_file.unlink(missing_ok=True)
     if cluster is not None and cluster.network:
         remove_network(cluster.network)
