@@ -70,22 +70,29 @@ def test_the_fix_hinted_for_a_list_item_is_a_set_that_loads(override):
 
 
 @pytest.mark.parametrize(
-    "override",
+    ("override", "says"),
     [
-        "train",
-        "train.max_steps=0",
-        "name=Bad_Name",
-        "evaluate.thresholds=[{metric: bogus, value: 1}]",
-        "train.max_steps=ten",
-        "train.max_steps=[1",
-        "train.lora=@x",
-        ".x=1",
+        ("train", r"^--set 'train': expected dotted\.key=value, e\.g\. --set train\.max_steps=20$"),
+        ("train.max_steps=0", r"^train\.max_steps: Input should be greater than or equal to 1 \(got 0\); fix it with "),
+        ("name=Bad_Name", r"^name: String should match pattern .* \(got 'Bad_Name'\); fix it with --set name=<value>"),
+        (
+            "evaluate.thresholds=[{metric: bogus, value: 1}]",
+            r"^evaluate\.thresholds: .*unknown metric 'bogus'; known metrics: eval_loss, .*fix it with --set ",
+        ),
+        ("train.max_steps=ten", r"^train\.max_steps: Input should be a valid integer.* \(got 'ten'\); fix it with "),
+        ("train.max_steps=[1", r"^--set train\.max_steps: takes a whole number, got '\[1'$"),
+        (
+            "train.lora=@x",
+            r"^--set train\.lora: found character '@' .*; quote text, e\.g\. --set 'train\.lora=\"\.\.\.\"'$",
+        ),
+        (".x=1", r"^--set '\.x=1': expected dotted\.key=value"),
     ],
     ids=["no-equals", "out-of-range", "k8s-name", "unknown-metric", "wrong-type", "bad-yaml", "yaml-reserved", "empty"],
 )
-def test_bad_overrides_raise_config_error(override):
-    with pytest.raises(ConfigError):
+def test_bad_overrides_raise_config_error_naming_the_key_and_the_fix(override, says):
+    with pytest.raises(ConfigError, match=says) as refused:
         config([override])
+    assert len(str(refused.value).splitlines()) == 1  # one line per problem
 
 
 @pytest.mark.parametrize(
