@@ -94,7 +94,7 @@ test: setup browser sshd ## unit, contract and e2e tests (real model, vLLM and L
 	$(BIN)/python -m pytest -m "not gpu and not cluster and not images and not drill" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
-	$(BIN)/python -m pytest -m "not gpu and not cluster and not slow and not images and not drill" -n auto --maxprocesses=8 $(ARGS)
+	$(BIN)/python -m pytest tests/unit tests/contract -m "not gpu and not cluster and not slow and not images and not drill" -n auto --maxprocesses=8 $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
