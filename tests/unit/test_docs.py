@@ -5,12 +5,16 @@ from pathlib import Path
 
 import pytest
 
+import eksflow.launchers  # noqa: F401  (registers the SDK's launchers)
 from eksflow.config_docs import reference
+from eksflow.launchers.base import LAUNCHERS
+from tests.unit.test_import_rules import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FILE_BLOCK = re.compile(r"```(?:python|dockerfile)\n# file: (\S+)\n(.*?)```", re.DOTALL)
 FIXTURES = ROOT / "tests" / "fixtures"
+ARCHITECTURE = (DOCS / "architecture.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -44,3 +48,27 @@ def test_every_reliability_id_cited_in_code_is_in_the_catalogue():
             re.findall(r"docs/reliability\.md[^\n]*?\b((?:CK|EV|ML|DP|DV|ST|EX|RO|SC|S)\d)\b", path.read_text())
         )
     assert cited and cited <= catalogue
+
+
+def test_the_architecture_lists_the_import_layers_in_order():
+    """docs/architecture.md's layer sentence is tests/unit/test_import_rules.py's LAYERS, the enforced order."""
+    found = re.search(r"down these layers \(lowest first\): (.*?), the flat `eksflow` namespace", ARCHITECTURE, re.S)
+    assert found is not None, "docs/architecture.md lost its sentence listing the layers"
+    listed = [name.strip() for name in " ".join(found.group(1).split()).split(",")]
+    assert listed == [unit.removeprefix("eksflow.") for unit in LAYERS if unit not in ("eksflow", "eksflow.llm")]
+
+
+# How docs/architecture.md names each registered launcher (cluster.launcher) in its `launchers/` entry.
+LAUNCHER_PHRASES = {
+    "container": "a plain pod",
+    "rayjob": "a KubeRay RayJob",
+    "mpijob": "an MPIJob",
+    "volcano": "a Volcano Job",
+    "slurm": "a Slurm batch job",
+}
+
+
+def test_the_architecture_names_every_launcher():
+    entry = ARCHITECTURE.split("      launchers/", 1)[1].split("\n      manifests.py", 1)[0]
+    assert sorted(LAUNCHERS) == sorted(LAUNCHER_PHRASES), "a launcher was added or removed: say so in both"
+    assert [name for name, phrase in LAUNCHER_PHRASES.items() if phrase not in " ".join(entry.split())] == []
