@@ -56,7 +56,7 @@ def layout_of(job: Job, cfg: PipelineConfig) -> Layout:
     profile = job.profile
     workers = worker_layout(job.settings)[0]
     if profile.kind == "cpu":
-        per_worker = profile.memory_gib / max(workers, 1)
+        per_worker = profile.memory_gib / workers_per_node(job, cluster.nodes)
     else:
         per_worker = profile.device_memory_gib / profile.cores_per_device
     return Layout(
@@ -70,22 +70,26 @@ def layout_of(job: Job, cfg: PipelineConfig) -> Layout:
     )
 
 
+def workers_per_node(job: Job, nodes: int) -> int:
+    """A CPU job's workers on one node: all in one pod on one node, or spread one per node over several."""
+    return max(math.ceil(worker_layout(job.settings)[0] / nodes), 1)
+
+
 def layout_problems(job: Job, cfg: PipelineConfig) -> list[str]:
     """Workers must match the nodes' devices (GPU, Neuron) or fit the node's vCPUs (CPU); EFA stays in one zone."""
     cluster = cluster_of(cfg)
     profile, settings, section = job.profile, job.settings, job.section
     problems = []
-    workers, threads = worker_layout(settings)
+    threads = worker_layout(settings)[1]
     if refused := refusal(cluster, profile):
         problems.append(refused)
     if profile.kind == "cpu":
-        if workers * threads > profile.vcpus:
+        on_a_node = workers_per_node(job, cluster.nodes)
+        if on_a_node * threads > profile.vcpus:
             problems.append(
-                f"{section}.num_workers: {workers} workers x {threads} CPUs exceed the {profile.vcpus} vCPUs of "
-                f"{profile.instance_type}; fix: lower {section}.num_workers or {section}.cpus_per_worker"
+                f"{section}.num_workers: {on_a_node} workers x {threads} CPUs on a node exceed the {profile.vcpus} "
+                f"vCPUs of {profile.instance_type}; fix: lower {section}.num_workers or {section}.cpus_per_worker"
             )
-        if cluster.nodes > 1:
-            problems.append("cluster.nodes: a CPU job runs in one pod; fix: --set cluster.nodes=1")
     else:
         world = cluster.nodes * profile.workers
         if "num_workers" in job.configured and job.configured["num_workers"] != world:

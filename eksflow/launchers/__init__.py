@@ -26,7 +26,7 @@ from typing import Any
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
-from eksflow.errors import PipelineError
+from eksflow.errors import ConfigError, PipelineError
 
 # Importing a launcher's module registers it.
 from eksflow.launchers import container, mpijob, rayjob, slurm, volcano  # noqa: F401
@@ -79,6 +79,13 @@ def distributed(
         )
     profile = profiles.profile_for(cluster.instance_type)
     launcher = select(cluster, profile)
+    if problem := launcher.nodes_problem(cluster.nodes):  # here, so render, run, plan and submit refuse it alike
+        if launcher.name != cluster.launcher:
+            problem = (
+                f"cluster.launcher: {cluster.launcher} does not run on {profile.kind} nodes; the {launcher.name} "
+                f"launcher runs the job instead\n{problem}"
+            )
+        raise ConfigError(problem)
     request = launcher.prepare(
         JobRequest(
             cfg=cfg,

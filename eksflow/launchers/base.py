@@ -80,6 +80,10 @@ class Launcher(ABC):
         """Whether it runs a job of `nodes` nodes of `profile`; where it does not, the profile kind's default does."""
         return profile.kind in self.kinds
 
+    def nodes_problem(self, nodes: int) -> str | None:
+        """Why it cannot spread a job over `nodes` nodes (every command refuses that alike); None where it can."""
+        return None
+
     def prepare(self, request: JobRequest) -> JobRequest:
         """The request as this launcher runs it; PipelineError for a step it cannot run."""
         return request
@@ -149,6 +153,17 @@ def one_worker_per_node(request: JobRequest) -> JobRequest:
     """The request with a worker (a rank) per node of the cluster: CPU nodes of several train one rank each."""
     workers = request.cluster.nodes * request.profile.workers
     return replace(request, settings=request.settings.model_copy(update={"num_workers": workers}))
+
+
+def node_layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
+    """(nodes, ranks per node) of a job of `workers` ranks: an MPIJob's worker pods, a Slurm job's nodes.
+
+    A node's devices on GPU; on CPU all `workers` on one node, or one on each of several.
+    """
+    nodes = cluster_of(cfg).nodes
+    if profile.kind == "cpu":
+        return (1, workers) if nodes == 1 else (nodes, 1)
+    return nodes, profile.workers
 
 
 def worker_layout(settings: Settings) -> tuple[int, int]:

@@ -21,6 +21,15 @@ class ContainerTask(Launcher):
     name = "container"
     kinds = frozenset({"cpu"})
 
+    def nodes_problem(self, nodes: int) -> str | None:
+        """One pod is on one node: several nodes would be priced and asked for, and all but one left idle."""
+        if nodes == 1:
+            return None
+        return (
+            f"cluster.nodes: {nodes} CPU nodes, but the container launcher runs the job in one pod on one node; fix: "
+            "--set cluster.launcher=rayjob (a training worker on each node; or mpijob, slurm), or --set cluster.nodes=1"
+        )
+
     def pods(self, cfg: PipelineConfig, job: Job) -> str:
         """One pod."""
         return "1 pod"

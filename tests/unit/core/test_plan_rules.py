@@ -70,6 +70,29 @@ def test_retry_layers_stay_within_the_budget():
     assert line.startswith("cluster.retry_budget:")
 
 
+@pytest.mark.parametrize("launcher", ["rayjob", "mpijob", "slurm"])
+def test_several_cpu_nodes_plan_as_they_render_and_run_one_worker_per_node(launcher):
+    """render and run spread a CPU job over its nodes with these launchers: plan and submit take it too.
+
+    Each node holds one worker: 10 CPUs each fit a 16-vCPU node, though 2 x 10 would not fit one.
+    """
+    overrides = ["cluster.nodes=2", f"cluster.launcher={launcher}", "train.cpus_per_worker=10"]
+    rows = dict(plan.check(pipeline(overrides)).rows)
+    assert rows["train: instance"].startswith("m6i.4xlarge x 2 (cpu")
+    assert rows["train: world size"] == "2 workers"
+
+
+@pytest.mark.parametrize(("launcher", "lines"), [("container", 1), ("volcano", 2)])
+def test_several_cpu_nodes_in_one_pod_are_refused_by_every_command(launcher, lines):
+    """The container launcher's one pod is on one node: render and run refuse it as plan does (it builds nothing)."""
+    with pytest.raises(ConfigError) as refused:
+        pipeline(["cluster.nodes=2", f"cluster.launcher={launcher}"])
+    *_, line = str(refused.value).splitlines()
+    assert len(str(refused.value).splitlines()) == lines
+    assert line.startswith("cluster.nodes: 2 CPU nodes, but the container launcher runs the job in one pod")
+    assert "--set cluster.launcher=rayjob" in line
+
+
 def test_every_problem_is_reported_at_once():
     assert len(problems("cluster.instance_type=p4d.24xlarge", "cluster.nodes=2", "train.num_workers=3")) == 2
 
