@@ -37,7 +37,7 @@ from typing import Any
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, one_worker_per_node, register, worker_layout
+from eksflow.launchers.base import Job, JobRequest, node_layout, one_worker_per_node, register, worker_layout
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
@@ -66,17 +66,9 @@ TRAINIUM_REFUSAL = (
 )
 
 
-def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
-    """(worker pods, ranks per pod): a node's devices on GPU; on CPU all `workers` in one pod, or one pod per node."""
-    nodes = cluster_of(cfg).nodes
-    if profile.kind == "cpu":
-        return (1, workers) if nodes == 1 else (nodes, 1)
-    return nodes, profile.workers
-
-
 def mpirun_options(cfg: PipelineConfig, profile: Profile, workers: int, env: list[dict[str, str]]) -> list[str]:
     """The options of mpirun: one rank per slot, no core binding (torch sets its own threads), `env` forwarded."""
-    pods, slots = layout(cfg, profile, workers)
+    pods, slots = node_layout(cfg, profile, workers)
     forwarded = [*IMAGE_ENV["gpu" if profile.kind == "gpu" else "cpu"], *(e["name"] for e in env)]
     options = ["-np", str(pods * slots), "--bind-to", "none", "--map-by", "slot"]
     for name in dict.fromkeys(forwarded):
@@ -93,7 +85,7 @@ def manifest(
     """
     cluster = cluster_of(cfg)
     profile = profiles.profile_for(cluster.instance_type)
-    pods, slots = layout(cfg, profile, workers)
+    pods, slots = node_layout(cfg, profile, workers)
     name = job_name(task)
     labels = pipeline_labels(cfg.name)
     env = [
@@ -147,7 +139,7 @@ def manifest(
 
 def describe(cfg: PipelineConfig, profile: Profile, workers: int) -> str:
     """One line for `plan`: the pods and the mpirun they run."""
-    pods, slots = layout(cfg, profile, workers)
+    pods, slots = node_layout(cfg, profile, workers)
     return f"1 MPI launcher + {pods} worker pod(s) x {slots} slot(s): mpirun -np {pods * slots}"
 
 

@@ -28,7 +28,7 @@ from hera.workflows import models as m
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, Launcher, one_worker_per_node, register, worker_layout
+from eksflow.launchers.base import Job, JobRequest, Launcher, node_layout, one_worker_per_node, register, worker_layout
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
@@ -60,14 +60,6 @@ REFUSAL = (
 )
 
 
-def layout(cfg: PipelineConfig, profile: Profile, workers: int) -> tuple[int, int]:
-    """(nodes, tasks per node): a node's devices on GPU; on CPU, all `workers` on one node or one on each of several."""
-    nodes = cluster_of(cfg).nodes
-    if profile.kind == "cpu":
-        return (1, workers) if nodes == 1 else (nodes, 1)
-    return nodes, profile.workers
-
-
 class SlurmLauncher(Launcher):
     """A Slurm batch job through slurmrestd, followed by one container task."""
 
@@ -96,7 +88,7 @@ class SlurmLauncher(Launcher):
     def pods(self, cfg: PipelineConfig, job: Job) -> str:
         """The allocation, and where it is asked for."""
         slurm = cluster_of(cfg).slurm
-        nodes, tasks = layout(cfg, job.profile, worker_layout(job.settings)[0])
+        nodes, tasks = node_layout(cfg, job.profile, worker_layout(job.settings)[0])
         gpus = f", {job.profile.devices} GPUs each" if job.profile.kind == "gpu" else ""
         where = f"partition {slurm.partition or '(default)'}, time limit {slurm.time_limit_min or '(partition)'} min"
         return f"Slurm job: {nodes} node(s) x {tasks} srun task(s){gpus}; {where}; slurmrestd {slurm.api_version}"
@@ -113,7 +105,7 @@ class SlurmLauncher(Launcher):
         args_type, outputs = contract(step)
         argv, inputs = arguments(args_type, name, [request.settings, *request.sections], request.values)
         workers, threads = worker_layout(request.settings)
-        nodes, tasks = layout(cfg, request.profile, workers)
+        nodes, tasks = node_layout(cfg, request.profile, workers)
         env = {e["name"]: e["value"] for e in profiles.env(request.profile, nodes)} | dict(cfg.env)
         if secret := next((env_name for env_name in cfg.env if env_name in SECRET_ENV), None):
             raise PipelineError(
