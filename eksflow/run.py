@@ -22,6 +22,7 @@ from rich.markup import escape
 from eksflow.config import PipelineConfig
 from eksflow.errors import EXIT_FAILED, ConfigError
 from eksflow.pipeline import Pipeline
+from eksflow.runtime.libraries import check_installed
 from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
 
@@ -56,6 +57,7 @@ def run_locally(
     problems = local_problems(pipeline.cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+    check_installed(step_modules(rendered))  # one line now, not a traceback from each task
     if args.nodes > 1:
         from eksflow.local.pod_network import unavailable
 
@@ -67,6 +69,16 @@ def run_locally(
         rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize, config=config,
         inputs_given=given, nodes=args.nodes,
     )  # fmt: skip
+
+
+def step_modules(rendered: Mapping[str, Any]) -> set[str]:
+    """The step modules the manifest's container templates run (`python -m <module>`)."""
+    modules = set()
+    for template in rendered.get("spec", {}).get("templates", []):
+        command = [*(template.get("container") or {}).get("command", [])]
+        if command[1:2] == ["-m"] and len(command) > 2:
+            modules.add(str(command[2]))
+    return modules
 
 
 def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.fields import FieldInfo
 
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
+from eksflow.runtime.libraries import missing_library
 from eksflow.runtime.outputs import write_outputs
 from eksflow.runtime.shown import shown
 
@@ -124,7 +125,11 @@ def to_argv(values: Mapping[str, object]) -> list[str]:
 
 
 def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: Sequence[str] | None = None) -> int:
-    """The thin `main()` of every step: parse, run the pure core, write its outputs. Bad input exits 2."""
+    """The thin `main()` of every step: parse, run the pure core, write its outputs. Bad input exits 2.
+
+    A library the step imports that is not installed is bad input too (eksflow.runtime.libraries): one line naming
+    it and the extra that brings it, never a traceback retried.
+    """
     argv = sys.argv[1:] if argv is None else argv
     if any(item in ("-h", "--help") for item in argv):  # a value is always --name=value, never these
         print(describe(args_type))
@@ -139,6 +144,9 @@ def run_step(args_type: type[StepArgs], run: Callable[[Any], BaseModel], argv: S
     except (StepInputError, StepFailedError) as err:
         print_error(str(err))
         return err.exit_code
+    except ModuleNotFoundError as err:  # a library not installed where the step runs: no retry installs it
+        print_error(missing_library(err, args_type.__module__))
+        return EXIT_BAD_INPUT
     try:
         write_outputs(args.outputs_dir, outputs)
     except OSError as err:  # a full or read-only folder: one line (no file is left half-written), and a retry may fit
