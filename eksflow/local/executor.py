@@ -46,7 +46,7 @@ from eksflow.local.model import DagTemplate, Workflow
 from eksflow.local.node import Node, Requests, machine
 from eksflow.local.phase import Phase
 from eksflow.local.process import KILL_GRACE_S, ProcessTracker, Watchdog
-from eksflow.local.rundir import LatestWriter, RunFolder, compact_json, owner_document
+from eksflow.local.rundir import LatestWriter, RunFolder, owner_document
 from eksflow.local.scheduler import DagRun, Scheduler, Unit
 from eksflow.local.services import RunServices
 from eksflow.local.sim_nodes import SimulatedCluster
@@ -119,7 +119,8 @@ class _Run:
         )
         self.owner = folder.claim(None)
         folder.write_status(self.status_document())  # before anything starts: a folder it cannot write refuses it
-        self.writer = LatestWriter(compact_json, self._state_failed)  # status.json and owner.json, off the tasks' path
+        # status.json and owner.json, off the tasks' path
+        self.writer = LatestWriter(folder.write_document, self._state_failed)
         self.watchdog = Watchdog()
         self.tracker = ProcessTracker(self._process_started, self.watchdog.tell)
         self.services = RunServices(state_dir, folder.path, settings.cwd, self.tracker)  # nothing starts yet
@@ -280,6 +281,9 @@ class _Run:
                 self.owner.processes = dict(self.tracker.live)
                 self.writer.submit(self.folder.owner, owner_document(self.owner))
                 self.writer.close()  # status.json is final on disk before the run is released
+                if self.state_error is not None:  # through the room kept for it: what the run printed, not "stopped"
+                    with self.book.lock:
+                        self.folder.write_last_status(self.status_document())
                 self.watchdog.end()
                 self.folder.release()
             if self.signalled is not None:

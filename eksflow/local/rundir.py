@@ -5,6 +5,7 @@
         status.json        Argo-like workflow status (status.py), rewritten atomically after every change
         owner.json         the executor running it: PID and start time, its watchdog, its live task processes
         owner.lock         held (flock) by that executor for as long as it runs: a second executor is refused
+        .status.json.spare room that executor keeps allocated, and open, for the run's last status.json
         logs/<node>.log    combined stdout+stderr of every attempt of a node
         tasks/<node>/      outputs/ (output parameter files), progress ($ARGO_PROGRESS_FILE), bin/ (shims)
         volumes/<name>     emptyDir and other run-scoped volumes (PVCs live in state_dir/volumes/<claim>)
@@ -16,7 +17,10 @@ found by their recorded PIDs and start times.
 
 Every write goes to a temporary sibling first and is renamed over the file, so a reader never sees half of one; a
 write that fails (a full disk, a read-only folder) removes its temporary file and raises StateWriteError (`writing`):
-one line naming the file, the cause and the fix.
+one line naming the file, the cause and the fix. The run then ends Failed with that line, and its last status.json,
+with every task as the run printed it, is written through the spare room (a disk that filled has none left; and
+while the spare is open for writing, the kernel refuses to remount its file system read-only). Without it, `get`
+would show the task that ended last as Failed "executor stopped".
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ import yaml
 
 from eksflow.local.errors import LocalExecutorError, StateWriteError
 from eksflow.local.status import file_name, load_document, now
-from eksflow.local.watchdog import STOPPED_MESSAGE, alive, mark_stopped, session_members, start_time, stopped_document
+from eksflow.local.watchdog import (
+    SPARE_STATUS,
+    STOPPED_MESSAGE,
+    alive,
+    mark_stopped,
+    session_members,
+    start_time,
+    stopped_document,
+)
 
 try:
     import fcntl
@@ -47,6 +59,7 @@ except ImportError:  # not POSIX: no lock, the owner's PID alone tells
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _LOCK_RETRY_S = 0.5  # a reader checking the lock holds it for microseconds; an executor retries that long
+SPARE_MIN_BYTES = 64 * 1024  # the least room kept for the last status.json; twice its size once it is larger
 
 
 @dataclass
@@ -100,7 +113,10 @@ class RunFolder:
         self.logs = path / "logs"
         self.tasks = path / "tasks"
         self.volumes = path / "volumes"
+        self.spare = path / SPARE_STATUS
         self._lock: IO[str] | None = None
+        self._spare: int | None = None  # the open spare file, its bytes allocated
+        self._spare_bytes = 0
 
     def make(self) -> None:
         """Create the folder and its subfolders; StateWriteError if the state folder cannot be written."""
@@ -158,9 +174,60 @@ class RunFolder:
             raise LocalExecutorError(f"{self.manifest} does not hold a Workflow manifest")
         return manifest, status
 
+    def write_document(self, path: Path, document: dict[str, Any]) -> None:
+        """Replace status.json or owner.json atomically: a reader never sees half of it.
+
+        After each status.json, the room kept for the last one (`reserve`) grows to twice its size.
+        """
+        text = compact_json(document)
+        atomic_write(path, text)
+        if path == self.status:
+            self.reserve(max(SPARE_MIN_BYTES, 2 * len(text.encode())))
+
     def write_status(self, document: dict[str, Any]) -> None:
-        """Replace status.json atomically: a reader never sees half of it."""
-        atomic_write(self.status, compact_json(document))
+        """Replace status.json atomically (write_document)."""
+        self.write_document(self.status, document)
+
+    def reserve(self, size: int) -> None:
+        """Keep `size` bytes allocated on the state folder's disk for the run's last status.json (write_last_status).
+
+        A disk that fills during a run (a task's checkpoints, another process) leaves no room for a new status.json,
+        and a reader would take the run's stale one for an executor that died. Best effort: where the bytes cannot
+        be allocated, the disk is full already and the next write that needs room says so.
+        """
+        if size <= self._spare_bytes:
+            return
+        with contextlib.suppress(OSError):
+            if self._spare is None:
+                self._spare = os.open(self.spare, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            os.posix_fallocate(self._spare, 0, size)
+            self._spare_bytes = size
+
+    def write_last_status(self, document: dict[str, Any]) -> bool:
+        """Write status.json through the room `reserve` kept, once a write that needed new room failed; whether it did.
+
+        The spare file's allocated bytes are rewritten (no room taken from the disk) and renamed over status.json,
+        so a reader still never sees half of it. Used once: the spare file is gone after.
+        """
+        text = compact_json(document).encode()
+        spare, self._spare, size, self._spare_bytes = self._spare, None, self._spare_bytes, 0
+        if spare is None:
+            return False
+        try:
+            if len(text) > size:
+                return False
+            written = 0
+            while written < len(text):
+                written += os.pwrite(spare, text[written:], written)
+            os.ftruncate(spare, len(text))
+            os.replace(self.spare, self.status)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(spare)
+            with contextlib.suppress(OSError):
+                self.spare.unlink(missing_ok=True)
 
     # -- ownership -------------------------------------------------------------------------------------------
 
@@ -198,7 +265,12 @@ class RunFolder:
         )
 
     def release(self) -> None:
-        """Stop being the run's executor."""
+        """Stop being the run's executor: its lock, and the room kept for a last status.json, are let go."""
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare, self._spare_bytes = None, 0
+            with contextlib.suppress(OSError):
+                self.spare.unlink(missing_ok=True)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -222,7 +294,7 @@ class RunFolder:
 
     def write_owner(self, owner: Owner) -> None:
         """Record the owner and its live task processes."""
-        atomic_write(self.owner, compact_json(owner_document(owner)))
+        self.write_document(self.owner, owner_document(owner))
 
     def read_owner(self) -> Owner | None:
         """The recorded owner, or None for a folder without one."""
@@ -270,13 +342,15 @@ class LatestWriter:
 
     status.json changes with every phase change; writing it under the run's lock put a file write (milliseconds
     on a busy machine) on the path of every task. Here each change hands over a finished document (built under the
-    lock, so it is consistent) and returns; the writer thread serializes and replaces the file, skipping documents
+    lock, so it is consistent) and returns; the writer thread has `write` replace the file, skipping documents
     that a newer one for the same file has already replaced. `flush` waits until the latest ones are on disk. A
     write that fails leaves the file as it was and goes to `on_error`; later documents are still tried.
     """
 
-    def __init__(self, encode: Callable[[dict[str, Any]], str], on_error: Callable[[StateWriteError], None]) -> None:
-        self._encode = encode
+    def __init__(
+        self, write: Callable[[Path, dict[str, Any]], None], on_error: Callable[[StateWriteError], None]
+    ) -> None:
+        self._write = write
         self._on_error = on_error
         self._cond = threading.Condition()
         self._latest: dict[Path, dict[str, Any]] = {}
@@ -304,7 +378,7 @@ class LatestWriter:
             try:
                 for path, document in documents.items():
                     try:
-                        atomic_write(path, self._encode(document))
+                        self._write(path, document)
                     except StateWriteError as exc:
                         self._on_error(exc)
             finally:

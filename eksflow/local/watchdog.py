@@ -33,6 +33,8 @@ except ImportError:  # run as a script without site-packages: phase.py (the enum
     from phase import Phase  # type: ignore[import-not-found,no-redef]
 
 STOPPED_MESSAGE = "executor stopped"
+# Room on the state folder's disk an executor keeps allocated for its run's last status.json (rundir.RunFolder.reserve).
+SPARE_STATUS = ".status.json.spare"
 _POLL_S = 0.1
 
 
@@ -142,10 +144,13 @@ def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
         return False
     if not isinstance(document, dict) or not stopped_document(document, message):
         return False
-    tmp = os.path.join(run_dir, ".status.json.watchdog")
+    # The room the executor kept, where it left it: rewriting allocated bytes takes none from a disk that filled.
+    spare = os.path.join(run_dir, SPARE_STATUS)
+    tmp = spare if os.path.isfile(spare) else os.path.join(run_dir, ".status.json.watchdog")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2, ensure_ascii=False)
+        with open(tmp, "r+" if tmp == spare else "w", encoding="utf-8") as f:
+            json.dump(document, f, separators=(",", ":"), ensure_ascii=False)
+            f.truncate()
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):

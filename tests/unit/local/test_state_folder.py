@@ -142,6 +142,23 @@ def test_a_run_that_cannot_write_its_state_ends_failed_in_one_line_with_its_task
     assert view.phase == "Failed" and not view.running
 
 
+def test_when_the_disk_fills_get_shows_each_task_as_the_run_ended_it_not_as_executor_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fill` succeeds as it fills the disk: no new status.json fits, but the last one goes in the room kept for it."""
+    state = tmp_path / "state"
+    FailingDisk(monkeypatch, state, tmp_path / "full", lambda path: path.name == ".status.json.tmp", errno.ENOSPC)
+    result = run(filling(tmp_path), tmp_path)
+    assert result.phase == "Failed" and "No space left on device" in result.message
+    assert result.nodes["fill"].phase == "Succeeded"
+    view = load_run(state, result.name)
+    assert (view.phase, view.message) == (result.phase, result.message)
+    assert {k: (n.phase, n.message) for k, n in view.nodes.items()} == {
+        k: (n.phase, n.message) for k, n in result.nodes.items()
+    }
+    assert temporary(state) == []  # the room kept became status.json
+
+
 def test_a_state_folder_that_cannot_be_written_refuses_the_run_in_one_line_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -358,5 +375,7 @@ def test_on_a_full_disk_the_run_ends_failed_in_one_line_and_get_still_reads_it(t
     assert "No space left on device; free space on its disk" in ended[0]
     assert seen["temporary"] == [] and all(seen["documents"].values()), seen
     assert (got["rc"], listed["rc"], logs["rc"]) == (1, 0, 0), seen
-    assert got["out"].startswith("filled Failed") and "greet  Succeeded" in got["out"]
+    assert got["out"].startswith(f"filled Failed: {PROBLEM}{state}/runs/filled/"), got["out"]
+    assert "greet  Succeeded" in got["out"] and "fill  Succeeded" in got["out"]  # as the run printed them
+    assert "executor stopped" not in got["out"]
     assert not any(d["wrote"] or "Traceback" in d["err"] for d in (got, listed, logs))
