@@ -16,7 +16,12 @@ reviewed release is refused) into a cache folder every project on the machine sh
 
 A folder is named after the digest of what its lock installs and the interpreter's version, so an upgrade of
 eksflow that changes a lock installs a new folder beside the old one, and an interrupted install (no stamp) is
-removed and made again.
+removed and made again. Nothing in the cache is taken on its word (eksflow/llm/engine_trust.py): a link, a folder of
+another user's or one others may write is refused in one line, and before an engine runs its virtualenv is checked
+against its lock (its distributions, each file their RECORDs list, its program); one that differs is installed
+again. pip runs without compiling bytecode (`--no-compile`, half its time): the import check after the install
+compiles what the engine imports. pip and `python -m venv` run as children that die with the installer
+(engine_child.py), and an install fails early, in one line, where the cache's disk has no room for the engine.
 $EKSFLOW_VLLM_PYTHON and $EKSFLOW_LITELLM name an engine installed elsewhere instead.
 """
 
@@ -36,7 +41,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eksflow.errors import EXIT_FAILED, EksflowError
+from eksflow.llm import engine_child
+from eksflow.llm.engine_trust import (
+    EngineCacheError,
+    EngineError,
+    checked_path,
+    damage,
+    printable,
+    trusted,
+    trusted_descriptor,
+)
 
 try:
     import fcntl
@@ -47,13 +61,27 @@ LOCKS = Path(__file__).parent / "locks"
 STAMP = "eksflow-engine.json"
 CACHE_ENV = "EKSFLOW_ENGINES_DIR"
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", re.MULTILINE)
-
-
-class EngineError(EksflowError):
-    """An engine that cannot be installed or found; the message says which, why, and what to do."""
-
-    label = "engine error"
-    exit_code = EXIT_FAILED
+_NO_SPACE = ("No space left on device", "[Errno 28]")  # how pip says ENOSPC (ensurepip's own output is not shown)
+_FULL_MB = 64  # a disk with less free after a failed step was full: pip's own wheel unpacks to ~12 MB
+__all__ = [  # the errors are engine_trust's, named here too: callers know this module alone
+    "CACHE_ENV",
+    "ENGINES",
+    "LOCKS",
+    "STAMP",
+    "Engine",
+    "EngineCacheError",
+    "EngineError",
+    "cache_dir",
+    "command",
+    "damaged",
+    "eksflow_path",
+    "ensure",
+    "folder",
+    "install",
+    "installed",
+    "main",
+    "ready",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +95,7 @@ class Engine:
     check: str  # Python run by the new interpreter once installed
     override_env: str  # a variable naming the program of an engine installed elsewhere
     check_env: dict[str, str] = field(default_factory=dict)
+    megabytes: int = 0  # what the virtualenv takes on disk: an install with less room left fails before it starts
 
     @property
     def pins(self) -> int:
@@ -82,6 +111,7 @@ ENGINES = {
         "python",
         "import vllm, vllm.entrypoints.openai.api_server",
         "EKSFLOW_VLLM_PYTHON",
+        megabytes=2200,
     ),
     "litellm": Engine(
         "litellm",
@@ -91,15 +121,18 @@ ENGINES = {
         "import litellm.proxy.proxy_server",
         "EKSFLOW_LITELLM",
         {"LITELLM_LOCAL_MODEL_COST_MAP": "True"},  # no download of the cost map at import
+        megabytes=560,
     ),
 }
 
 
 def cache_dir() -> Path:
-    """Where engines live: $EKSFLOW_ENGINES_DIR, else the user's cache folder."""
+    """Where engines live: $EKSFLOW_ENGINES_DIR, else the user's cache folder; EngineCacheError for an unusable path."""
     if configured := os.environ.get(CACHE_ENV):
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eksflow" / "engines"
+        return checked_path(configured, f"${CACHE_ENV}")
+    if configured := os.environ.get("XDG_CACHE_HOME"):
+        return checked_path(configured, "$XDG_CACHE_HOME") / "eksflow" / "engines"
+    return Path.home() / ".cache" / "eksflow" / "engines"
 
 
 def folder(engine: Engine) -> Path:
@@ -112,23 +145,44 @@ def folder(engine: Engine) -> Path:
 
 
 def installed(engine: Engine) -> str:
-    """The engine's program if it is installed (or named by its variable), else ""."""
+    """The engine's program if it is installed (or named by its variable), else ""; EngineCacheError if untrusted.
+
+    Installed: its folder and stamp there, this user's or root's and writable by no one else (engine_trust.py). Whether
+    what is in it is still what its lock installed is `damage`'s to say (`command` asks it).
+    """
     if configured := os.environ.get(engine.override_env):
         return configured
     venv = folder(engine)
+    if not (trusted(venv.parent) and trusted(venv) and trusted(venv / STAMP, "file") and trusted(venv / "bin")):
+        return ""
     program = venv / "bin" / engine.program
-    return str(program) if (venv / STAMP).is_file() and program.is_file() else ""
+    return str(program) if os.path.lexists(program) else ""
+
+
+def damaged(engine: Engine) -> str:
+    """How the installed engine differs from what its lock installed ("" when it does not, or it is not installed)."""
+    if os.environ.get(engine.override_env) or not installed(engine):
+        return ""
+    return damage(folder(engine), engine.lock, engine.program)
 
 
 def command(engine: Engine) -> str:
-    """The engine's program; EngineError saying how to install it when it is not."""
+    """The engine's program, checked against its lock; EngineError saying how to install it when it is not there."""
     if found := installed(engine):
-        if not Path(found).is_file():
-            raise EngineError(f"${engine.override_env}={found}: no such file; unset it or name {engine.what}'s program")
+        if os.environ.get(engine.override_env):
+            if not Path(found).is_file():
+                raise EngineError(
+                    f"${engine.override_env}={printable(found)}: no such file; unset it or name {engine.what}'s program"
+                )
+        elif why := damaged(engine):
+            raise EngineError(
+                f"{engine.what} in {printable(str(folder(engine)))} is not what its lock installed ({why}): "
+                f"`python -m eksflow.llm.engines install {engine.name}` installs it again"
+            )
         return found
     raise EngineError(
-        f"{engine.what} is not installed in {folder(engine)}: `python -m eksflow.llm.engines install "
-        f"{engine.name}` installs it (a local run installs it itself before anything runs)"
+        f"{engine.what} is not installed in {printable(str(folder(engine)))}: `python -m eksflow.llm.engines install "
+        f"{engine.name}` installs it (a local run installs it itself, beside its first tasks)"
     )
 
 
@@ -142,8 +196,10 @@ def eksflow_path() -> str:
     home = cache_dir() / f"eksflow-{hashlib.sha256(str(package).encode()).hexdigest()[:12]}"
     link = home / "eksflow"
     try:
+        _make_cache_dir()
+        home.mkdir(mode=0o755, exist_ok=True)
+        trusted(home)  # the engine imports what the link names: the folder holding it is ours alone
         if not (link.is_symlink() and link.resolve() == package):
-            home.mkdir(parents=True, exist_ok=True)
             made = home / f".eksflow-{os.getpid()}"
             made.unlink(missing_ok=True)
             made.symlink_to(package, target_is_directory=True)
@@ -154,40 +210,86 @@ def eksflow_path() -> str:
 
 
 def ensure(names: Sequence[str], say: Callable[[str], None] = print) -> dict[str, str]:
-    """Each named engine's program, installing those that are missing (once per machine); EngineError if one fails."""
-    return {name: command(ENGINES[name]) if installed(ENGINES[name]) else install(ENGINES[name], say) for name in names}
+    """Each named engine's program, checked against its lock; those missing or damaged are installed (again).
+
+    EngineError if one cannot be.
+    """
+    return {name: ready(ENGINES[name], say) for name in names}
+
+
+def ready(engine: Engine, say: Callable[[str], None] = print) -> str:
+    """The engine's program once it is there and what its lock installed: installed (again) where it is not."""
+    if os.environ.get(engine.override_env) or (installed(engine) and not damaged(engine)):
+        return command(engine)
+    return install(engine, say)
 
 
 def install(engine: Engine, say: Callable[[str], None] = print) -> str:
     """Install `engine` into its folder (another process installing it is waited for); its program."""
     venv = folder(engine)
+    _make_cache_dir()
     with _locked(venv.with_name(venv.name + ".lock")):
-        if found := installed(engine):  # made meanwhile by another process
-            return found
-        shutil.rmtree(venv, ignore_errors=True)  # an install that did not finish
+        if installed(engine) and not (why := damaged(engine)):  # made meanwhile by another process
+            return str(venv / "bin" / engine.program)
+        if installed(engine):
+            say(f"{engine.what} in {venv} is not what its lock installed ({why}): installing it again")
+        shutil.rmtree(venv, ignore_errors=True)  # an install that did not finish, or one damaged since
+        _check_room(engine)
         say(f"installing {engine.what} into {venv}: once per machine ({engine.pins} packages, a few minutes)")
         started = time.monotonic()
         try:
-            _run([sys.executable, "-m", "venv", str(venv)], f"making the virtualenv of {engine.what}")
+            _run(engine, [sys.executable, "-m", "venv", str(venv)], f"making the virtualenv of {engine.what}")
             python = str(venv / "bin" / "python")
             pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--no-deps", "--require-hashes"]
-            _pip(engine, [*pip, "-r", str(engine.lock)], say)
-            _run([python, "-c", engine.check], f"importing {engine.what} after its install", engine.check_env)
+            _pip(engine, [*pip, "--no-compile", "-r", str(engine.lock)], say)
+            _run(engine, [python, "-c", engine.check], f"importing {engine.what} after its install", engine.check_env)
+            took = time.monotonic() - started
+            stamp = {"lock": engine.lock.name, "python": sys.version.split()[0], "seconds": round(took)}
+            fd = os.open(venv / STAMP, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(stamp) + "\n")
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)  # nothing half-made stays to be taken for an engine
             raise
-        took = time.monotonic() - started
-        stamp = {"lock": engine.lock.name, "python": sys.version.split()[0], "seconds": round(took)}
-        (venv / STAMP).write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         say(f"{engine.what} installed in {took:.0f} s")
         return str(venv / "bin" / engine.program)
+
+
+def _make_cache_dir() -> None:
+    """The cache folder, made writable by this user alone where it is missing; EngineCacheError if it is untrusted."""
+    home = cache_dir()
+    try:
+        home.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as err:
+        raise EngineCacheError(
+            f"cannot make the engines' folder {printable(str(home))} ({err.strerror}); set {CACHE_ENV}"
+        ) from None
+    trusted(home)
+
+
+def _check_room(engine: Engine) -> None:
+    """EngineError, before anything is written, when the cache's disk has no room for the engine."""
+    if (free := _free_mb()) < engine.megabytes:
+        raise EngineError(_no_space(engine, f"{free} MB free"))
+
+
+def _free_mb() -> int:
+    return shutil.disk_usage(cache_dir()).free // 2**20
+
+
+def _no_space(engine: Engine, detail: str) -> str:
+    return (
+        f"no space left on the disk of {printable(str(cache_dir()))} for {engine.what} (~{engine.megabytes} MB; "
+        f"{detail}): free some, or set {CACHE_ENV} to a folder on a bigger disk"
+    )
 
 
 def _pip(engine: Engine, argv: list[str], say: Callable[[str], None]) -> None:
     """Run pip, saying how many of the lock's packages it has collected every tenth one."""
     total, seen = engine.pins, 0
     tail: list[str] = []
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+    guarded = engine_child.argv(argv)
+    with subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         assert process.stdout is not None
         for line in process.stdout:
             tail = [*tail[-19:], line.rstrip()]
@@ -196,26 +298,42 @@ def _pip(engine: Engine, argv: list[str], say: Callable[[str], None]) -> None:
                 if seen % 10 == 0 or seen == total:
                     say(f"  {engine.name}: {seen}/{total} packages")
     if process.returncode != 0:
-        last = next((line for line in reversed(tail) if line.strip()), "(no output)")
-        raise EngineError(f"installing {engine.what} failed (pip exit {process.returncode}): {last}")
+        raise EngineError(_failure(engine, f"installing {engine.what}", f"pip exit {process.returncode}", tail))
 
 
-def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
+def _run(engine: Engine, argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(
+        engine_child.argv(argv), capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False
+    )
     if done.returncode != 0:
-        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        raise EngineError(f"{what} failed: {lines[-1] if lines else f'exit {done.returncode}'}")
+        raise EngineError(_failure(engine, what, f"exit {done.returncode}", (done.stderr or done.stdout).splitlines()))
+
+
+def _failure(engine: Engine, what: str, code: str, lines: Sequence[str]) -> str:
+    """One line for a failed install step: its last line of output, or no space named as such.
+
+    `python -m venv` shows only ensurepip's exit status, whatever failed in it: a disk left (nearly) full after the
+    failed step is taken for the cause, as is pip's own ENOSPC line.
+    """
+    if any(sign in line for line in lines for sign in _NO_SPACE) or _free_mb() < _FULL_MB:
+        return _no_space(engine, f"{what} failed")
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return f"{what} failed ({code}): {printable(last) or '(no output)'}"
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold `path`'s lock: one installer per engine on this machine at a time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")  # noqa: SIM115 (held until the install ends)
+    try:  # never through a link: the installer once created whatever file a planted `.lock` link named
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as err:
-        raise EngineError(f"cannot write the engines' folder {path.parent} ({err.strerror}); set {CACHE_ENV}") from None
-    with handle:
+        if path.is_symlink():
+            trusted(path, "file")  # says what a link there is, in one line
+        raise EngineCacheError(
+            f"cannot write the engines' folder {printable(str(path.parent))} ({err.strerror}); set {CACHE_ENV}"
+        ) from None
+    with os.fdopen(fd, "r+b") as handle:
+        trusted_descriptor(fd, path)
         if fcntl is not None:
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield

@@ -19,16 +19,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from eksflow.errors import EXIT_BAD_INPUT
 from eksflow.llm import engines
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE
+from eksflow.runtime.args import StepFailedError, StepInputError
 from eksflow.runtime.readable import log_tail
 
 SCRATCH_PREFIX = "eksflow-vllm-"
 
 
 def vllm_python() -> str:
-    """The interpreter that has vLLM: $EKSFLOW_VLLM_PYTHON, else the engine installed here, else this one (images)."""
-    return engines.installed(engines.ENGINES["vllm"]) or sys.executable
+    """The interpreter that has vLLM: $EKSFLOW_VLLM_PYTHON, else the engine installed here, else this one (images).
+
+    The engine of the machine's cache is checked against its lock first (eksflow.llm.engines.command): one that is
+    not what its lock installed, or a cache that cannot be trusted, fails the step in one line.
+    """
+    engine = engines.ENGINES["vllm"]
+    try:
+        return engines.command(engine) if engines.installed(engine) else sys.executable
+    except engines.EngineError as err:
+        raise (StepInputError if err.exit_code == EXIT_BAD_INPUT else StepFailedError)(str(err)) from None
 
 
 @contextmanager
