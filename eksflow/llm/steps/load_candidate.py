@@ -63,12 +63,6 @@ class Outputs(BaseModel):
     answer: str
 
 
-def run(args: Args) -> Outputs:
-    """Check the candidate, publish it into the free slot at weight 0, prove it answers."""
-    with rollout.recording_failures(args.state_file, STEP):
-        return _run(args)
-
-
 def check_candidate(args: Args, adapter: Path) -> None:
     """Every input check of the candidate's adapter folder (exit 2 on any); no server is contacted."""
     tags = rollout.version_tags(args.tracking_uri, args.model_name, args.model_version)
@@ -102,7 +96,9 @@ def champion_moved(compared: str | None, current: str | None) -> str:
     )
 
 
-def _run(args: Args) -> Outputs:
+@rollout.records_failures(STEP)
+def run(args: Args) -> Outputs:
+    """Check the candidate, publish it into the free slot at weight 0, prove it answers."""
     state = rollout.read_state(args.state_file)
     current = rollout.champion_version(args.tracking_uri, args.model_name)
     if args.model_version == current:

@@ -45,12 +45,6 @@ class Outputs(BaseModel):
     answer: str
 
 
-def run(args: Args) -> Outputs:
-    """Route everything to the candidate, compare-and-set `champion`, prove the public name answers from it."""
-    with rollout.recording_failures(args.state_file, STEP):
-        return _run(args)
-
-
 def compare_and_set(tracking_uri: str, model_name: str, expected: str, candidate: str) -> None:
     """Move `champion` to `candidate` only if it is still `expected` ("" = unset); StepFailedError otherwise."""
     current = rollout.champion_version(tracking_uri, model_name)
@@ -69,7 +63,9 @@ def compare_and_set(tracking_uri: str, model_name: str, expected: str, candidate
         )
 
 
-def _run(args: Args) -> Outputs:
+@rollout.records_failures(STEP)
+def run(args: Args) -> Outputs:
+    """Route everything to the candidate, compare-and-set `champion`, prove the public name answers from it."""
     state = rollout.read_state(args.state_file)
     if state.candidate_slot is None or not state.candidate_version:
         raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")

@@ -52,13 +52,9 @@ class Outputs(BaseModel):
     champion_slot: str
 
 
+@rollout.records_failures(STEP)
 def run(args: Args) -> Outputs:
     """Load the champion into its slot and route the public name to it."""
-    with rollout.recording_failures(args.state_file, STEP):
-        return _run(args)
-
-
-def _run(args: Args) -> Outputs:
     version = rollout.champion_version(args.tracking_uri, args.model_name)
     if not version:
         rollout.log(f"{args.model_name} has no champion yet: the first candidate takes all traffic once it passes")

@@ -36,23 +36,23 @@ class Outputs(BaseModel):
     weights: dict[str, float]
 
 
+@rollout.records_failures(lambda args: f"{STEP}-{args.percent:g}")
 def run(args: Args) -> Outputs:
     """Set the slot weights for this step."""
-    with rollout.recording_failures(args.state_file, f"{STEP}-{args.percent:g}"):
-        state = rollout.read_state(args.state_file)
-        if state.candidate_slot is None:
-            raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
-        weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, args.percent)
-        routes = rollout.routes(args)
-        routes.set_weights(weights)
-        if state.champion_slot is None:  # no champion routed the name before: the proxy may become ready only now
-            rollout.wait_routed(args, state.candidate_slot, timeout_s=args.timeout_s)
-        percent = 100.0 if state.champion_slot is None else args.percent
-        rollout.write_state(
-            args.state_file, state.model_copy(update={"percent": percent, "stage": f"{STEP}-{args.percent:g}"})
-        )
-        rollout.log(f"candidate v{state.candidate_version} now takes {percent:g}% ({routes.describe()}): {weights}")
-        return Outputs(weights=weights)
+    state = rollout.read_state(args.state_file)
+    if state.candidate_slot is None:
+        raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
+    weights = litellm_proxy.weights_for(args.model_name, state.champion_slot, state.candidate_slot, args.percent)
+    routes = rollout.routes(args)
+    routes.set_weights(weights)
+    if state.champion_slot is None:  # no champion routed the name before: the proxy may become ready only now
+        rollout.wait_routed(args, state.candidate_slot, timeout_s=args.timeout_s)
+    percent = 100.0 if state.champion_slot is None else args.percent
+    rollout.write_state(
+        args.state_file, state.model_copy(update={"percent": percent, "stage": f"{STEP}-{args.percent:g}"})
+    )
+    rollout.log(f"candidate v{state.candidate_version} now takes {percent:g}% ({routes.describe()}): {weights}")
+    return Outputs(weights=weights)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,13 +13,9 @@ from eksflow.llm.steps.common.evaluation import evaluation
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 
 
+@rollout.records_failures(lambda args: f"{STEP}-{args.percent:g}")
 def run(args: Args) -> Outputs:
     """Send live traffic and the probe set, compute the metrics, decide, report."""
-    with rollout.recording_failures(args.state_file, f"{STEP}-{args.percent:g}"):
-        return _run(args)
-
-
-def _run(args: Args) -> Outputs:
     state = rollout.read_state(args.state_file)
     if state.candidate_slot is None or not state.candidate_version:
         raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")

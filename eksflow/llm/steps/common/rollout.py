@@ -12,12 +12,12 @@ Keys never travel as parameters: steps read them from the serving Secret mounted
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -37,6 +37,7 @@ READY_TOKENS = 32  # the readiness answer to a held-out row: enough for the demo
 PROBE_ROWS = 8  # held-out rows a restored champion must answer before a rollback reports it serving
 
 Phase = Literal["Progressing", "Healthy", "Degraded", "RolledBack"]
+OutputsT = TypeVar("OutputsT", bound=BaseModel)
 
 
 class FleetArgs(StepArgs):
@@ -56,6 +57,9 @@ class FleetArgs(StepArgs):
     )
     routes_file: Path = Field(description="the routes file on FSx that every proxy pod routes by")
     state_file: Path = Field(description="this rollout's state file on FSx (rollout/state.json in the run folder)")
+
+
+ArgsT = TypeVar("ArgsT", bound=FleetArgs)
 
 
 class RolloutState(BaseModel):
@@ -92,15 +96,30 @@ def write_state(path: Path, state: RolloutState) -> None:
     atomic_write_text(path, state.model_dump_json(indent=2))
 
 
-@contextmanager
-def recording_failures(path: Path, step: str) -> Iterator[None]:
-    """Record any failure of the block as the state's `failure` (for the exit handler), then let it propagate."""
-    try:
-        yield
-    except (StepFailedError, StepInputError) as err:
-        state = read_state(path)
-        write_state(path, state.model_copy(update={"failure": f"{step}: {err}"[: tracking.MAX_TAG_CHARS]}))
-        raise
+def records_failures(
+    step: str | Callable[[Any], str],
+) -> Callable[[Callable[[ArgsT], OutputsT]], Callable[[ArgsT], OutputsT]]:
+    """Decorate a rollout step's `run(args)`: a failure it raises is recorded as the state's `failure`, then raised.
+
+    The exit handler tags the version with that line. `step` names the step in it: its name, or a function of the
+    args for a step run once per canary weight (`analyze-10`, `shift-50`).
+    """
+
+    def decorate(run: Callable[[ArgsT], OutputsT]) -> Callable[[ArgsT], OutputsT]:
+        @functools.wraps(run)
+        def recorded(args: ArgsT) -> OutputsT:
+            try:
+                return run(args)
+            except (StepFailedError, StepInputError) as err:
+                name = step if isinstance(step, str) else step(args)
+                state = read_state(args.state_file)
+                failure = f"{name}: {err}"[: tracking.MAX_TAG_CHARS]
+                write_state(args.state_file, state.model_copy(update={"failure": failure}))
+                raise
+
+        return recorded
+
+    return decorate
 
 
 def secret(secrets_dir: Path, name: str) -> str:
