@@ -2,7 +2,9 @@
 
 Local tasks run in the project that holds the pipeline (its folder is their working directory and is on their
 PYTHONPATH), so a user's steps run from the user's project, not from eksflow's. Before anything starts, every
-config section that declares `local_problems()` (a step's settings, e.g. a dataset that must exist here) is asked.
+config section that declares `local_problems()` (a step's settings, e.g. a dataset that must exist here; the MLflow
+server that must answer) is asked. A resume with other settings is refused, except settings marked REPORTING
+(eksflow.runtime.args): they change where the run reports, not what it computes, and the resume takes them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.markup import escape
 from eksflow.config import PipelineConfig
 from eksflow.errors import EXIT_FAILED, ConfigError
 from eksflow.pipeline import Pipeline
+from eksflow.runtime.args import is_reporting
 from eksflow.runtime.libraries import check_installed
 from eksflow.runtime.rundir import report_path
 from eksflow.runtime.shown import shown
@@ -67,7 +70,7 @@ def run_locally(
     given = bool(args.config or args.overrides or args.variant)  # else a resume keeps the run's own inputs
     return execute(
         rendered, args.state_dir, args.resume, console, root=root, memoize=not args.no_memoize, config=config,
-        inputs_given=given, nodes=args.nodes,
+        inputs_given=given, nodes=args.nodes, reporting=reporting_keys(type(pipeline.cfg)),
     )  # fmt: skip
 
 
@@ -81,16 +84,32 @@ def step_modules(rendered: Mapping[str, Any]) -> set[str]:
     return modules
 
 
-def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """The dotted keys whose values differ between two configs, as `key (old -> new)`."""
-    changed = []
+    return list(_changes(saved, new).values())
+
+
+def _changes(saved: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Each dotted key whose value differs, with `key (old -> new)`."""
+    changed = {}
     for key in sorted(set(saved) | set(new)):
         old, value = saved.get(key), new.get(key)
         if isinstance(old, Mapping) and isinstance(value, Mapping):
-            changed += config_changes(old, value, f"{prefix}{key}.")
+            changed.update(_changes(old, value, f"{prefix}{key}."))
         elif old != value:
-            changed.append(f"{prefix}{key} ({_short(old)} -> {_short(value)})")
+            changed[f"{prefix}{key}"] = f"{prefix}{key} ({_short(old)} -> {_short(value)})"
     return changed
+
+
+def reporting_keys(model: type[BaseModel], prefix: str = "") -> frozenset[str]:
+    """The dotted keys of the settings marked REPORTING: where a run reports (a tracking server, a link)."""
+    keys: set[str] = set()
+    for name, field in model.model_fields.items():
+        if is_reporting(field):
+            keys.add(f"{prefix}{name}")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys |= reporting_keys(field.annotation, f"{prefix}{name}.")
+    return frozenset(keys)
 
 
 def _short(value: object) -> str:
@@ -115,11 +134,13 @@ def execute(
     config: Mapping[str, Any] | None = None,
     inputs_given: bool = True,
     nodes: int = 1,
+    reporting: frozenset[str] = frozenset(),
 ) -> int:
     """Run the manifest with the local executor (or resume run `resume`) and print what each task produced.
 
     A resume with no inputs given (`inputs_given` False: no --config, --set or --variant) keeps the run's own
-    manifest and parameters, as `argo retry` does; with inputs, it is refused if they differ from the run's.
+    manifest and parameters, as `argo retry` does; with inputs, it is refused if they differ from the run's, but
+    for the `reporting` keys (where the run reports, not what it computes): then the new manifest is the run's.
     A run that cannot start raises LocalExecutorError (RunNotFoundError for a missing run) for the CLI's `main`.
     """
     from eksflow.local import LocalExecutorError, RunInterrupted, resume_workflow, run_workflow
@@ -132,13 +153,21 @@ def execute(
         if resume is not None:  # `--resume ""` names no run: refused, never a fresh run
             folder = run_folder(state_dir, resume)
             saved = folder.read_config()
+            changed = _changes(saved, config) if inputs_given and saved is not None and config is not None else {}
+            if computing := [text for key, text in changed.items() if key not in reporting]:
+                raise LocalExecutorError(
+                    f"run {resume!r} started with other settings: {', '.join(computing)}; resume without "
+                    "--config/--set to keep its own, re-run failed tasks with new parameter values (retry), or start "
+                    "a new run"
+                )
             if not inputs_given:
                 result = resume_workflow(folder.path, **settings)
-            elif saved is not None and config is not None and (changed := config_changes(saved, config)):
-                raise LocalExecutorError(
-                    f"run {resume!r} started with other settings: {', '.join(changed)}; resume without --config/--set "
-                    "to keep its own, re-run failed tasks with new parameter values (retry), or start a new run"
+            elif changed:  # only where the run reports: the manifest built with them is the run's from now on
+                taken = (
+                    f"resuming {resume} with new {', '.join(changed.values())}: where it reports, not what it computes"
                 )
+                console.print(shown(taken), markup=False, highlight=False, soft_wrap=True)
+                result = resume_workflow(folder.path, manifest=rendered, config=config, adopt=True, **settings)
             else:
                 result = resume_workflow(folder.path, manifest=rendered, **settings)
         else:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from eksflow import Location, Pipeline, PipelineConfig, Ref, Resources, Section, Settings, TaskRef, config_hash, task
 from eksflow.config import StorageSettings
 from eksflow.llm.steps import report
+from eksflow.llm.tracking_server import server_problem, uri_problem
+from eksflow.runtime.args import REPORTING
 
 BIG = Resources(cpu_request=1, memory_request="8Gi")  # a model in memory on one thread: evaluate, register
 
@@ -36,11 +39,15 @@ class ModelStorage(StorageSettings):
 
 
 class MlflowSettings(Settings):
-    """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume."""
+    """Tracking server and registry. Locally a sqlite file on the (mapped) FSx volume.
 
-    tracking_uri: Location = Field(
+    Where a run reports, not what it computes: `run --resume` takes a new tracking_uri or ui_url (REPORTING).
+    """
+
+    tracking_uri: Annotated[Location, REPORTING] = Field(
         "sqlite:////fsx/mlflow/mlflow.db",
-        description="http(s)://server or sqlite:///path, without credentials (MLflow reads MLFLOW_TRACKING_TOKEN)",
+        description="http(s)://server[:port][/path], sqlite:////path.db, file:///folder, postgresql://host/db or "
+        "databricks, without credentials (MLflow reads MLFLOW_TRACKING_TOKEN)",
     )
     experiment: str = Field(
         "", description="MLflow experiment of this pipeline's runs; empty: the pipeline's name (one per pipeline)"
@@ -50,9 +57,26 @@ class MlflowSettings(Settings):
         pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$",
         description="registered model name; empty: the pipeline's name",
     )
-    ui_url: str = Field(
+    ui_url: Annotated[str, REPORTING] = Field(
         "", pattern=r"^$|^https?://", description="MLflow UI address users' browsers reach, for links in outputs"
     )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_tracking_uri(cls, uri: str) -> str:
+        if problem := uri_problem(uri):
+            raise ValueError(problem)
+        return uri
+
+    def local_problems(self) -> list[str]:
+        """`tracking_uri: problem` when its server does not answer (asked by `run` before any task starts).
+
+        A database or file store is made by the first step that opens it; an http(s) server must be up now, or
+        training would run untracked and evaluate fail after it.
+        """
+        if urlsplit(self.tracking_uri).scheme.lower() not in ("http", "https"):
+            return []
+        return [f"tracking_uri: {problem}"] if (problem := server_problem(self.tracking_uri)) else []
 
 
 @dataclass(frozen=True)
@@ -101,6 +125,18 @@ class LlmPipelineConfig(PipelineConfig):
     # A declared default is validated as a given value is: `mlflow: MlflowSettings = MlflowSettings(ui_url=...)`,
     # redeclared by a pipeline, still gets its model named (_model_named).
     model_config = ConfigDict(validate_default=True)
+
+    # Declared by the pipelines that train or serve (base_model_field): one rule for their base model and data.source.
+    @field_validator("base_model", check_fields=False)
+    @classmethod
+    def _a_model_location(cls, reference: str) -> str:
+        from eksflow.llm.steps.common.base_model import DEMO_MODEL  # light: no model library until one loads
+        from eksflow.llm.steps.common.storage import location_problem  # light: no cloud library
+
+        accepted = f"{DEMO_MODEL} (the demo), a model folder, file:///absolute/path or s3://bucket/prefix"
+        if problem := location_problem(reference, accepted):
+            raise ValueError(problem)
+        return reference
 
     @field_validator("mlflow")
     @classmethod

@@ -305,12 +305,16 @@ def resume_workflow(
     manifest: Mapping[str, Any] | None = None,
     memoize: bool = True,
     nodes: int = 1,
+    config: Mapping[str, Any] | None = None,
+    adopt: bool = False,
 ) -> RunResult:
     """Re-run a finished run like `argo retry`: Succeeded nodes keep their outputs, the rest run again.
 
     `manifest` and `parameters` are what the caller would run now (the CLI's --config/--set); if they differ from
     the run's own inputs, resuming is refused naming what changed (use retry_run to override parameters, or a new
-    run). A run whose executor died is settled first, and task processes it left running are stopped.
+    run). With `adopt`, the caller has checked that `manifest` (built from `config`) differs from the run's only in
+    where the run reports (eksflow.run): both replace the run's own, and what did not succeed runs with them. A run
+    whose executor died is settled first, and task processes it left running are stopped.
     """
     folder = RunFolder(run_dir.resolve())
     orphans = folder.settle()
@@ -322,6 +326,9 @@ def resume_workflow(
             console.print(shown(line), markup=False, highlight=False)
     saved, document = folder.read()
     saved_parameters = read_parameters(document)
+    if adopt and manifest is not None:
+        settings = RunSettings(cwd, dict(env or {}), console, memoize, nodes=nodes)
+        return _rerun(folder, saved, document, {}, settings, adopted=(plain_manifest(manifest), config))
     changes = changed_inputs(saved, saved_parameters, manifest, parameters)
     if changes:
         what = [f"parameter {p}" for p in changes.parameters] + changes.other
@@ -352,14 +359,24 @@ def retry_run(
 
 
 def _rerun(
-    folder: RunFolder, saved: dict[str, Any], document: dict[str, Any], overrides: dict[str, str], settings: RunSettings
+    folder: RunFolder,
+    saved: dict[str, Any],
+    document: dict[str, Any],
+    overrides: dict[str, str],
+    settings: RunSettings,
+    adopted: tuple[dict[str, Any], Mapping[str, Any] | None] | None = None,
 ) -> RunResult:
-    workflow = parse_manifest(saved)
+    """Run again what did not succeed; `adopted`: a manifest (and its config) that replaces the run's own first."""
+    workflow = parse_manifest(adopted[0] if adopted else saved)
     status = document.get("status", {})
     if status.get("phase") == Phase.SUCCEEDED:
         raise LocalExecutorError(f"run {folder.name!r} already Succeeded; there is nothing to resume or retry")
     if folder.held():
         raise LocalExecutorError(folder.busy_message())
+    if adopted is not None:  # checked above to be resumable: only now is the run's own manifest replaced
+        folder.write_manifest(adopted[0])
+        if adopted[1] is not None:
+            folder.write_config(adopted[1])
     parameters = effective_parameters(workflow, {**read_parameters(document), **overrides})
     history = list(status.get("overrides", []))
     if overrides:

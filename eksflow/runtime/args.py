@@ -46,6 +46,22 @@ def _no_control_characters(value: str) -> str:
 Location = Annotated[str, _LocationMarker(), AfterValidator(_no_control_characters)]
 
 
+class _ReportingMarker:
+    """Marks a setting that changes where a run reports (a tracking server, a link), never what it computes."""
+
+    def __repr__(self) -> str:
+        return "Reporting"
+
+
+# `ui_url: Annotated[str, REPORTING] = Field(...)`: `run --resume` takes a new value of it (eksflow.run).
+REPORTING = _ReportingMarker()
+
+
+def is_reporting(field: FieldInfo) -> bool:
+    """True for a setting marked REPORTING: where a run reports, not what it computes."""
+    return any(isinstance(meta, _ReportingMarker) for meta in field.metadata)
+
+
 def is_location(field: FieldInfo) -> bool:
     """True for fields holding a path: Path (or Path | None) and `Location` text."""
     if any(isinstance(meta, _LocationMarker) for meta in field.metadata):

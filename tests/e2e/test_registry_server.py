@@ -279,3 +279,18 @@ def test_aliases_only_and_champion_moves_only_on_promote(tmp_path, server):
     )
     check = evaluate_gate.champion_gate({"exact_match": 0.92}, champion, EVAL_SET, "exact_match", 0.05)
     assert not check.passed and check.required == pytest.approx(0.95)
+
+
+def test_a_local_runs_preflight_finds_the_tracking_server_and_its_registry_up_then_down(server):
+    """MlflowSettings.local_problems asks the REST API what the steps will (issue 55: found only after training)."""
+    from eksflow.llm.pipeline import MlflowSettings
+
+    settings = MlflowSettings(tracking_uri=server.uri)
+    assert settings.local_problems() == []
+    server.kill()
+    try:
+        (line,) = settings.local_problems()  # refused, or reset by what the killed server left: the system's words
+        assert line.startswith(f"tracking_uri: MLflow at {server.uri} cannot be reached (connection re"), line
+        assert line.endswith("); start its server or fix the URI"), line
+    finally:
+        server.start()

@@ -32,17 +32,20 @@ S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")  # AWS's bucket nam
 ACCEPTED = "a dataset folder, file:///absolute/path or s3://bucket/prefix"
 
 
-def location_problem(uri: str) -> str | None:
-    """Why `uri` is not a location a step can read (checked before anything runs: no I/O), or None."""
+def location_problem(uri: str, accepted: str = ACCEPTED) -> str | None:
+    """Why `uri` is not a location a step can read (checked before anything runs: no I/O), or None.
+
+    `accepted` says what the setting takes (a dataset's forms by default; a base model's: its demo name too).
+    """
     if not uri.strip():
-        return f"is empty; give {ACCEPTED}"
+        return f"is empty; give {accepted}"
     if uri != uri.strip():
         return "has spaces around it; remove them"
     parsed = urlparse(uri)
     if uri.startswith("s3://"):
         if not S3_BUCKET.fullmatch(parsed.netloc) or ".." in parsed.netloc:
             rule = "3-63 lower-case letters, digits, '.' and '-'"
-            return f"names no valid bucket ({parsed.netloc!r}: {rule}); give {ACCEPTED}"
+            return f"names no valid bucket ({parsed.netloc!r}: {rule}); give {accepted}"
         if parsed.query or parsed.fragment or "?" in uri or "#" in uri:
             return "holds a query or fragment; give s3://bucket/prefix"
         parts = parsed.path.lstrip("/").split("/")
@@ -54,7 +57,7 @@ def location_problem(uri: str) -> str | None:
             return "is not file:///absolute/path (a file URI has three slashes and an absolute path)"
         return None
     if "://" in uri:
-        return f"has a scheme eksflow does not read; give {ACCEPTED}"
+        return f"has a scheme eksflow does not read; give {accepted}"
     return None
 
 

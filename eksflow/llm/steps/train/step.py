@@ -127,22 +127,24 @@ def _on_sigterm(root: Path) -> Any:
 
 
 def _mlflow_run(args: Args) -> str:
-    """The run id stored by an earlier attempt of this step, or a new run; "" when MLflow is unreachable."""
+    """The run id stored by an earlier attempt of this step, or a new run; "" without a tracking URI.
+
+    An MLflow that cannot start the run fails the step before its first training step (TrackingError, exit 1: a
+    retry may find the server up), not after it: evaluate and register need that server, so a model trained
+    untracked was trained for nothing (docs/reliability.md ML4).
+    """
     stored = args.output_dir / RUN_ID_FILE
     if stored.is_file():
         return stored.read_text(encoding="utf-8").strip()
     if not args.tracking_uri:
         return ""
-    try:
+    with tracking.errors(args.tracking_uri, "starting the training run, before any training step"):
         run_id = tracking.start_run(
             args.tracking_uri,
             args.experiment,
             args.run_name,
             {"eksflow.step": "train", tracking.WORKFLOW_TAG: args.run_name},
         )
-    except Exception as err:
-        print(f"warning: MLflow unreachable, training without tracking: {err}")
-        return ""
     tracking.log_params(args.tracking_uri, run_id, _flat_params(args))
     stored.write_text(run_id, encoding="utf-8")
     return run_id
