@@ -6,6 +6,7 @@ plugin gives each pod a DNS name). Volcano admits the Job only when every pod ca
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from eksflow import profiles
@@ -31,6 +32,7 @@ class VolcanoJob(JobLauncher):
             raise PipelineError(
                 f"distributed({request.step.__name__}): no neuron_step= for Trainium "
                 f"({request.profile.instance_type}); fix: pass the step's Neuron variant as neuron_step="
+                + _neuron_variant(request.step.__name__)
             )
         return request
 
@@ -101,3 +103,17 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
 
 
 register(VolcanoJob())
+
+
+def _neuron_variant(step: str) -> str:
+    """`train_neuron (the module eksflow.llm.steps.train_neuron: ...)`: the step's `<name>_neuron`, when it has one."""
+    package, _, name = step.rpartition(".")
+    variant = f"{step}_neuron"
+    try:
+        found = importlib.util.find_spec(variant) is not None  # looked up, not imported: it needs optimum-neuron
+    except (ImportError, ValueError):  # a step outside any importable package
+        found = False
+    if not found:
+        return "<module>, a module that runs the step under torchrun on Neuron cores"
+    imported = f": `from {package} import {name}_neuron`" if package else ""
+    return f"{name}_neuron (the module {variant}{imported})"
