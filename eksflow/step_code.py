@@ -15,13 +15,30 @@ first), a package step's `__main__` (what `python -m` runs), and a name a packag
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 SDK_PACKAGE = "eksflow"
 SDK_FOLDER = Path(__file__).resolve().parent
 LAZY_NAMES = "_PUBLIC"  # a package's map of the names it loads on first use to the modules defining them
+
+
+class ImportStatement(NamedTuple):
+    """`import module` (names None), or `from <level dots><module> import names`."""
+
+    level: int
+    module: str | None
+    names: tuple[str, ...] | None
+
+
+class Source(NamedTuple):
+    """What a module's text says for its code: the imports that run, and its `_PUBLIC` map."""
+
+    imports: tuple[ImportStatement, ...]
+    lazy_names: tuple[tuple[str, str], ...]
 
 
 def step_sources(step: ModuleType) -> list[str]:
@@ -39,8 +56,22 @@ def step_sources(step: ModuleType) -> list[str]:
         text = path.read_text(encoding="utf-8")
         found[name] = text
         pending += packages_of(name)
-        pending += project.imports_of(name, ast.parse(text, str(path)), is_package=path.name == "__init__.py")
+        pending += project.imports_of(name, read(text), is_package=path.name == "__init__.py")
     return [f"{name}\n{found[name]}" for name in sorted(found)]
+
+
+@functools.lru_cache(maxsize=4096)
+def read(text: str) -> Source:
+    """The imports and lazy names of a module's source, parsed once per text (every task of a step shares them)."""
+    tree = ast.parse(text)
+    imports = []
+    for node in run_time_nodes(tree):
+        if isinstance(node, ast.Import):
+            imports += [ImportStatement(0, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imports.append(ImportStatement(node.level, node.module, tuple(alias.name for alias in node.names)))
+    lazy = next((found for node in tree.body if (found := lazy_map(node))), {})
+    return Source(tuple(imports), tuple(lazy.items()))
 
 
 def packages_of(name: str) -> list[str]:
@@ -63,7 +94,6 @@ class ProjectModules:
             for _ in range(len(parts) - (1 if is_package else 2)):
                 root = root.parent
             self.roots[parts[0]] = root.resolve()
-        self._lazy: dict[str, dict[str, str]] = {}
 
     def file_of(self, name: str) -> Path | None:
         """The source file of module `name` when it is the project's, else None."""
@@ -77,32 +107,26 @@ class ProjectModules:
         candidates = [folder / "__init__.py", *([folder.with_suffix(".py")] if rest else [])]
         return next((candidate for candidate in candidates if candidate.is_file()), None)
 
-    def imports_of(self, name: str, tree: ast.Module, *, is_package: bool) -> list[str]:
-        """The modules `tree` (the source of module `name`) imports when it runs."""
+    def imports_of(self, name: str, source: Source, *, is_package: bool) -> list[str]:
+        """The modules `source` (of module `name`) imports when it runs."""
         package = name if is_package else name.rpartition(".")[0]
         found = []
-        for node in run_time_nodes(tree):
-            if isinstance(node, ast.Import):
-                found += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = absolute(package, node.level, node.module)
-                found.append(base)
-                found += [self.imported_name(base, alias.name) for alias in node.names if alias.name != "*"]
+        for statement in source.imports:
+            if statement.names is None:
+                found.append(statement.module or "")
+                continue
+            base = absolute(package, statement.level, statement.module)
+            found.append(base)
+            found += [self.imported_name(base, imported) for imported in statement.names if imported != "*"]
         return found
 
     def imported_name(self, package: str, name: str) -> str:
         """What `from package import name` runs: the submodule `name`, or the module `package` loads it from."""
         if self.file_of(f"{package}.{name}") is not None:
             return f"{package}.{name}"
-        return self.lazy_names(package).get(name, package)
-
-    def lazy_names(self, package: str) -> dict[str, str]:
-        """The package's `_PUBLIC` map (name -> module), read from its `__init__`, or nothing."""
-        if package not in self._lazy:
-            path = self.file_of(package)
-            body = ast.parse(path.read_text(encoding="utf-8"), str(path)).body if path is not None else []
-            self._lazy[package] = next((found for node in body if (found := lazy_map(node))), {})
-        return self._lazy[package]
+        path = self.file_of(package)
+        lazy = dict(read(path.read_text(encoding="utf-8")).lazy_names) if path is not None else {}
+        return lazy.get(name, package)
 
 
 def lazy_map(node: ast.stmt) -> dict[str, str]:
