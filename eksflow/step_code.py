@@ -149,7 +149,7 @@ def lazy_map(node: ast.stmt) -> dict[str, str]:
 
 
 def absolute(package: str, level: int, module: str | None) -> str:
-    """The module a `from` import names: `from ..x import y` in package a.b.c is a.x."""
+    """The module a `from` import names: in a module of package a.b.c, `from ..x import y` names a.b.x."""
     if level == 0:
         return module or ""
     parts = package.split(".")
