@@ -52,11 +52,10 @@ from eksflow.local.pod_network import (
     PodNetwork,
     PodNetworkError,
     hand_over,
-    kill_netns,
     remove_network,
     unavailable,
 )
-from eksflow.local.watchdog import start_time
+from eksflow.local.watchdog import kill_netns, start_time
 
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "munge", "slurm-client")
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")

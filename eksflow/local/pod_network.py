@@ -11,9 +11,14 @@ bridge, whatever this machine forwards; pod traffic reaches pods and the host's 
 
 Every object is named after the network's tag (bridge efb<tag>, namespaces ef<tag>-<n>, veths efv<tag><n>) and
 recorded in REGISTRY/<tag>/ with the executor that owns it. `close` removes the pods (their processes first),
-the bridge and the record; `sweep`, which every new network runs first, does the same for the networks of
-executors that are gone (killed with SIGKILL, say), so nothing outlives its run. A network made for daemons (the
-local Slurm's nodes) is handed over to one of them and lives as long as it does.
+the bridge and the record. An executor killed (SIGKILL, say) cannot: its watchdog (watchdog.py, told of the
+network) removes it then, and `sweep`, which every new network runs first, removes the networks of any executor
+that is gone, so nothing outlives its run. The removal itself lives in watchdog.py, which runs without
+site-packages. A network made for daemons (the local Slurm's nodes) is handed over to one of them and lives as long
+as it does.
+
+A network's /24 is one that no interface address of this machine and no route (of any routing table) overlaps:
+packets for a pod whose /24 another route also covers could go that way instead of to the bridge.
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
+import json
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -35,15 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eksflow.errors import EXIT_FAILED, EksflowError
-from eksflow.local.watchdog import start_time
+from eksflow.local.watchdog import NETNS, delete_netns, remove_pod_network, start_time
 from eksflow.profiles import POD_INTERFACE  # the name the training pods' socket settings give gloo and NCCL
 
 REGISTRY = Path("/run/eksflow/pod-networks")
 POD_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544's benchmarking range: never a real network's
-_NETNS = Path("/run/netns")
 _ENTER = Path(__file__).with_name("enter_pod.py")
-_KILL_WAIT_S = 5.0
-_DELETE_TRIES = 10
 _TAG = re.compile(r"[0-9a-f]{6}")  # secrets.token_hex(3)
 
 
@@ -76,7 +78,7 @@ class Pod:
 
     def exists(self) -> bool:
         """Whether the pod's namespace is still there (a lost node takes its pods' namespaces with it)."""
-        return (_NETNS / self.netns).exists()
+        return (NETNS / self.netns).exists()
 
     def enter(self, hosts: Path) -> list[str]:
         """The argv prefix that starts this pod with a command, its PID 1 (the command follows it)."""
@@ -175,14 +177,14 @@ class PodNetwork:
             pod = self._pods.pop(name, None)
         if pod is None:
             return
-        _delete_netns(pod.netns)
+        delete_netns(pod.netns)
         self._write_hosts()
 
     def close(self) -> None:
         """Remove every pod, the bridge and the record."""
         for name in list(self._pods):
             self.remove(name)
-        _remove(self.folder)
+        remove_pod_network(self.folder)
 
     def _write_hosts(self) -> None:
         with self._lock:
@@ -195,45 +197,18 @@ class PodNetwork:
                 hosts.write("\n".join(lines) + "\n")
 
 
-def netns_pids(netns: str) -> list[int]:
-    """The processes inside network namespace `netns` (what `ip netns pids` lists)."""
-    try:
-        target = (_NETNS / netns).stat().st_ino
-    except OSError:
-        return []
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "ns" / "net").stat().st_ino == target:
-                    pids.append(int(entry.name))
-    return pids
-
-
-def kill_netns(netns: str, sig: int = signal.SIGKILL) -> None:
-    """Send `sig` to every process in `netns`; for SIGKILL, until none is left (a node's loss, or its end)."""
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while pids := netns_pids(netns):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        if sig != signal.SIGKILL or time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-
-
 def sweep(registry: Path = REGISTRY) -> list[str]:
     """Remove the pod networks whose executor is gone, and pod namespaces and bridges no network records; their tags."""
     removed = []
     for folder in sorted(registry.iterdir()) if registry.is_dir() else []:
         if folder.is_dir() and not _owner_alive(folder / "owner"):
-            _remove(folder)
+            remove_pod_network(folder)
             removed.append(folder.name)
     # a record is made before its bridge and namespaces and removed after them: one without a record was left behind
-    for netns in sorted(_NETNS.glob("ef*-*")) if _NETNS.is_dir() else []:
+    for netns in sorted(NETNS.glob("ef*-*")) if NETNS.is_dir() else []:
         tag = netns.name[2:].partition("-")[0]
         if _TAG.fullmatch(tag) and not (registry / tag).is_dir():
-            _delete_netns(netns.name)
+            delete_netns(netns.name)
             removed.append(tag)
     for link in _ip("-o", "link", "show", "type", "bridge").splitlines():
         bridge = link.split(":")[1].strip()
@@ -252,29 +227,7 @@ def hand_over(tag: str, pid: int, registry: Path = REGISTRY) -> None:
 def remove_network(tag: str, registry: Path = REGISTRY) -> None:
     """Remove network `tag` (its pods with their processes, its bridge, its record), whoever owns it."""
     if _TAG.fullmatch(tag) and (registry / tag).is_dir():
-        _remove(registry / tag)
-
-
-def _remove(folder: Path) -> None:
-    tag = folder.name
-    for netns in sorted(_NETNS.glob(f"ef{tag}-*")) if _NETNS.is_dir() else []:
-        _delete_netns(netns.name)
-    with contextlib.suppress(PodNetworkError):
-        _ip("link", "delete", f"efb{tag}")
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _delete_netns(netns: str) -> None:
-    """Kill what is in `netns`, then remove it; retried while a dying pod's mount namespace still holds its file."""
-    for _ in range(_DELETE_TRIES):
-        kill_netns(netns)
-        try:
-            _ip("netns", "delete", netns)
-            return
-        except PodNetworkError:
-            if not (_NETNS / netns).exists():
-                return
-            time.sleep(0.2)
+        remove_pod_network(registry / tag)
 
 
 def _write_owner(folder: Path, pid: int) -> None:
@@ -294,8 +247,8 @@ def _owner_alive(owner: Path) -> bool:
 
 
 def _free_subnet(registry: Path) -> ipaddress.IPv4Network:
-    """A /24 of POD_RANGE that no interface here and no other run's network uses."""
-    used: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
+    """A /24 of POD_RANGE that no interface here, no route and no other run's network uses."""
+    used: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = _routed()
     listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False)
     for line in listed.stdout.splitlines():
         words = line.split()
@@ -308,7 +261,26 @@ def _free_subnet(registry: Path) -> ipaddress.IPv4Network:
     for subnet in POD_RANGE.subnets(new_prefix=24):
         if not any(subnet.overlaps(other) for other in used):
             return subnet
-    raise PodNetworkError(f"every /24 of {POD_RANGE} is in use on this machine; end other runs with nodes first")
+    raise PodNetworkError(
+        f"every /24 of {POD_RANGE} is in use on this machine (an address, a route or another run's pod network); "
+        "end other runs with nodes, or remove the routes into it (ip route show table all)"
+    )
+
+
+def _routed() -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The destinations of the IPv4 routes of every routing table, default routes aside (they cover every address).
+
+    A route that covers a pod's address (a VPN's, say) may take the host's packets for the pod elsewhere than to
+    the bridge: a longer prefix does, and so does any route of a table that a rule consults first.
+    """
+    listed = json.loads(_ip("-j", "-4", "route", "show", "table", "all") or "[]")
+    routed: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
+    for route in listed:
+        destination = route.get("dst", "default")
+        if destination != "default":
+            with contextlib.suppress(ValueError):
+                routed.add(ipaddress.ip_network(destination, strict=False))
+    return routed
 
 
 @contextlib.contextmanager

@@ -5,11 +5,14 @@ SIGHUP or a Ctrl-C to the executor's process group does not reach it), it reads 
 
     +PID START    a task process started (its own session and process group, both numbered PID)
     -PID          that process was reaped by the executor
+    net FOLDER    the run's pod network (simulated nodes), recorded in FOLDER (pod_network.py's registry)
     exit          the executor finished normally: nothing to do
 
 End of input without `exit` means the executor is gone. Each live task session then gets SIGTERM (to its process
-group and to every process of its session, so grandchildren that changed group go too), SIGKILL after GRACE_S, and
-status.json is rewritten: a Running run becomes Failed "executor stopped", as do its Running nodes.
+group and to every process of its session, so grandchildren that changed group go too), SIGKILL after GRACE_S, the
+pod network is removed (its namespaces with what runs in them, its bridge and veths, its record) unless a live
+process owns it now, and status.json is rewritten: a Running run becomes Failed "executor stopped", as do its
+Running nodes.
 
 The kernel already sends each task's direct process SIGTERM when the executor thread that started it dies
 (PR_SET_PDEATHSIG, set in process.py); the watchdog reaches the rest of the tree. It imports only the standard
@@ -21,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 try:
@@ -33,6 +39,9 @@ except ImportError:  # run as a script without site-packages: phase.py (the enum
     from phase import Phase  # type: ignore[import-not-found,no-redef]
 
 STOPPED_MESSAGE = "executor stopped"
+NETNS = Path("/run/netns")  # where `ip netns` keeps the namespaces it names
+_NETNS_KILL_WAIT_S = 5.0
+_NETNS_DELETE_TRIES = 10
 # Room on the state folder's disk an executor keeps allocated for its run's last status.json (rundir.RunFolder.reserve).
 SPARE_STATUS = ".status.json.spare"
 _POLL_S = 0.1
@@ -113,6 +122,68 @@ def stop_sessions(sids: list[int], grace_s: float) -> None:
         signal_session(sid, signal.SIGKILL)
 
 
+def netns_pids(netns: str) -> list[int]:
+    """The processes inside network namespace `netns` (what `ip netns pids` lists)."""
+    try:
+        target = (NETNS / netns).stat().st_ino
+    except OSError:
+        return []
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "ns" / "net").stat().st_ino == target:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def kill_netns(netns: str, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to every process in `netns`; for SIGKILL, until none is left (a node's loss, or its end)."""
+    deadline = time.monotonic() + _NETNS_KILL_WAIT_S
+    while pids := netns_pids(netns):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        if sig != signal.SIGKILL or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def delete_netns(netns: str) -> None:
+    """Kill what is in `netns`, then remove it; retried while a dying pod's mount namespace still holds its file."""
+    for _ in range(_NETNS_DELETE_TRIES):
+        kill_netns(netns)
+        if _ip("netns", "delete", netns) or not (NETNS / netns).exists():
+            return
+        time.sleep(0.2)
+
+
+def remove_pod_network(folder: Path) -> None:
+    """Remove the pod network recorded in `folder` (named after its tag): its pods, its bridge, then the record."""
+    tag = folder.name
+    for netns in sorted(NETNS.glob(f"ef{tag}-*")) if NETNS.is_dir() else []:
+        delete_netns(netns.name)  # a pod's veth goes with its namespace
+    _ip("link", "delete", f"efb{tag}")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def owned_by_a_live_process(folder: Path) -> bool:
+    """Whether the process a pod network's record names as its owner (`PID START`) still runs."""
+    try:
+        pid, _, started = (folder / "owner").read_text(encoding="utf-8").partition(" ")
+        return bool(started.strip()) and alive(int(pid), started.strip())
+    except (OSError, ValueError):
+        return False  # a record cut short: its maker died while writing it
+
+
+def _ip(*args: str) -> bool:
+    """Run `ip ARGS`; whether it succeeded (what it said is of no use to a cleaner)."""
+    try:
+        return subprocess.run(["ip", *args], capture_output=True, check=False).returncode == 0
+    except OSError:
+        return False
+
+
 def stopped_document(document: dict[str, Any], message: str = STOPPED_MESSAGE) -> bool:
     """Record in `document` (status.json's content) that its executor is gone: Running becomes Failed `message`.
 
@@ -162,6 +233,7 @@ def mark_stopped(run_dir: str, message: str = STOPPED_MESSAGE) -> bool:
 def watch(run_dir: str, grace_s: float) -> None:
     """Follow the executor's notes on stdin until it finishes, or clean up after it."""
     live: dict[int, str] = {}
+    networks: list[Path] = []
     pending = b""
     while True:
         try:
@@ -181,7 +253,12 @@ def watch(run_dir: str, grace_s: float) -> None:
                 live[int(pid)] = started
             elif text.startswith("-"):
                 live.pop(int(text[1:]), None)
+            elif text.startswith("net "):
+                networks.append(Path(text[4:]))
     stop_sessions(list(live), grace_s)
+    for network in networks:  # a network handed over to a daemon (pod_network.hand_over) lives as long as it does
+        if network.is_dir() and not owned_by_a_live_process(network):
+            remove_pod_network(network)
     with contextlib.suppress(OSError):  # a state folder that cannot be written: readers show the run Failed anyway
         mark_stopped(run_dir)
 

@@ -30,7 +30,8 @@ from eksflow.llm.steps.common import checkpoints
 from eksflow.llm.steps.train.state import read_metrics
 from eksflow.local import run_workflow
 from eksflow.local.mpi_pods import INSTALL_SSHD, sshd
-from eksflow.local.pod_network import POD_RANGE, REGISTRY, netns_pids, unavailable
+from eksflow.local.pod_network import POD_RANGE, REGISTRY, unavailable
+from eksflow.local.watchdog import netns_pids
 from tests.e2e.conftest import training_folder
 from tests.e2e.test_train_zero import train_args
 from tests.flagship import config

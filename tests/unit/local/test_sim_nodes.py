@@ -25,13 +25,13 @@ from eksflow.local.pod_network import (
     PodNetwork,
     PodNetworkError,
     hand_over,
-    netns_pids,
     remove_network,
     sweep,
     unavailable,
 )
 from eksflow.local.sim_nodes import SimNode, choose_node
 from eksflow.local.status import NodeStatus, node_document, read_nodes
+from eksflow.local.watchdog import netns_pids
 from tests.unit.test_cli import in_process
 
 GIB = 2**30
