@@ -16,7 +16,7 @@ Running nodes.
 
 The kernel already sends each task's direct process SIGTERM when the executor thread that started it dies
 (PR_SET_PDEATHSIG, set in process.py); the watchdog reaches the rest of the tree. It imports only the standard
-library and phase.py (it runs without site-packages), and process.py and rundir.py reuse its helpers.
+library and phase.py (it runs without site-packages), and process.py, rundir.py and pod_network.py reuse its helpers.
 """
 
 from __future__ import annotations
