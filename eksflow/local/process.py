@@ -227,8 +227,14 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 
 def stop_tree(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the task's session, SIGKILL whatever is left after `grace_s` (a pod's termination, locally)."""
-    signal_session(proc.pid, signal.SIGTERM)
+    """SIGTERM the task's process, SIGKILL its whole session once it ended or after `grace_s` (a pod's termination).
+
+    As kubelet stops a container: the signal goes to its main process alone, which stops its children its own way.
+    The train step asks its Ray workers to commit a checkpoint and stop; a SIGTERM to every process of the session
+    killed the workers and Ray's own daemons first, so nothing was committed and the step waited for the SIGKILL.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(grace_s)
     signal_session(proc.pid, signal.SIGKILL)

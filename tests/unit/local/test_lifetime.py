@@ -213,3 +213,46 @@ def test_every_task_process_gets_a_parent_death_signal(tmp_path: Path, monkeypat
         )
     assert ended_as.exit_code == 0
     assert log_path.read_text().split() == ["pdeathsig", str(int(signal.SIGTERM))]
+
+
+# A task (argv[1]: its folder) shaped like the train step under Ray: its worker is a child process with the default
+# SIGTERM action, as Ray's workers and daemons are. On SIGTERM the task asks the worker for a checkpoint through its
+# stdin, waits for it, and exits 143; the worker writes `committed` when asked. The task writes `ready` once both run.
+DRIVER_WITH_A_WORKER = """
+import pathlib, signal, subprocess, sys, time
+folder = pathlib.Path(sys.argv[1])
+worker = subprocess.Popen(
+    [sys.executable, "-c", "import pathlib, sys; sys.stdin.readline(); pathlib.Path(sys.argv[1]).write_text('step 7')",
+     str(folder / "committed")],
+    stdin=subprocess.PIPE, text=True,
+)
+def stop(signum, frame):
+    worker.stdin.write("commit\\n")
+    worker.stdin.flush()
+    worker.wait()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+(folder / "ready").write_text("yes")
+time.sleep(60)
+"""
+
+
+def test_a_stopped_task_alone_gets_sigterm_so_its_workers_live_to_commit_before_they_go(tmp_path: Path) -> None:
+    """As kubelet stops a container: SIGTERM to its process, SIGKILL to the rest once it ended. A SIGTERM to every
+    process of the task's session killed the train step's Ray workers before the step could ask them to commit."""
+    from eksflow.local import process
+
+    ready = tmp_path / "ready"
+    with open(tmp_path / "log", "ab") as log:
+        ended_as = process.run(
+            [sys.executable, "-c", DRIVER_WITH_A_WORKER, str(tmp_path)],
+            key="train",
+            cwd=tmp_path,
+            env=dict(os.environ),
+            log=log,
+            tracker=process.ProcessTracker(),
+            stop_reason=lambda: "interrupted" if ready.exists() else "",
+            deadline_s=None,
+        )
+    assert (ended_as.exit_code, ended_as.stopped_for) == (143, "interrupted"), (tmp_path / "log").read_text()
+    assert (tmp_path / "committed").read_text() == "step 7"

@@ -1,6 +1,7 @@
 """The report step on run folders with a real MLflow (sqlite): the page, its artifact copy, every run ended."""
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,21 @@ def test_without_a_workflow_to_read_it_still_ends_the_runs_then_fails_retryably(
     assert main([*argv, f"--outputs-dir={tmp_path / 'out'}"]) == 1  # exit 1: Argo retries it
     assert status_of(uri, orphan) == "FAILED"
     assert not os.path.exists(tmp_path / "report.html")
+
+
+def test_a_resumed_trainings_curve_has_each_step_once_with_the_value_logged_last(uri):
+    """Killed after logging step 10, the trainer resumed from its checkpoint of step 8 and logged 9 and 10 again: the
+    report plots the resumed run's values, what the adapter carries on from, once per step."""
+    from eksflow.llm.steps.report.runs import read_training_runs
+
+    run_id = tracking.start_run(uri, "eksflow", "wf-resumed", {"eksflow.step": "train"})
+    for step in range(1, 11):
+        tracking.log_metrics(uri, run_id, {"loss": 3.0 - 0.1 * step}, step=step)
+    time.sleep(0.01)  # MLflow's timestamps are milliseconds: the retry logs later
+    for step in (9, 10):
+        tracking.log_metrics(uri, run_id, {"loss": 1.0}, step=step)
+    (training,), problems = read_training_runs(uri, "", [run_id])
+    assert problems == []
+    steps = [step for step, _ in training.history["loss"]]
+    assert steps == list(range(1, 11))
+    assert dict(training.history["loss"])[9.0] == dict(training.history["loss"])[10.0] == 1.0

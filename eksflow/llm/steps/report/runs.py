@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eksflow.llm.steps.common import tracking
 
@@ -54,10 +55,7 @@ def read_training_runs(tracking_uri: str, ui_url: str, run_ids: Sequence[str]) -
     for run_id in run_ids:
         try:
             run = client.get_run(run_id)
-            history = {
-                key: tuple((float(m.step), float(m.value)) for m in client.get_metric_history(run_id, key))
-                for key in CURVES
-            }
+            history = {key: latest_per_step(client.get_metric_history(run_id, key)) for key in CURVES}
         except (MlflowException, RequestException, OSError) as err:
             problems.append(f"MLflow run {run_id} at {tracking_uri} could not be read: {_first_line(err)}")
             continue
@@ -68,10 +66,22 @@ def read_training_runs(tracking_uri: str, ui_url: str, run_ids: Sequence[str]) -
                 status=str(run.info.status),
                 url=tracking.run_url(tracking_uri, ui_url, run_id),
                 params={str(k): str(v) for k, v in run.data.params.items()},
-                history={k: tuple(sorted(v)) for k, v in history.items() if v},
+                history={k: v for k, v in history.items() if v},
             )
         )
     return runs, problems
+
+
+def latest_per_step(metrics: Sequence[Any]) -> tuple[tuple[float, float], ...]:
+    """(step, value) in step order, each step once: the value logged last.
+
+    A retry resumes from its last checkpoint and logs again the steps done after it (a node lost, a trainer killed):
+    the resumed values are what the adapter carries on from, and MLflow keeps both.
+    """
+    latest: dict[float, float] = {}
+    for metric in sorted(metrics, key=lambda m: m.timestamp):  # MLflow's timestamps: milliseconds
+        latest[float(metric.step)] = float(metric.value)
+    return tuple(sorted(latest.items()))
 
 
 def workflow_run_ids(tracking_uri: str, workflow_name: str) -> list[str]:
