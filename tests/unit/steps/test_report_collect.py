@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from eksflow.llm.steps.common.kube_api import ApiAccess, KubeApiError
 from eksflow.llm.steps.report import collect as c
 from eksflow.llm.steps.report.workflow import (
-    ApiAccess,
     WorkflowUnavailableError,
     fetch_workflow,
     host_paths,
@@ -238,7 +238,7 @@ def test_a_forbidden_answer_names_the_missing_permission(api):
 
 def test_outside_a_pod_and_a_local_run_there_is_no_workflow_to_read(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(WorkflowUnavailableError, match="neither"):
+    with pytest.raises(KubeApiError, match="neither"):
         ApiAccess.in_cluster()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.common.kube_api import ApiAccess, KubeApiError
 from eksflow.llm.steps.report import REPORT_FILE, Args, Outputs
 from eksflow.llm.steps.report.canary_steps import CanaryStep, percent_of, report_file
 from eksflow.llm.steps.report.collect import (
@@ -37,13 +38,7 @@ from eksflow.llm.steps.report.runs import (
     read_training_runs,
     workflow_run_ids,
 )
-from eksflow.llm.steps.report.workflow import (
-    ApiAccess,
-    WorkflowUnavailableError,
-    fetch_workflow,
-    host_paths,
-    read_local,
-)
+from eksflow.llm.steps.report.workflow import fetch_workflow, host_paths, read_local
 from eksflow.runtime.args import run_step
 from eksflow.runtime.outputs import atomic_write_text
 from eksflow.runtime.rundir import local_run_dir
@@ -60,7 +55,7 @@ def run(args: Args) -> Outputs:
     local = local_run_dir()
     try:
         workflow = read_local(local) if local else fetch_workflow(args.workflow_name, ApiAccess.in_cluster())
-    except WorkflowUnavailableError:
+    except KubeApiError:  # the workflow unavailable, or no API to ask
         # No page without the workflow, but the runs it started must still end.
         if args.tracking_uri and args.workflow_status in FINAL_PHASES:
             tagged = workflow_run_ids(args.tracking_uri, args.workflow_name)

@@ -10,88 +10,43 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import posixpath
-import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from eksflow.errors import EXIT_FAILED
-from eksflow.runtime.args import StepFailedError
+from eksflow.llm.steps.common.kube_api import ApiAccess, KubeApiError, get_json
 from eksflow.runtime.rundir import MANIFEST_FILE, STATUS_FILE
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-API_TIMEOUT_S = 20.0
 API_GROUP = "/apis/argoproj.io/v1alpha1"
 
 Workflow = dict[str, Any]
 
 
-class WorkflowUnavailableError(StepFailedError):
+class WorkflowUnavailableError(KubeApiError):
     """The Workflow could not be read (API down, no permission, no run folder); retryable, one line."""
 
     label = "workflow unavailable"
-    exit_code = EXIT_FAILED
-
-
-@dataclass(frozen=True)
-class ApiAccess:
-    """How to reach the Kubernetes API: base URL, bearer token, CA bundle (None: the system's), namespace."""
-
-    base_url: str
-    token: str
-    namespace: str
-    cafile: str | None = None
-
-    @classmethod
-    def in_cluster(cls, account_dir: Path = SERVICE_ACCOUNT_DIR) -> ApiAccess:
-        """The pod's service account, as every in-cluster client finds it."""
-        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
-        if not host:
-            raise WorkflowUnavailableError(
-                "neither $EKSFLOW_RUN_DIR (a local run) nor $KUBERNETES_SERVICE_HOST (a pod) is set: no workflow to "
-                "read; run the report task inside a workflow"
-            )
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        authority = f"[{host}]" if ":" in host else host  # an IPv6 service address
-        try:
-            token = (account_dir / "token").read_text(encoding="utf-8").strip()
-            namespace = (account_dir / "namespace").read_text(encoding="utf-8").strip()
-        except OSError as err:
-            raise WorkflowUnavailableError(
-                f"cannot read the service account in {account_dir}: {err}; keep automountServiceAccountToken on for "
-                "the report task"
-            ) from err
-        return cls(f"https://{authority}:{port}", token, namespace, str(account_dir / "ca.crt"))
 
 
 def fetch_workflow(name: str, access: ApiAccess) -> Workflow:
     """GET the Workflow object `name` from the API (needs `get` on workflows.argoproj.io in its namespace)."""
     path = f"{API_GROUP}/namespaces/{urllib.parse.quote(access.namespace)}/workflows/{urllib.parse.quote(name)}"
-    request = urllib.request.Request(
-        access.base_url + path, headers={"Authorization": f"Bearer {access.token}", "Accept": "application/json"}
-    )
-    context = ssl.create_default_context(cafile=access.cafile) if access.base_url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=API_TIMEOUT_S, context=context) as response:
-            body = json.loads(response.read().decode("utf-8"))
-    except urllib.error.HTTPError as err:
+        body = get_json(access, path)
+    except KubeApiError as err:
+        if not err.status:
+            raise WorkflowUnavailableError(f"GET workflow {name!r} from {access.base_url}: {err}") from err
         hint = {
             403: "grant the pipeline's Role `get` on workflows (workflow-templates/cluster-prerequisites.yaml)",
             404: "the workflow is gone (deleted, or another namespace)",
-        }.get(err.code, "check the API server")
+        }.get(err.status, "check the API server")
         raise WorkflowUnavailableError(
-            f"GET workflow {name!r} in {access.namespace!r}: HTTP {err.code}; {hint}"
+            f"GET workflow {name!r} in {access.namespace!r}: HTTP {err.status}; {hint}", err.status
         ) from err
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise WorkflowUnavailableError(f"GET workflow {name!r} from {access.base_url}: {err}") from err
     if not isinstance(body, dict) or body.get("kind") != "Workflow":
         raise WorkflowUnavailableError(f"GET workflow {name!r}: the answer is not a Workflow object")
     return normalise(body)
