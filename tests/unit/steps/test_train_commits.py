@@ -14,33 +14,35 @@ import pytest
 
 from eksflow.llm.steps.common import checkpoints
 from eksflow.llm.steps.train import TrainSettings, commits
-from eksflow.llm.steps.train.commits import Commits, Decision, decide, timer_due
+from eksflow.llm.steps.train.commits import Commits, Decision, deadline_near, decide, timer_due
 
-QUIET = {"stop": False, "timed": False, "preempted": False, "noticed": False}
+QUIET: dict[str, Any] = {"stop": False, "timed": False, "notices": 0, "noticed": 0}
 
 
-def at(done: int, max_steps: int = 10, every: int = 4, **flags: bool) -> Decision:
+def at(done: int, max_steps: int = 10, every: int = 4, **flags: Any) -> Decision:
     return decide(done, max_steps, every, **{**QUIET, **flags})
 
 
 @pytest.mark.parametrize(
     ("done", "flags", "expected"),
     [
-        (1, {}, Decision(commit=False, stop=False, notice=False, noticed=False)),
-        (4, {}, Decision(commit=True, stop=False, notice=False, noticed=False)),  # periodic
-        (8, {}, Decision(commit=True, stop=False, notice=False, noticed=False)),
-        (10, {}, Decision(commit=True, stop=False, notice=False, noticed=False)),  # final
-        (3, {"stop": True}, Decision(commit=True, stop=True, notice=False, noticed=False)),
-        (3, {"timed": True}, Decision(commit=True, stop=False, notice=False, noticed=False)),
-        (3, {"preempted": True}, Decision(commit=True, stop=False, notice=True, noticed=True)),  # first notice
-        # a notice already seen: no more commits for it, and it stays seen
-        (3, {"preempted": True, "noticed": True}, Decision(commit=False, stop=False, notice=False, noticed=True)),
-        (5, {"noticed": True}, Decision(commit=False, stop=False, notice=False, noticed=True)),
-        (4, {"preempted": True, "noticed": True}, Decision(commit=True, stop=False, notice=False, noticed=True)),
-        (3, {"stop": True, "preempted": True}, Decision(commit=True, stop=True, notice=True, noticed=True)),
+        (1, {}, Decision(commit=False, stop=False, notice=False, noticed=0)),
+        (4, {}, Decision(commit=True, stop=False, notice=False, noticed=0)),  # periodic
+        (8, {}, Decision(commit=True, stop=False, notice=False, noticed=0)),
+        (10, {}, Decision(commit=True, stop=False, notice=False, noticed=0)),  # final
+        (3, {"stop": True}, Decision(commit=True, stop=True, notice=False, noticed=0)),
+        (3, {"timed": True}, Decision(commit=True, stop=False, notice=False, noticed=0)),
+        (3, {"notices": 1}, Decision(commit=True, stop=False, notice=True, noticed=1)),  # the Spot notice
+        # a notice already committed for: no more commits for it, and it stays counted
+        (3, {"notices": 1, "noticed": 1}, Decision(commit=False, stop=False, notice=False, noticed=1)),
+        (5, {"noticed": 1}, Decision(commit=False, stop=False, notice=False, noticed=1)),
+        (4, {"notices": 1, "noticed": 1}, Decision(commit=True, stop=False, notice=False, noticed=1)),
+        # the node's terminating signal, a grace after its notice: a second notice commits again
+        (5, {"notices": 2, "noticed": 1}, Decision(commit=True, stop=False, notice=True, noticed=2)),
+        (3, {"stop": True, "notices": 1}, Decision(commit=True, stop=True, notice=True, noticed=1)),
     ],
 )
-def test_which_steps_commit_and_which_stop(done: int, flags: dict[str, bool], expected: Decision) -> None:
+def test_which_steps_commit_and_which_stop(done: int, flags: dict[str, Any], expected: Decision) -> None:
     assert at(done, **flags) == expected
 
 
@@ -72,10 +74,12 @@ class Rank:
         self, root: Path, monkeypatch: pytest.MonkeyPatch, rank: int = 0, durable_uri: str = "", **settings: Any
     ) -> None:
         self.update = FakeUpdate()
-        self.agreed: list[tuple[bool, ...]] = []
-        self.others = (False, False, False)  # what the other ranks contribute to the all-reduce
+        self.agreed: list[tuple[float, ...]] = []
+        # what the other ranks contribute to the all-reduce: stop, timer, notices seen, last chance
+        self.others = (0.0, 0.0, 0.0, 0.0)
         self.sigterm = False
-        self.preempted = False
+        self.notices = 0  # the preemption notices this rank has seen
+        self.deadline_s = 0.0  # their earliest deadline (UNIX seconds; 0: none)
         self.saved: list[dict[str, Any]] = []
         monkeypatch.setattr(commits, "agree", self._agree)
         monkeypatch.setattr(commits, "save_checkpoint", self._save)
@@ -88,13 +92,13 @@ class Rank:
             "ddp",
             stop_requested=lambda: self.sigterm,
             stop_file=root / "STOP",
-            preempted=lambda: self.preempted,
+            preempted=lambda: (self.notices, self.deadline_s),
             durable_uri=durable_uri,
         )
 
-    def _agree(self, *flags: bool) -> tuple[bool, ...]:
-        self.agreed.append(flags)
-        return tuple(a or b for a, b in zip(flags, self.others, strict=True))
+    def _agree(self, *values: float) -> tuple[float, ...]:
+        self.agreed.append(tuple(float(v) for v in values))
+        return tuple(max(float(a), b) for a, b in zip(values, self.others, strict=True))
 
     def _save(self, folder: Path, **kw: Any) -> None:
         assert kw["rank"] == 0 and kw["model"] == "model" and kw["scheduler"] == "scheduler"
@@ -143,7 +147,7 @@ def test_a_stop_on_any_rank_commits_and_stops_every_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rank = Rank(tmp_path, monkeypatch, rank=1)
-    rank.others = (True, False, False)  # rank 0 got SIGTERM
+    rank.others = (1.0, 0.0, 0.0, 0.0)  # rank 0 got SIGTERM
     assert rank.run(range(1, 11)) == 1
     assert rank.update.gathered == 1
     assert "rank 1: stop requested; checkpoint step 1 committed, exiting" in capsys.readouterr().out
@@ -161,25 +165,69 @@ def test_sigterm_or_the_drivers_stop_file_stops_after_a_commit(
         else:
             (tmp_path / "STOP").write_text("1", encoding="utf-8")
         assert rank.commits.after_step(2, {"loss": 0.5})
-    assert rank.agreed == [(False, False, False), (True, False, False)]
+    assert rank.agreed == [(0.0, 0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0)]
     assert rank.saved == [{"step": 2, "loss": 0.5}]
     assert steps_on_disk(tmp_path) == [2]
     assert "rank 0: stop requested; checkpoint step 2 committed, exiting" in capsys.readouterr().out
 
 
-def test_a_preemption_notice_commits_once_and_training_goes_on(
+def test_each_preemption_notice_commits_once_and_training_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rank = Rank(tmp_path, monkeypatch)
+    """The Spot notice commits at once; the node's terminating signal, Ray's second drain of it a grace later,
+    commits again, so the node takes at most the step under way with it instead of every step since the notice."""
+    rank = Rank(tmp_path, monkeypatch, max_steps=20, checkpoint_every=100)
     with rank.commits:
         assert not rank.commits.after_step(1, {})
-        rank.preempted = True
-        for done in range(2, 10):
+        rank.notices, rank.deadline_s = 1, time.time() + 90  # the preStop hook drained the node
+        for done in range(2, 7):
             assert not rank.commits.after_step(done, {})
-    assert [m["step"] for m in rank.saved] == [2, 4, 8]
+        rank.notices, rank.deadline_s = 2, time.time() + 30  # SIGTERM: `ray start` drained it again
+        for done in range(7, 10):
+            assert not rank.commits.after_step(done, {})
+    assert [m["step"] for m in rank.saved] == [2, 7]
     out = capsys.readouterr().out
-    assert out.count("being preempted") == 1
-    assert "rank 0: a node of this group is being preempted; checkpoint step 2 committed" in out
+    assert out.count("being preempted") == 2
+    assert "rank 0: a node of this group is being preempted (notice 2); checkpoint step 7 committed" in out
+
+
+def test_a_notice_another_rank_saw_first_commits_every_rank_at_the_same_step_and_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rank = Rank(tmp_path, monkeypatch, rank=1, max_steps=20, checkpoint_every=100)
+    with rank.commits:
+        rank.others = (0.0, 0.0, 1.0, 0.0)  # rank 0 saw the notice a step before this rank
+        assert not rank.commits.after_step(1, {})
+        rank.notices = 1
+        assert not rank.commits.after_step(2, {})
+    assert rank.update.gathered == 1  # one commit, at the step the first rank saw it
+
+
+def test_the_last_step_boundary_before_a_preemption_deadline_commits_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray start` kills the node's processes 30 s after its SIGTERM: the boundary that leaves no time for another
+    step and its commit commits, so the node takes at most the step under way with it."""
+    rank = Rank(tmp_path, monkeypatch, max_steps=20, checkpoint_every=100)
+    with rank.commits:
+        rank.notices, rank.deadline_s = 1, time.time() + 3600
+        assert not rank.commits.after_step(1, {})  # the notice's own commit
+        assert not rank.commits.after_step(2, {})
+        rank.deadline_s = time.time() + 0.001  # the deadline, closer than a step and a commit
+        for done in range(3, 6):
+            assert not rank.commits.after_step(done, {})
+    assert [m["step"] for m in rank.saved] == [1, 3]
+    assert "rank 0: the preempted node's deadline is near; checkpoint step 3 committed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "now_s", "step_and_commit_s", "near"),
+    [(0.0, 100.0, 5.0, False), (110.0, 100.0, 5.0, False), (110.0, 105.0, 5.0, True), (110.0, 120.0, 0.0, True)],
+)
+def test_a_deadline_is_near_when_another_step_and_commit_would_not_end_before_it(
+    deadline_s: float, now_s: float, step_and_commit_s: float, near: bool
+) -> None:
+    assert deadline_near(deadline_s, now_s, step_and_commit_s) is near
 
 
 def test_the_timer_commits_and_restarts_at_each_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,7 +237,7 @@ def test_the_timer_commits_and_restarts_at_each_commit(tmp_path: Path, monkeypat
         rank.commits.last_commit = time.monotonic() - 61
         assert not rank.commits.after_step(2, {})
         assert not rank.commits.after_step(3, {})  # the commit at step 2 restarted the timer
-    assert rank.agreed == [(False, False, False), (False, True, False), (False, False, False)]
+    assert rank.agreed == [(0.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0)]
     assert [m["step"] for m in rank.saved] == [2]
 
 

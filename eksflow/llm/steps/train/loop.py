@@ -63,8 +63,9 @@ class WorkerContext:
     # True once this process got SIGTERM (local launcher); Ray workers see the driver's request as STOP_FILE
     # (a Ray worker is another process: the driver's Event never reaches it).
     stop_requested: Callable[[], bool] = lambda: False
-    # True once Ray marked this worker's node as being preempted (a drain with a deadline: a Spot notice)
-    preempted: Callable[[], bool] = lambda: False
+    # The preemption notices Ray Train gave this worker (drains of a node of its group), and the earliest deadline
+    # among them (UNIX seconds; 0: none)
+    preempted: Callable[[], tuple[int, float]] = lambda: (0, 0.0)
 
 
 sigterm_received = threading.Event()  # set by the driver's SIGTERM handler (eksflow.llm.steps.train.step)
@@ -113,22 +114,38 @@ def train_loop(config: dict[str, Any]) -> None:
             world=context.get_world_size(),
             device=ray.train.torch.get_device(),
             prepare_model=ray.train.torch.prepare_model,  # DDP; broadcasts rank 0's weights
-            preempted=_preemption_notice,
+            preempted=PreemptionNotices(),
         ),
     )
 
 
-def _preemption_notice() -> bool:
-    """Whether Ray Train marked this worker preempted: a node of its group is draining for preemption.
+class PreemptionNotices:
+    """The preemption notices Ray Train gave this worker (each new mark counts once) and their earliest deadline.
 
-    Ray Train's PreemptionWatcher marks every worker when Ray drains one of their nodes (the worker pods' preStop
-    hook drains theirs on a Spot notice, eksflow/launchers/rayjob.py). This reads the worker's own mark, which
+    Ray Train's PreemptionWatcher marks every worker when Ray drains one of their nodes. A Spot node's worker pod is
+    drained twice: by its preStop hook on the notice (eksflow/launchers/rayjob.py), then by `ray start` on the
+    terminating signal, with a deadline 30 s on (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S), when it kills the node's
+    processes; each drain is a new mark with its own deadline. This reads the worker's own mark, which
     `ray.train.get_preemption_info` would broadcast from rank 0 in a collective of its own each step; the loop's
     per-step agreement (parallel.agree) already is one.
     """
-    from ray.train.v2._internal.execution.context import get_train_context
 
-    return get_train_context().preemption_context.preemption_info is not None
+    def __init__(self) -> None:
+        self.last: object = None  # the mark counted last (a PreemptionInfo: compared by value)
+        self.count = 0
+        self.deadline_s = 0.0  # the earliest deadline of the marks seen (UNIX seconds; 0: none)
+
+    def __call__(self) -> tuple[int, float]:
+        """The marks seen so far, this one included, and their earliest deadline."""
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        mark = get_train_context().preemption_context.preemption_info
+        if mark is not None and mark != self.last:
+            self.last, self.count = mark, self.count + 1
+            if mark.deadline_ms:
+                deadline_s = mark.deadline_ms / 1000
+                self.deadline_s = min(self.deadline_s, deadline_s) if self.deadline_s else deadline_s
+        return self.count, self.deadline_s
 
 
 def host_address() -> str:

@@ -163,16 +163,16 @@ def gradient_sync(model: Any, sync: bool) -> Any:
     return nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
 
 
-def agree(*flags: bool) -> tuple[bool, ...]:
-    """The OR of each flag over all workers, so every rank stops or checkpoints at the same step."""
+def agree(*values: float) -> tuple[float, ...]:
+    """The largest of each value over all workers (a flag's OR), so every rank stops or checkpoints at the same step."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return flags
-    values = torch.tensor([float(f) for f in flags], device=collective_device())
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return tuple(bool(v) for v in values.tolist())
+        return tuple(float(v) for v in values)
+    gathered = torch.tensor([float(v) for v in values], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(gathered, op=dist.ReduceOp.MAX)
+    return tuple(float(v) for v in gathered.tolist())
 
 
 def collective_device() -> Any:
