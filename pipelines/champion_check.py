@@ -51,7 +51,7 @@ def build(cfg: ChampionCheckConfig) -> Pipeline:
             dataset_dir=staged.dataset_dir,
             adapter_dir=champion.adapter_dir,
             report_dir=p.run_dir / "reports",
-            model_name="",  # the thresholds decide: the champion is not compared with itself
+            champion_version="",  # the thresholds decide: the champion is not compared with itself
             after=checked,
             resources=BIG,
         )

@@ -1,10 +1,11 @@
 """Llama LoRA fine-tune: stage -> validate -> train -> evaluate -> register -> roll out on vLLM (gated on the eval).
 
 Training runs unless `retrain` is if-data-changed (what the CronWorkflow passes) and the staged data has the digest
-the champion was trained on; a skipped train skips everything after it. The rollout (eksflow/llm/serving/rollout.py)
-starts the serving fleet as soon as the data is staged, then canaries the registered version through LiteLLM's
-weighted routing and promotes it. The exit handler rolls back whatever did not reach promote, then writes the run's
-report (eksflow.llm.steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
+the champion was trained on; a skipped train skips everything after it. Evaluate judges the model against the
+champion the run started with (a tie is no win). The rollout (eksflow/llm/serving/rollout.py) starts the serving
+fleet as soon as the data is staged, then canaries the registered version through LiteLLM's weighted routing and
+promotes it. The exit handler rolls back whatever did not reach promote, then writes the run's report
+(eksflow.llm.steps.report: one HTML page) and ends its MLflow runs, whatever the outcome.
 
     python pipelines/llama_lora.py run                          # the whole pipeline here, no cluster
     python pipelines/llama_lora.py render > workflow.yaml       # the Argo Workflow `run` executes
@@ -61,13 +62,13 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
     ) as p:
         tracking, model = cfg.tracking, cfg.model(p.parameters.base_model)
 
-        trained_on = task(champion, tracking, retrain=p.parameters.retrain)
+        incumbent = task(champion, tracking, retrain=p.parameters.retrain)
         staged = task(
             stage_data,
             cfg.data,
             source=p.parameters.data_source,
             dest_dir=p.run_dir / "data",
-            previous_digest=trained_on.dataset_digest,
+            previous_digest=incumbent.dataset_digest,
         )
         checked = task(
             validate_data,
@@ -101,8 +102,10 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             adapter_dir=trained.adapter_dir,
             mlflow_run_id=trained.mlflow_run_id,
             report_dir=p.run_dir / "reports",
+            champion_version=incumbent.version,  # judged against the champion this run started with
             resources=BIG,
-            memoize=[staged.data_key, trained],  # an adapter reused from an earlier run was scored there
+            # an adapter reused from an earlier run was scored there, against the same champion
+            memoize=[staged.data_key, trained, incumbent.version],
         )
         registered = task(
             register,

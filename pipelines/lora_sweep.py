@@ -20,7 +20,16 @@ from pydantic import Field, field_validator, model_validator
 from eksflow import ClusterSettings, Item, Location, Pipeline, Ref, Settings, distributed, main, name_field, task
 from eksflow.llm import BIG, LlmPipelineConfig, MlflowSettings, base_model_field, lineage, run_report
 from eksflow.llm.serving.objects import ServingSettings, refuse_unservable_ranks
-from eksflow.llm.steps import evaluate, register, select_best, stage_data, train, train_neuron, validate_data
+from eksflow.llm.steps import (
+    champion,
+    evaluate,
+    register,
+    select_best,
+    stage_data,
+    train,
+    train_neuron,
+    validate_data,
+)
 from eksflow.llm.steps.evaluate import EvaluateSettings
 from eksflow.llm.steps.stage_data import StageSettings
 from eksflow.llm.steps.train import TrainSettings
@@ -97,6 +106,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
     ) as p:
         tracking, model = cfg.tracking, cfg.model(p.parameters.base_model)
 
+        incumbent = task(champion, tracking)  # the champion every candidate is judged against
         staged = task(stage_data, cfg.data, source=p.parameters.data_source, dest_dir=p.run_dir / "data")
         checked = task(
             validate_data,
@@ -130,6 +140,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
                 adapter_dir=trained.adapter_dir,
                 mlflow_run_id=trained.mlflow_run_id,
                 report_dir=folder,
+                champion_version=incumbent.version,
                 resources=BIG,
             )
             return {

@@ -47,6 +47,7 @@ SAMPLE_OUTPUTS = {
     "dataset_digest": "sha256:" + "0" * 64,
     "vllm_url": "http://llama-lora-vllm-0123abcd.argo.svc.cluster.local:8000",
     "evaluated_champion": "2",
+    "champion_version": "2",
 }
 
 
@@ -99,6 +100,21 @@ def test_gate_controls_register_and_the_rollout(rendered):
     tasks = {t["name"]: t for t in dag_tasks(rendered)}
     assert tasks["register"]["when"] == "{{tasks.evaluate.outputs.parameters.passed}} == true"
     assert {"register.Succeeded", "serve-champion.Succeeded"} <= set(tasks["load-candidate"]["depends"].split(" && "))
+
+
+def test_evaluate_is_judged_against_the_runs_champion_which_is_in_its_memo_key(rendered):
+    """A run after v2 became champion must not reuse an evaluation judged with no champion (or v1): the champion the
+    run started with is an argument of evaluate and part of its memo key, and the rollout checks it is still so."""
+    tasks = {t["name"]: t for t in dag_tasks(rendered)}
+    template = next(t for t in containers(rendered) if t["name"] == "evaluate")
+    champion = "{{tasks.champion.outputs.parameters.version}}"
+    wired = {p["name"]: p["value"] for p in tasks["evaluate"]["arguments"]["parameters"]}
+    assert wired["champion_version"] == champion
+    assert "--champion-version={{inputs.parameters.champion_version}}" in template["container"]["args"]
+    keyed_by = re.findall(r"\{\{inputs\.parameters\.(\w+)\}\}", template["memoize"]["key"])
+    assert champion in [wired[name] for name in keyed_by], template["memoize"]["key"]
+    loaded = {p["name"]: p["value"] for p in tasks["load-candidate"]["arguments"]["parameters"]}
+    assert loaded["evaluated_champion"] == "{{tasks.evaluate.outputs.parameters.champion_version}}"
 
 
 def test_no_parameter_reaches_a_shell(rendered):

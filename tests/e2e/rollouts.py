@@ -45,7 +45,7 @@ def demo_adapter_trained(
          f"--max-steps={DEMO_STEPS}", f"--outputs-dir={root / 'train-out'}")  # fmt: skip
     adapter = Path((root / "train-out" / "adapter_dir").read_text())
     step("eksflow.llm.steps.evaluate", *common, f"--adapter-dir={adapter}", f"--report-dir={root / 'reports'}",
-         "--max-examples=16", "--model-name=", f"--outputs-dir={root / 'eval-out'}")  # fmt: skip
+         "--max-examples=16", "--champion-version=", f"--outputs-dir={root / 'eval-out'}")  # fmt: skip
     demo_adapter.trained = (adapter, root / "reports" / "eval_report.json")
     return demo_adapter.trained
 

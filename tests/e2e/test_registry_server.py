@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.llm.steps import register
-from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps import champion as champion_step
+from eksflow.llm.steps import load_candidate, register
+from eksflow.llm.steps.common import rollout, tracking
 from eksflow.llm.steps.common.base_model import DEMO_MODEL
 from eksflow.llm.steps.evaluate import gate as evaluate_gate
 from eksflow.llm.steps.evaluate import step as evaluate_step
@@ -260,7 +261,8 @@ def test_aliases_only_and_champion_moves_only_on_promote(tmp_path, server):
     model = "ml3"
     first = register.run(args(tmp_path, fake_adapter(tmp_path / "a", seed=4), server.uri, model))
     assert (alias(server.uri, model, "challenger"), alias(server.uri, model, "champion")) == ("1", None)
-    assert evaluate_step.find_champion(server.uri, model) is None
+    no_champion = champion_step.Args(model_name=model, tracking_uri=server.uri, outputs_dir=tmp_path / "c")
+    assert champion_step.run(no_champion).version == ""  # registered is not champion: judged by thresholds only
 
     tracking.promote(server.uri, model, first.model_version)  # what deploy does after a passing smoke test
     second = register.run(args(tmp_path, fake_adapter(tmp_path / "b", seed=5), server.uri, model))
@@ -272,13 +274,44 @@ def test_aliases_only_and_champion_moves_only_on_promote(tmp_path, server):
     for version in versions(server.uri, model):
         assert tracking.client(server.uri).get_model_version(model, version).current_stage in ("None", None)
 
-    # The next evaluation compares with what the champion recorded, on the same eval set.
-    champion = evaluate_step.find_champion(server.uri, model)
+    # The next run's champion step reads v2 (retrain=always too), and its evaluation compares with what v2
+    # recorded, on the same eval set; a tie is not a win.
+    read = champion_step.run(champion_step.Args(model_name=model, tracking_uri=server.uri, outputs_dir=tmp_path / "c"))
+    assert read == champion_step.Outputs(version="2", dataset_digest="")
+    champion = evaluate_step.find_champion(server.uri, model, read.version)
     assert champion == evaluate_gate.Champion(
         version="2", eval_set_digest=EVAL_SET, scores={"exact_match": 0.9, "eval_loss": 0.25}
     )
     check = evaluate_gate.champion_gate({"exact_match": 0.92}, champion, EVAL_SET, "exact_match", 0.05)
     assert not check.passed and check.required == pytest.approx(0.95)
+    assert not evaluate_gate.champion_gate({"exact_match": 0.9}, champion, EVAL_SET, "exact_match", 0).passed
+
+
+def test_a_version_registered_before_the_champion_is_never_rolled_out_over_it(tmp_path, server, capsys):
+    """v1 promoted, then v2; a rerun that trains v1's weights again (train memoized) registers v1 again: the
+    rollout refuses it in one line naming both versions, before any server of the fleet is asked."""
+    model = "older"
+    first = fake_adapter(tmp_path / "a", seed=6)
+    for adapter in (first, fake_adapter(tmp_path / "b", seed=7)):
+        tracking.promote(server.uri, model, register.run(args(tmp_path, adapter, server.uri, model)).model_version)
+    again = register.run(args(tmp_path, first, server.uri, model))
+    assert again.model_version == "1"
+    with socket.socket() as s:  # a port nothing listens on: a step that asked the fleet would fail otherwise
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    serving = rollout.RolloutState(champion_version="2", champion_slot="blue", stage="serve-champion")
+    rollout.write_state(tmp_path / "state.json", serving)  # serve-champion found v2 serving
+    argv = [f"--model-name={model}", f"--model-version={again.model_version}", "--evaluated-champion=2",
+            f"--tracking-uri={server.uri}", f"--vllm-url={nobody}", f"--proxy-url={nobody}",
+            f"--serving-dir={tmp_path / 'adapters'}", f"--routes-file={tmp_path / 'routes.json'}",
+            f"--state-file={tmp_path / 'state.json'}", f"--base-model={DEMO_MODEL}", f"--base-dir={tmp_path}",
+            f"--outputs-dir={tmp_path / 'load-out'}"]  # fmt: skip
+    capsys.readouterr()  # register's lines
+    assert load_candidate.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{model} v1 was registered before the champion v2" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "adapters").exists()
+    assert (alias(server.uri, model, "champion"), alias(server.uri, model, "previous")) == ("2", "1")
 
 
 def test_a_local_runs_preflight_finds_the_tracking_server_and_its_registry_up_then_down(server):

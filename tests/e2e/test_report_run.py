@@ -23,7 +23,7 @@ class TinyConfig(PipelineConfig):
 
 
 def tiny(fail: bool) -> dict:
-    """Two quick tasks (the champion step with retrain=always touches no registry), one that fails on demand."""
+    """Two quick tasks (the champion step without a tracking URI touches no registry), one that fails on demand."""
     with Pipeline(TinyConfig(), title="A tiny <b>pipeline</b>") as p:
         first = task(champion, retrain="always", model_name="m", tracking_uri="")
         task(champion, task_name="again", after=first, retrain="always", model_name="m", tracking_uri="")

@@ -105,7 +105,7 @@ def rollout(
     *,
     model_version: Ref | str,
     base_model: Ref | str,
-    evaluated_champion: Ref | str = "",
+    evaluated_champion: Ref | str | None = None,
     start_after: TaskRef | Sequence[TaskRef] = (),
     start_when: When | None = None,
     candidate_after: TaskRef | Sequence[TaskRef] = (),
@@ -115,6 +115,8 @@ def rollout(
 
     The fleet starts after `start_after` (if `start_when` holds), the candidate loads after `candidate_after`
     and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
+    `evaluated_champion` is evaluate's champion_version: the rollout stops if `champion` is no longer that version
+    ("" included: a champion appeared since). Left out (None) only where no evaluation judged the candidate.
     """
     prepared = task(
         prepare_fleet,
@@ -152,12 +154,13 @@ def rollout(
     engine = Engine(prepared.vllm_url, prepared.model_dir, cfg.serving.engine.max_lora_rank)
     champion = _keyed(cfg, serve_champion, engine, after=ready)
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
+    judged = {} if evaluated_champion is None else {"evaluated_champion": evaluated_champion}
     candidate = _keyed(
         cfg,
         load_candidate,
         engine,
         model_version=model_version,
-        evaluated_champion=evaluated_champion,
+        **judged,
         base_model=base_model,
         workflow_name=Pipeline.current().workflow_name,
         after=[*after, champion],

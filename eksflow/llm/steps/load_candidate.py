@@ -7,8 +7,11 @@ r"""Put the candidate on the serving fleet: its adapter published, in the slot t
 Bad input exits 2 before any server is asked: a version without its adapter folder, an adapter whose rank is
 above the engine's --max-lora-rank, an adapter trained on another base model (its tensor shapes against the base
 model folder the engine serves, and the version's `base_model` tag against the fleet's), or one vLLM can only
-serve merged (eksflow/llm/steps/common/vllm.py says when). RO4: if `champion` moved since `evaluate` compared the
-candidate with it, the candidate never beat the champion it would replace, and the rollout stops (exit 1).
+serve merged (eksflow/llm/steps/common/vllm.py says when). RO4: if `champion` moved since `evaluate` judged the
+candidate against it (--evaluated-champion, empty when there was no champion then), the candidate never beat the
+champion it would replace, and the rollout stops (exit 1). A candidate older than the champion (a version registered
+before it: a rerun that trained an earlier version's weights again) is never rolled out over it: exit 2, in one line
+naming both versions.
 
 The adapter is published to the fleet's adapter folder (eksflow/llm/steps/common/adapters.py: every engine resolves it
 by name, no load call) and assigned to the free slot in the routes file at weight 0 (the champion keeps every
@@ -42,8 +45,11 @@ class Args(FleetArgs):
     """The candidate version, the fleet, and what `evaluate` compared the candidate with."""
 
     model_version: str = Field(pattern=r"^[1-9][0-9]*$", description="register's model_version")
-    evaluated_champion: str = Field(
-        "", pattern=r"^([1-9][0-9]*)?$", description="evaluate's champion_version: the champion the candidate beat"
+    evaluated_champion: str | None = Field(
+        None,
+        pattern=r"^([1-9][0-9]*)?$",
+        description="evaluate's champion_version: the champion the candidate was judged against, empty when none; "
+        "not given: no evaluation to check (a registered version rolled out again)",
     )
     base_model: Location = Field(description="the fleet's base model reference (the workflow's base_model)")
     base_dir: Path = Field(
@@ -96,6 +102,17 @@ def champion_moved(compared: str | None, current: str | None) -> str:
     )
 
 
+def older_than_champion(model_name: str, candidate: str, current: str) -> str:
+    """Why the candidate may not replace the champion: it is an earlier version ("" when it is not)."""
+    if not current or int(candidate) >= int(current):
+        return ""
+    return (
+        f"--model-version={candidate}: {model_name} v{candidate} was registered before the champion v{current} (a "
+        "rerun that trains its weights again finds it registered); an older version is never rolled out over a newer "
+        "champion"
+    )
+
+
 @rollout.records_failures(STEP)
 def run(args: Args) -> Outputs:
     """Check the candidate, publish it into the free slot at weight 0, prove it answers."""
@@ -108,8 +125,11 @@ def run(args: Args) -> Outputs:
             "nothing to roll out"
         )
         return Outputs(rolls_out=False, candidate_slot="", adapter="", answer="")
-    if current != state.champion_version or (args.evaluated_champion and args.evaluated_champion != current):
-        raise StepFailedError(champion_moved(args.evaluated_champion or state.champion_version, current))
+    if older := older_than_champion(args.model_name, args.model_version, current):
+        raise StepInputError(older)
+    evaluated = state.champion_version if args.evaluated_champion is None else args.evaluated_champion
+    if current != state.champion_version or evaluated != current:
+        raise StepFailedError(champion_moved(evaluated, current))
     slot = litellm_proxy.other_slot(state.champion_slot) if state.champion_slot else litellm_proxy.SLOTS[0]
     if state.champion_slot is not None:  # the champion keeps all traffic until the first canary step
         rollout.routes(args).set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))

@@ -51,6 +51,7 @@ def evaluate_once(tmp_path: Path, tiny: Path, cache: Path, name: str, **extra) -
         "max_examples": 4,
         "batch_size": 4,
         "max_new_tokens": 8,
+        "champion_version": "",
         **extra,
     }
     return evaluate_step.run(evaluate.Args.model_validate(values))

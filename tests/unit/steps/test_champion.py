@@ -50,11 +50,19 @@ def test_a_missing_registered_model_means_an_empty_digest(tmp_path):
     assert champion.run(champion_args(tmp_path, uri)) == champion.Outputs(version="", dataset_digest="")
 
 
-def test_retrain_always_never_contacts_the_registry(tmp_path):
-    with socket.socket() as s:  # a port nothing listens on: any contact would fail
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    assert champion.run(champion_args(tmp_path, dead, retrain="always")).dataset_digest == ""
+def test_retrain_always_still_names_the_champion_the_run_is_judged_against(tmp_path):
+    """evaluate compares with this version and has it in its memo key: a manual run too knows its champion."""
+    uri = registry_with_versions(tmp_path, [{tracking.DATASET_DIGEST_TAG: DIGEST}, {}], champion_index=1)
+    assert champion.run(champion_args(tmp_path, uri, retrain="always")) == champion.Outputs(
+        version="2",
+        dataset_digest="",  # the data is not compared: stage_data says `changed`
+    )
+
+
+def test_no_tracking_uri_means_no_champion(tmp_path):
+    assert champion.run(champion_args(tmp_path, "", retrain="always")) == champion.Outputs(
+        version="", dataset_digest=""
+    )
 
 
 def test_an_unreachable_registry_fails_instead_of_guessing(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ def eval_args(tmp_path: Path, adapter_dir: Path, **extra) -> evaluate.Args:
         "model_cache_dir": default_cache_dir(),
         "report_dir": tmp_path / "reports",
         "outputs_dir": tmp_path / "outputs",
+        "champion_version": "",
         **extra,
     }
     return evaluate.Args.model_validate(values)

@@ -184,6 +184,7 @@ def test_the_step_refuses_an_undeclared_metric_with_exit_2_before_any_work(tmp_p
             f"--report-dir={tmp_path / 'reports'}",
             f"--outputs-dir={tmp_path / 'outputs'}",
             '--task-metrics=["exact_match", "shutil:copyfile"]',
+            "--champion-version=",
         ]
     )
     assert code == 2
@@ -343,6 +344,7 @@ def test_a_metric_of_the_project_renders_and_the_step_in_its_image_layout_accept
         f"--outputs-dir={tmp_path / 'outputs'}",
         f"--task-metrics={json.dumps(names)}",
         "--thresholds=[]",
+        "--champion-version=",
     )
     assert step.returncode == 2, step.stderr  # its arguments passed, the metric included: then the missing adapter
     assert "task metric" not in step.stderr and "no-adapter" in step.stderr, step.stderr

@@ -122,6 +122,17 @@ def test_champion_gate(metrics, found, margin, applied, passed):
     assert (check.applied, check.passed) == (applied, passed)
 
 
+@pytest.mark.parametrize(("metric", "score"), [("exact_match", 1.0), ("eval_loss", 0.5)])
+def test_a_tie_with_the_champion_is_not_a_win(metric, score):
+    """v1 re-scored 1.0 against champion v2's 1.0 under champion_margin 0 must not be registered over it."""
+    found = champion(score, version="2", metric=metric)
+    check = champion_gate({metric: score}, found, "sha256:aa", metric, 0.0)
+    assert check.applied and not check.passed
+    assert check.reason.startswith("does not beat champion v2")
+    better = score + 0.01 if metric == "exact_match" else score - 0.01
+    assert champion_gate({metric: better}, found, "sha256:aa", metric, 0.0).passed  # any improvement wins
+
+
 def test_champion_gate_on_loss_wants_lower():
     found = Champion(version="2", eval_set_digest="d", scores={"eval_loss": 0.5})
     assert champion_gate({"eval_loss": 0.4}, found, "d", "eval_loss", 0.1).passed

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps import load_candidate, register, serve
-from eksflow.llm.steps.common import adapters, tracking, vllm_lora
+from eksflow.llm.steps.common import adapters, rollout, tracking, vllm_lora
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
 
@@ -147,8 +147,6 @@ def test_a_moved_champion_is_explained_without_a_vnone(compared, current, expect
 
 
 def test_a_version_rolled_out_again_gets_a_reason_of_this_rollout():
-    from eksflow.llm.steps.common import rollout
-
     tags = load_candidate.progressing_tags("green", "llama-lora-x1")
     assert tags[rollout.PHASE_TAG] == "Progressing"
     assert tags[rollout.REASON_TAG] == "canary started by llama-lora-x1"  # not a previous rollout's failure
@@ -201,3 +199,42 @@ def test_an_adapter_failing_its_checks_is_never_published_and_no_engine_is_asked
     with pytest.raises(StepInputError, match="refused"):
         adapters.publish(registry, "llama-lora", "1", tmp_path / "adapters", no_engine, refuse)
     assert list((tmp_path / "adapters").iterdir()) == []
+
+
+@pytest.fixture
+def promoted_twice(tmp_path) -> str:
+    """v1 promoted, then v2: the registry as the issue's runs left it (no artifacts: nothing may be downloaded)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.client(uri)
+    client.create_registered_model("llama-lora")
+    for _ in range(2):
+        client.create_model_version("llama-lora", (tmp_path / "nowhere").as_uri())
+    tracking.promote(uri, "llama-lora", "1")
+    tracking.promote(uri, "llama-lora", "2")
+    rollout.write_state(  # what serve-champion recorded: v2 serves in the blue slot
+        tmp_path / "state.json",
+        rollout.RolloutState(champion_version="2", champion_slot="blue", stage="serve-champion"),
+    )
+    return uri
+
+
+def test_a_version_registered_before_the_champion_is_refused_in_one_line(tmp_path, promoted_twice, capsys):
+    """A rerun that trained v1's weights again (train memoized) registers v1 again: it never replaces champion v2."""
+    argv = load(tmp_path, promoted_twice, "1", evaluated_champion="2")
+    assert load_candidate.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "llama-lora v1 was registered before the champion v2" in err, err
+    assert "an older version is never rolled out over a newer champion" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() and not (tmp_path / "adapters").exists()  # nothing published
+    assert str(tracking.alias_version(promoted_twice, "llama-lora", tracking.CHAMPION).version) == "2"
+
+
+def test_an_evaluation_that_had_no_champion_never_replaces_one(tmp_path, promoted_twice, capsys):
+    """A memoized evaluate from before any champion says champion_version ''; the champion is v2 now: stop (RO4)."""
+    version = tracking.client(promoted_twice).create_model_version("llama-lora", (tmp_path / "v3").as_uri()).version
+    assert load_candidate.main(load(tmp_path, promoted_twice, str(version), evaluated_champion="")) == 1
+    err = capsys.readouterr().err
+    assert "the candidate was compared with no champion, `champion` is now v2" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "adapters").exists()

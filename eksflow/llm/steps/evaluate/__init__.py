@@ -1,7 +1,7 @@
 r"""Score the fine-tuned adapter and the base model on the held-out split, then apply the gate.
 
     python -m eksflow.llm.steps.evaluate --dataset-dir=/fsx/run/data \
-        --adapter-dir=/fsx/run/train/checkpoints/step-40/adapter
+        --adapter-dir=/fsx/run/train/checkpoints/step-40/adapter --champion-version=3
 
 Metrics (tuned, and the base model as `base_<name>` on the same examples): eval_loss and perplexity over the
 completion tokens, the task metrics (`task_metrics`) over batched greedy answers, and `<task metric>_gain` =
@@ -12,12 +12,16 @@ The gate passes only if every threshold holds; a missing or NaN metric fails clo
 name a custom task metric by its function's name (`starts_alike`, when no other task metric has it) or in full
 (`steps.my_metrics:starts_alike`); validation turns either into the full name, the key of the metrics and reports.
 
-Champion/challenger: when model `--model-name` has a version with alias `champion` whose tag `eval_set_digest`
-equals this run's (sha256 of eval.jsonl), the tuned `champion_metric` must also beat the champion's recorded score
-(its tag `metric.<champion_metric>`) by `champion_margin` (higher is better; for eval_loss and perplexity lower
-is better, so the challenger needs champion - margin or less). When the champion was scored on another eval set,
-or has no recorded score for the metric, the scores are not comparable: the report says so and the thresholds
-alone decide. A registry that cannot be reached fails the step (exit 1, retryable) rather than skip the check.
+Champion/challenger: --champion-version names this run's champion (the champion step reads alias `champion` once,
+at the run's start; empty when there is none). When that version's tag `eval_set_digest` equals this run's (sha256
+of eval.jsonl), the tuned `champion_metric` must also beat the champion's recorded score (its tag
+`metric.<champion_metric>`): strictly, and by at least `champion_margin` (higher is better; for eval_loss and
+perplexity lower is better, so the challenger needs less than the champion, and champion - margin or less). A tie is
+not a win. When the champion was scored on another eval set, or has no recorded score for the metric, the scores are
+not comparable: the report says so and the thresholds alone decide. The champion is an input like the data: a
+pipeline that memoizes this step lists the champion's version in the memo key, so an evaluation reused from an
+earlier run was judged against the same champion. A registry that cannot be reached fails the step (exit 1,
+retryable) rather than skip the check.
 With --max-examples the digest gets suffix `@first-<N>`, so a subset score is never compared with a full-set one;
 with --sample-size (a seeded sample, eksflow.llm.steps.evaluate.sampling) the suffix `@sample-<N>-seed-<S>`, and the
 report and the `intervals` output give each task metric's Wilson confidence interval at --confidence.
@@ -30,7 +34,8 @@ Outputs (one file each under --outputs-dir):
                     "@sample-<N>-seed-<S>" when a sample of N examples is scored
     intervals       confidence intervals of the task metrics as JSON {"exact_match": [low, high], ...} when a
                     sample was scored; {} when every example was
-    champion_version  the champion compared against; empty when none was comparable
+    champion_version  the champion the tuned model was judged against (--champion-version), empty when none: the
+                    rollout refuses to replace any other
     exact_match     tuned exact match on the held-out split, in [0, 1]
     base_exact_match  the base model's exact match on the same split
     report          path of the JSON report (metrics, thresholds, decision, sample answers, per-row scores)
@@ -87,7 +92,7 @@ class EvaluateSettings(Settings):
         0.0,
         ge=0.0,
         allow_inf_nan=False,
-        description="how much the challenger must beat the champion by (0: no regression allowed)",
+        description="how much the challenger must beat the champion by (0: any improvement; a tie never wins)",
     )
 
     @field_validator("task_metrics")
@@ -148,10 +153,21 @@ class Args(EvaluateSettings, StepArgs):
     mlflow_run_id: str = Field("", description="the train step's MLflow run, to log the metrics to; empty: none")
     mlflow_ui_url: str = Field("", description="MLflow UI address for the run link; empty: the http(s) tracking URI")
     model_name: str = Field(
-        "llama-lora",
-        pattern=r"^$|" + tracking.MODEL_NAME_PATTERN,
-        description="registered model whose champion the tuned model is compared with; empty skips the comparison",
+        "llama-lora", pattern=tracking.MODEL_NAME_PATTERN, description="registered model whose champion is compared"
     )
+    champion_version: str = Field(
+        pattern=r"^([1-9][0-9]*)?$",
+        description="the version the tuned model is judged against: this run's champion, as the champion step read "
+        "it (tasks.champion.outputs.parameters.version); empty: none, the thresholds alone decide",
+    )
+
+    @model_validator(mode="after")
+    def _champion_in_a_registry(self) -> Args:
+        if self.champion_version and not self.tracking_uri:
+            raise ValueError(
+                f"champion_version={self.champion_version} needs the registry that holds it: give tracking_uri"
+            )
+        return self
 
 
 class Outputs(BaseModel):

@@ -138,7 +138,10 @@ def champion_gate(
     lower_is_better = metric in LOSS_METRICS
     # Metrics are rounded to 6 digits (combine); so is the bar, or 0.7 + 0.05 would demand 0.7500000000000001.
     required = round(recorded - margin if lower_is_better else recorded + margin, 6)
-    rule = Threshold(metric=metric, op="<=" if lower_is_better else ">=", value=required)
+    # A tie is not a win: with no margin the challenger must do strictly better; with one, beating the champion
+    # by exactly the margin is strictly better already.
+    op = ("<=" if lower_is_better else ">=") if margin else ("<" if lower_is_better else ">")
+    rule = Threshold(metric=metric, op=op, value=required)
     verdict = gate(metrics, [rule])
     ok = verdict.passed
     actual = metrics.get(metric)

@@ -18,13 +18,27 @@ from eksflow.llm.steps.evaluate.scoring import score_models
 from eksflow.runtime.args import StepInputError, run_step
 
 
-def find_champion(tracking_uri: str, model_name: str) -> Champion | None:
-    """The champion version's eval-set digest and recorded scores (tags register wrote), or None."""
-    version = tracking.alias_version(tracking_uri, model_name, tracking.CHAMPION)
-    if version is None:
+def find_champion(tracking_uri: str, model_name: str, version: str) -> Champion | None:
+    """What the registry recorded for this run's champion `version` (tags register wrote), or None when "" (none).
+
+    StepInputError when the registry has no such version (deleted since the run's champion step read it).
+    """
+    from mlflow.exceptions import MlflowException
+
+    if not version:
         return None
-    scores = tracking.recorded_metrics(version.tags)
-    return Champion(version=str(version.version), eval_set_digest=version.tags.get(EVAL_SET_TAG, ""), scores=scores)
+    with tracking.errors(tracking_uri, f"reading champion {model_name} version {version}"):
+        try:
+            found = tracking.client(tracking_uri).get_model_version(model_name, version)
+        except MlflowException as err:
+            if err.error_code not in tracking.NOT_FOUND_CODES:
+                raise
+            raise StepInputError(
+                f"--champion-version={version}: {model_name!r} has no version {version} at {tracking_uri} (deleted "
+                "since the champion step read it?); start a new run, which reads the champion again"
+            ) from err
+    tags = dict(found.tags or {})
+    return Champion(version=version, eval_set_digest=tags.get(EVAL_SET_TAG, ""), scores=tracking.recorded_metrics(tags))
 
 
 def eval_set_digest(path: Path, max_examples: int) -> str:
@@ -42,8 +56,8 @@ def run(args: Args) -> Outputs:
     examples, total = _eval_examples(args)
     digest = eval_set_digest(args.dataset_dir / EVAL_FILE, args.max_examples)
     digest += sample_suffix(args.sample_size, args.sample_seed, total)
-    # Looked up before the minutes of scoring, so an unreachable registry fails the step before spending them.
-    champion = find_champion(args.tracking_uri, args.model_name) if args.tracking_uri and args.model_name else None
+    # Read before the minutes of scoring, so an unreachable registry fails the step before spending them.
+    champion = find_champion(args.tracking_uri, args.model_name, args.champion_version)
     scores = score_models(args, examples)
     metrics = combine(scores["tuned"].metrics, scores["base"].metrics, args.task_metrics)
     verdict = gate(metrics, args.thresholds)
@@ -68,7 +82,7 @@ def run(args: Args) -> Outputs:
         report=str(report),
         eval_set_digest=digest,
         intervals=sampled,
-        champion_version=check.version if check.applied else "",
+        champion_version=args.champion_version,
         mlflow_run_url=tracking.run_url(args.tracking_uri, args.mlflow_ui_url, args.mlflow_run_id),
     )
 
