@@ -5,10 +5,13 @@
     when=chosen.accuracy >= 0.9                         a number output against a number (< <= > >=)
     when=chosen.rank.eq(8) | chosen.rank.ne(16)         == and != are methods (`==` on an output is refused)
     when=(chosen.accuracy > 0.8) & ~staged.changed      & (and), | (or), ~ (not), grouped as written
+    when=staged.changed.otherwise(staged.reason)        ... and why the task is skipped when it is false
 
 Only bool and number outputs take part: a step's outputs are validated against its Outputs model when it writes
 them, so what Argo substitutes into the expression is `true`, `false` or a number, never text that could change
-the expression. Text is compared inside a step, which outputs a bool.
+the expression. Text is compared inside a step, which outputs a bool. `otherwise(reason)` says, in words a user
+reads in place of the expression, why the task was skipped: a text of the pipeline, or a text output of a task of
+the same DAG; it travels beside the expression (eksflow.runtime.skip_reason), never in it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from eksflow.config import text_problem
 from eksflow.errors import PipelineError
+from eksflow.runtime.skip_reason import REASON, REASON_OUTPUT
 
 if TYPE_CHECKING:
     from eksflow.refs import Ref
@@ -42,6 +47,10 @@ class Condition(ABC):
 
     def __invert__(self) -> Condition:
         return Negated(self)
+
+    def otherwise(self, reason: str | Ref) -> Condition:
+        """This condition, and why its task is skipped when it is false (text, or a text output); give it last."""
+        return Explained(self, reason)
 
     def __bool__(self) -> bool:
         raise PipelineError(
@@ -115,6 +124,56 @@ class Combined(Condition):
 
     def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
         return f"({self.left.render(scope)}) {self.op} ({self.right.render(scope)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Explained(Condition):
+    """A condition with the reason its task is skipped when it is false: the whole `when=`, never a part of one."""
+
+    inner: Condition
+    reason: str | Ref
+
+    def refs(self) -> list[Ref]:  # noqa: D102 (Condition.refs): the reason's task too runs first
+        return [*self.inner.refs(), *([self.reason] if not isinstance(self.reason, str) else [])]
+
+    def render(self, scope: Callable[[Ref], str]) -> str:  # noqa: D102 (Condition.render)
+        return self.inner.render(scope)
+
+    def __and__(self, other: Condition | Ref) -> Condition:
+        raise _reason_not_last()
+
+    def __or__(self, other: Condition | Ref) -> Condition:
+        raise _reason_not_last()
+
+    def __invert__(self) -> Condition:
+        raise _reason_not_last()
+
+    def otherwise(self, reason: str | Ref) -> Condition:  # noqa: D102 (Condition.otherwise)
+        raise _reason_not_last()
+
+
+def _reason_not_last() -> PipelineError:
+    return PipelineError(
+        "otherwise(...) gives the reason of a whole when= condition: combine first, then give it once, last, "
+        "e.g. when=(a.passed & b.passed).otherwise(...)"
+    )
+
+
+def reason_annotation(when: Condition, dag: object, where: str) -> dict[str, str]:
+    """The template annotation saying why a task in DAG `dag` is skipped (eksflow.runtime.skip_reason), or none."""
+    if not isinstance(when, Explained):
+        return {}
+    reason = when.reason
+    if isinstance(reason, str):
+        why = text_problem("otherwise", reason) if reason.strip() else "is empty"
+        if why:
+            raise PipelineError(f"{where}: the reason {why}; give text a user reads, or a text output")
+        return {REASON: reason}
+    if reason.producer is None or reason.dag is not dag or not reason.output:
+        raise PipelineError(f"{where}: {reason.label} is no output of a task of this DAG; give one, or text")
+    if reason.kind not in ("text", "any"):
+        raise PipelineError(f"{where}: {reason.label} is {reason.kind}, not text; give a text output")
+    return {REASON_OUTPUT: f"{reason.producer._name}.{reason.output}"}
 
 
 def condition(when: Condition | Ref) -> Condition:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from hera.workflows import DAG, Parameter, Task
 from hera.workflows import models as m
 
-from eksflow.conditions import Condition, condition
+from eksflow.conditions import Condition, condition, reason_annotation
 from eksflow.config import text_problem
 from eksflow.errors import PipelineError
 from eksflow.kinds import Kind, kind_of
@@ -172,8 +172,10 @@ class Pipeline:
         needs = [ref.producer for ref in (inputs or {}).values() if ref.producer is not None]
         condition = None
         if when is not None:
-            condition, producers = self._condition(when, dag, name)
+            condition, producers, reason = self._condition(when, dag, name)
             needs += producers
+            if reason:  # beside the expression, on the template: what a skipped node's message says instead
+                template.annotations = {**(template.annotations or {}), **reason}
         needs += self._after(after, dag, where)
         dag.tasks.append(
             Task(
@@ -319,8 +321,8 @@ class Pipeline:
         dag.inputs[len(dag.inputs)] = (param, ref)
         return f"{{{{inputs.parameters.{param}}}}}"
 
-    def _condition(self, when: When, dag: Scope, task: str) -> tuple[str, list[TaskRef]]:
-        """The Argo `when` expression of a task in `dag`, and the tasks whose outputs it reads."""
+    def _condition(self, when: When, dag: Scope, task: str) -> tuple[str, list[TaskRef], dict[str, str]]:
+        """The Argo `when` of a task in `dag`, the tasks whose outputs it reads, and why it is skipped (annotation)."""
         if not isinstance(when, Ref | Condition):
             raise PipelineError(
                 f"task {task!r}: when={repr(when)[:60]} is a Python value, decided while the pipeline is built; give "
@@ -335,7 +337,8 @@ class Pipeline:
             if ref.producer is None:
                 raise PipelineError(f"task {task!r}: when= reads {ref.label}, which is not a task output")
             producers.append(ref.producer)
-        return decided.render(lambda ref: self._in_scope(ref, dag, f"task {task!r}: when=")), producers
+        reason = reason_annotation(decided, dag, f"task {task!r}: when=...otherwise(...)")
+        return decided.render(lambda ref: self._in_scope(ref, dag, f"task {task!r}: when=")), producers, reason
 
     def _after(self, after: TaskRef | Sequence[TaskRef], dag: Scope, where: str) -> list[TaskRef]:
         """The tasks `after=` names, each one `dag` can wait for (one of an enclosing DAG: its fan-out waits)."""

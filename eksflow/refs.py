@@ -71,6 +71,10 @@ class Ref:
         """`when=a.passed | b.passed`: either bool output is true."""
         return condition(self) | other
 
+    def otherwise(self, reason: str | Ref) -> Condition:
+        """`when=staged.changed.otherwise(staged.reason)`: true, and why the task is skipped when it is not."""
+        return condition(self).otherwise(reason)
+
     def __lt__(self, other: Ref | Constant) -> Condition:  # type: ignore[override]
         return self._compared("<", other)
 

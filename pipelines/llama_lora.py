@@ -69,7 +69,9 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             source=p.parameters.data_source,
             dest_dir=p.run_dir / "data",
             previous_digest=incumbent.dataset_digest,
+            previous_version=incumbent.version,
         )
+        new_data = staged.changed.otherwise(staged.reason)  # skipped, a task says why: "data unchanged since ..."
         checked = task(
             validate_data,
             cfg.validation,
@@ -90,7 +92,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             output_dir=p.run_dir / "train",
             run_name=p.workflow_name,
             after=checked,
-            when=staged.changed,
+            when=new_data,
             memoize=[staged.data_key],  # the same data, settings and code train the same adapter: reuse it
         )
         scored = task(
@@ -126,7 +128,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             evaluated_champion=scored.champion_version,
             base_model=p.parameters.base_model,
             start_after=staged,  # the engine loads while the model trains
-            start_when=staged.changed,
+            start_when=new_data,
             max_new_tokens=cfg.evaluate.max_new_tokens,
         )
         with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page

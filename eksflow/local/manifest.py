@@ -9,6 +9,7 @@ else raises LocalExecutorError naming the field and what to do instead, before a
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from collections.abc import Mapping
@@ -27,10 +28,13 @@ from eksflow.local.parse_templates import (
     parse_outputs,
     parse_resource,
     parse_volumes,
+    template_annotations,
 )
 from eksflow.local.substitution import TASK_REFERENCE
 from eksflow.names import generate_name_problem, workflow_name_problem
+from eksflow.runtime.skip_reason import REASON, REASON_OUTPUT
 
+SKIP_OUTPUT = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\.[A-Za-z_][\w-]*")  # <task>.<output>, as Argo names them
 # Keys that only shape scheduling or security on a cluster; a local process has nothing to apply them to.
 _CLUSTER_ONLY_SPEC = frozenset({
     "affinity", "archiveLogs", "artifactGC", "artifactRepositoryRef", "automountServiceAccountToken", "dnsConfig",
@@ -114,7 +118,25 @@ def parse_manifest(manifest: Mapping[str, Any]) -> Workflow:
         parallelism=None if parallelism is None else max(int(fields.number(parallelism, "spec.parallelism")), 1),
         deadline_s=None if deadline is None else fields.number(deadline, "spec.activeDeadlineSeconds"),
         templates=templates,
+        skip_reasons={
+            name: reason
+            for name, (_, where, template) in raw.items()
+            if (reason := skip_annotations(template_annotations(template, where), f"{where}.metadata.annotations"))
+        },
     )
+
+
+def skip_annotations(annotations: Mapping[str, Any], where: str) -> dict[str, str]:
+    """The annotations saying why a template's task is skipped, checked: text, an output named `<task>.<output>`."""
+    found = {
+        key: fields.text(annotations[key], f"{where}[{key!r}]") for key in (REASON, REASON_OUTPUT) if key in annotations
+    }
+    named = found.get(REASON_OUTPUT)
+    if named is not None and not SKIP_OUTPUT.fullmatch(named):
+        raise LocalExecutorError(
+            f"{where}[{REASON_OUTPUT!r}] must name a task's output as <task>.<output>, got {named!r}"
+        )
+    return found
 
 
 def _exit_handler(spec: Mapping[str, Any], templates: Mapping[str, Template]) -> DagTemplate | None:

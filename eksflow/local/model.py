@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -197,6 +197,8 @@ class Workflow:
     parallelism: int | None
     deadline_s: float | None
     templates: Mapping[str, Template]
+    # template -> the annotations saying why its task is skipped (eksflow.runtime.skip_reason), where a when= gave one
+    skip_reasons: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def dag(self, name: str) -> DagTemplate:
         """The DAG template `name` (the entrypoint and every template a task runs exist: parsing checked them)."""

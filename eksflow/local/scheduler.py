@@ -38,6 +38,7 @@ from eksflow.local.substitution import (
     iteration_name,
     parse_items,
 )
+from eksflow.runtime.skip_reason import skip_reason
 
 
 @dataclass
@@ -233,7 +234,8 @@ class Scheduler:
             if task.when:
                 condition = scope.substitute(task.when)
                 if not evaluate_when(condition):
-                    self._skip(key, Phase.SKIPPED, f"when {condition!r} evaluated to false")
+                    why = skip_reason(self.wf.skip_reasons.get(task.template, {}), lambda t, o: _output(scope, t, o))
+                    self._skip(key, Phase.SKIPPED, why or f"when {condition!r} evaluated to false")
                     return
             arguments = {name: scope.substitute(value) for name, value in task.arguments}
             inputs = bind_inputs(
@@ -416,3 +418,11 @@ def _substitute_item(item: Any, scope: Scope) -> Any:
     if isinstance(item, list):
         return [_substitute_item(v, scope) for v in item]
     return item
+
+
+def _output(scope: Scope, task: str, output: str) -> str | None:
+    """Output `output` of task `task` of the DAG `scope` is in, or None when it has no value."""
+    try:
+        return scope.lookup(f"tasks.{task}.outputs.parameters.{output}")
+    except UnresolvedError:
+        return None

@@ -48,6 +48,7 @@ SAMPLE_OUTPUTS = {
     "vllm_url": "http://llama-lora-vllm-0123abcd.argo.svc.cluster.local:8000",
     "evaluated_champion": "2",
     "champion_version": "2",
+    "previous_version": "2",  # the champion's, for stage_data's reason
 }
 
 

@@ -226,6 +226,9 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
     assert outputs(status["champion"]) == {"version": version, "dataset_digest": dataset_digest}
     assert outputs(status["stage-data"])["changed"] == "false"
     assert status["train"]["phase"] == "Skipped" and status["prepare-fleet"]["phase"] == "Skipped"  # no engine
+    unchanged = f"data unchanged since champion v{version} (sha256:{dataset_digest.removeprefix('sha256:')[:12]})"
+    assert status["train"]["message"] == status["prepare-fleet"]["message"] == unchanged  # not the when expression
+    assert unchanged in (second / "report.html").read_text()
     assert {status[t]["phase"] for t in ("evaluate", "register", "vllm", "load-candidate", "promote")} == {"Omitted"}
     assert outputs(status["onExit.finish-rollout"])["reason"] == "no candidate"
     assert len(registered_versions(tmp_path)) == 1

@@ -22,6 +22,18 @@ ARGS = [
     "--headless",
 ]
 
+WIDTH = 1400  # a laptop's browser window, in CSS pixels
+MIN_LABEL_PX = 11
+# The smallest text of the DAG as drawn: its font size times the scale the SVG is shown at.
+LABEL_PX = """
+(() => {
+  const svg = document.querySelector("svg.dag");
+  const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+  const sizes = [...svg.querySelectorAll("text")].map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+  return Math.min(...sizes);
+})()
+"""
+
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).is_file(),
     reason="no chromium binary: install Debian's `chromium` (`make browser` does, as root) to run the browser test",
@@ -42,7 +54,7 @@ def test_the_report_renders_in_headless_chromium_with_its_plots_and_no_errors(tm
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
             page.on("pageerror", lambda err: errors.append(f"page error: {err}"))
             page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
             page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
@@ -56,6 +68,12 @@ def test_the_report_renders_in_headless_chromium_with_its_plots_and_no_errors(tm
             dag_box = page.locator("svg.dag").bounding_box()
             assert dag_box is not None and dag_box["width"] > 600 and dag_box["height"] > 100
             assert page.get_by_text("gate PASSED").is_visible()
+            # Nothing widens the page (a long output in "Tasks and outputs" did at 1,400 px); the DAG's labels read
+            # at its own size, which scrolls in its box (scaled to the page they were ~6 px).
+            assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+            tasks = page.locator("section", has=page.get_by_role("heading", name="Tasks and outputs"))
+            assert tasks.evaluate("section => section.scrollWidth <= section.clientWidth")
+            assert page.evaluate(LABEL_PX) >= MIN_LABEL_PX
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:

@@ -108,8 +108,10 @@ def test_main_writes_outputs(tmp_path):
         "dataset_dir",
         "num_bytes",
         "num_files",
+        "reason",
     ]
     assert (out / "changed").read_text() == "true"
+    assert (out / "reason").read_text() == "no earlier training data to compare with"
     assert (out / "num_files").read_text() == "2"
     assert (out / "num_bytes").read_text() == str(len(TRAIN) + len(EVAL))
     assert (out / "dataset_digest").read_text().startswith("sha256:")

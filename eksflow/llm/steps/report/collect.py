@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from eksflow.runtime.skip_reason import skip_reason
+
 MAIN, EXIT = "main", "exit"
 LOCAL_EXIT_PREFIX = "onExit."
 TITLE_ANNOTATION = "workflows.argoproj.io/title"
@@ -113,7 +115,7 @@ def collect(workflow: Mapping[str, Any], workflow_status: str = "") -> RunFacts:
                     step=_module(used),
                     args=tuple(str(a) for a in (used.get("container") or {}).get("args") or []),
                     phase=str(node.get("phase") or "Pending"),
-                    message=str(node.get("message") or ""),
+                    message=_message(node, used, {t: _outputs(n) for (d, t), n in index.items() if d == dag}),
                     started_at=parse_time(node.get("startedAt")),
                     finished_at=parse_time(node.get("finishedAt")),
                     outputs=_outputs(node),
@@ -140,6 +142,18 @@ def collect(workflow: Mapping[str, Any], workflow_status: str = "") -> RunFacts:
         node_outputs=tuple((str(n.get("displayName", key)), _outputs(n)) for key, n in nodes.items() if _outputs(n)),
         nodes_missing=missing,
     )
+
+
+def _message(node: Mapping[str, Any], template: Mapping[str, Any], outputs: Mapping[str, Mapping[str, str]]) -> str:
+    """The node's message; for a skipped task, the reason its pipeline gives, where it gives one.
+
+    Argo's message names the `when` expression only (the local executor's is already the reason).
+    """
+    message = str(node.get("message") or "")
+    if node.get("phase") != "Skipped":
+        return message
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    return skip_reason(annotations, lambda task, output: outputs.get(task, {}).get(output)) or message
 
 
 def _node_index(nodes: Mapping[str, Mapping[str, Any]], workflow_name: str) -> dict[tuple[str, str], Mapping[str, Any]]:

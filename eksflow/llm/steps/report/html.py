@@ -175,7 +175,10 @@ def _dag_section(page: Page) -> str:
         if phase != "Error"
     )
     missing = f"<p class='note'>{esc(facts.nodes_missing)}</p>" if facts.nodes_missing else ""
-    return f"<section><h2>DAG</h2>{svg.dag(lanes)}<div class='legend'>{legend}</div>{missing}</section>"
+    return (
+        f"<section><h2>DAG</h2><div class='scroll'>{svg.dag(lanes)}</div><div class='legend'>{legend}</div>"
+        f"{missing}</section>"
+    )
 
 
 def _not_run(tasks: Sequence[Task]) -> str:

@@ -2,6 +2,9 @@
 
 The page runs no script and loads nothing: styles are inline and pictures are data: SVG, so the policy denies
 everything else (a report is opened from a run's outputs, where a step's text could try to inject markup).
+
+Nothing widens the page past a laptop's width: a long value in a table cell (a path, a JSON output) breaks
+anywhere, and the DAG, drawn at its own size so that its labels read at 11-13 px, scrolls sideways in its box.
 """
 
 CSS = """
@@ -19,13 +22,14 @@ background:#8d8d8d}
 .good{color:#2e7d32;font-weight:600}
 table{border-collapse:collapse;width:100%;margin:6px 0}
 th,td{text-align:left;vertical-align:top;padding:5px 8px;border-bottom:1px solid #eee}
+td{overflow-wrap:anywhere}
 th{background:#fafafa;font-weight:600;font-size:12.5px;color:#444}
 td.num{font-variant-numeric:tabular-nums;text-align:right;white-space:nowrap}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
 .text{white-space:pre-wrap;word-break:break-word;max-height:12em;overflow:auto;
 font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 .charts{display:flex;flex-wrap:wrap;gap:16px}.charts svg{flex:1 1 380px;max-width:560px}
-svg.dag{width:100%;height:auto;max-height:640px}
+.scroll{overflow-x:auto}svg.dag{display:block}
 .decision{padding:8px 12px;border-radius:6px;margin:8px 0;font-weight:600}
 .decision.pass{background:#e8f5e9;color:#1b5e20}.decision.fail{background:#ffebee;color:#b71c1c}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}

@@ -119,7 +119,10 @@ def dag(lanes: Sequence[tuple[str, Sequence[Box]]]) -> str:
         y0 += max(rows.values()) * (BOX_H + GAP_Y) + 14
     height = y0 + PAD - 14
     return (
-        f"<svg class='dag' viewBox='0 0 {width:.0f} {height:.0f}' role='img' aria-label='workflow DAG' "
+        # Drawn at its own size, one unit a CSS pixel, in a box that scrolls: scaled to the page's width, a
+        # flagship's 14 columns put its 13-unit labels at ~6 px.
+        f"<svg class='dag' width='{width:.0f}' height='{height:.0f}' viewBox='0 0 {width:.0f} {height:.0f}' "
+        "role='img' aria-label='workflow DAG' "
         f"xmlns='http://www.w3.org/2000/svg' {FONT}>"
         "<defs><marker id='arrow' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='7' markerHeight='7' "
         "orient='auto'><path d='M0,0 L10,5 L0,10 z' fill='#777'/></marker></defs>"

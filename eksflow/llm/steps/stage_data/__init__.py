@@ -34,6 +34,8 @@ Outputs (one file each under --outputs-dir):
     dataset_digest  "sha256:<hex>" over the sorted (path, sha256) pairs of every file: equal digests mean equal data
     data_key        the digest's hex alone: a memoization key part (Argo allows only letters, digits and '-')
     changed         "true" unless --previous-digest equals the new digest (a cron retrains only when data changed)
+    reason          the same in words, naming what was compared: "data unchanged since champion v1 (sha256:1a2b...)"
+                    (--previous-version: the version trained on --previous-digest); a skipped train says it
     num_files       source files staged (manifest.json and the derived splits not counted)
     num_bytes       bytes of those files
     copied_files    files downloaded or copied this time (the rest were unchanged and linked); 0 with a linked path
@@ -108,6 +110,9 @@ class Args(StageSettings, StepArgs):
 
     dest_dir: Path = Field(description="folder to publish the dataset in, e.g. /fsx/<workflow>/data")
     previous_digest: str = Field("", description="digest of the last trained dataset; sets the `changed` output")
+    previous_version: str = Field(
+        "", pattern=r"^([1-9][0-9]*)?$", description="registered version trained on previous_digest, for `reason`"
+    )
 
 
 class Outputs(BaseModel):
@@ -117,6 +122,7 @@ class Outputs(BaseModel):
     dataset_digest: str
     data_key: str
     changed: bool
+    reason: str
     num_files: int
     num_bytes: int
     copied_files: int

@@ -122,6 +122,17 @@ def stage(settings: StageSettings, dest: Path) -> Staged:
     return Staged(entries, derived, digest, copied=0 if linked else read, verified=read if linked else 0)
 
 
+def change_reason(digest: str, previous_digest: str, previous_version: str) -> str:
+    """Whether the data changed, in words naming what it was compared with (what a skipped train's page says)."""
+    if not previous_digest:
+        return "no earlier training data to compare with"
+    since = f"champion v{previous_version}" if previous_version else "the last training data"
+    short = digest.removeprefix("sha256:")[:12]
+    return (
+        f"data unchanged since {since} (sha256:{short})" if digest == previous_digest else f"data changed since {since}"
+    )
+
+
 def run(args: Args) -> Outputs:
     """Stage `args.source` into `args.dest_dir`."""
     dest = args.dest_dir.absolute()
@@ -146,6 +157,7 @@ def run(args: Args) -> Outputs:
         dataset_digest=staged.digest,
         data_key=staged.digest.removeprefix("sha256:"),
         changed=changed,
+        reason=change_reason(staged.digest, args.previous_digest, args.previous_version),
         num_files=len(staged.files),
         num_bytes=num_bytes,
         copied_files=staged.copied,
