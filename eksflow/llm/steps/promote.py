@@ -12,19 +12,23 @@ In order:
 3. `champion` moves to the candidate and the former champion gets `previous` (the `rollback` command's target);
    its slot keeps weight 0 and its adapter stays published, so a rollback needs no download and requests it was
    answering finish on their own;
-4. a request to the public name through the proxy proves the result; the version is tagged rollout.phase=Healthy.
+4. a request to the public name through the proxy proves the result: the first held-out row `evaluate` scored for
+   the version, as a user of the task would ask it (the generic readiness prompt only for a version registered
+   without an evaluation report); the version is tagged rollout.phase=Healthy.
 
 Outputs (one file each under --outputs-dir):
     champion_version  the new champion
     previous_version  the former champion ("" for a first deployment)
-    answer            the public name's answer to the readiness prompt, through the proxy
+    answer            the public name's answer, through the proxy, to the first held-out row `evaluate` scored;
+                      empty for a version without an evaluation report (its answer to a generic prompt says
+                      nothing of the task)
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm, vllm_client
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking, vllm_client
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 
@@ -78,8 +82,14 @@ def run(args: Args) -> Outputs:
     state = state.model_copy(update={"percent": 100.0, "stage": STEP, "phase": "Healthy"})
     rollout.write_state(args.state_file, state)
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
+    prompt, reference = rollout.held_out_rows(args.tracking_uri, args.model_name, state.candidate_version)[0]
     answer = vllm_client.chat(
-        args.proxy_url, args.model_name, vllm.READY_PROMPT, api_key=key, timeout_s=args.request_timeout_s
+        args.proxy_url,
+        args.model_name,
+        prompt,
+        api_key=key,
+        max_tokens=rollout.READY_TOKENS,
+        timeout_s=args.request_timeout_s,
     )
     if not answer.ok or answer.served_by != candidate:
         raise StepFailedError(
@@ -93,8 +103,11 @@ def run(args: Args) -> Outputs:
         {rollout.PHASE_TAG: "Healthy", rollout.REASON_TAG: "promoted"},
     )
     rollout.log(f"v{state.candidate_version} is champion, serving all of {args.model_name!r} from {candidate}")
+    task_answer = answer.text if reference else ""  # only a held-out row's answer tells of the task
+    if task_answer:
+        rollout.log(f"{args.model_name!r} answered {task_answer!r} to held-out row 0 (reference {reference!r})")
     return Outputs(
-        champion_version=state.candidate_version, previous_version=state.champion_version, answer=answer.text
+        champion_version=state.candidate_version, previous_version=state.champion_version, answer=task_answer
     )
 
 

@@ -1,9 +1,13 @@
 """`champion` moves only by compare-and-set (RO4); `rollback` puts `previous` back. Real sqlite registry."""
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from eksflow.llm.steps import promote, rollback
-from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.common import litellm_proxy, rollout, tracking
 from eksflow.runtime.args import StepFailedError
 
 MODEL = "llama-lora"
@@ -63,3 +67,87 @@ def test_rollback_without_previous_is_bad_input(registry, tmp_path, capsys):
     argv = [f"--model-name={MODEL}", f"--tracking-uri={registry}", f"--outputs-dir={tmp_path / 'out'}"]
     assert rollback.main(argv) == 2
     assert "no version holds alias `previous`" in capsys.readouterr().err
+
+
+class Server:
+    """An OpenAI-style server: the fleet's one replica (its models list holds the candidate's adapter), or the
+    public name's proxy (each answer from the candidate's slot, as LiteLLM's header says). Records the prompts."""
+
+    def __init__(self, header: dict[str, str]) -> None:
+        self.prompts: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                cards = [{"id": "base", "root": "/models/base"}, {"id": ADAPTER, "parent": "base", "root": "/a"}]
+                self._answer({"data": cards} if self.path == "/v1/models" else {})
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path != "/v1/chat/completions":
+                    self._answer({})
+                    return
+                prompt = request["messages"][-1]["content"]
+                server.prompts.append(prompt)
+                self._answer({"choices": [{"message": {"role": "assistant", "content": f"to {prompt}"}}]})
+
+            def _answer(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                for name, value in {"Content-Type": "application/json", **header}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                """Quiet."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+ADAPTER = "llama-lora-v2-bbbbbbbb"
+
+
+@pytest.mark.parametrize("evaluated", [True, False], ids=["held-out-row", "no-evaluation-report"])
+def test_promote_shows_the_answer_to_a_held_out_row_of_the_task_or_nothing(tmp_path, evaluated):
+    """A text-to-SQL run's summary showed `answer = Hello.` (a generic prompt no doc names): the answer shown is the
+    new champion's, through the public name, to the first held-out row evaluate scored; without one, nothing."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.client(uri)
+    experiment = client.create_experiment("rollout", artifact_location=(tmp_path / "artifacts").as_uri())
+    report = tmp_path / "eval_report.json"
+    rows = [{"prompt": "How many orders did Ada place?", "reference": "SELECT count(*) FROM orders", "same_rows": 1}]
+    report.write_text(json.dumps({"rows": rows, "task_metrics": ["same_rows"]}))
+    client.create_registered_model(MODEL)
+    for _ in range(2):
+        run_id = client.create_run(experiment).info.run_id
+        if evaluated:
+            assert tracking.log_files(uri, run_id, [report], "eval")
+        client.create_model_version(MODEL, f"runs:/{run_id}/adapter", run_id=run_id)
+    tracking.promote(uri, MODEL, "1")
+    state = rollout.RolloutState(champion_version="1", champion_slot="blue", candidate_version="2",
+                                 candidate_slot="green", candidate_adapter=ADAPTER, stage="analyze-100")  # fmt: skip
+    rollout.write_state(tmp_path / "state.json", state)
+    engine, proxy = Server({}), Server({"x-litellm-model-id": litellm_proxy.slot_id(MODEL, "green")})
+    routes = litellm_proxy.RoutesFile(tmp_path / "routes.json", MODEL)
+    routes.assign("blue", "llama-lora-v1-aaaaaaaa", engine.url)
+    routes.assign("green", ADAPTER, engine.url)
+    try:
+        argv = [f"--model-name={MODEL}", f"--tracking-uri={uri}", f"--vllm-url={engine.url}",
+                f"--proxy-url={proxy.url}", f"--serving-dir={tmp_path / 'adapters'}",
+                f"--routes-file={tmp_path / 'routes.json'}", f"--state-file={tmp_path / 'state.json'}",
+                f"--secrets-dir={tmp_path / 'secrets'}", f"--outputs-dir={tmp_path / 'out'}"]  # fmt: skip
+        assert promote.main(argv) == 0
+    finally:
+        engine.server.shutdown()
+        proxy.server.shutdown()
+    assert aliases(uri) == {"champion": "2", "previous": "1"}
+    answer = (tmp_path / "out" / "answer").read_text()
+    if evaluated:
+        assert proxy.prompts == ["How many orders did Ada place?"]
+        assert answer == "to How many orders did Ada place?"
+    else:
+        assert answer == ""  # the readiness prompt proved the public name answers; its answer is not the task's
