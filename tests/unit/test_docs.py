@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 FILE_BLOCK = re.compile(r"```(?:python|dockerfile)\n# file: (\S+)\n(.*?)```", re.DOTALL)
 FIXTURES = ROOT / "tests" / "fixtures"
+# An excerpt of a file of this repository: its lines as they are there, runs of them separated by `# ...` lines.
+EXCERPT_BLOCK = re.compile(r"```python\n# from: (\S+)\n(.*?)```", re.DOTALL)
+GAP = "# ..."
 ARCHITECTURE = (DOCS / "architecture.md").read_text()
 
 
@@ -33,6 +36,28 @@ def test_examples_are_the_files_the_tests_run(doc, project):
     for path, code in blocks:
         fixture = FIXTURES / project / path
         assert code == fixture.read_text(), f"docs/{doc} shows an outdated {path}: copy it from {fixture}"
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in DOCS.glob("*.md")))
+def test_excerpts_are_the_lines_of_the_files_they_name_in_order(doc):
+    """A `# from: <path>` example shows runs of that file's lines as they are, in their order (`# ...`: a gap)."""
+    for path, code in EXCERPT_BLOCK.findall((DOCS / doc).read_text()):
+        lines = (ROOT / path).read_text().splitlines()
+        at = 0
+        for run in _runs(code.splitlines()):
+            found = next((i for i in range(at, len(lines)) if lines[i : i + len(run)] == run), None)
+            assert found is not None, f"docs/{doc} shows lines {path} does not have (after line {at}): {run[0]!r}"
+            at = found + len(run)
+
+
+def _runs(lines: list[str]) -> list[list[str]]:
+    runs: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip() == GAP:
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    return [run for run in runs if run]
 
 
 def test_configuration_reference_is_current():
