@@ -217,7 +217,8 @@ def test_canary_tasks_and_the_exit_handler_are_in_the_workflow(workflow, argo_va
 )
 def test_rollout_step_args_parse_and_the_secret_is_mounted(workflow, module, name):
     (template,) = [t for t in workflow["spec"]["templates"] if t["name"] == name]
-    samples = {"percent": "10", "model_version": "3", "evaluated_champion": "2", "vllm_url": "http://x:8000"}
+    samples = {"percent": "10", "model_version": "3", "evaluated_champion": "2", "vllm_url": "http://x:8000",
+               "fleet": "llama-lora-vllm-0123abcd"}  # fmt: skip
     args = [
         re.sub(r"\{\{inputs\.parameters\.(\w+)\}\}", lambda m: samples.get(m.group(1), "/fsx/x"), a)
         .replace("{{workflow.name}}", "llama-lora-x1")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from eksflow.llm.serving.fleet_endpoints import Endpoint
 from eksflow.llm.serving.fleet_pods import FleetError
 from eksflow.local import PlacedPod, PodNetworkError, Requests, SimulatedCluster
 from eksflow.runtime.readable import log_tail
@@ -94,9 +95,12 @@ class Replicas:
         """Whether any pod runs."""
         return any(p.proc.poll() is None for p in self.pods())
 
-    def endpoints(self) -> list[tuple[str, int]]:
-        """The ready pods' (address, port): where the Services send connections."""
-        return [(p.pod.address, self.port) for p in self.pods() if p.ready and p.proc.poll() is None]
+    def endpoints(self) -> list[Endpoint]:
+        """The pods as their Services' endpoints: a ready one takes connections, and the steps list them all."""
+        return [
+            Endpoint(p.pod.name, p.pod.node, p.pod.address, self.port, p.ready and p.proc.poll() is None)
+            for p in self.pods()
+        ]
 
     def documents(self) -> list[dict[str, str]]:
         """The pods, as status.json lists a task's pods."""

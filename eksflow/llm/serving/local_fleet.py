@@ -48,6 +48,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -58,8 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from eksflow.llm import engines
-from eksflow.llm.serving import adopted_engine, fleet_pods
+from eksflow.llm.serving import adopted_engine, fleet_endpoints, fleet_pods
 from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV, adopted_url
+from eksflow.llm.serving.fleet_endpoints import Endpoint
 from eksflow.llm.serving.fleet_inputs import ContainerInputs
 from eksflow.llm.serving.fleet_nodes import Replicas
 from eksflow.llm.serving.fleet_pods import FleetError
@@ -138,7 +140,8 @@ class LocalFleet:
     cwd: Path
     tracker: ProcessTracker | None = None  # the run's watchdog learns of each process (stopped if the executor dies)
     _processes: dict[str, _Process] = field(default_factory=dict)
-    _services: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)  # name -> (port, selector)
+    # name -> (port, selector, port name)
+    _services: dict[str, tuple[int, dict[str, str], str]] = field(default_factory=dict)
     _service_proxies: dict[str, ServiceProxy] = field(default_factory=dict)  # with simulated nodes: name -> address
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # NetworkPolicies applied, by name
     _engine_port: int = 0
@@ -173,9 +176,12 @@ class LocalFleet:
                 return f"ConfigMap {name}: {len(files)} key(s) for the Deployments that mount it"
             if kind == "Service":
                 spec = manifest.get("spec") or {}
-                port = int((spec.get("ports") or [{}])[0].get("port", 0))
-                self._services[name] = (port, {str(k): str(v) for k, v in (spec.get("selector") or {}).items()})
+                first = (spec.get("ports") or [{}])[0]
+                selector = {str(k): str(v) for k, v in (spec.get("selector") or {}).items()}
+                port = int(first.get("port", 0))
+                self._services[name] = (port, selector, str(first.get("name", "")))
                 if nodes is None:
+                    self._refresh_endpoints()
                     return f"Service {name}:{port}: a local address, http://127.0.0.1:<port of the process it selects>"
                 if name not in self._service_proxies:
                     self._service_proxies[name] = ServiceProxy(name, nodes.cluster.network.gateway)
@@ -198,7 +204,9 @@ class LocalFleet:
             if name in self._processes and self._processes[name].alive():
                 return f"Deployment {name} is already running here: unchanged"
             process = self._start(manifest, name, where, nodes)
-        return self._wait_ready(process, stop_reason, where)
+        note = self._wait_ready(process, stop_reason, where)
+        self._refresh_endpoints()  # ready: its Services list it (on simulated nodes each pod's readiness did already)
+        return note
 
     def _start(self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None) -> _Process:
         container = fleet_pods.container(manifest, where)
@@ -408,16 +416,21 @@ class LocalFleet:
     # -- helpers -------------------------------------------------------------------------------------------
 
     def _refresh_endpoints(self) -> None:
-        """Each Service's endpoints on the simulated nodes: the ready pods of the Deployments it selects."""
+        """Each Service's endpoints: the pods of the Deployments it selects, in the run folder for the steps.
+
+        On the simulated nodes its address sends connections to the ready ones (fleet_endpoints.py: the list).
+        """
         with self._lock:
-            for name, proxy in self._service_proxies.items():
-                selector = self._services[name][1]
-                proxy.set_endpoints([
+            for name, (_, selector, port_name) in self._services.items():
+                endpoints = [
                     endpoint
                     for process in self._processes.values()
-                    if process.replicas is not None and _selects(selector, process.labels)
-                    for endpoint in process.replicas.endpoints()
-                ])  # fmt: skip
+                    if _selects(selector, process.labels)
+                    for endpoint in _endpoints(process)
+                ]
+                if name in self._service_proxies:
+                    self._service_proxies[name].set_endpoints([(e.address, e.port) for e in endpoints if e.ready])
+                fleet_endpoints.write(self.run_dir, name, port_name, endpoints)
 
     def _selected_port(self, selector: Mapping[str, str]) -> int | None:
         for process in self._processes.values():
@@ -429,6 +442,13 @@ class LocalFleet:
 def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     """Whether a Service's selector picks a pod of these labels (an empty one picks none, as for endpoints)."""
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _endpoints(process: _Process) -> list[Endpoint]:
+    """A Deployment's pods as endpoints: each replica on the simulated nodes, else its one process on this machine."""
+    if process.replicas is not None:
+        return process.replicas.endpoints()
+    return [Endpoint(process.name, socket.gethostname(), "127.0.0.1", process.port, process.alive())]
 
 
 def _remove_leftover(routes_file: Path) -> None:

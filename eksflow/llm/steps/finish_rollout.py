@@ -7,10 +7,10 @@ Argo runs it when the workflow ends however it ends: succeeded, a task failed (a
 server), or the workflow was stopped or hit its deadline. If the rollout reached promotion there is nothing to
 undo (rollout.phase=Healthy). Otherwise, with a candidate on the fleet: every request of the public name goes
 back to the champion's slot (without a champion, the candidate's slot loses its weight: the proxy answers the name
-503 until a rollout routes it), the candidate's adapter is unpublished (no engine can
-resolve it again; the engine in reach drops it at once; other pods keep it in memory, unrouted, until they
-restart), and the candidate version is tagged rollout.phase=Degraded with the reason (the failing step's own
-message, from the state file).
+503 until a rollout routes it), the candidate's adapter is unpublished (no engine can resolve it again) and then
+unloaded from every replica of the fleet, each addressed on its own by the fleet Service's endpoints and checked
+after (eksflow/llm/steps/common/replicas.py), and the candidate version is tagged rollout.phase=Degraded with the
+reason (the failing step's own message, from the state file).
 `champion` never moved, so the registry needs no repair. Clean-up against a fleet that is gone (a killed engine)
 is reported and skipped; the tags are always written. A run that never loaded a candidate (the gate failed,
 training was skipped) has nothing to undo.
@@ -23,15 +23,19 @@ Outputs (one file each under --outputs-dir):
     phase             Healthy, Degraded, or empty when no candidate was rolled out
     reason            why
     champion_serving  after a rollback to a champion: true if it answered its probe set, false if not; else empty
+    candidate_left_on after a rollback: the replicas that still list the candidate, or could not be checked (why);
+                      empty when every replica was checked and none holds it
 """
 
 from __future__ import annotations
 
+import sys
+
 from pydantic import BaseModel, Field
 
-from eksflow.llm.steps.common import adapters, litellm_proxy, rollout, vllm_client
-from eksflow.llm.steps.common.rollout import FleetArgs
-from eksflow.runtime.args import run_step
+from eksflow.llm.steps.common import adapters, litellm_proxy, replicas, rollout, vllm_client
+from eksflow.llm.steps.common.rollout import FleetArgs, RolloutState
+from eksflow.runtime.args import StepFailedError, run_step
 
 
 class Args(FleetArgs):
@@ -47,6 +51,7 @@ class Outputs(BaseModel):
     phase: str
     reason: str
     champion_serving: str = ""  # after a rollback: "true" when the champion answered its probe set, else "false"
+    candidate_left_on: str = ""  # after a rollback: replicas still holding the candidate or not checked ("" = none)
 
 
 def run(args: Args) -> Outputs:
@@ -67,8 +72,7 @@ def run(args: Args) -> Outputs:
     else:  # nothing to route back to: the public name is refused (503) rather than answered by a failed candidate
         rollout.best_effort("take the traffic off the candidate", lambda: rollout.routes(args).withdraw(candidate_slot))
     vllm_url = args.vllm_url or state.vllm_url
-    if state.candidate_adapter:
-        _withdraw(args, state.candidate_adapter, vllm_url, key)
+    left_on = _withdraw(args, state, vllm_url, key) if state.candidate_adapter else ""
     rollout.tag_version(
         args.tracking_uri,
         args.model_name,
@@ -79,14 +83,14 @@ def run(args: Args) -> Outputs:
     rolled = f"rolled back v{state.candidate_version} (Degraded): {reason}"
     if state.champion_slot is None or not state.champion_version:
         rollout.log(f"{rolled}; no champion to serve")
-        return Outputs(phase="Degraded", reason=reason)
+        return Outputs(phase="Degraded", reason=reason, candidate_left_on=left_on)
     why = rollout.not_answering(args, state.champion_version, state.champion_slot, timeout_s=30)
     champion = f"champion v{state.champion_version}"
     if not why:
         rollout.log(f"{rolled}; traffic on {champion}, which answers its probe set through the proxy")
     else:
         rollout.log(f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({_cause(args, vllm_url, why)})")
-    return Outputs(phase="Degraded", reason=reason, champion_serving=str(not why).lower())
+    return Outputs(phase="Degraded", reason=reason, champion_serving=str(not why).lower(), candidate_left_on=left_on)
 
 
 def _cause(args: Args, vllm_url: str, why: str) -> str:
@@ -105,16 +109,31 @@ def _cause(args: Args, vllm_url: str, why: str) -> str:
     return why
 
 
-def _withdraw(args: Args, adapter: str, vllm_url: str, key: str) -> None:
-    """Unpublish the candidate's adapter (no engine resolves it again) and drop it from the engine in reach."""
+def _withdraw(args: Args, state: RolloutState, vllm_url: str, key: str) -> str:
+    """Unpublish the candidate's adapter (no engine resolves it again), then unload it from every replica.
+
+    Each replica is checked on its own address after; returns the ones still holding it or not checked (why), ""
+    when none. Against a fleet that cannot be listed or reached, a warning line each, and the rollback goes on.
+    """
+    adapter = state.candidate_adapter
     rollout.best_effort(
         f"unpublish the candidate's adapter {adapter}", lambda: adapters.unpublish(args.serving_dir, adapter)
     )
-    if vllm_url:
-        rollout.best_effort(
-            f"unload the candidate's adapter {adapter}",
-            lambda: vllm_client.unload_adapter(vllm_url, adapter, api_key=key),
-        )
+    if not vllm_url:
+        return ""
+    try:
+        fleet = replicas.replicas(state.fleet, vllm_url)
+    except StepFailedError as err:
+        print(f"warning: could not list the fleet's replicas to unload {adapter}: {err}", file=sys.stderr, flush=True)
+        return f"every replica (not listed: {err})"
+    holding, unchecked = replicas.unload_from_every_replica(fleet, adapter, api_key=key)
+    left = [f"{r.describe()} still lists it" for r in holding]
+    left += [f"{r.describe()} (not checked: {why})" for r, why in unchecked.items()]
+    if left:
+        print(f"warning: {adapter} is not off every replica: {'; '.join(left)}", file=sys.stderr, flush=True)
+    else:
+        rollout.log(f"{adapter} is on no replica: {replicas.described(fleet)} checked, each on its own address")
+    return "; ".join(left)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,15 +4,17 @@ r"""Finish the rollout: the candidate becomes `champion` (compare-and-set) and t
         --state-file=...
 
 In order:
-1. the candidate takes 100% of the public name (already so after a canary step of 100%);
-2. compare-and-set (RO4): `champion` must still be the version this rollout started from (the one the canary
+1. every ready replica of the fleet, each on its own address, answers from the candidate's adapter and lists it
+   (a pod that joined during the canary loads it now);
+2. the candidate takes 100% of the public name (already so after a canary step of 100%);
+3. compare-and-set (RO4): `champion` must still be the version this rollout started from (the one the canary
    compared against); if another rollout moved it meanwhile, nothing is promoted (exit 1, the exit handler routes
    the traffic back). MLflow has no atomic alias update, so the alias is read back after the move as well: a
    writer that slipped in between is reported, never silently overwritten twice;
-3. `champion` moves to the candidate and the former champion gets `previous` (the `rollback` command's target);
+4. `champion` moves to the candidate and the former champion gets `previous` (the `rollback` command's target);
    its slot keeps weight 0 and its adapter stays published, so a rollback needs no download and requests it was
    answering finish on their own;
-4. a request to the public name through the proxy proves the result: the first held-out row `evaluate` scored for
+5. a request to the public name through the proxy proves the result: the first held-out row `evaluate` scored for
    the version, as a user of the task would ask it (the generic readiness prompt only for a version registered
    without an evaluation report); the version is tagged rollout.phase=Healthy.
 
@@ -74,6 +76,9 @@ def run(args: Args) -> Outputs:
     if state.candidate_slot is None or not state.candidate_version:
         raise StepInputError(f"--state-file={args.state_file} names no candidate: run load-candidate first")
     candidate = litellm_proxy.slot_id(args.model_name, state.candidate_slot)
+    # Every replica holds the candidate before it takes all traffic: a pod that joined the fleet during the canary
+    # loads it now, not at a user's request.
+    rollout.load_everywhere(args, state.candidate_version, state.candidate_adapter, timeout_s=args.request_timeout_s)
     # Traffic first: if the alias cannot move, the exit handler routes it back; the alias never points at a
     # version that does not take the traffic.
     routes = rollout.routes(args)

@@ -6,10 +6,11 @@ r"""Put the `previous` version back as champion and route the public model name 
     make rollback                         # here: the local fleet lives only as long as a run, so only the aliases
 
 With a fleet (--vllm-url given): `previous`'s adapter is published (it usually still is) and assigned to the slot
-the champion does not hold, and must answer a real generation; then the public name's traffic moves to it, and it
-must answer its probe set through the proxy (else the traffic goes back and nothing else changes: exit 1). The
-bad champion's slot keeps weight 0; the restored version is tagged rollout.phase=Healthy. Then the aliases swap:
-`champion` -> the previous version, `previous` -> the version rolled back, which is tagged
+the champion does not hold, and must answer a real generation on every ready replica of --fleet (the fleet's
+Service, whose endpoints list them; without it, on the one --vllm-url reaches); then the public name's traffic
+moves to it, and it must answer its probe set through the proxy (else the traffic goes back and nothing else
+changes: exit 1). The bad champion's slot keeps weight 0; the restored version is tagged rollout.phase=Healthy.
+Then the aliases swap: `champion` -> the previous version, `previous` -> the version rolled back, which is tagged
 rollout.phase=RolledBack. Without a fleet only the aliases move (the next run serves the new champion). Exit 2
 when there is no `previous` to go back to.
 

@@ -58,7 +58,7 @@ def run(args: Args) -> Outputs:
     version = rollout.champion_version(args.tracking_uri, args.model_name)
     if not version:
         rollout.log(f"{args.model_name} has no champion yet: the first candidate takes all traffic once it passes")
-        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
+        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url, fleet=args.fleet))
         return Outputs(champion_version="", champion_slot="")
     tags = rollout.version_tags(args.tracking_uri, args.model_name, version)
     slot: litellm_proxy.Slot = "green" if tags.get(rollout.SLOT_TAG) == "green" else "blue"
@@ -72,7 +72,7 @@ def run(args: Args) -> Outputs:
         name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
     except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline
         rollout.log(f"champion v{version} cannot be served on this fleet ({err}); rollout without a live champion")
-        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url))
+        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url, fleet=args.fleet))
         return Outputs(champion_version="", champion_slot="")
     rollout.routes(args).set_weights(
         litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0)
@@ -82,7 +82,12 @@ def run(args: Args) -> Outputs:
     rollout.write_state(
         args.state_file,
         RolloutState(
-            champion_version=version, champion_slot=slot, champion_adapter=name, stage=STEP, vllm_url=args.vllm_url
+            champion_version=version,
+            champion_slot=slot,
+            champion_adapter=name,
+            stage=STEP,
+            vllm_url=args.vllm_url,
+            fleet=args.fleet,
         ),
     )
     rollout.log(f"champion v{version} serves all traffic from slot {slot} ({name})")

@@ -13,6 +13,7 @@ from eksflow.llm.steps import canary
 from eksflow.llm.steps.canary import analysis, traffic
 from eksflow.llm.steps.canary import report as canary_report
 from eksflow.llm.steps.canary import step as canary_step
+from eksflow.llm.steps.canary.fleet import FleetNote
 from eksflow.llm.steps.common import canary_sizing, litellm_proxy, rollout, vllm_client
 from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
 from eksflow.llm.steps.common.rollout import RolloutState
@@ -155,7 +156,7 @@ def test_metrics_of_a_healthy_step_pass_the_default_rules(tmp_path):
     metrics = analysis.analyse(a, state, requests, probes, SENT)
     assert metrics["candidate_share"] == 0.1 and metrics["share_z"] == 0.0
     assert metrics["served_gap"] == 0.0 and metrics["error_rate"] == 0.0 and metrics["score_vs_champion"] == 0.0
-    verdict = analysis.decide(a, state, metrics)
+    verdict = analysis.decide(a, state, metrics, "exact_match")
     assert verdict.passed and [r.rule.metric for r in verdict.results if r.ok] == [
         *(r.metric for r in a.thresholds),
         *(r.metric for r in a.champion_thresholds),
@@ -173,13 +174,13 @@ def test_served_not_matching_evaluated_fails_naming_the_rule(tmp_path):
     ]
     requests = live(["llama-lora-green", "llama-lora-blue"] * 20 + [""])  # one request timed out
     metrics = analysis.analyse(a, state, requests, probes, SENT)
-    verdict = analysis.decide(a, state, metrics)
+    verdict = analysis.decide(a, state, metrics, "exact_match")
     reason = verdict.reason
     assert not verdict.passed
     assert {r.rule.metric for r in verdict.results if not r.ok} == {"served_gap", "error_rate", "score_vs_champion"}
-    assert "served_gap = 1.0000 fails served_gap <= 0.125" in reason
+    assert "served_gap (exact_match) = 1.0000 fails served_gap (exact_match) <= 0.125" in reason
     assert "error_rate = 0.0222 fails error_rate <= 0" in reason
-    assert "score_vs_champion = -1.0000 fails score_vs_champion >= -0.125" in reason
+    assert "score_vs_champion (exact_match) = -1.0000 fails score_vs_champion (exact_match) >= -0.125" in reason
 
 
 def test_without_a_champion_there_are_no_champion_metrics(tmp_path):
@@ -196,7 +197,7 @@ def test_report_table_names_every_rule_and_the_split(tmp_path):
     rules = [Threshold(metric="error_rate", op="<=", value=0.0)]
     metrics = {"error_rate": 0.5, "p95_latency_s": 1.0}
     verdict = replace(gate(metrics, rules), reason="x")
-    table = canary_report.render_table(10, state, metrics, verdict, {"a": 3})
+    table = canary_report.render_table(10, state, "exact_match", metrics, verdict, {"a": 3})
     assert "| error_rate <= 0 | 0.5000 | FAIL |" in table and "live traffic served by: a 3" in table
     assert table.endswith("analysis: FAILED (x)")
 
@@ -256,7 +257,7 @@ def test_metrics_from_probes_that_all_errored_are_missing_and_fail_closed(tmp_pa
     metrics = analysis.analyse(a, state, live([""] * 8), probes, failed)
     for name in ("served_score", "served_gap", "champion_score", "score_vs_champion", "candidate_share"):
         assert math.isnan(metrics[name]), name  # nothing answered: no score, not a 0 that passes
-    verdict = analysis.decide(a, state, metrics)
+    verdict = analysis.decide(a, state, metrics, "exact_match")
     assert not verdict.passed and "score_vs_champion" in verdict.reason and "served_gap" in verdict.reason
 
 
@@ -298,7 +299,8 @@ def test_the_report_states_the_evidence_sized_and_how_the_probes_came(tmp_path, 
     asked = {"candidate": traffic.Asked(0, 0, "analyze-10"), "champion": traffic.Asked(16, 1)}
     metrics = {"error_rate": 0.0}
     verdict = Verdict(passed=True, reason="ok")
-    path = canary_report.write_report(a, state, metrics, verdict, sizing, live(["llama-lora-green"]), [], asked)
+    measured = traffic.Measurement(live(["llama-lora-green"]), [], asked, metrics)
+    path = canary_report.write_report(a, state, "exact_match", verdict, sizing, measured, FleetNote((), [], []))
     report = json.loads(path.read_text())
     assert report["live_traffic"]["sized"].startswith("64 live requests: a share off by 0.25 from 50% reaches")
     assert report["probes_asked"]["candidate"] == {"sent": 0, "errors": 0, "reused_from": "analyze-10"}

@@ -21,7 +21,7 @@ from eksflow.llm.steps.canary import step as canary_step
 from eksflow.llm.steps.canary import traffic
 from eksflow.llm.steps.common import rollout, tracking
 from eksflow.llm.steps.evaluate.report import REPORT_ARTIFACT, REPORT_FILE
-from eksflow.runtime.args import StepInputError
+from eksflow.runtime.args import StepFailedError, StepInputError
 from tests.flagship import config, rendered
 from tests.unit.steps import test_canary_probes, test_evaluate_custom_metrics
 
@@ -193,3 +193,20 @@ def test_a_metric_the_version_was_not_evaluated_with_exits_2_in_one_line(fleet, 
         "error: --task-metric: 'contains' is not a task metric v2 was evaluated with "
         f"(exact_match, {user_package}.mine:starts_alike); name one of them"
     )  # the whole of stderr: one line, no traceback
+
+
+def test_the_canary_names_its_metric_wherever_it_shows_a_score(fleet, capsys):
+    """Before, canary-*.md/json, the step's log and its failure said served_score but not which metric scored it."""
+    rules = [{"metric": "served_score", "op": ">=", "value": 0.5}, {"metric": "error_rate", "op": "<=", "value": 0}]
+    args = canary.Args.model_validate({**fleet, "task_metric": "exact_match", "thresholds": rules})
+    with pytest.raises(StepFailedError) as failed:
+        canary_step.run(args)
+    named = "served_score (exact_match) = 0.0000 fails served_score (exact_match) >= 0.5"
+    assert named in str(failed.value)
+    report = json.loads((tmp := Path(fleet["report_dir"]) / "canary-0.json").read_text())
+    assert report["task_metric"] == "exact_match" and report["shown"]["served_gap"] == "served_gap (exact_match)"
+    table = tmp.with_suffix(".md").read_text()
+    assert "scores: exact_match on the probe rows" in table
+    assert "| served_score (exact_match) >= 0.5 | 0.0000 | FAIL |" in table
+    assert "evaluated_score (exact_match) = 0.0000" in table and "champion_score (exact_match) = 0.0000" in table
+    assert "the scores are exact_match on the probe rows" in capsys.readouterr().err  # the step's log

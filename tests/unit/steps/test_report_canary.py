@@ -18,6 +18,7 @@ import pytest
 from eksflow.llm.steps import canary, report
 from eksflow.llm.steps.canary import analysis, traffic
 from eksflow.llm.steps.canary import report as canary_report
+from eksflow.llm.steps.canary.fleet import FleetNote
 from eksflow.llm.steps.common.canary_sizing import live_requests, share_z_limit
 from eksflow.llm.steps.common.rollout import RolloutState
 from eksflow.llm.steps.common.vllm_client import Answer
@@ -33,6 +34,7 @@ from tests.report_runs import HOSTILE, NAME, make_run, node
 SETTINGS = canary.CanarySettings()  # the default rules and tolerance, as the flagship passes them
 STEPS = ("analyze-0", "analyze-10", "analyze-50", "analyze-100")
 CANDIDATE, CHAMPION = "llama-lora-green", "llama-lora-blue"  # litellm_proxy.slot_id of the two slots
+TASK_METRIC = "iso_date"  # the canary's task_metric: what its scores are in
 
 
 def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
@@ -72,9 +74,10 @@ def write_canary(
     asked = {"candidate": how, **({"champion": how} if champion else {})}
     # decide reads the settings and the percent, write_report the percent and the folder
     args = canary.Args.model_construct(**dict(SETTINGS), percent=percent, report_dir=reports)
-    verdict = analysis.decide(args, state, values)
+    verdict = analysis.decide(args, state, values, TASK_METRIC)
     verdict = replace(verdict, reason=reason_prefix + verdict.reason)
-    canary_report.write_report(args, state, values, verdict, sizing, live, probes, asked)
+    measured = traffic.Measurement(live, probes, asked, values)
+    canary_report.write_report(args, state, TASK_METRIC, verdict, sizing, measured, FleetNote((), [], []))
     return verdict.passed
 
 
@@ -166,10 +169,10 @@ def test_a_rollout_stopped_at_pre_traffic_names_the_failing_rule_and_greys_out_t
     text = canary_section(page(tmp_path, monkeypatch, nodes, "Omitted"))
 
     assert (
-        "stopped at analyze-0 (pre-traffic 0 %): failing served_gap &lt;= 0.125 (actual 0.9375); "
-        "score_vs_champion &gt;= -0.125 (actual -0.875)" in text
-    )
-    assert "<b>reason:</b> served_gap = 0.9375 fails served_gap &lt;= 0.125" in text  # the report's reason
+        "stopped at analyze-0 (pre-traffic 0 %): failing served_gap (iso_date) &lt;= 0.125 (actual 0.9375); "
+        "score_vs_champion (iso_date) &gt;= -0.125 (actual -0.875)" in text
+    )  # each score named with the task metric it is in
+    assert "<b>reason:</b> served_gap (iso_date) = 0.9375 fails served_gap (iso_date) &lt;= 0.125" in text
     assert "not run: analyze-10, analyze-50, analyze-100" in text
     assert text.count("class='stopped'") == 1 and text.count("data-state='not run'") == 3
     assert text.count("class='blank'") == 3 and "promoted" not in text
@@ -194,7 +197,7 @@ def test_metrics_a_step_could_not_measure_show_as_missing_never_as_zero(tmp_path
         assert f"<title>analyze-10 {series}: not measured</title>n/a</text>" in text
     assert "<title>analyze-10 candidate: 0%</title></rect>" in text  # a measured 0 error rate is a bar
     assert "<title>analyze-10 champion: 0.875" not in text
-    assert "failing p95_latency_s &lt;= 60 (not measured); score_vs_champion &gt;= -0.125 (not measured)" in text
+    assert "failing p95_latency_s &lt;= 60 (not measured); score_vs_champion (iso_date) &gt;= -0.125 (not" in text
     assert "p95_latency_s is missing or NaN" in text  # the report's reason
     assert text.count("<td class='num muted' title='not measured'>\u2013</td>") == 3 + 2  # analyze-0's share, z
     assert "<td class='num'>0.0000</td>" in text  # measured zeros stay numbers

@@ -79,6 +79,13 @@ CANARY_METRICS = (
     "champion_error_rate",
 )
 ROUTING_METRICS = ("candidate_share", "share_z")  # measured on live traffic, which the pre-traffic step sends none of
+# The probes' scores and their differences, in the units of the task metric they are measured by (canary.task_metric).
+SCORE_METRICS = ("served_score", "evaluated_score", "served_gap", "champion_score", "score_vs_champion")
+
+
+def metric_labels(task_metric: str) -> dict[str, str]:
+    """How reports and reasons show each score metric: with the task metric it is in, `served_score (sql_exact)`."""
+    return {name: f"{name} ({task_metric})" for name in SCORE_METRICS}
 
 
 def step_label(percent: float) -> str:

@@ -11,7 +11,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
-from eksflow.llm.steps.canary import ROUTING_METRICS, Args, step_label
+from eksflow.llm.steps.canary import ROUTING_METRICS, Args, metric_labels, step_label
 from eksflow.llm.steps.canary.traffic import Asked, Probe
 from eksflow.llm.steps.common import canary_sizing, litellm_proxy, vllm_client
 from eksflow.llm.steps.common.gate import Threshold, Verdict, gate
@@ -37,11 +37,14 @@ def applicable_rules(args: Args, state: RolloutState) -> list[Threshold]:
     return rules
 
 
-def decide(args: Args, state: RolloutState, metrics: Mapping[str, float]) -> Verdict:
-    """The step's verdict: passed, why, and every applicable rule's result; the no-champion shortcut passes."""
+def decide(args: Args, state: RolloutState, metrics: Mapping[str, float], task_metric: str) -> Verdict:
+    """The step's verdict: passed, why, and every applicable rule's result; the no-champion shortcut passes.
+
+    The reason names the task metric the scores are in (`served_gap (sql_exact) = 0.2500 fails ...`).
+    """
     if reason := no_champion_shortcut(args.percent, state):
         return Verdict(passed=True, reason=reason)
-    return gate(metrics, applicable_rules(args, state))
+    return gate(metrics, applicable_rules(args, state), metric_labels(task_metric))
 
 
 def analyse(

@@ -8,9 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from eksflow.llm.steps.canary import Args
-from eksflow.llm.steps.canary.traffic import Asked, Probe
-from eksflow.llm.steps.common import rollout, tracking, vllm_client
+from eksflow.llm.steps.canary import Args, metric_labels
+from eksflow.llm.steps.canary.fleet import FleetNote
+from eksflow.llm.steps.canary.traffic import Asked, Measurement
+from eksflow.llm.steps.common import rollout, tracking
 from eksflow.llm.steps.common.canary_sizing import Sizing
 from eksflow.llm.steps.common.gate import Verdict
 from eksflow.llm.steps.common.rollout import RolloutState
@@ -21,36 +22,39 @@ REPORT_ARTIFACTS = "canary"
 def write_report(
     args: Args,
     state: RolloutState,
-    metrics: Mapping[str, float],
+    task_metric: str,
     verdict: Verdict,
     sizing: Sizing,
-    live: Sequence[vllm_client.Answer],
-    probes: Sequence[Probe],
-    asked: Mapping[str, Asked],
+    measured: Measurement,
+    fleet: FleetNote,
 ) -> Path:
     """canary-<percent>.json (everything) and .md (the table), in --report-dir; prints the table."""
     args.report_dir.mkdir(parents=True, exist_ok=True)
     stem = args.report_dir / f"canary-{args.percent:g}"
     served_by: dict[str, int] = {}
-    for answer in live:
+    for answer in measured.live:
         key = answer.served_by or f"error {answer.status}"
         served_by[key] = served_by.get(key, 0) + 1
+    metrics = measured.metrics
     report = {
         "passed": verdict.passed,
         "reason": verdict.reason,
         "percent": args.percent,
+        "task_metric": task_metric,  # what the score metrics (SCORE_METRICS) are in
+        "shown": metric_labels(task_metric),  # how a metric is named wherever it is shown
         "candidate": {"version": state.candidate_version, "slot": state.candidate_slot},
         "champion": {"version": state.champion_version, "slot": state.champion_slot},
         "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()},
         "rules": [result.report() for result in verdict.results],
-        "live_traffic": {"requests": len(live), "sized": sizing.describe(), "served_by": served_by},
-        "probes_asked": {role: asdict(a) for role, a in asked.items()},
-        "probes": [p.model_dump() for p in probes],
+        "live_traffic": {"requests": len(measured.live), "sized": sizing.describe(), "served_by": served_by},
+        "probes_asked": {role: asdict(a) for role, a in measured.asked.items()},
+        "probes": [p.model_dump() for p in measured.probes],
+        "fleet": fleet.report(),
     }
     json_path = stem.with_suffix(".json")
     json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    evidence = [f"live traffic: {sizing.describe()}", "probes: " + describe_asked(asked)]
-    table = render_table(args.percent, state, metrics, verdict, served_by, evidence)
+    evidence = [f"live traffic: {sizing.describe()}", "probes: " + describe_asked(measured.asked), *fleet.lines()]
+    table = render_table(args.percent, state, task_metric, metrics, verdict, served_by, evidence)
     stem.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     print(table)
     return json_path
@@ -59,15 +63,22 @@ def write_report(
 def render_table(
     percent: float,
     state: RolloutState,
+    task_metric: str,
     metrics: Mapping[str, float],
     verdict: Verdict,
     served_by: Mapping[str, int],
     evidence: Sequence[str] = (),
 ) -> str:
-    """The markdown summary: traffic split, what was sent and why, every rule's result as decided, the decision."""
+    """The markdown summary: traffic split, what was sent and why, every rule's result as decided, the decision.
+
+    Every score metric is shown with the task metric it is in: `served_score (sql_exact)`.
+    """
+    labels = metric_labels(task_metric)
     champion = f"v{state.champion_version} ({state.champion_slot})" if state.champion_slot else "none served"
     lines = [
         f"canary at {percent:g}%: candidate v{state.candidate_version} ({state.candidate_slot}), champion {champion}",
+        "",
+        f"scores: {task_metric} on the probe rows",
         "",
         "live traffic served by: " + ", ".join(f"{k} {v}" for k, v in sorted(served_by.items())),
         *(part for line in evidence for part in ("", line)),
@@ -75,9 +86,9 @@ def render_table(
         "| rule | actual | result |",
         "|---|---|---|",
     ]
-    lines += [result.table_row() for result in verdict.results]
+    lines += [result.table_row(labels.get(result.rule.metric, "")) for result in verdict.results]
     others = [k for k in metrics if k not in {r.rule.metric for r in verdict.results}]
-    lines += ["", ", ".join(f"{k} = {metrics[k]:.4f}" for k in others)]
+    lines += ["", ", ".join(f"{labels.get(k, k)} = {metrics[k]:.4f}" for k in others)]
     lines += ["", f"analysis: {'PASSED' if verdict.passed else 'FAILED'} ({verdict.reason})"]
     return "\n".join(lines)
 

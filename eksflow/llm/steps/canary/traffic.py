@@ -40,6 +40,23 @@ class Asked:
     reused_from: str = ""  # the step whose answers were reused
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement of the candidate: its live traffic, its probes and how they came, the metrics of both."""
+
+    live: list[vllm_client.Answer]
+    probes: list[Probe]
+    asked: dict[str, Asked]
+    metrics: dict[str, float]
+
+    @property
+    def failed(self) -> str:
+        """`1 of 40 requests failed`: of the live requests and probes this measurement sent, those with no answer."""
+        sent = len(self.live) + sum(a.sent for a in self.asked.values())
+        errors = sum(not a.ok for a in self.live) + sum(a.errors for a in self.asked.values())
+        return f"{errors} of {sent} requests failed"
+
+
 def component_down(args: Args) -> str:
     """Which part of the fleet the analysis used is not running: the engine, else the proxy; "" when both run.
 

@@ -32,9 +32,9 @@ class Threshold(Settings):
     op: Literal[">=", ">", "<=", "<"] = ">="
     value: float = Field(allow_inf_nan=False)
 
-    def describe(self) -> str:
-        """`exact_match >= 0.6`."""
-        return f"{self.metric} {self.op} {self.value:g}"
+    def describe(self, label: str = "") -> str:
+        """`exact_match >= 0.6`; `label` shown in place of the metric's name (the canary's `served_gap (sql_exact)`)."""
+        return f"{label or self.metric} {self.op} {self.value:g}"
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,16 @@ class RuleResult:
     value: float
     ok: bool
 
-    def failure(self) -> str:
-        """Why the rule failed, in one clause: `error_rate = 0.5000 fails error_rate <= 0`."""
+    def failure(self, label: str = "") -> str:
+        """Why the rule failed, in one clause: `error_rate = 0.5000 fails error_rate <= 0` (`label`: as in describe)."""
+        shown = label or self.rule.metric
         if math.isnan(self.value):
-            return f"{self.rule.metric} is missing or NaN (needs {self.rule.describe()})"
-        return f"{self.rule.metric} = {self.value:.4f} fails {self.rule.describe()}"
+            return f"{shown} is missing or NaN (needs {self.rule.describe(label)})"
+        return f"{shown} = {self.value:.4f} fails {self.rule.describe(label)}"
 
-    def table_row(self) -> str:
+    def table_row(self, label: str = "") -> str:
         """A row of the `| rule | actual | result |` markdown table: `| exact_match >= 0.6 | 0.7500 | pass |`."""
-        return f"| {self.rule.describe()} | {self.value:.4f} | {'pass' if self.ok else 'FAIL'} |"
+        return f"| {self.rule.describe(label)} | {self.value:.4f} | {'pass' if self.ok else 'FAIL'} |"
 
     def report(self) -> dict[str, object]:
         """The rule and its result as a report's JSON: metric, op, value, actual (None when missing) and ok."""
@@ -77,11 +78,18 @@ def judge(metrics: Mapping[str, float], rule: Threshold) -> RuleResult:
     return RuleResult(rule=rule, value=value, ok=COMPARISONS[rule.op](value, rule.value))
 
 
-def gate(metrics: Mapping[str, float], thresholds: Sequence[Threshold]) -> Verdict:
-    """Apply every threshold; missing and NaN metrics fail closed, and no threshold at all fails."""
+def gate(
+    metrics: Mapping[str, float], thresholds: Sequence[Threshold], labels: Mapping[str, str] | None = None
+) -> Verdict:
+    """Apply every threshold; missing and NaN metrics fail closed, and no threshold at all fails.
+
+    `labels`: how the reason shows a metric, by name (the canary names the task metric its scores are in).
+    """
+    shown = labels or {}
     results = tuple(judge(metrics, rule) for rule in thresholds)
     if not results:
         return Verdict(False, "no thresholds configured: refusing to pass an ungated model")
-    if failures := [r.failure() for r in results if not r.ok]:
+    if failures := [r.failure(shown.get(r.rule.metric, "")) for r in results if not r.ok]:
         return Verdict(False, "; ".join(failures), results)
-    return Verdict(True, "all thresholds met: " + ", ".join(r.describe() for r in thresholds), results)
+    met = ", ".join(r.describe(shown.get(r.metric, "")) for r in thresholds)
+    return Verdict(True, "all thresholds met: " + met, results)

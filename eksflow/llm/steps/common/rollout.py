@@ -21,10 +21,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from eksflow.llm.steps.common import adapters, litellm_proxy, tracking, vllm, vllm_client
+from eksflow.llm.steps.common import adapters, litellm_proxy, replicas, tracking, vllm, vllm_client
 from eksflow.llm.steps.common.evaluation import evaluated_rows
 from eksflow.llm.steps.common.litellm_proxy import Slot
-from eksflow.runtime.args import Location, StepArgs, StepFailedError, StepInputError
+from eksflow.runtime.args import K8S_NAME, Location, StepArgs, StepFailedError, StepInputError
 from eksflow.runtime.outputs import atomic_write_text
 
 VLLM_KEY_FILE = "vllm-api-key"
@@ -38,6 +38,7 @@ PROBE_ROWS = 8  # held-out rows a restored champion must answer before a rollbac
 
 Phase = Literal["Progressing", "Healthy", "Degraded", "RolledBack"]
 OutputsT = TypeVar("OutputsT", bound=BaseModel)
+K8S_NAME_OR_EMPTY = f"^$|{K8S_NAME}"
 
 
 class FleetArgs(StepArgs):
@@ -51,6 +52,12 @@ class FleetArgs(StepArgs):
         pattern=r"^$|^https?://", description="the vLLM Service, e.g. http://x.ns.svc.cluster.local:8000"
     )
     proxy_url: str = Field(pattern=r"^$|^https?://", description="the LiteLLM proxy Service")
+    fleet: str = Field(
+        "",
+        pattern=K8S_NAME_OR_EMPTY,
+        description="the fleet's Service (prepare-fleet's fleet): its endpoints address every replica; empty: the "
+        "vLLM address alone is the one replica",
+    )
     secrets_dir: Path = Field(Path("/etc/eksflow/serving"), description="the mounted serving Secret (keys as files)")
     serving_dir: Path = Field(
         description="the fleet's adapter folder on FSx: every engine resolves adapters published there by name"
@@ -73,6 +80,7 @@ class RolloutState(BaseModel):
     candidate_adapter: str = ""
     percent: float = 0.0  # the candidate's share of the public name's traffic
     vllm_url: str = ""  # the fleet serving the candidate (the exit handler cannot read task outputs)
+    fleet: str = ""  # its Service, whose endpoints list every replica ("" = vllm_url is the one replica)
     stage: str = "started"  # the last step that finished: serve-champion, load-candidate, shift-10, ...
     phase: Phase = "Progressing"
     failure: str = ""  # the last failing step's one-line reason: the exit handler tags the version with it
@@ -138,12 +146,11 @@ def routes(args: FleetArgs) -> litellm_proxy.RoutesFile:
 def publish_to_slot(
     args: FleetArgs, version: str, slot: Slot, check: Callable[[Path], None], *, timeout_s: float
 ) -> tuple[str, vllm_client.Answer]:
-    """Publish `version`'s adapter for the fleet, assign it to `slot` (weight unchanged), prove it answers.
+    """Publish `version`'s adapter for the fleet, assign it to `slot` (weight unchanged), load it on every replica.
 
-    The engines resolve it by name at its first request (no load call). The proof is an answer to the first
-    held-out row `evaluate` scored for the version (the task, not a generic prompt; the generic readiness prompt
-    only for a version registered without an evaluation report), logged with the row's reference.
-    Returns the adapter's published name and that answer.
+    The engines resolve it by name at its first request (no load call): `load_everywhere` makes that request on
+    every ready replica, so each holds it before any weight moves. Returns the adapter's published name and the
+    first replica's answer to the version's first held-out row.
     """
     key = secret(args.secrets_dir, VLLM_KEY_FILE)
 
@@ -155,13 +162,32 @@ def publish_to_slot(
 
     name = adapters.publish(args.tracking_uri, args.model_name, version, args.serving_dir, served_base, check)
     routes(args).assign(slot, name, args.vllm_url)
+    return name, load_everywhere(args, version, name, timeout_s=timeout_s)
+
+
+def load_everywhere(args: FleetArgs, version: str, name: str, *, timeout_s: float) -> vllm_client.Answer:
+    """`version`'s published adapter `name` answering on every ready replica and listed by each; the first answer.
+
+    Each replica is asked on its own address (replicas.py) with the first held-out row `evaluate` scored for the
+    version (the task, not a generic prompt; the generic readiness prompt only for a version registered without an
+    evaluation report), so every one holds the adapter before traffic moves to it; each answer is logged with the
+    row's reference. StepFailedError naming each replica that did not load it.
+    """
+    key = secret(args.secrets_dir, VLLM_KEY_FILE)
     prompt, reference = held_out_rows(args.tracking_uri, args.model_name, version)[0]
-    answer = vllm_client.wait_ready(
-        args.vllm_url, name, api_key=key, timeout_s=timeout_s, prompt=prompt, max_tokens=READY_TOKENS
+    loaded = replicas.load_on_every_replica(
+        replicas.replicas(args.fleet, args.vllm_url),
+        name,
+        api_key=key,
+        prompt=prompt,
+        max_tokens=READY_TOKENS,
+        timeout_s=timeout_s,
     )
     expected = f"(reference {reference!r})" if reference else "(the generic readiness prompt: no evaluation report)"
-    log(f"v{version} ({name}) answered {answer.text!r} to held-out row 0 {expected}")
-    return name, answer
+    for replica, answer in loaded:
+        log(f"v{version} ({name}) on {replica.describe()} answered {answer.text!r} to held-out row 0 {expected}")
+    log(f"v{version} ({name}) is loaded on every ready replica ({len(loaded)}), each checked on its own address")
+    return loaded[0][1]
 
 
 def wait_routed(args: FleetArgs, slot: Slot, *, timeout_s: float) -> vllm_client.Answer:

@@ -105,6 +105,7 @@ def table(steps: Sequence[CanaryStep]) -> str:
     )
     body.append(f"<tr><td>live requests</td>{requests}</tr>")
     failing = [{metric for metric, _, _ in s.failing_rules()} for s in steps]
+    named = next((s for s in steps if s.report is not None), None)  # the steps of one rollout share their metric
     for name, shown in TABLE_METRICS:
         cells = []
         for step, bad in zip(steps, failing, strict=True):
@@ -115,7 +116,7 @@ def table(steps: Sequence[CanaryStep]) -> str:
                 cells.append("<td class='num muted' title='not measured'>\u2013</td>")
             else:
                 cells.append(f"<td class='num{' bad' if name in bad else ''}'>{esc(plain(value, shown))}</td>")
-        body.append(f"<tr><td class='mono'>{esc(name)}</td>{''.join(cells)}</tr>")
+        body.append(f"<tr><td class='mono'>{esc(named.shown(name) if named else name)}</td>{''.join(cells)}</tr>")
     notes = "".join(f"<td class='text'>{esc(clip(s.note(), NOTE_CHARS))}</td>" for s in steps)
     body.append(f"<tr><td>note</td>{notes}</tr>")
     # Fixed layout: a long note wraps within its step's column instead of widening it.

@@ -19,6 +19,7 @@ WEIGHT, CANDIDATE, EVALUATED, CHAMPION = "#bdbdbd", "#1565c0", "#90caf9", "#ef6c
 STATE_COLOURS = {PASSED: "Succeeded", FAILED: "Failed", NOT_RUN: "Skipped", RUNNING: "Running"}  # -> phase colours
 LABEL_W, COL_W, HEAD_H, ROW_H, PAD = 150, 160, 66, 110, 12
 BAR_W, BAR_GAP = 26, 8
+TITLE_CHARS = 20  # of a row's title, within LABEL_W at its font size
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def rows(steps: Sequence[CanaryStep]) -> list[Row]:
     error_limit = _limit(steps, "error_rate")
     latency_limit = _limit(steps, "p95_latency_s")
     scores = [s.metric(m) for s in steps for m in ("served_score", "evaluated_score", "champion_score")]
+    task_metric = next((s.task_metric for s in steps if s.task_metric), "")
     return [
         Row(
             "traffic share",
@@ -82,7 +84,7 @@ def rows(steps: Sequence[CanaryStep]) -> list[Row]:
             _pct,
         ),
         Row(
-            "score",
+            clip(f"score ({task_metric})", TITLE_CHARS) if task_metric else "score",
             (
                 ("served", CANDIDATE, of("served_score")),
                 ("evaluated", EVALUATED, of("evaluated_score")),

@@ -84,6 +84,17 @@ class CanaryStep:
             return PASSED if self.report.get("passed") is True else FAILED
         return {"Succeeded": PASSED, "Running": RUNNING}.get(self.task.phase, NOT_RUN)
 
+    @property
+    def task_metric(self) -> str:
+        """The task metric the step's scores are in, as its report names it ("" when it names none)."""
+        value = (self.report or {}).get("task_metric")
+        return value if isinstance(value, str) else ""
+
+    def shown(self, name: str) -> str:
+        """A metric as the analysis named it: a score with its task metric, `served_score (sql_exact)`."""
+        label = mapping((self.report or {}).get("shown")).get(name)
+        return label if isinstance(label, str) and label else name
+
     def metric(self, name: str) -> float | None:
         """A metric of the report; None when not measured (NaN) or there is no report."""
         return number(mapping((self.report or {}).get("metrics")).get(name))
@@ -97,7 +108,7 @@ class CanaryStep:
             op, value, actual = str(rule.get("op", "")), number(rule.get("value")), number(rule.get("actual"))
             if rule.get("ok") is not True:
                 metric = str(rule.get("metric"))
-                found.append((metric, f"{metric} {op} {'?' if value is None else f'{value:g}'}", actual))
+                found.append((metric, f"{self.shown(metric)} {op} {'?' if value is None else f'{value:g}'}", actual))
         return found
 
     def note(self) -> str:
