@@ -15,7 +15,8 @@ from eksflow.llm.steps.stage_data.step import change_reason
 from eksflow.render import manifest
 from eksflow.runtime.skip_reason import REASON, REASON_OUTPUT
 from tests.flagship import rendered
-from tests.unit.local.manifests import WRITE_OUTPUT, container, outputs, run, task as manifest_task, workflow
+from tests.unit.local.manifests import WRITE_OUTPUT, container, outputs, run, workflow
+from tests.unit.local.manifests import task as manifest_task
 from tests.unit.test_pipeline import MakeArgs, step
 
 
@@ -98,9 +99,13 @@ def test_the_report_reads_the_reason_of_a_cluster_s_skipped_task_from_its_workfl
         "spec": {
             "entrypoint": "main",
             "templates": [
-                {"name": "main", "dag": {"tasks": [{"name": "stage", "template": "stage"}, {"name": "train", "template": "train", "depends": "stage"}]}},
+                {"name": "main", "dag": {"tasks": [
+                    {"name": "stage", "template": "stage"},
+                    {"name": "train", "template": "train", "depends": "stage"},
+                ]}},
                 {"name": "stage", "container": {"image": "i"}},
-                {"name": "train", "container": {"image": "i"}, "metadata": {"annotations": {REASON_OUTPUT: "stage.reason"}}},
+                {"name": "train", "container": {"image": "i"},
+                 "metadata": {"annotations": {REASON_OUTPUT: "stage.reason"}}},
             ],
         },
         "status": {
