@@ -136,6 +136,7 @@ class RayPods:
                 self._start_pod(group)
         self._watcher = threading.Thread(target=self._watch, name=f"raypods-{self.job_name}", daemon=True)
         self._watcher.start()
+        self.cluster.add_drainer(self._drain)
 
     def close(self) -> None:
         """End every pod: its processes killed, the pod removed.
@@ -144,6 +145,7 @@ class RayPods:
         stops its processes one by one when asked (about 34 s), where KubeRay's deletion would SIGKILL them too.
         """
         self._closing.set()
+        self.cluster.remove_drainer(self._drain)
         if self._watcher is not None:
             self._watcher.join()
         with self._lock:
@@ -195,10 +197,8 @@ class RayPods:
         return [ray, "start", *ours, *(f"--{key}={value}" for key, value in params.items())]
 
     def _watch(self) -> None:
-        """Keep each worker group at its replicas while the job runs, as KubeRay does; drain noticed nodes."""
+        """Keep each worker group at its replicas while the job runs, as KubeRay does."""
         while not self._closing.wait(_WATCH_S):
-            for node in self.cluster.take_notices():
-                threading.Thread(target=self._drain, args=(node,), name=f"drain-{node}", daemon=True).start()
             with self._lock:
                 ended = [r for r in self._pods if r.group.role != "head" and r.proc.poll() is not None]
                 for running in ended:
@@ -218,7 +218,7 @@ class RayPods:
                 )
 
     def _drain(self, node: str) -> None:
-        """A Spot notice for `node`, as Karpenter and kubelet act on it; then the node goes.
+        """A Spot notice for `node`, as Karpenter and kubelet act on it (the cluster's drainer: then the node goes).
 
         Each pod's preStop hook runs in the pod, then its `ray start` gets SIGTERM, and what is left when the grace
         is over is killed with the node's namespaces and addresses.
@@ -239,7 +239,6 @@ class RayPods:
         for running in pods:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 running.proc.wait(max(0.0, deadline - time.monotonic()))
-        self.cluster.lose(node)
 
     def _end(self, running: _Running) -> None:
         self._reap(running.proc)

@@ -11,20 +11,27 @@ What the pods run, and for how long, is their kind's business (ray_pods.py runs 
 the placement and the pods' network identities. `lose` takes a node away as a reclaimed Spot instance goes: its
 pods' processes are killed and their addresses vanish. A Spot interruption notice comes first as a file named
 after the node in the run's `spot-notices/` folder (`touch .eksflow/runs/<run>/spot-notices/node-2`, the drill's
-handle, as `kubectl drain` is a cluster's): the pods' kind drains them, then the node goes. `close` removes
-everything.
+handle, as `kubectl drain` is a cluster's), read every half second whatever runs on the node: as Karpenter's
+interruption handling does, the node is cordoned (no new pod goes there), every controller with pods on it drains
+its own at once (each `add_drainer` of theirs: a RayJob's pods run their preStop hook and get SIGTERM, a
+Deployment's are taken out of their Services and replaced elsewhere), and once every drain is over the node goes
+and a new one is added in its place. `close` removes everything.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eksflow.local.node import Requests
 from eksflow.local.pod_network import Pod, PodNetwork, PodNetworkError
+
+Drainer = Callable[[str], None]  # ends its controller's pods on the named node, as their grace allows
+_NOTICE_WATCH_S = 0.5
 
 
 @dataclass
@@ -37,6 +44,7 @@ class SimNode:
     pods: dict[str, str] = field(default_factory=dict)  # pod name -> the job it belongs to
     lost: bool = False
     replaced: bool = False  # a node was added in its place
+    cordoned: bool = False  # given a Spot notice: no new pod goes there
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,10 @@ class SimulatedCluster:
         self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
         self.notices = notices  # a file named after a node here is a Spot interruption notice for it
         self._lock = threading.Lock()
+        self._drainers: list[Drainer] = []
+        self._closing = threading.Event()
         self.network = PodNetwork()
+        threading.Thread(target=self._watch_notices, name="spot-notices", daemon=True).start()
 
     @property
     def hosts(self) -> Path:
@@ -142,9 +153,42 @@ class SimulatedCluster:
                     found.append(notice.name)
         return found
 
+    def add_drainer(self, drain: Drainer) -> None:
+        """Have `drain(node)` called for each node given a Spot notice: it ends its own pods there, in their grace."""
+        with self._lock:
+            self._drainers.append(drain)
+
+    def remove_drainer(self, drain: Drainer) -> None:
+        """Stop calling `drain` (its pods have ended)."""
+        with self._lock:
+            if drain in self._drainers:
+                self._drainers.remove(drain)
+
+    def drain(self, node_name: str) -> None:
+        """Act on a Spot notice for node `node_name`: cordon it, drain it, then it goes and a new one takes its place.
+
+        Every drainer ends its pods there at once, each within its grace; the node goes once all of them are done.
+        """
+        with self._lock:
+            self._node(node_name).cordoned = True
+            drainers = list(self._drainers)
+        threads = [threading.Thread(target=d, args=(node_name,), daemon=True) for d in drainers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.lose(node_name)
+        self.replace_lost()
+
     def close(self) -> None:
-        """Remove every pod and the network."""
+        """Stop reading notices; remove every pod and the network."""
+        self._closing.set()
         self.network.close()
+
+    def _watch_notices(self) -> None:
+        while not self._closing.wait(_NOTICE_WATCH_S):
+            for node in self.take_notices():
+                threading.Thread(target=self.drain, args=(node,), name=f"drain-{node}", daemon=True).start()
 
     def _node(self, name: str) -> SimNode:
         for node in self.nodes:
@@ -164,9 +208,9 @@ def choose_node(nodes: list[SimNode], job: str, asked: Requests) -> SimNode:
 
     Fewest pods of its job first, then the least allocated, among the nodes where it fits (all, if it fits none).
     """
-    alive = [node for node in nodes if not node.lost]
+    alive = [node for node in nodes if not node.lost and not node.cordoned]
     if not alive:
-        raise PodNetworkError("no simulated node is left to place a pod on: every one was lost")
+        raise PodNetworkError("no simulated node is left to place a pod on: every one was lost or is being drained")
 
     def order(node: SimNode) -> tuple[int, float, int]:
         same_job = sum(1 for owner in node.pods.values() if owner == job)

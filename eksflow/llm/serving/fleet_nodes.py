@@ -10,8 +10,11 @@ over the ready pods.
 A pod is an endpoint of its Services once it is ready (the readiness probe's check, local_fleet's `ready`), and is
 taken out of them when it ends or its node goes: its connections close, and the next connection goes to a pod that
 is still there. The ReplicaSet then puts a new pod in its place, on a new node when its own is gone (as Karpenter
-provisions one for a pod left Pending); it joins the Services once it is ready in turn. Each pod's process is told
-to the run's watchdog, and `close` ends them all (SIGTERM, SIGKILL after the grace) and removes the pods.
+provisions one for a pod left Pending); it joins the Services once it is ready in turn. A Spot notice for a node
+(sim_nodes.py) drains this Deployment's pods there as an eviction does: each leaves its Services at once, its
+replacement starts on another node (the noticed one is cordoned), and it gets SIGTERM, with the grace to finish the
+requests it holds. Each pod's process is told to the run's watchdog, and `close` ends them all (SIGTERM, SIGKILL
+after the grace) and removes the pods.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class Replicas:
         self._stop_pod = stop_pod
         self._changed = changed  # the pods or their readiness changed: the Services' endpoints follow
         self._lock = threading.Lock()
+        self._scaling = threading.Lock()  # held while pods are taken out and added: the count stays `count`
         self._pods: list[FleetPod] = []
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -81,6 +85,7 @@ class Replicas:
             self._add()
         self._watcher = threading.Thread(target=self._watch, name=f"replicas-{self.name}", daemon=True)
         self._watcher.start()
+        self.cluster.add_drainer(self.drain)
 
     def url(self, pod: FleetPod) -> str:
         """The pod's own address, as its readiness probe and its Services reach it."""
@@ -132,6 +137,7 @@ class Replicas:
     def close(self) -> None:
         """End every pod (SIGTERM, then SIGKILL after the grace) and remove it."""
         self._closing.set()
+        self.cluster.remove_drainer(self.drain)
         if self._watcher is not None:
             self._watcher.join()
         with self._lock:
@@ -143,6 +149,35 @@ class Replicas:
             self._stop_pod(pod.proc)
             self.cluster.delete_pod(pod.pod)
         self._changed()
+
+    def drain(self, node: str) -> None:
+        """A Spot notice for `node`: this Deployment's pods there are evicted, each replaced on another node first.
+
+        As Kubernetes evicts a pod: it is out of its Services' endpoints at once (a terminating pod takes no new
+        connection), the ReplicaSet starts its replacement, placed off the cordoned node, and it gets SIGTERM, killed
+        when the grace is over; vLLM finishes the requests it holds meanwhile.
+        """
+        with self._scaling:
+            with self._lock:
+                leaving = [p for p in self._pods if p.pod.node == node]
+                for pod in leaving:
+                    self._pods.remove(pod)
+            if not leaving:
+                return
+            self._changed()
+            for _ in leaving:
+                if self._closing.is_set():
+                    break
+                try:
+                    self._add()
+                except (OSError, PodNetworkError):
+                    break  # the watch adds it once a node can take it
+        for pod in leaving:
+            with contextlib.suppress(ProcessLookupError):
+                pod.proc.terminate()
+        for pod in leaving:
+            self._stop_pod(pod.proc)
+            self.cluster.delete_pod(pod.pod)
 
     def _add(self) -> FleetPod:
         placed = self.cluster.create_pod(self.name, self.role, self.requests)
@@ -174,11 +209,12 @@ class Replicas:
                 self.cluster.delete_pod(pod.pod)
                 if self.cluster.is_lost(node):
                     self.cluster.replace_lost()
-            while len(self.pods()) < self.count and not self._closing.is_set():
-                try:
-                    self._add()
-                except (OSError, PodNetworkError):
-                    break  # the next round tries again, as a ReplicaSet does
+            with self._scaling:
+                while len(self.pods()) < self.count and not self._closing.is_set():
+                    try:
+                        self._add()
+                    except (OSError, PodNetworkError):
+                        break  # the next round tries again, as a ReplicaSet does
             self._probe()
 
     def _probe(self) -> None:
