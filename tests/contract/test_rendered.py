@@ -46,6 +46,7 @@ SAMPLE_OUTPUTS = {
     "mlflow_run_id": "0123abcd",
     "dataset_digest": "sha256:" + "0" * 64,
     "vllm_url": "http://llama-lora-vllm-0123abcd.argo.svc.cluster.local:8000",
+    "fleet": "llama-lora-vllm-0123abcd",
     "evaluated_champion": "2",
     "champion_version": "2",
     "previous_version": "2",  # the champion's, for stage_data's reason

@@ -58,9 +58,13 @@ class Fleet(Section):
 
 @dataclass(frozen=True)
 class Engine(Section):
-    """The fleet's vLLM engine, once prepare-fleet has named it: its Service, its base model folder, its LoRA cap."""
+    """The fleet's vLLM engine, once prepare-fleet has named it: its Service, its base model folder, its LoRA cap.
+
+    The Service twice: its address (vllm_url), and its name (fleet), whose endpoints list every replica.
+    """
 
     vllm_url: Ref
+    fleet: Ref
     base_dir: Ref
     max_lora_rank: int
 
@@ -151,7 +155,7 @@ def rollout(
     # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
     for name, manifest in zip(("vllm-policy", "proxy-policy"), policies.network_policies(cfg), strict=True):
         ready.append(_apply(name, manifest, prepared, ready=False))
-    engine = Engine(prepared.vllm_url, prepared.model_dir, cfg.serving.engine.max_lora_rank)
+    engine = Engine(prepared.vllm_url, prepared.fleet, prepared.model_dir, cfg.serving.engine.max_lora_rank)
     champion = _keyed(cfg, serve_champion, engine, after=ready)
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     judged = {} if evaluated_champion is None else {"evaluated_champion": evaluated_champion}

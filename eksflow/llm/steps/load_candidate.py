@@ -153,6 +153,7 @@ def run(args: Args) -> Outputs:
                 "candidate_adapter": name,
                 "stage": STEP,
                 "vllm_url": args.vllm_url,
+                "fleet": args.fleet,
             }
         ),
     )
