@@ -16,6 +16,7 @@ import torch
 from eksflow.llm.steps.common import checkpoints, lease
 from eksflow.llm.steps.train import state
 from eksflow.llm.steps.train import step as train
+from eksflow.runtime import nodes
 from eksflow.runtime.args import StepInputError
 
 
@@ -192,3 +193,23 @@ def test_a_gpu_this_machine_lacks_is_refused_as_bad_input_before_anything_starts
     assert train.main([*step_argv(tmp_path, "wf-1"), "--strategy=deepspeed", "--use-gpu=true"]) == 2
     assert "--use-gpu=false" in capsys.readouterr().err  # names what to use instead
     assert not (tmp_path / "out").exists()  # no lease, no checkpoint folder, no Ray
+
+
+def test_a_holder_whose_node_was_lost_is_taken_over_at_once_and_one_on_a_live_node_is_not(
+    tmp_path, monkeypatch, capsys
+):
+    """The Ray head's node lost mid-training: its retry in a new head pod finds the lease of a driver on another
+    host, still fresh. Its node is listed lost (every process on it killed), so no wait for the heartbeat to stop."""
+    lost = tmp_path / "lost-nodes"
+    lost.write_text("node-1\n")
+    monkeypatch.setenv(nodes.LOST_NODES_ENV, str(lost))
+    monkeypatch.setenv(nodes.NODE_NAME_ENV, "node-3")
+    path = tmp_path / lease.LEASE_FILE
+    record = {"host": "train-head-1a2b3c", "node": "node-2", "pid": 7, "run_name": "run-a", "token": "old"}
+    path.write_text(json.dumps(record))  # a fresh heartbeat, on a node that lives
+    with pytest.raises(lease.LeaseHeldError, match="train-head-1a2b3c"):
+        lease.acquire(tmp_path, "run-a", wait_s=0)
+    path.write_text(json.dumps({**record, "node": "node-1"}))
+    taken = lease.acquire(tmp_path, "run-a", wait_s=0)
+    assert json.loads(taken.path.read_text())["node"] == "node-3"  # the newcomer's own node, for the next one
+    assert "ran on node node-1, which was lost with it" in capsys.readouterr().out

@@ -3,10 +3,12 @@
 A second trainer pointed at the same checkpoint root (a duplicate submission, a retry racing a zombie pod) would
 interleave checkpoints with the first. The lease is created with O_EXCL, so exactly one process holds it; the
 holder refreshes its mtime from a thread (`kept_alive`). A lease is stale, and is taken over, when its holder is
-a dead process (or a zombie) on this host, or when its heartbeat is older than `ttl_s` (a holder on another host,
-e.g. a pod killed with SIGKILL). A trainer waits that long for a holder on another host (the rank 0 of an MPIJob
-whose node was lost dies without releasing it, and the retry runs in a new pod); a live holder makes the newcomer
-fail with LeaseHeldError naming the holder.
+a dead process (or a zombie) on this host, when its holder ran on a node known to be lost (eksflow.runtime.nodes
+lists a node once every process on it was killed: the Ray head's, say, whose retry starts once the attempt's other
+pods, the workers that wrote for it, are gone too), or when its heartbeat is older than `ttl_s` (a holder on
+another host, e.g. a pod killed with SIGKILL). A trainer waits that long for a holder on another host it cannot
+tell is dead (the rank 0 of an MPIJob whose node was lost dies without releasing it, and the retry runs in a new
+pod); a live holder makes the newcomer fail with LeaseHeldError naming the holder.
 
 The run identity (`RUN_FILE`) records which workflow run owns the root: a retry of that run resumes; another
 run_name is refused instead of silently continuing someone else's checkpoints.
@@ -23,6 +25,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from eksflow.runtime.nodes import lost_nodes, this_node
 
 LEASE_FILE = "LEASE"
 RUN_FILE = "RUN"
@@ -83,7 +87,13 @@ def acquire(root: Path, run_name: str, *, ttl_s: float = DEFAULT_TTL_S, wait_s: 
     root.mkdir(parents=True, exist_ok=True)
     path = root / LEASE_FILE
     token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "run_name": run_name, "token": token}
+    record = {
+        "host": socket.gethostname(),
+        "node": this_node(),
+        "pid": os.getpid(),
+        "run_name": run_name,
+        "token": token,
+    }
     until, waiting = time.monotonic() + wait_s, False
     takeovers = 0
     while takeovers < 3:  # a takeover races other newcomers: whoever wins O_EXCL holds it
@@ -155,6 +165,8 @@ def _stale_reason(path: Path, holder: dict[str, object], ttl_s: float) -> str | 
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
         return f"holder pid {pid} on this host is dead"
+    if holder.get("node") and holder.get("node") in lost_nodes():
+        return f"holder pid {pid} on {holder.get('host')} ran on node {holder.get('node')}, which was lost with it"
     if age > ttl_s:
         return f"no heartbeat for {age:.0f} s (> {ttl_s:.0f} s)"
     return None
