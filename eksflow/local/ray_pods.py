@@ -37,6 +37,7 @@ from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.local.pod_network import PodNetworkError, join
 from eksflow.local.resources import LocalJob, RayGroup
 from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
+from eksflow.runtime.nodes import LOST_NODES_ENV, NODE_NAME_ENV
 
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
@@ -111,6 +112,10 @@ class RayPods:
         return {
             **self.base_env,
             **group_env,
+            # the entrypoint runs in the head pod: its node (the downward API's spec.nodeName) and temporary folder
+            NODE_NAME_ENV: self.head.node,
+            "TMPDIR": str(pod_temp(self.head) / "tmp"),
+            LOST_NODES_ENV: str(self.cluster.lost_record),
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": self.token,
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -123,6 +128,7 @@ class RayPods:
         """Start the head, wait until it answers, then start every worker; RayPodsError if the head does not."""
         head_group, *worker_groups = self.groups
         self._group_envs = group_envs
+        self.cluster.replace_lost()  # Karpenter: a node for pods a lost one would have taken (an earlier attempt's)
         running = self._start_pod(head_group)
         deadline = time.monotonic() + _HEAD_WAIT_S
         while not _answers(running.pod.address, GCS_PORT):
@@ -151,6 +157,8 @@ class RayPods:
         with self._lock:
             pods, self._pods = self._pods, []
         for running in pods:
+            if not running.pod.network.exists():  # its sandbox went without the pod ending: its node is gone
+                self.cluster.lose(running.pod.node)
             self._end(running)
 
     def documents(self) -> list[dict[str, str]]:
@@ -162,13 +170,20 @@ class RayPods:
         pod = self.cluster.create_pod(self.job_name, group.role, group.requests)
         if group.role == "head":
             self.head = pod
-        temp = Path(f"/tmp/{pod.network.netns}")  # Ray's socket paths must stay under 107 bytes
+        temp = pod_temp(pod)
         shutil.rmtree(temp, ignore_errors=True)
+        (temp / "tmp").mkdir(parents=True)
         argv = [*pod.network.enter(self.cluster.hosts), *self._ray_start(group, pod, temp)]
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{pod.name}.log", "ab")  # noqa: SIM115 (closed when the pod ends)
         try:
-            proc = self._spawn(argv, self.env(self._group_envs.get(group.role, {})), log)
+            env = {
+                **self.env(self._group_envs.get(group.role, {})),
+                NODE_NAME_ENV: pod.node,
+                # what its processes leave in their temporary folder (multiprocessing's pymp-*) goes with the pod
+                "TMPDIR": str(temp / "tmp"),
+            }
+            proc = self._spawn(argv, env, log)
         except BaseException:
             log.close()
             self.cluster.delete_pod(pod)
@@ -213,8 +228,10 @@ class RayPods:
                 if self.cluster.is_lost(node):
                     self.cluster.replace_lost()
                 replacement = self._start_pod(running.group)
+                because = self.cluster.lost_because(node)
                 self.replaced.append(
-                    f"{running.pod.name} on {node} -> {replacement.pod.name} on {replacement.pod.node}"
+                    f"{running.pod.name} on {node}{f' ({because})' if because else ''} -> {replacement.pod.name} "
+                    f"on {replacement.pod.node}"
                 )
 
     def _drain(self, node: str) -> None:
@@ -244,8 +261,13 @@ class RayPods:
         self._reap(running.proc)
         running.log.close()
         self.cluster.delete_pod(running.pod)
-        shutil.rmtree(f"/tmp/{running.pod.network.netns}", ignore_errors=True)
+        shutil.rmtree(pod_temp(running.pod), ignore_errors=True)
         self._changed(self.documents())
+
+
+def pod_temp(pod: PlacedPod) -> Path:
+    """The pod's own folder: Ray's --temp-dir, and TMPDIR under it (Ray's socket paths must stay under 107 bytes)."""
+    return Path(f"/tmp/{pod.network.netns}")
 
 
 def _answers(host: str, port: int) -> bool:

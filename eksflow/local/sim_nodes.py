@@ -16,12 +16,21 @@ interruption handling does, the node is cordoned (no new pod goes there), every 
 its own at once (each `add_drainer` of theirs: a RayJob's pods run their preStop hook and get SIGTERM, a
 Deployment's are taken out of their Services and replaced elsewhere), and once every drain is over the node goes
 and a new one is added in its place. `close` removes everything.
+
+A node whose pods this machine cannot reach is lost too, as Kubernetes' node controller marks a node NotReady when
+its kubelet has not been heard from for the node-monitor grace period (40 s) and evicts its pods: every 5 s each
+node's pods are probed from the host, and a node none of whose pods answered for the grace is lost (a partitioned
+node's processes live on, cut off, and a job waiting for them would wait for good). Each node lost is written to
+`lost_record` (one name a line) once its processes are gone; pods are told where (eksflow.runtime.nodes), so a
+process recorded on such a node is known dead (a checkpoint lease's holder: eksflow.llm.steps.common.lease).
 """
 
 from __future__ import annotations
 
 import secrets
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +41,9 @@ from eksflow.local.pod_network import Pod, PodNetwork, PodNetworkError
 
 Drainer = Callable[[str], None]  # ends its controller's pods on the named node, as their grace allows
 _NOTICE_WATCH_S = 0.5
+NODE_MONITOR_GRACE_S = 40.0  # Kubernetes' node-monitor-grace-period: a node not heard from this long is NotReady
+_PROBE_PORT = 9  # discard: a pod that does not listen there answers with a reset, which is an answer
+_PROBE_TIMEOUT_S = 0.5
 
 
 @dataclass
@@ -43,6 +55,7 @@ class SimNode:
     allocated: Requests = field(default_factory=Requests)
     pods: dict[str, str] = field(default_factory=dict)  # pod name -> the job it belongs to
     lost: bool = False
+    lost_because: str = ""  # why it was lost, where it was not reclaimed as a Spot instance is
     replaced: bool = False  # a node was added in its place
     cordoned: bool = False  # given a Spot notice: no new pod goes there
 
@@ -70,15 +83,22 @@ class PlacedPod:
 class SimulatedCluster:
     """N nodes sharing this machine, and the pods placed on them."""
 
-    def __init__(self, count: int, machine: Requests, notices: Path) -> None:
+    def __init__(
+        self, count: int, machine: Requests, notices: Path, monitor_grace_s: float = NODE_MONITOR_GRACE_S
+    ) -> None:
         share = Requests(machine.cpu_m // count, machine.memory // count)
         self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
         self.notices = notices  # a file named after a node here is a Spot interruption notice for it
+        self.monitor_grace_s = monitor_grace_s
         self._lock = threading.Lock()
         self._drainers: list[Drainer] = []
         self._closing = threading.Event()
+        self._addresses: dict[str, str] = {}  # pod name -> its address, for the node monitor's probes
+        self._heard: dict[str, float] = {}  # node name -> when one of its pods last answered (monotonic seconds)
         self.network = PodNetwork()
+        self.lost_record = self.network.folder / "lost-nodes"
         threading.Thread(target=self._watch_notices, name="spot-notices", daemon=True).start()
+        threading.Thread(target=self._monitor_nodes, name="node-monitor", daemon=True).start()
 
     @property
     def hosts(self) -> Path:
@@ -103,6 +123,8 @@ class SimulatedCluster:
         except BaseException:
             self._release(node.name, name, counted)
             raise
+        with self._lock:
+            self._addresses[name] = network.address
         return PlacedPod(name, role, node.name, network, counted)
 
     def delete_pod(self, pod: PlacedPod) -> None:
@@ -110,20 +132,51 @@ class SimulatedCluster:
         self.network.remove(pod.name)
         self._release(pod.node, pod.name, pod.requests)
 
-    def lose(self, node_name: str) -> list[str]:
-        """Take node `node_name` away with every pod on it (a reclaimed Spot instance); the pods it had."""
+    def lose(self, node_name: str, because: str = "") -> list[str]:
+        """Take node `node_name` away with every pod on it (a reclaimed Spot instance); the pods it had.
+
+        Recorded in `lost_record` once its pods' processes are killed: from then on nothing of it runs.
+        """
         with self._lock:
             node = self._node(node_name)
-            node.lost = True
+            newly, node.lost = not node.lost, True
+            node.lost_because = node.lost_because or because
             names = list(node.pods)
         for name in names:
             self.network.remove(name)
+        if newly:
+            with self._lock, open(self.lost_record, "a", encoding="utf-8") as record:
+                record.write(node_name + "\n")
         return names
+
+    def silent_nodes(self) -> list[str]:
+        """Probe every pod once; the nodes none of whose pods answered for `monitor_grace_s`, each lost here."""
+        now = time.monotonic()
+        with self._lock:
+            watched = {
+                node.name: [self._addresses[pod] for pod in node.pods if pod in self._addresses]
+                for node in self.nodes
+                if not node.lost
+            }
+        silent = []
+        for name, addresses in watched.items():
+            if not addresses or any(answers(address) for address in addresses):
+                self._heard[name] = now
+            elif now - self._heard.setdefault(name, now) >= self.monitor_grace_s:
+                silent.append(name)
+        for name in silent:
+            self.lose(name, f"its pods unreachable for {self.monitor_grace_s:g} s")
+        return silent
 
     def is_lost(self, node_name: str) -> bool:
         """Whether node `node_name` was lost."""
         with self._lock:
             return self._node(node_name).lost
+
+    def lost_because(self, node_name: str) -> str:
+        """Why node `node_name` was lost ("" when it went as a reclaimed instance does, or is still there)."""
+        with self._lock:
+            return self._node(node_name).lost_because
 
     def add_node(self, replacing: str = "") -> str:
         """A new node of the same share (as Karpenter provisions one for pods left Pending); its name.
@@ -185,6 +238,11 @@ class SimulatedCluster:
         self._closing.set()
         self.network.close()
 
+    def _monitor_nodes(self) -> None:
+        """Kubernetes' node-monitor-period: 5 s for its 40 s grace."""
+        while not self._closing.wait(self.monitor_grace_s / 8):
+            self.silent_nodes()
+
     def _watch_notices(self) -> None:
         while not self._closing.wait(_NOTICE_WATCH_S):
             for node in self.take_notices():
@@ -201,6 +259,7 @@ class SimulatedCluster:
             node = self._node(node_name)
             if node.pods.pop(pod, None) is not None:
                 node.allocated -= counted
+            self._addresses.pop(pod, None)
 
 
 def choose_node(nodes: list[SimNode], job: str, asked: Requests) -> SimNode:
@@ -218,3 +277,14 @@ def choose_node(nodes: list[SimNode], job: str, asked: Requests) -> SimNode:
 
     fitting = [node for node in alive if not asked.short_of(node.capacity - node.allocated)]
     return min(fitting or alive, key=order)
+
+
+def answers(address: str) -> bool:
+    """Whether this machine reaches `address`: a connection accepted or refused is an answer, silence is not."""
+    try:
+        socket.create_connection((address, _PROBE_PORT), timeout=_PROBE_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -46,8 +46,11 @@ def workdir(tmp_path_factory, tiny_llama):
     return training_folder(tmp_path_factory.mktemp("nodes"), tiny_llama)
 
 
-def run_on_nodes(state: Path, argv: list[str], *, retries: int = 0, during=None, launcher: str = "rayjob"):
-    """The rendered RayJob (or MPIJob) of `cluster.nodes=2` in a workflow of one task, run with two simulated nodes."""
+def run_on_nodes(
+    state: Path, argv: list[str], *, retries: int = 0, during=None, launcher: str = "rayjob", nodes: int = 2
+):
+    """The rendered RayJob (or MPIJob) of `cluster.nodes=2` in a workflow of one task, run with `nodes` simulated
+    nodes."""
     cfg = config(["cluster.nodes=2", f"cluster.launcher={launcher}"])
     if launcher == "mpijob":
         manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, argv, ("final_loss",))
@@ -77,7 +80,7 @@ def run_on_nodes(state: Path, argv: list[str], *, retries: int = 0, during=None,
     }
     if during is not None:
         threading.Thread(target=during, args=(state,), daemon=True).start()
-    result = run_workflow(workflow, state, cwd=ROOT, console=Console(file=io.StringIO()), nodes=2)
+    result = run_workflow(workflow, state, cwd=ROOT, console=Console(file=io.StringIO()), nodes=nodes)
     status = json.loads((result.run_dir / "status.json").read_text())["status"]["nodes"]["train"]
     log = (result.run_dir / "logs" / "train.log").read_text(errors="replace")
     return result.nodes["train"], status, log
@@ -187,33 +190,135 @@ def pod_namespaces(addresses: set[str]) -> list[str]:
     return found
 
 
+def give_a_worker_node_notice(state: Path) -> None:
+    """Once training started, a Spot notice for a node of a training worker (not the head's)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "[train] 0/" not in train_log(state):
+        time.sleep(0.05)
+    (status_file,) = (state / "runs").glob("*/status.json")
+    pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+    victim = next(p for p in pods if p["hostNodeName"] != pods[0]["hostNodeName"])["hostNodeName"]
+    notices = status_file.parent / "spot-notices"
+    notices.mkdir(exist_ok=True)
+    (notices / victim).touch()
+
+
+PREEMPTION_COMMIT = re.compile(
+    r"being preempted \(notice (\d)\); checkpoint step (\d+) committed"
+    r"|deadline is near; checkpoint step (\d+) committed"
+)
+
+
+def preemption_commits(log: str) -> list[tuple[str, int]]:
+    """The commits a preemption made, in order: ("notice 1", step), ("notice 2", step), ("deadline", step)."""
+    return [
+        (f"notice {notice}" if notice else "deadline", int(step or near))
+        for notice, step, near in PREEMPTION_COMMIT.findall(log)
+    ]
+
+
 def test_a_spot_notice_drains_the_ray_node_and_the_workers_commit_a_checkpoint_at_once(workdir, tmp_path, capsys):
     """A Spot interruption notice for a worker's node: its pods' preStop hook (which the RayJob's worker pods carry)
     drains their Ray node for preemption, Ray Train's PreemptionWatcher tells the workers, and their loop commits a
     checkpoint at once, then trains on; the node goes once the hook and the grace are over."""
     out = tmp_path / "train"
     steps = 60  # ~15 s of training: the notice comes at its start
-
-    def give_a_worker_node_notice(state: Path) -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and "[train] 0/" not in train_log(state):
-            time.sleep(0.05)
-        (status_file,) = (state / "runs").glob("*/status.json")
-        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
-        victim = next(p for p in pods if p["hostNodeName"] != pods[0]["hostNodeName"])["hostNodeName"]
-        notices = status_file.parent / "spot-notices"
-        notices.mkdir(exist_ok=True)
-        (notices / victim).touch()
-
     argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=steps, grad_accum_steps=8)
     node, _, log = run_on_nodes(tmp_path / "state", argv, during=give_a_worker_node_notice)
     assert node.phase == "Succeeded" and node.retries == 0, f"{node.message}\n{log[-3000:]}"
     assert "PreemptionWatcher: preemption detected" in log, log[-3000:]
-    noticed = [int(s) for s in re.findall(r"being preempted; checkpoint step (\d+) committed", log)]
-    assert len(noticed) == 1 and 0 < noticed[0] < steps, log[-3000:]
-    assert [c.step for c in checkpoints.committed(out / "checkpoints")] == [noticed[0], steps]
+    made = preemption_commits(log)
+    assert made and made[0][0] == "notice 1" and 0 < made[0][1] < steps, log[-3000:]
+    # the node's terminating signal, a grace after the notice, and its deadline commit too where training lasts
+    assert [c.step for c in checkpoints.committed(out / "checkpoints")] == sorted({*(s for _, s in made), steps})
     with capsys.disabled():
-        print(f"\nspot notice at the start of training: checkpoint committed at step {noticed[0]} of {steps}")
+        print(f"\nspot notice at the start of training: checkpoint committed at step {made[0][1]} of {steps}")
+
+
+@pytest.mark.drill
+def test_a_preempted_worker_node_commits_at_its_notice_its_terminating_signal_and_its_deadline(
+    workdir, tmp_path, capsys
+):
+    """The Spot drill (`pytest -m drill`: minutes). Training outlasts the worker node's whole preemption: the notice
+    (the preStop hook's drain) commits, the terminating signal 15 s later (`ray start` drains its node on SIGTERM)
+    commits, and the last step boundary before that drain's deadline (30 s on, when `ray start` kills the node's
+    processes) commits; Ray Train restarts the group on the replacement node from that last commit, so the node took
+    at most the step under way with it, where it took every step since the notice."""
+    out = tmp_path / "train"
+    steps = 400  # longer than the preemption (~50 s from the notice to the node's end) at any speed seen here
+    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=steps, grad_accum_steps=8)
+    node, _, log = run_on_nodes(tmp_path / "state", argv, during=give_a_worker_node_notice)
+    assert node.phase == "Succeeded" and node.retries == 0, f"{node.message}\n{log[-3000:]}"
+    made = preemption_commits(log)
+    assert [kind for kind, _ in made] == ["notice 1", "notice 2", "deadline"], log[-5000:]
+    resumed = [int(s) for s in re.findall(RESUMED, log)]
+    assert resumed == [made[-1][1]], (made, resumed, log[-5000:])  # the group restarted from the deadline's commit
+    assert "worker pods replaced" in node.message, node.message
+    assert [c.step for c in checkpoints.committed(out / "checkpoints")] == [*(s for _, s in made), steps]
+    with capsys.disabled():
+        print(f"\npreempted worker node: commits at {made}; the replacement resumed from step {resumed[0]}")
+
+
+@pytest.mark.drill
+def test_a_partitioned_worker_node_is_lost_and_replaced_and_training_resumes(workdir, tmp_path, capsys):
+    """The partition drill (`pytest -m drill`: minutes). After the first checkpoint a training worker's pod is cut
+    off (`ip -n <its netns> link set eth0 down`: its processes live on). Ray waited for it for good; now its node,
+    not heard from for the node monitor's 40 s, is lost as the node controller evicts a NotReady node's pods, a
+    replacement node takes its worker pod, and Ray Train restarts the group from the checkpoint."""
+    out, steps, every = tmp_path / "train", 300, 10  # training outlasts the monitor's grace and the replacement
+    cut: dict[str, object] = {}
+
+    def partition_a_worker(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not checkpoints.committed(out / "checkpoints"):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        victim = next(p for p in pods if p["role"] != "head")
+        (netns,) = pod_namespaces({victim["podIP"]})
+        cut.update(node=victim["hostNodeName"], committed=checkpoints.committed(out / "checkpoints")[-1].step)
+        subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "down"], check=True)
+
+    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=every)
+    node, status, log = run_on_nodes(tmp_path / "state", argv, retries=0, during=partition_a_worker, nodes=3)
+    assert node.phase == "Succeeded" and node.retries == 0, f"{node.message}\n{log[-3000:]}"
+    assert f"on {cut['node']} (its pods unreachable for 40 s) -> " in node.message, node.message
+    resumed = [int(s) for s in re.findall(RESUMED, log)]
+    assert resumed and resumed[0] >= int(cut["committed"]), (cut, resumed)
+    assert cut["node"] not in {p["hostNodeName"] for p in status["pods"]}
+    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    with capsys.disabled():
+        print(f"\npartitioned worker node {cut['node']}: {node.message}; resumed from step {resumed[0]}")
+
+
+@pytest.mark.drill
+def test_the_head_nodes_loss_is_retried_and_the_retry_takes_the_dead_drivers_lease_at_once(workdir, tmp_path, capsys):
+    """The head drill (`pytest -m drill`). The head's node lost after the first checkpoint takes the driver, which
+    holds the checkpoint lease, with it: the attempt fails and Argo's retry starts a new head on another node. Its
+    driver took the lease over only once the dead one's heartbeat had stopped (95 s); the lost node is recorded once
+    everything on it is killed, so the retry takes the lease of a holder that ran there at once."""
+    out, steps, every = tmp_path / "train", 40, 2
+    lost: dict[str, object] = {}
+
+    def lose_the_head_node(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not checkpoints.committed(out / "checkpoints"):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        lost.update(node=pods[0]["hostNodeName"], committed=checkpoints.committed(out / "checkpoints")[-1].step)
+        lose_node(pods, pods[0]["hostNodeName"])
+
+    argv = train_args(workdir, out, "ddp", launcher="ray", max_steps=steps, checkpoint_every=every)
+    node, _, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_the_head_node, nodes=3)
+    assert node.phase == "Succeeded" and node.retries == 1, f"{node.message}\n{log[-3000:]}"
+    assert f"ran on node {lost['node']}, which was lost with it" in log, log[-3000:]
+    assert "waiting up to" not in log  # no wait for the dead driver's heartbeat
+    resumed = [int(s) for s in re.findall(RESUMED, log)]
+    assert resumed and resumed[-1] >= int(lost["committed"]), (lost, resumed)
+    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    with capsys.disabled():
+        print(f"\nhead node {lost['node']} lost: the retry took the lease at once and resumed from step {resumed[-1]}")
 
 
 def train_log(state: Path) -> str:

@@ -214,3 +214,83 @@ def test_a_network_handed_over_to_a_daemon_lives_as_long_as_it_and_a_disconnecte
         daemon.kill()
         remove_network(network.tag)
     assert not (REGISTRY / network.tag).exists()
+
+
+@needs_root
+def test_a_node_whose_pods_cannot_be_reached_is_lost_with_its_pods_and_recorded(tmp_path):
+    """`ip -n <pod netns> link set eth0 down` on a training worker's pod: its processes live on, cut off, and Ray
+    waited for them for good. As the node controller marks a node NotReady once it has not been heard from for its
+    grace and evicts its pods, the node is lost: its pods' processes killed, its name recorded for the pods to read
+    (eksflow.runtime.nodes); a node whose pods answer is kept."""
+    from eksflow.local.sim_nodes import SimulatedCluster
+
+    cluster = SimulatedCluster(2, Requests(2000, 4 * GIB), tmp_path / "spot-notices", monitor_grace_s=1.0)
+    try:
+        kept = cluster.create_pod("train", "worker", Requests(500, GIB))
+        cut = cluster.create_pod("train", "worker", Requests(500, GIB))
+        assert kept.node != cut.node
+        cut_off = subprocess.Popen([*cut.network.enter(cluster.hosts), "sleep", "300"])
+        deadline = time.monotonic() + 30
+        while not netns_pids(cut.network.netns):
+            assert time.monotonic() < deadline, "the pod's process never started"
+            time.sleep(0.05)
+        cut.network.disconnect()
+        while not cluster.lost_record.exists():  # written once the node's pods are gone
+            assert time.monotonic() < deadline, "the unreachable node was never lost"
+            time.sleep(0.1)
+        assert cluster.is_lost(cut.node)
+        assert cut_off.wait(10) is not None and not cut.network.exists()  # evicted: killed, its sandbox gone
+        assert not cluster.is_lost(kept.node) and kept.network.exists()
+        assert cluster.lost_record.read_text().split() == [cut.node]
+        assert cluster.lost_because(cut.node) == "its pods unreachable for 1 s"
+    finally:
+        cluster.close()
+
+
+LISTEN_AS_RAY_HEAD = (
+    "import socket,time;s=socket.socket();s.bind(('0.0.0.0',6379));s.listen()\nwhile 1: s.accept()[0].close()"
+)
+
+
+@needs_root
+def test_each_ray_pod_gets_its_node_a_temporary_folder_that_goes_with_it_and_the_lost_nodes_record(tmp_path):
+    """What a RayJob's pod processes get, as KubeRay's pods do (their `ray start` stood in for by a listener): the
+    node they run on (the downward API's spec.nodeName) and the record of lost nodes, which a checkpoint lease reads;
+    and a TMPDIR in the pod's own folder, which goes with the pod: each training attempt left a pymp-* folder of
+    multiprocessing's in /tmp."""
+    from eksflow.local import process
+    from eksflow.local.ray_pods import RayPods, pod_temp
+    from eksflow.local.resources import LocalJob, RayGroup
+    from eksflow.local.sim_nodes import SimulatedCluster
+    from eksflow.runtime import nodes
+
+    cluster = SimulatedCluster(2, Requests(2000, 4 * GIB), tmp_path / "spot-notices")
+    groups = tuple(RayGroup(role, 1, (), (), Requests(500, GIB)) for role in ("head", "cpu"))
+    started: list[dict[str, str]] = []
+    tracker = process.ProcessTracker()
+
+    def spawn(argv: list[str], env: dict[str, str], log) -> subprocess.Popen[bytes]:
+        started.append(dict(env))
+        enter = argv[: argv.index("--") + 1]  # the pod's namespaces; a listener where `ray start` would run
+        listener = [*enter, sys.executable, "-c", LISTEN_AS_RAY_HEAD]
+        return subprocess.Popen(listener, env=env, stdout=log, stderr=log, start_new_session=True)  # as process.start
+
+    pods = RayPods(
+        cluster, "train", LocalJob("RayJob", "true", ray_groups=groups), env=dict(os.environ), logs=tmp_path / "logs",
+        spawn=spawn, reap=lambda proc: process.end(proc, tracker), changed=lambda documents: None,
+    )  # fmt: skip
+    try:
+        pods.start({})
+        placed = {pod["name"]: pod for pod in pods.documents()}
+        temps = []
+        for env in started:
+            (pod,) = [p for p in pods._pods if env["TMPDIR"].startswith(str(pod_temp(p.pod)) + "/")]
+            assert Path(env["TMPDIR"]).is_dir() and env[nodes.NODE_NAME_ENV] == placed[pod.pod.name]["hostNodeName"]
+            assert env[nodes.LOST_NODES_ENV] == str(cluster.lost_record)
+            temps.append(Path(env["TMPDIR"]))
+        assert len(temps) == 2
+        (Path(temps[1]) / "pymp-left-behind").mkdir()  # what multiprocessing leaves when its process is killed
+    finally:
+        pods.close()
+        cluster.close()
+    assert not any(temp.exists() for temp in temps)
