@@ -98,6 +98,7 @@ def test_a_replica_lost_mid_measurement_is_named_and_the_candidate_measured_agai
 
     out = canary_step.run(fleet.args(proxy(lose_a_at_the_fifth_request)))
     assert out.metrics["error_rate"] == 0.0  # the verdict is the second measurement's, on a fleet that held
+    assert "(the fleet lost a replica, so measured again: measurement 1 (1 of " in out.reason  # the task's output
     report = json.loads(Path(out.report).read_text())
     (discarded,) = report["fleet"]["discarded"]
     assert discarded.startswith("measurement 1 (1 of ") and "requests failed): vllm-a on node-1 (http://" in discarded

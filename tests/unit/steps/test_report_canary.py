@@ -35,6 +35,7 @@ SETTINGS = canary.CanarySettings()  # the default rules and tolerance, as the fl
 STEPS = ("analyze-0", "analyze-10", "analyze-50", "analyze-100")
 CANDIDATE, CHAMPION = "llama-lora-green", "llama-lora-blue"  # litellm_proxy.slot_id of the two slots
 TASK_METRIC = "iso_date"  # the canary's task_metric: what its scores are in
+HELD = FleetNote((), [], [])  # the fleet lost no replica while a step measured
 
 
 def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
@@ -56,7 +57,13 @@ def metrics(percent: float, share: float, **changes: float) -> dict[str, float]:
 
 
 def write_canary(
-    reports: Path, percent: float, values: dict[str, float], reason_prefix: str = "", *, champion: bool = True
+    reports: Path,
+    percent: float,
+    values: dict[str, float],
+    reason_prefix: str = "",
+    *,
+    champion: bool = True,
+    fleet: FleetNote = HELD,
 ) -> bool:
     """canary-<percent>.json and .md by eksflow.llm.steps.canary.report.write_report itself, decided by the analysis's
     own decide; the decision."""
@@ -77,7 +84,7 @@ def write_canary(
     verdict = analysis.decide(args, state, values, TASK_METRIC)
     verdict = replace(verdict, reason=reason_prefix + verdict.reason)
     measured = traffic.Measurement(live, probes, asked, values)
-    canary_report.write_report(args, state, TASK_METRIC, verdict, sizing, measured, FleetNote((), [], []))
+    canary_report.write_report(args, state, TASK_METRIC, verdict, sizing, measured, fleet)
     return verdict.passed
 
 
@@ -158,6 +165,24 @@ def test_a_promoted_rollout_shows_every_step_with_its_share_against_its_weight(t
     assert "<td class='num'>4.2 %</td>" in text and "<td class='num'>45.3 %</td>" in text
     assert "<td class='num'>24</td>" in text  # live requests at 10 %, as sized
     assert "llama-lora-green 1" in text  # which slot served the live traffic
+
+
+def test_a_step_measured_again_after_the_fleet_lost_a_replica_names_the_pod_and_its_node(
+    tmp_path, monkeypatch, reports
+):
+    lost = (
+        "measurement 1 (1 of 32 requests failed): vllm-a on node-1 (http://198.18.0.2:8000) left the fleet's endpoints"
+    )
+    nodes = {}
+    for percent, share in {0: math.nan, 10: 1 / 24, 50: 29 / 64, 100: 1.0}.items():
+        values = metrics(percent, share)
+        assert write_canary(reports, percent, values, fleet=FleetNote((), [], [lost] if percent == 10 else []))
+        nodes[f"analyze-{percent}"] = analysed(percent, values, passed=True)
+
+    text = canary_section(page(tmp_path, monkeypatch, nodes, "Succeeded"))
+
+    assert "<div class='decision pass'>promoted: candidate v3 passed every canary step</div>" in text
+    assert f"<td class='text'>not judged, measured again: {lost.replace(chr(39), '&#x27;')}</td>" in text
 
 
 def test_a_rollout_stopped_at_pre_traffic_names_the_failing_rule_and_greys_out_the_rest(tmp_path, monkeypatch, reports):

@@ -75,7 +75,8 @@ def run(args: Args) -> Outputs:
             f"(report: {report}); the exit handler routes traffic back to the champion"
         )
     rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
-    return Outputs(reason=verdict.reason, metrics=measured.metrics, report=str(report))
+    again = f" (the fleet lost a replica, so measured again: {' | '.join(discarded)})" if discarded else ""
+    return Outputs(reason=verdict.reason + again, metrics=measured.metrics, report=str(report))
 
 
 def _measure(args: Args, state: RolloutState, probes: list[Probe], scorer: Metric, requests: int) -> Measurement:

@@ -119,7 +119,21 @@ class CanaryStep:
             return "; ".join(t for t in ("no report", self.task.message, self.problem) if t)
         if self.state == FAILED:
             return str(self.report.get("reason", "")) if self.report.get("passed") is not True else self.task.message
-        return ""
+        return "; ".join(self.fleet_losses())
+
+    def fleet_losses(self) -> list[str]:
+        """What the fleet lost while the step measured, as its report names it (pod, node): none, mostly.
+
+        Each measurement the step did not judge for a lost replica and measured again, and a loss during the judged one.
+        """
+        fleet = mapping((self.report or {}).get("fleet"))
+        again, lost = fleet.get("discarded"), fleet.get("lost")
+        found = (
+            [f"not judged, measured again: {d}" for d in again if isinstance(d, str)] if isinstance(again, list) else []
+        )
+        if isinstance(lost, list) and (named := [x for x in lost if isinstance(x, str)]):
+            found.append(f"lost during the judged measurement: {'; '.join(named)}")
+        return found
 
 
 def plain(value: float | None, shown: Callable[[float], str] = lambda v: f"{v:.4g}") -> str:
