@@ -169,7 +169,9 @@ class ClusterSettings(Settings):
     )
     retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
     ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
-    expected_hours: float = Field(1.0, gt=0, description="expected training time, for `plan`'s cost per run")
+    expected_hours: float = Field(
+        1.0, gt=0, description="expected training time: `plan`'s cost per run; an attempt is stopped after 3x it"
+    )
     model_params_b: float = Field(0.0, ge=0, description="base model size in billions; 0: read from its name")
     image: Image = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
     neuron_image: Image = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")

@@ -42,6 +42,7 @@ def resource(
     prometheus: m.Metrics | None = None,
     memoize: m.Memoize | None = None,
     step: str = "",
+    active_deadline_seconds: int | None = None,
 ) -> TaskRef:
     """Add a task that creates or applies a Kubernetes object (an Argo resource template); returns it.
 
@@ -51,7 +52,7 @@ def resource(
     JSON-encoding expression, never as text pasted into the YAML (eksflow.manifests). `inputs` declares values a
     manifest built from a step's argv reads as `{{inputs.parameters.<name>}}`. Argo waits for `success` (e.g.
     `status.availableReplicas > 0`) or fails on `failure`; `owned` objects are deleted with the workflow (a
-    serving fleet outlives it: `owned=False`).
+    serving fleet outlives it: `owned=False`). `active_deadline_seconds` bounds how long Argo waits for it.
     """
     pipeline = Pipeline.current()
     wired = _ManifestInputs(pipeline, f"resource {name!r}", inputs or {})
@@ -73,6 +74,7 @@ def resource(
         metrics=prometheus,
         inputs=[Parameter(name=param) for param in wired.params] or None,
         memoize=memoize,
+        active_deadline_seconds=active_deadline_seconds,
     )
     kind = step or str(manifest.get("kind", "object"))
     return pipeline.add(name, template, step=kind, outputs={}, inputs=wired.params, after=after, when=when)

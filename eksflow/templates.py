@@ -87,6 +87,7 @@ TASK_OPTIONS = frozenset(
         "annotations",
         "node_selector",
         "secrets",
+        "active_deadline_seconds",
         "step",
     }
 )
@@ -107,6 +108,7 @@ def task(
     annotations: Mapping[str, str] | None = None,
     node_selector: Mapping[str, str] | None = None,
     secrets: Mapping[str, str] | None = None,
+    active_deadline_seconds: int | None = None,
     **values: Any,
 ) -> TaskRef:
     """Add a task running `python -m <step>` to the pipeline being built; its outputs are attributes of the result.
@@ -117,7 +119,8 @@ def task(
     step whose Args has a field of one of these names is refused: rename the field). Without `retry_strategy`
     the config's `retry` section applies; the step's declared GAUGES are emitted besides `prometheus`. `labels`,
     `annotations` and `node_selector` go on the pod; `secrets` mounts Secrets read-only: {mount path: Secret name};
-    all literal text, checked now by Kubernetes' rules (eksflow.pods).
+    all literal text, checked now by Kubernetes' rules (eksflow.pods). `active_deadline_seconds` stops an attempt
+    that runs longer (Argo's field, honoured by `run` as well).
 
     `memoize` lists what, besides this task's own step code, settings and image, decides its result: content keys
     (task outputs that name data by digest, letters, digits and '-' only) and upstream tasks (their step code and
@@ -157,6 +160,7 @@ def task(
         labels=checked_labels("labels", labels, where) or None,
         annotations=checked_annotations(annotations, path_annotation(args_type), where) or None,
         node_selector=checked_labels("node_selector", node_selector, where) or None,
+        active_deadline_seconds=active_deadline_seconds,
         memoize=memo,
     )
     return pipeline.add(

@@ -10,6 +10,7 @@ otherwise the kind's own (DEFAULTS).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,9 @@ from eksflow.runtime.args import Settings
 from eksflow.sections import Section
 
 LAYOUT_FIELDS = ("num_workers", "cpus_per_worker", "use_gpu")
+# An attempt of a distributed step may run this many times `cluster.expected_hours` before it is stopped: a bound
+# of its own, where a hung attempt (a job waiting for a node that never comes back) had only the workflow's.
+DEADLINE_PER_EXPECTED = 3
 # The launcher of each profile kind where the configured one does not run: `rayjob` (the default) on CPU nodes is
 # one plain pod, and Trainium always trains with torchrun in a Volcano Job.
 DEFAULTS = {"cpu": "container", "gpu": "rayjob", "trainium": "volcano"}
@@ -170,3 +174,12 @@ def worker_layout(settings: Settings) -> tuple[int, int]:
     """(num_workers, cpus_per_worker) of a distributed step's settings."""
     values = settings.model_dump(include={"num_workers", "cpus_per_worker"})
     return int(values["num_workers"]), int(values["cpus_per_worker"])
+
+
+def attempt_deadline_s(cfg: PipelineConfig) -> int:
+    """The activeDeadlineSeconds of one attempt of a distributed step: DEADLINE_PER_EXPECTED x expected_hours.
+
+    Within 95% of the workflow's own deadline, so the task fails first and says why; a minute at least.
+    """
+    expected_s = cluster_of(cfg).expected_hours * 3600
+    return max(60, min(math.ceil(DEADLINE_PER_EXPECTED * expected_s), int(cfg.active_deadline_seconds * 0.95)))

@@ -10,7 +10,7 @@ from hera.workflows import Resources
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig
-from eksflow.launchers.base import Job, JobRequest, Launcher, register, worker_layout
+from eksflow.launchers.base import Job, JobRequest, Launcher, attempt_deadline_s, register, worker_layout
 from eksflow.refs import TaskRef
 from eksflow.templates import task
 
@@ -54,6 +54,7 @@ class ContainerTask(Launcher):
             memoize=request.memoize,
             node_selector=profiles.node_selector(request.profile, spot=request.cluster.spot, zone=""),
             annotations=profiles.DO_NOT_DISRUPT,
+            active_deadline_seconds=attempt_deadline_s(request.cfg),
             **request.values,
         )
 

@@ -17,7 +17,7 @@ from hera.workflows import models as m
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
-from eksflow.launchers.base import Job, JobRequest, Launcher
+from eksflow.launchers.base import Job, JobRequest, Launcher, attempt_deadline_s
 from eksflow.names import pipeline_labels
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
@@ -40,6 +40,9 @@ from eksflow.templates import (
 # one more attempt at most (config errors are refused before submit by `plan`). Each attempt creates a new job
 # ({{retries}} in its name) that resumes from the newest checkpoint on FSx.
 JOB_RETRY = RetryStrategy(limit="1", retry_policy="Always", backoff=m.Backoff(duration="1m", factor="2"))
+# Argo waits for a job this much longer than the job's own deadline (attempt_deadline_s): the job fails first and
+# says why, and a job that never reports is still given up on.
+DEADLINE_MARGIN_S = 300
 
 
 class JobLauncher(Launcher):
@@ -90,6 +93,7 @@ class JobLauncher(Launcher):
             prometheus=gauges(cfg, **{seconds: ("wall time of the job, queueing included", "{{duration}}")}),
             memoize=memo,
             step=step.__name__,
+            active_deadline_seconds=attempt_deadline_s(cfg) + DEADLINE_MARGIN_S,
         )
         template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), memo, list(memo_inputs))
         collect = f"{name}-outputs"

@@ -37,7 +37,15 @@ from typing import Any
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, node_layout, one_worker_per_node, register, worker_layout
+from eksflow.launchers.base import (
+    Job,
+    JobRequest,
+    attempt_deadline_s,
+    node_layout,
+    one_worker_per_node,
+    register,
+    worker_layout,
+)
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
@@ -107,7 +115,7 @@ def manifest(
         "cleanPodPolicy": "Running",  # workers' sshd outlive the launcher: delete them when it ends
         "backoffLimit": cluster.backoff_limit,
         "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
-        "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the job fails first and says why
+        "activeDeadlineSeconds": attempt_deadline_s(cfg),  # the job fails first and says why
     }
     if cluster.scheduler == "kueue":
         labels["kueue.x-k8s.io/queue-name"] = cluster.queue

@@ -14,7 +14,7 @@ from typing import Any
 
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
-from eksflow.launchers.base import Job, JobRequest, one_worker_per_node, register
+from eksflow.launchers.base import Job, JobRequest, attempt_deadline_s, one_worker_per_node, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
@@ -114,7 +114,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": cluster.ttl_seconds_after_finished,
         "backoffLimit": cluster.backoff_limit,
-        "activeDeadlineSeconds": 23 * 3600,  # inside the workflow's 24 h, so the RayJob fails first and says why
+        "activeDeadlineSeconds": attempt_deadline_s(cfg),  # the job fails first and says why
         "rayClusterSpec": {
             "headGroupSpec": {
                 "rayStartParams": {"num-cpus": "0"},  # no training work on the head

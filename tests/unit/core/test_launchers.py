@@ -176,3 +176,35 @@ def test_no_module_but_the_registry_branches_on_a_launcher_name():
         if compared.search(line)
     ]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "job_kind"),
+    [
+        (["cluster.launcher=rayjob"], None),  # one CPU node: a plain pod
+        (["cluster.launcher=rayjob", "cluster.nodes=2"], "RayJob"),
+    ],
+    ids=["container", "rayjob"],
+)
+def test_the_train_task_has_a_deadline_of_its_own_from_the_expected_hours_locally_too(overrides, job_kind):
+    """A partitioned node once held a RayJob until the workflow's 23 h deadline: each training attempt is stopped after
+    three times cluster.expected_hours, its job first (it says why), and `run` stops it there too."""
+    from eksflow.launchers.jobs import DEADLINE_MARGIN_S
+    from eksflow.local.manifest import parse_manifest
+
+    rendered = manifest(build(config([*overrides, "cluster.expected_hours=0.5"])))
+    templates = {t["name"]: t for t in rendered["spec"]["templates"]}
+    train = templates["train"]
+    if job_kind is None:
+        assert train["activeDeadlineSeconds"] == 3 * 1800
+    else:
+        job = train["resource"]["manifest"]  # text holding Argo expressions: read line by line
+        assert f"kind: {job_kind}" in job and re.findall(r"activeDeadlineSeconds: (\d+)", job) == [str(3 * 1800)]
+        assert train["activeDeadlineSeconds"] == 3 * 1800 + DEADLINE_MARGIN_S  # Argo waits for the job a little longer
+    assert parse_manifest(rendered).templates["train"].deadline_s == train["activeDeadlineSeconds"]  # `run` stops it
+    assert rendered["spec"]["activeDeadlineSeconds"] > train["activeDeadlineSeconds"]
+    # an MPIJob's own deadline likewise, within 95% of the workflow's
+    cfg = config(["cluster.expected_hours=0.5", "active_deadline_seconds=3600"])
+    assert mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, [])["spec"]["runPolicy"][
+        "activeDeadlineSeconds"
+    ] == int(3600 * 0.95)
