@@ -19,7 +19,7 @@ modules are light (no torch until a step runs). The building blocks, one flat na
     rollout             the rollout stage: the serving fleet, the champion, the canary by weight, promote
     finish_rollout      its exit-handler part: rolls back whatever did not reach promote
 The serving engines (vLLM, the LiteLLM proxy) run in virtualenvs of their own, made once per machine from the locks
-this package ships (eksflow.llm.engines); a local run makes them before anything else runs.
+this package ships (eksflow.llm.engines); a local run makes them beside its first tasks, before the fleet needs them.
 """
 
 from __future__ import annotations

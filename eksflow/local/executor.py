@@ -89,6 +89,7 @@ class _Run:
         settings: RunSettings,
         started_at: str,
         overrides: list[dict[str, Any]],
+        preparing: list[services.Preparing],
     ) -> None:
         self.wf = workflow
         self.folder = folder
@@ -99,6 +100,7 @@ class _Run:
         self.settings = settings
         self.started_at = started_at
         self.overrides = overrides
+        self.preparing = preparing  # what services make beside the first tasks (engines): a failure stops the run
         self.phase = Phase.RUNNING
         self.message = ""
         self.outcome: tuple[Phase, str] = (Phase.RUNNING, "")  # the workflow's phase and message once it has ended
@@ -195,6 +197,12 @@ class _Run:
             self.abort_reason = reason
             self.abort.set()
 
+    def _preparing_failed(self) -> str:
+        """Why what services make beside the entrypoint's tasks failed ("" while it has not, or no longer matters)."""
+        if self.outcome[0] is not Phase.RUNNING or self.abort.is_set():  # the exit handler, or stopping already
+            return ""
+        return next(filter(None, (preparing.failure() for preparing in self.preparing)), "")
+
     def _state_failed(self, error: StateWriteError) -> None:
         """The state folder could not be written: the run stops, and ends Failed with the first such line."""
         if self.state_error is None:
@@ -246,6 +254,8 @@ class _Run:
                 if version == self.book.version:
                     self.book.changed.wait(_TICK_S)
             self.pods.poll_progress()
+            if failed := self._preparing_failed():
+                self.stop(failed)
             if deadline is not None and time.monotonic() > deadline and not self.abort.is_set():
                 self.stop(f"workflow exceeded spec.activeDeadlineSeconds={deadline_s:g}")
 
@@ -254,6 +264,8 @@ class _Run:
             try:
                 self._start_watchdog()
                 self.display.note(f"workflow {self.name}: {self.folder.path}")
+                for preparing in self.preparing:
+                    preparing.begin(self.display.note)
                 self.write_status()
                 self._guarded(self._run_entrypoint)
                 if self.signalled is None and self.state_error is None and self.wf.on_exit is not None:
@@ -371,7 +383,9 @@ def execute_run(
     A new run gives its `manifest` (and `config`) to keep in the folder. StateWriteError, before anything starts,
     if the folder cannot be written: a new run's folder is removed then, an earlier run's is left as it was.
     """
-    services.prepare(workflow)  # before any task, and before a new run's folder: a missing engine is one line now
+    # Before any task, and before a new run's folder: what cannot be had is one line now; the rest is made beside
+    # the first tasks (an engine's install), and a failure there stops the run in one line.
+    preparing = services.prepare(workflow)
     try:
         folder.make()
         if manifest is not None:
@@ -389,6 +403,7 @@ def execute_run(
             settings=settings,
             started_at=started_at or now(),
             overrides=list(overrides or []),
+            preparing=preparing,
         )
     except StateWriteError:
         folder.release()

@@ -15,7 +15,9 @@ starts before an object is applied), hands it every object of its kinds that a r
 ProcessTracker of each process it starts, so the watchdog stops them if the executor dies. `check` (optional) looks
 at an object up front, with placeholders, so an object the service could never run fails before the run starts.
 `prepare` (optional) is given, once before a run or a resume starts anything, every object of its kinds that the
-workflow applies: it makes what they will need on this machine (an engine's install), or refuses the run in one line.
+workflow applies: it refuses the run in one line when what they need cannot be had on this machine, and may return a
+Preparing that makes it beside the run's first tasks (an engine's install): the executor begins it as the run
+starts, with a way to show lines on the run's display, and stops the run, in one line, once it says it failed.
 
 A resumed run applies the objects of service kinds again, with every task after them (`restarted`): the
 processes ended with the earlier try. An object of a kind nobody registered fails up front, as any unknown resource
@@ -92,7 +94,19 @@ class RunService(Protocol):
 
 ServiceFactory = Callable[[Path, Path, Path, ProcessTracker | None], RunService]  # (state_dir, run_dir, cwd, tracker)
 Check = Callable[[Mapping[str, Any], str], None]  # (manifest, where); raises RunServiceError for what cannot run
-Prepare = Callable[[Sequence[Mapping[str, Any]]], None]  # the workflow's objects of its kinds (with placeholders)
+
+
+class Preparing(Protocol):
+    """What a service's `prepare` makes beside the run's first tasks (the objects that need it wait for it)."""
+
+    def begin(self, say: Callable[[str], None]) -> None:
+        """The run has started: start making it (in the background); `say` shows a line on the run's display."""
+
+    def failure(self) -> str:
+        """Why the run must stop, once making it failed, as one line ("" while it has not)."""
+
+
+Prepare = Callable[[Sequence[Mapping[str, Any]]], Preparing | None]  # the workflow's objects of its kinds
 
 _REGISTERED: list[tuple[frozenset[Kind], ServiceFactory]] = []
 _PREPARE: dict[frozenset[Kind], Prepare] = {}
@@ -181,12 +195,17 @@ class RunServices:
                 stack.callback(service.stop)
 
 
-def prepare(workflow: Workflow) -> None:
-    """Give each service's `prepare` the objects of its kinds that `workflow` applies. Raises what it raises."""
+def prepare(workflow: Workflow) -> list[Preparing]:
+    """Give each service's `prepare` the objects of its kinds that `workflow` applies; what they make beside the run.
+
+    Raises what they raise.
+    """
     applied = [manifest for _, manifest in _service_objects(workflow)]
+    preparing = []
     for kinds, made in _PREPARE.items():
-        if mine := [m for m in applied if (m.get("apiVersion"), m.get("kind")) in kinds]:
-            made(mine)
+        if (mine := [m for m in applied if (m.get("apiVersion"), m.get("kind")) in kinds]) and (started := made(mine)):
+            preparing.append(started)
+    return preparing
 
 
 def _service_objects(workflow: Workflow) -> Iterator[tuple[str, dict[str, Any]]]:

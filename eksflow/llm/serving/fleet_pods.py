@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
 from eksflow.llm.steps.common.vllm import READY_PROMPT
 from eksflow.local import ProcessTracker, RunServiceError
+
+_ERROR = re.compile(r"(?:^|[\s:])[\w.]*(?:Error|Exception)\b|\bERROR\b|\berror:")  # what `error_line` looks for
+_TAIL_BYTES = 65536
 
 
 class FleetError(RunServiceError):
@@ -107,6 +111,25 @@ def ready(role: str, base: str, model: str, api_key: str) -> bool:
     if role == "vllm":
         return generates(base, model, api_key)
     return status(f"{base}/health/liveliness") == 200
+
+
+def error_line(lines: Sequence[str]) -> str:
+    """The line of a process's output that says why it ended: its last error line, else its last line ("" if none).
+
+    An error line: a Python exception (`ImportError: ...`), an `ERROR` log line or an `error:` message.
+    """
+    said = [line.strip() for line in lines if line.strip()]
+    return next((line for line in reversed(said) if _ERROR.search(line)), said[-1] if said else "")
+
+
+def log_since(log: Path, start: int) -> list[str]:
+    """The lines a process wrote to `log` after its first `start` bytes (the last 64 KiB of them at most)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(start, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def spawn(

@@ -27,12 +27,16 @@ does here what the cluster would do:
   rewritten.
 - v1 ConfigMap: its files, written where the Deployment that mounts it looks. v1 Secret keys: the run's random
   values (fleet_inputs.py). policy/v1 PodDisruptionBudget: nothing to protect.
-- networking.k8s.io/v1 NetworkPolicy: recorded (`policies`, and its spec in logs/fleet-<name>.log), not enforced:
+- networking.k8s.io/v1 NetworkPolicy: recorded (`policies`, its spec in logs/networkpolicy-<name>.log), not enforced:
   that takes the cluster's CNI. Every process listens on 127.0.0.1 or its pod's address only, and vLLM asks for
   its key on every route.
 
-Before a run starts anything, the engines its Deployments need are installed where they are missing (once per
-machine, eksflow.llm.engines); one that cannot be is one line then, not after training.
+The engines its Deployments need are made ready beside the run's first tasks, side by side (installed once per
+machine where missing, checked against their locks where not: engine_supply.py); one that cannot be stops the run
+in one line then, not after training, and a Deployment whose engine is still being installed waits for it. One run
+at a time holds a pipeline's fleet in a state folder, and one local vLLM engine runs per machine; a second waits,
+saying which run holds it (fleet_locks.py). A process that dies before it is ready fails its task with its log's
+error line.
 
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
@@ -50,7 +54,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,11 +61,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eksflow.llm import engines
-from eksflow.llm.serving import adopted_engine, fleet_endpoints, fleet_pods
+from eksflow.llm.serving import adopted_engine, engine_supply, fleet_endpoints, fleet_pods
 from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV, adopted_url
 from eksflow.llm.serving.fleet_endpoints import Endpoint
 from eksflow.llm.serving.fleet_inputs import ContainerInputs
+from eksflow.llm.serving.fleet_locks import FleetLocks
 from eksflow.llm.serving.fleet_nodes import Replicas
 from eksflow.llm.serving.fleet_pods import FleetError
 from eksflow.llm.serving.objects import MODEL_LABEL
@@ -82,7 +85,6 @@ from eksflow.local import (
     register_run_service,
 )
 from eksflow.runtime.ports import free_port
-from eksflow.runtime.readable import log_tail
 
 FLEET_KINDS = {
     ("apps/v1", "Deployment"),
@@ -100,15 +102,6 @@ def check(manifest: Mapping[str, Any], where: str) -> None:
         fleet_pods.role(fleet_pods.container(manifest, where), where)
 
 
-def prepare(objects: Sequence[Mapping[str, Any]]) -> None:
-    """Install the engines the run's Deployments need where they are missing, before anything runs (EngineError)."""
-    deployments = [m for m in objects if m.get("kind") == "Deployment"]
-    roles = {fleet_pods.role(fleet_pods.container(m, "Deployment"), "Deployment") for m in deployments}
-    if adopted_url():
-        roles.discard("vllm")  # the adopted engine runs already
-    engines.ensure(sorted(roles), say=lambda line: print(line, file=sys.stderr, flush=True))
-
-
 @dataclass
 class _Process:
     name: str
@@ -123,6 +116,7 @@ class _Process:
     routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
     scratch: str = ""  # vLLM: its temporary folder (vllm_process.scratch_folder), removed once it stopped
     replicas: Replicas | None = None  # with simulated nodes: its pods (fleet_nodes.py), and no popen
+    log_start: int = 0  # the size of its log when it started: what it wrote comes after
 
     def alive(self) -> bool:
         """Still running (an adopted engine counts as running: its owner stops it)."""
@@ -149,6 +143,7 @@ class LocalFleet:
 
     def __post_init__(self) -> None:
         self._inputs = ContainerInputs(self.state_dir, self.run_dir)
+        self._locks = FleetLocks(self.state_dir, self.run_dir, engine_supply.tell)
 
     # -- applying objects ----------------------------------------------------------------------------------
 
@@ -168,6 +163,8 @@ class LocalFleet:
         name = str((manifest.get("metadata") or {}).get("name", ""))
         if not name:
             raise FleetError(f"{where}.metadata.name is required", retriable=False)
+        self._locks.fleet(manifest, where, stop_reason)  # the pipeline's fleet here is this run's (waited for)
+        program = self._engine(manifest, where, stop_reason, nodes) if kind == "Deployment" else ""
         with self._lock:
             if kind == "ConfigMap":
                 files = self._inputs.config_maps[name] = {
@@ -196,19 +193,35 @@ class LocalFleet:
                     f"NetworkPolicy {name}: recorded, not enforced here (enforcing it needs the cluster's CNI); "
                     f"the fleet listens {listens} and vLLM asks for its key on every route"
                 )
-                log = self.run_dir / "logs" / f"fleet-{name}.log"
+                log = self.run_dir / "logs" / f"networkpolicy-{name}.log"  # not the same-named Deployment's log
                 log.parent.mkdir(parents=True, exist_ok=True)
                 with open(log, "a", encoding="utf-8") as out:
                     out.write(f"{note}\n{json.dumps(manifest.get('spec') or {}, sort_keys=True)}\n")
                 return note
             if name in self._processes and self._processes[name].alive():
                 return f"Deployment {name} is already running here: unchanged"
-            process = self._start(manifest, name, where, nodes)
+            process = self._start(manifest, name, where, nodes, program)
         note = self._wait_ready(process, stop_reason, where)
         self._refresh_endpoints()  # ready: its Services list it (on simulated nodes each pod's readiness did already)
         return note
 
-    def _start(self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None) -> _Process:
+    def _engine(
+        self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str], nodes: NodesContext | None
+    ) -> str:
+        """The program of the Deployment's engine, waited for outside the fleet's lock (other tasks go on meanwhile).
+
+        A vLLM engine on this machine first holds the machine's one local engine (fleet_locks.py).
+        """
+        role = fleet_pods.role(fleet_pods.container(manifest, where), where)
+        if role == "vllm" and adopted_url():
+            return ""  # it runs already: the fleet adopts it
+        if role == "vllm" and nodes is None:
+            self._locks.engine(where, stop_reason)
+        return engine_supply.program(role, stop_reason, where)
+
+    def _start(
+        self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None, program: str
+    ) -> _Process:
         container = fleet_pods.container(manifest, where)
         role = fleet_pods.role(container, where)
         gpus = fleet_pods.gpu_request(container)
@@ -250,14 +263,13 @@ class LocalFleet:
         args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", f"--host={host}"]
         scratch = ""
         if role == "vllm":
-            python = engines.command(engines.ENGINES["vllm"])
-            argv = [python, "-m", VLLM_MODULE, *args]
+            argv = [program, "-m", VLLM_MODULE, *args]
             scratch = vllm_process.scratch_folder()
-            env = vllm_process.engine_process_env(env, python, scratch)  # the key middleware, from this eksflow
+            env = vllm_process.engine_process_env(env, program, scratch)  # the key middleware, from this eksflow
             cwd = self.cwd
         else:
             cwd = self._inputs.write_config_maps(template.get("spec") or {}, name)
-            argv = [engines.command(engines.ENGINES["litellm"]), *args]
+            argv = [program, *args]
             # The engines this fleet runs, whatever the cluster's pattern of fleet Services says: its one engine
             # (its own or the adopted one), or on simulated nodes a Service of this run (only they listen on the
             # run's bridge address, in whatever order the run applies them). A routes file left by an earlier run
@@ -276,6 +288,7 @@ class LocalFleet:
         process.scratch = scratch
         self._processes[name] = process
         if nodes is None:
+            process.log_start = log.stat().st_size if log.exists() else 0  # a resumed run's process appends
             process.popen = fleet_pods.spawn(argv, cwd, full_env, log, self.tracker)
             return process
 
@@ -325,9 +338,9 @@ class LocalFleet:
         while not stop_reason():
             if not process.alive():
                 code = process.popen.returncode if process.popen else None
-                tail = "\n".join(log_tail(process.log))
+                said = fleet_pods.error_line(fleet_pods.log_since(process.log, process.log_start)) or "(no output)"
                 raise FleetError(
-                    f"{process.name} exited with code {code} before it was ready; log {process.log}:\n{tail}"
+                    f"{process.name} exited with code {code} before it was ready: {said}; log {process.log}"
                 )
             if process.role == "vllm" and not process.model:  # adopted: which model does it serve?
                 process.model = adopted_engine.served_model(base, process.api_key, process.wanted, where)
@@ -412,6 +425,7 @@ class LocalFleet:
         for folder in scratch:
             shutil.rmtree(folder, ignore_errors=True)
         self._inputs.delete_secrets()
+        self._locks.release()
 
     # -- helpers -------------------------------------------------------------------------------------------
 
@@ -465,4 +479,4 @@ def _routed(proxy: _Process) -> str:
     return f"not ready, and it refuses {proxy.model!r} (503) until the run routes it to its engine ({why})"
 
 
-register_run_service(FLEET_KINDS, LocalFleet, check, prepare)
+register_run_service(FLEET_KINDS, LocalFleet, check, engine_supply.prepare)
