@@ -84,7 +84,10 @@ check-images: images ## run every step inside its image as its pod runs it (uid 
 	$(BIN)/python -m images.check
 	$(BIN)/python -m pytest -m images tests/images $(ARGS)
 
-run: setup ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
+# A run makes the serving engines ready itself, beside its first tasks (installed where missing: eksflow/llm/serving/
+# engine_supply.py), as a user's project's first run does: they are needed only once training is done, so `make run`
+# waits for .venv alone (bench/README.md, "make run").
+run: $(STAMP) ## run the whole pipeline locally on the demo data (add ARGS='--set train.max_steps=80')
 	$(BIN)/python pipelines/llama_lora.py run --set storage.model_cache=$(call shell_word,$(MODEL_CACHE)) $(ARGS)
 
 # `make test` runs the unit, contract and e2e (`slow`) tests in one session on at most two pytest-xdist workers:
