@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eksflow.llm.serving.fleet_endpoints import Endpoint
-from eksflow.llm.serving.fleet_pods import FleetError
+from eksflow.llm.serving.fleet_pods import FleetError, error_line
 from eksflow.local import PlacedPod, PodNetworkError, Requests, SimulatedCluster
 from eksflow.runtime.readable import log_tail
 
@@ -125,9 +125,10 @@ class Replicas:
         while not stop_reason():
             if (ended := next((p for p in self.pods() if p.proc.poll() is not None), None)) is not None:
                 log = log_of(ended.pod.name)
+                said = error_line(log_tail(log)) or "(no output)"  # its own error, not whatever its log ends with
                 raise FleetError(
                     f"{ended.pod.name} on {ended.pod.node} exited with code {ended.proc.returncode} before it was "
-                    f"ready; log {log}:\n" + "\n".join(log_tail(log))
+                    f"ready: {said}; log {log}"
                 )
             if self.available():
                 return time.monotonic() - started
