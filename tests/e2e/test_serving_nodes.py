@@ -3,8 +3,9 @@
 `run --nodes 3` of the rollout workflow: each of the Deployment's pods runs the real vLLM engine (CPU build) in its
 own network namespace on its own node, the LiteLLM proxy on another, and the Services spread connections over the
 ready pods (eksflow/llm/serving/fleet_nodes.py, eksflow/local/service_proxy.py). The first run canaries a good
-candidate through both replicas and promotes it; the second loses a replica's node while users ask the champion
-through the proxy, and rolls a broken candidate back. Two engines start in each run, so both are drills
+candidate through both replicas, loses one's node mid-canary, and promotes it; the second loses a replica's node
+while users ask the champion through the proxy, rolls a broken candidate back and finds it on no replica after.
+Two engines start in each run, so both are drills
 (`pytest -m drill tests/e2e/test_serving_nodes.py -s`); what `make test` runs is the same machinery on the proxy's
 Deployment alone (real LiteLLM pods, no engine). Needs root and iproute2 (CI runs as root).
 """
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(unavailable()), reason=u
 ONE_PROXY = "serving.proxy_replicas=1"  # one proxy pod: on the third node, beside the two engines' nodes
 
 NOTICE_S = 2.0  # a lost pod is out of its Services by then (fleet_nodes.py watches every 0.5 s)
+LOSS_AFTER_S = 5.0  # into analyze-10: its live traffic is under way
 
 
 @pytest.fixture(scope="module")
@@ -63,24 +65,35 @@ def pod_log(run: Run, pod: dict[str, str]) -> str:
 
 
 @pytest.mark.drill
-def test_the_canary_runs_through_two_replicas_on_two_nodes_and_promotes(state, model_cache, registry):
+def test_the_canary_runs_through_two_replicas_on_two_nodes_and_promotes_through_a_replicas_loss(
+    state, model_cache, registry
+):
+    """A good candidate, and one replica's node lost 5 s into analyze-10 (the tester's drill): a request in flight on it
+    fails, which the analysis names with the node and does not judge the candidate on; it measures again on the fleet
+    left and the candidate is promoted. Before, `error_rate = 0.0250 fails error_rate <= 0` rolled it back Degraded."""
     before = leftovers()
     run = Run(state, model_cache, "2", ONE_PROXY, nodes=3)
+    run.wait_for("analyze-10", "Running")
+    engines, (proxy,) = pods_by_role(run)["vllm"], pods_by_role(run)["litellm"]
+    assert len(engines) == 2 and len({p["hostNodeName"] for p in engines}) == 2, engines
+    assert proxy["hostNodeName"] not in {p["hostNodeName"] for p in engines}
+    time.sleep(LOSS_AFTER_S)
+    victim = engines[0]
+    lose_node(engines, victim["hostNodeName"])
     result = run.finish()
     assert result.phase == "Succeeded", result.message
-    pods = pods_by_role(run)
-    engines, (proxy,) = pods["vllm"], pods["litellm"]
-    assert len(engines) == 2 and len({p["hostNodeName"] for p in engines}) == 2, engines
-    assert proxy["hostNodeName"] not in {p["hostNodeName"] for p in engines}, pods
     print(f"\nvLLM pods: {[(p['name'], p['hostNodeName'], p['podIP']) for p in engines]}; proxy on {proxy}")
-    # Each replica resolved the candidate from the shared adapter folder at its first request for it: the canary's
-    # traffic went through both.
+    # Each replica loaded the candidate from the shared adapter folder before any weight moved (load-candidate asks
+    # every one on its own address).
     candidate = published(registry, "2")
     for pod in engines:
         assert f"Resolved and loaded LoRA adapter '{candidate}'" in pod_log(run, pod), pod["name"]
     for percent in (10, 50, 100):
         report = run.report(percent)
         assert report["passed"] and report["metrics"]["error_rate"] == 0.0, report["metrics"]
+    discarded = run.report(10)["fleet"]["discarded"]
+    print(f"analyze-10 measured again: {discarded}")
+    assert discarded and f"{victim['name']} on {victim['hostNodeName']}" in discarded[0], discarded
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == "2"
     assert leftovers() == before, "pods, namespaces or the bridge outlived the run"
 
@@ -118,6 +131,14 @@ def test_a_lost_replica_node_keeps_the_champion_answering_through_the_proxy(stat
     assert outputs(run.node("onExit.finish-rollout"))["champion_serving"] == "true"
     assert str(tracking.alias_version(registry, MODEL, tracking.CHAMPION).version) == serving
     assert rollout.version_tags(registry, MODEL, "3")[rollout.PHASE_TAG] == "Degraded"
+    # RO9: no replica holds the candidate after the rollback, each checked on its own address by the exit handler;
+    # every pod that loaded it logged its unloading, but the one lost with its node.
+    assert outputs(run.node("onExit.finish-rollout"))["candidate_left_on"] == ""
+    candidate = published(registry, "3")
+    for log in (run.run_dir / "logs").glob("fleet-*vllm*.log"):
+        text = log.read_text(errors="replace")
+        if f"Resolved and loaded LoRA adapter '{candidate}'" in text and victim["name"] not in log.name:
+            assert f"Removed LoRA adapter: name '{candidate}'" in text, log.name
     # The lost pod leaves the Service within a watch period (0.5 s) of its process's end; a request sent before
     # that can still go to it, over the proxy's pooled connection (no retry: num_retries 0), and fail.
     noticing = [a for sent, a in answers if lost_at <= sent < lost_at + NOTICE_S]

@@ -18,7 +18,7 @@ local fleet keeps in the run folder here, and every replica is asked on its own 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from eksflow.llm.steps.canary import Args
@@ -109,18 +109,12 @@ def serving(args: Args) -> bool:
     return any(r.ready and not vllm_client.engine_down(r.url) for r in now)
 
 
-def wait_whole(
-    args: Args,
-    *,
-    timeout_s: float = RECOVERY_S,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> str:
+def wait_whole(args: Args) -> str:
     """Until every replica the fleet's Service lists as ready answers /health (at least one); what it serves from.
 
-    StepFailedError after `timeout_s`, naming what still does not answer.
+    StepFailedError after RECOVERY_S, naming what still does not answer.
     """
-    started = clock()
+    started = time.monotonic()
     while True:
         try:
             ready = [r for r in replicas.replicas(args.fleet, args.vllm_url) if r.ready]
@@ -130,10 +124,10 @@ def wait_whole(
             silent = [f"{r.describe()}: {down}" for r in ready if (down := vllm_client.engine_down(r.url))]
             why = "; ".join(silent) or "no replica is ready"
             if ready and not silent:
-                return f"the fleet serves from {replicas.described(ready)} after {clock() - started:.0f} s"
-        if clock() - started > timeout_s:
+                return f"the fleet serves from {replicas.described(ready)} after {time.monotonic() - started:.0f} s"
+        if time.monotonic() - started > RECOVERY_S:
             raise StepFailedError(
-                f"the fleet did not serve from every ready replica within {timeout_s:g} s of losing one ({why}); "
+                f"the fleet did not serve from every ready replica within {RECOVERY_S:g} s of losing one ({why}); "
                 "the candidate was not judged"
             )
-        sleep(_POLL_S)
+        time.sleep(_POLL_S)
