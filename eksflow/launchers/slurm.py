@@ -7,7 +7,8 @@ runs `python -m <step> --launcher=mpi ...` as srun tasks, a rank per device (GPU
 devices, `--gpus-per-node`; CPU: `train.num_workers` tasks on one node, or one task per node of several), on the
 NodeSet's slurmd pods, which mount the same FSx file system; the ranks meet at the allocation's first node
 (MASTER_ADDR), and across nodes gloo binds to the pods' eth0 (GLOO_SOCKET_IFNAME). Requeues happen inside
-Slurm (a preempted or failed node's job runs again under the same id and the step resumes from its checkpoint);
+Slurm (a preempted or failed node's job runs again under the same id and the step resumes from its checkpoint;
+the task's `slurm_requeues` output says how often and why, its progress is the step's);
 the task's exit code follows the job's end (eksflow.runtime.slurm_job), so Argo's retry policy (all but 2) applies.
 
 The job's ranks get, of the task's environment, the variables this launcher gives the task's container: the
@@ -28,13 +29,22 @@ from hera.workflows import models as m
 from eksflow import profiles
 from eksflow.config import PipelineConfig, cluster_of
 from eksflow.errors import PipelineError
-from eksflow.launchers.base import Job, JobRequest, Launcher, node_layout, one_worker_per_node, register, worker_layout
+from eksflow.launchers.base import (
+    Job,
+    JobRequest,
+    Launcher,
+    attempt_deadline_s,
+    node_layout,
+    one_worker_per_node,
+    register,
+    worker_layout,
+)
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import Profile
 from eksflow.refs import TaskRef
 from eksflow.runtime.args import StepArgs, to_argv
 from eksflow.runtime.shown import SECRET_ENV
-from eksflow.runtime.slurm_job import JobArgs
+from eksflow.runtime.slurm_job import REQUEUES_OUTPUT, JobArgs
 from eksflow.templates import (
     FSX_VOLUME,
     OUTPUTS_DIR,
@@ -142,7 +152,14 @@ class SlurmLauncher(Launcher):
             command=["python", "-m", "eksflow.runtime.slurm_job"],
             args=args,
             inputs=[Parameter(name=arg) for arg in inputs] or None,
-            outputs=[Parameter(name=o, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{o}")) for o in outputs],
+            outputs=[
+                *(Parameter(name=o, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{o}")) for o in outputs),
+                # the task's own: Slurm's requeues of the job, which a task that succeeded shows nowhere else
+                Parameter(
+                    name=REQUEUES_OUTPUT,
+                    value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{REQUEUES_OUTPUT}", default="none"),
+                ),
+            ],
             # Forwarded to the job's tasks by eksflow.runtime.slurm_job (--forward-env names them).
             env=[Env(name=env_name, value=value) for env_name, value in env.items()],
             volumes=[
@@ -161,6 +178,7 @@ class SlurmLauncher(Launcher):
             metrics=merged_metrics(step_gauges(cfg, step, name)),
             annotations=path_annotations(args_type),
             node_selector={profiles.CAPACITY_TYPE_LABEL: "on-demand"},  # it only follows the job: never lose it
+            active_deadline_seconds=attempt_deadline_s(cfg),  # then the task's SIGTERM cancels the job
             memoize=memo,
         )
         return pipeline.add(

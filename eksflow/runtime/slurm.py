@@ -51,6 +51,15 @@ ENDED = frozenset(
 # must stay far below them. A year is longer than any training job; a larger number is a unit mistake (seconds).
 MAX_TIME_LIMIT_MIN = 365 * 24 * 60
 MESSAGE_CHARS = 300  # of a server's error text: an error page can be long
+# Slurm's error numbers (slurm_errno.h) for a job refused for what it asks, by the JobSpec field they name: another
+# attempt would be refused alike. slurmrestd reports them as `error_code` (v0.0.38) or `error_number` (v0.0.44).
+REFUSED_SETTINGS = {
+    2000: "partition",  # ESLURM_INVALID_PARTITION_NAME
+    2001: "partition",  # ESLURM_DEFAULT_PARTITION_NOT_SET: the cluster has no default, the job named none
+    2045: "account",  # ESLURM_INVALID_ACCOUNT
+    2051: "time_limit_min",  # ESLURM_INVALID_TIME_LIMIT
+    2066: "qos",  # ESLURM_INVALID_QOS
+}
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
@@ -59,6 +68,21 @@ class SlurmError(EksflowError):
 
     label = "slurm error"
     exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, codes: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.codes = codes  # Slurm's error numbers in the answer (slurm_errno.h), where it gave any
+
+
+class SlurmJobRefusedError(SlurmError):
+    """slurmctld refused the job for a setting of it (no such partition, account or QoS): bad input, not retried."""
+
+    label = "slurm error"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting  # the JobSpec field Slurm refused: partition, account, qos, time_limit_min
 
 
 class SlurmTokenError(SlurmError):
@@ -144,6 +168,7 @@ class JobStatus:
     reason: str = ""
     user: str = ""  # the user the job runs as (`user_name`)
     comment: str = ""
+    nodes: str = ""  # the nodes allocated to it, as Slurm writes a host list: slurm-node-[1-2]
 
     @property
     def ended(self) -> bool:
@@ -167,8 +192,14 @@ class SlurmApi(ABC):
             raise SlurmTokenError(f"the Slurm token {problem}")
 
     def submit(self, spec: JobSpec) -> int:
-        """Submit the batch job; its id."""
-        body = self._request("POST", "job/submit", self.submission(spec))
+        """Submit the batch job; its id. SlurmJobRefusedError when Slurm refuses one of its settings."""
+        try:
+            body = self._request("POST", "job/submit", self.submission(spec))
+        except SlurmError as err:
+            refused = next((REFUSED_SETTINGS[code] for code in err.codes if code in REFUSED_SETTINGS), None)
+            if refused is None:
+                raise
+            raise SlurmJobRefusedError(str(err), refused) from None
         if "job_id" not in body:
             raise self._error(f"POST {self._url('job/submit')} answered without a job_id: {self._said(_errors(body))}")
         return int(body["job_id"])
@@ -222,19 +253,19 @@ class SlurmApi(ABC):
         except urllib.error.HTTPError as err:
             text = err.read().decode("utf-8", "replace")
             said = self._said(_errors(_json(text)) or text)
-            raise self._error(f"{method} {url} answered {err.code}: {said}") from None
+            raise self._error(f"{method} {url} answered {err.code}: {said}", _error_codes(_json(text))) from None
         except (OSError, ValueError) as err:
             raise self._error(
                 f"{method} {url} failed ({type(err).__name__}: {err}); is slurmrestd running there (cluster.slurm.url)?"
             ) from None
         body = _json(text)
         if errors := _errors(body):
-            raise self._error(f"{method} {url}: {self._said(errors)}")
+            raise self._error(f"{method} {url}: {self._said(errors)}", _error_codes(body))
         return body
 
-    def _error(self, message: str) -> SlurmError:
+    def _error(self, message: str, codes: tuple[int, ...] = ()) -> SlurmError:
         """A SlurmError of `message` as it may be shown (eksflow.runtime.shown, the token among the secrets)."""
-        return SlurmError(shown(message, [self.token]))
+        return SlurmError(shown(message, [self.token]), codes)
 
     def _said(self, text: str) -> str:
         """The server's own text, shortened: the token is redacted first, so no part of it survives the cut."""
@@ -273,6 +304,7 @@ class SlurmApiV0038(SlurmApi):
             reason=str(job.get("state_reason") or ""),
             user=str(job.get("user_name") or ""),
             comment=str(job.get("comment") or ""),
+            nodes=str(job.get("nodes") or ""),
         )
 
 
@@ -309,6 +341,7 @@ class SlurmApiV0044(SlurmApi):
             reason=str(job.get("state_reason") or ""),
             user=str(job.get("user_name") or ""),
             comment=str(job.get("comment") or ""),
+            nodes=str(job.get("nodes") or ""),
         )
 
 
@@ -342,6 +375,13 @@ def _json(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _error_codes(body: Mapping[str, Any]) -> tuple[int, ...]:
+    """Slurm's error numbers in the `errors` list of a slurmrestd answer."""
+    found = [e for e in body.get("errors") or [] if isinstance(e, Mapping)]
+    codes = (e.get("error_code", e.get("error_number")) for e in found)
+    return tuple(code for code in codes if isinstance(code, int) and not isinstance(code, bool))
 
 
 def _errors(body: Mapping[str, Any]) -> str:

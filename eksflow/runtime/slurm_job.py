@@ -20,11 +20,13 @@ the pipeline's `env`. Nothing else of this task's environment goes (no prefix ma
 mounted on Slurm's nodes, never through the job's record.
 
 The step writes its outputs to <work-dir>/outputs on the shared file system; once the job COMPLETED they are
-copied to --outputs-dir, where Argo reads them.
+copied to --outputs-dir, where Argo reads them. Its progress goes to <work-dir>/progress, copied to this task's
+$ARGO_PROGRESS_FILE as it changes (the N/M of Argo's UI and of `run`'s table).
 
 While the job runs its output file is copied into this task's log. A job Slurm requeues (`scontrol requeue`, a
 failed node with JobRequeue) goes on under the same id and the step resumes from its checkpoint; this task keeps
-following it. How the job's end becomes this task's exit code (the workflow retries all but 2):
+following it, says so in one line, and tells it in its `slurm_requeues` output (what `get`, the Argo UI and the report
+show of a task that succeeded). How the job's end becomes this task's exit code (the workflow retries all but 2):
     COMPLETED                            0, the outputs copied
     FAILED with the step's exit 2        2: bad input, never retried (on any task: its other tasks, terminated
                                          by srun, end the job with 143, so the task that refused says so)
@@ -43,6 +45,7 @@ flag, with exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -51,6 +54,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Literal
@@ -66,6 +70,7 @@ from eksflow.runtime.slurm import (
     JobStatus,
     SlurmApi,
     SlurmError,
+    SlurmJobRefusedError,
     SlurmTokenError,
     SlurmUrl,
     TimeLimitMin,
@@ -74,7 +79,16 @@ from eksflow.runtime.slurm import (
 from eksflow.runtime.slurm_task import ARGV_ENV, REFUSED_ENV
 
 PYTHON_ENV = "EKSFLOW_PYTHON"
+PROGRESS_ENV = "ARGO_PROGRESS_FILE"  # where a step writes its N/M (eksflow.runtime.outputs.Progress)
 EXIT_PREEMPTED = 143
+REQUEUES_OUTPUT = "slurm_requeues"  # this task's own output: the requeues of its job ("none": the launcher's default)
+# How to fix a setting Slurm refused (slurm.REFUSED_SETTINGS), by JobArgs field.
+REFUSAL_FIXES = {
+    "partition": "a partition `sinfo` lists, or empty for the cluster's default",
+    "account": "an account of the user's associations (`sacctmgr show assoc`), or empty for the user's default",
+    "qos": "a QoS the user may use (`sacctmgr show assoc`), or empty for the default",
+    "time_limit_min": "at most the partition's MaxTime (`scontrol show partition`), or 0 for the partition's own",
+}
 SCRIPT = """#!/bin/bash
 # eksflow: the step on every task of the allocation; its argv is $EKSFLOW_STEP_ARGV (JSON), never this text.
 set -euo pipefail
@@ -162,12 +176,20 @@ def run(args: JobArgs, step_argv: Sequence[str]) -> int:
             shutil.rmtree(outputs, ignore_errors=True)  # a new job: no earlier one's outputs may pass for its own
             outputs.mkdir(parents=True, exist_ok=True)
             refused_file(args).unlink(missing_ok=True)
-            job_id = api.submit(spec(args, step_argv, outputs))
+            progress_file(args).unlink(missing_ok=True)
+            try:
+                job_id = api.submit(spec(args, step_argv, outputs))
+            except SlurmJobRefusedError as err:
+                flag = err.setting.replace("_", "-")
+                raise StepInputError(
+                    f"--{flag}={getattr(args, err.setting)} (cluster.slurm.{err.setting}): Slurm refused the job: "
+                    f"{err}; fix: {REFUSAL_FIXES[err.setting]}"
+                ) from None
             _tell(f"submitted Slurm job {job_id} ({args.job_name}) to {args.url}")
         else:
             job_id = job.job_id
             _tell(f"following Slurm job {job_id} ({args.job_name}), {job.state}: an earlier attempt submitted it")
-        ended = follow(api, job_id, args.work_dir / "slurm.out", args.poll_s)
+        followed = follow(api, job_id, args.work_dir / "slurm.out", args.poll_s, progress_file(args))
     except _StopSignalError as stopped:
         for signum in handlers:  # a second signal while cancelling ends the task as the signal would
             signal.signal(signum, signal.SIG_DFL)
@@ -180,7 +202,7 @@ def run(args: JobArgs, step_argv: Sequence[str]) -> int:
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    return finish(args, ended, outputs)
+    return finish(args, followed.status, outputs, followed.requeues)
 
 
 def client(args: JobArgs) -> SlurmApi:
@@ -229,6 +251,7 @@ def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
         ARGV_ENV: json.dumps(argv),
         REFUSED_ENV: str(refused_file(args)),
         PYTHON_ENV: sys.executable,  # the step image's interpreter: Slurm's nodes run the same image
+        PROGRESS_ENV: str(progress_file(args)),  # on the shared file system: this task copies it to its own
     }
     for name in (*FORWARDED, *args.forward_env):
         if name in os.environ:
@@ -251,23 +274,82 @@ def spec(args: JobArgs, step_argv: Sequence[str], outputs: Path) -> JobSpec:
     )
 
 
-def follow(api: SlurmApi, job_id: int, output: Path, poll_s: float) -> JobStatus:
-    """Poll the job until it ends, copying its output file to stderr as it grows; its last status."""
-    offset, last = 0, ""
+@dataclass(frozen=True)
+class Followed:
+    """How a followed job ended, and the requeues Slurm made of it (one line each)."""
+
+    status: JobStatus
+    requeues: tuple[str, ...] = ()
+
+
+def follow(api: SlurmApi, job_id: int, output: Path, poll_s: float, progress: Path) -> Followed:
+    """Poll the job until it ends, copying its output file to stderr and its progress file to this task's.
+
+    A requeue (Slurm's restart count going up) is told in one line, with the state or reason that caused it.
+    """
+    offset, last, shown_progress = 0, "", ""
+    requeues: list[str] = []
+    previous: JobStatus | None = None
     while True:
         status = api.status(job_id)
         offset = _copy_new(output, offset)
+        shown_progress = _copy_progress(progress, shown_progress)
         if status is None:
             raise SlurmError(f"Slurm job {job_id} vanished from slurmctld before this task saw it end")
-        described = f"{status.state} (restarts {status.restarts})"
+        reason = f", {status.reason}" if status.reason not in ("", "None") else ""
+        described = f"{status.state} (restarts {status.restarts}{reason})"
         if described != last:
             _tell(f"Slurm job {job_id}: {described}")
             last = described
+        if previous is not None and status.restarts > previous.restarts:
+            requeues.append(requeue_cause(previous, status))
+            _tell(f"Slurm job {job_id} requeued ({requeues[-1]}): the step resumes from its checkpoint")
+        previous = status
         if status.ended:
             time.sleep(min(poll_s, 1.0))  # the output file's last lines land after the state changes
             _copy_new(output, offset)
-            return status
+            _copy_progress(progress, shown_progress)
+            return Followed(status, tuple(requeues))
         time.sleep(poll_s)
+
+
+def requeue_cause(before: JobStatus, after: JobStatus) -> str:
+    """One requeue as the looks around it saw it: `restart 1: ran on slurm-node-[1-2]; reason BeginTime`.
+
+    Slurm's job record keeps no cause of a requeue (a node's failure leaves it PENDING with the count raised): what
+    it was, where it ran and the reasons given are what there is to say.
+    """
+    parts = [f"was {before.state}"] if before.state not in ("RUNNING", "PENDING", "CONFIGURING") else []
+    if before.nodes:
+        parts.append(f"ran on {before.nodes}")
+    reasons = dict.fromkeys(r for r in (before.reason, after.reason) if r and r != "None")
+    if reasons:
+        parts.append(f"reason {', '.join(reasons)}")
+    return f"restart {after.restarts}: {'; '.join(parts) or 'no reason given'}"
+
+
+def requeues_line(job: JobStatus, seen: Sequence[str]) -> str:
+    """The `slurm_requeues` output: how often Slurm requeued the job, and why where this task saw it."""
+    told = "; ".join(seen) if seen else "requeued before this task followed it"
+    return f"{job.restarts} (Slurm job {job.job_id}: {told}; the step resumed from its checkpoint)"
+
+
+def progress_file(args: JobArgs) -> Path:
+    """Where rank 0 of the job writes its progress (N/M), on the shared file system."""
+    return args.work_dir / "progress"
+
+
+def _copy_progress(source: Path, shown_progress: str) -> str:
+    """Copy the job's progress to this task's $ARGO_PROGRESS_FILE when it changed; what it now shows."""
+    target = os.environ.get(PROGRESS_ENV)
+    try:
+        current = source.read_text(encoding="utf-8").strip()
+    except OSError:
+        return shown_progress
+    if target and current and current != shown_progress:
+        with contextlib.suppress(OSError):  # a display only: the job's outputs are what matters
+            atomic_write_text(Path(target), current)
+    return current
 
 
 def refused_file(args: JobArgs) -> Path:
@@ -275,14 +357,19 @@ def refused_file(args: JobArgs) -> Path:
     return args.work_dir / "refused-input"
 
 
-def finish(args: JobArgs, job: JobStatus, outputs: Path) -> int:
-    """The task's exit code for how the job ended (see the module docstring); the outputs on success."""
+def finish(args: JobArgs, job: JobStatus, outputs: Path, requeues: Sequence[str] = ()) -> int:
+    """The task's exit code for how the job ended (see the module docstring); the outputs on success.
+
+    `requeues`: the requeues this task saw (follow); with the job's restart count they make the `slurm_requeues` output.
+    """
     where = f"Slurm job {job.job_id} ended {job.state} (exit {job.exit_code}, reason {job.reason or 'none'})"
     if job.state == "COMPLETED":
         args.outputs_dir.mkdir(parents=True, exist_ok=True)
         for item in sorted(outputs.iterdir()) if outputs.is_dir() else []:
             if item.is_file():
                 atomic_write_text(args.outputs_dir / item.name, item.read_text(encoding="utf-8"))
+        if job.restarts:
+            atomic_write_text(args.outputs_dir / REQUEUES_OUTPUT, requeues_line(job, requeues))
         return 0
     if job.state == "FAILED" and (job.exit_code == EXIT_BAD_INPUT or refused_file(args).exists()):
         _tell(f"{where}: the step refused its input; not retried")

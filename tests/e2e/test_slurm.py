@@ -133,8 +133,11 @@ def train_argv(workdir: Path, out: Path, max_steps: int, **extra: object) -> lis
     return ["eksflow.llm.steps.train", *(f"--{name}={value}" for name, value in settings.items())]
 
 
-def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra: object) -> subprocess.Popen[str]:
-    """`python -m eksflow.runtime.slurm_job ... -- <step argv>`, as the Argo task runs it."""
+def submitter(
+    slurm: Slurm, name: str, work: Path, step_argv: list[str], progress: Path | None = None, **extra: object
+) -> subprocess.Popen[str]:
+    """`python -m eksflow.runtime.slurm_job ... -- <step argv>`, as the Argo task runs it (`progress`: its
+    $ARGO_PROGRESS_FILE)."""
     own = {
         "url": slurm.url,
         "token-file": slurm.token_file,
@@ -149,8 +152,9 @@ def submitter(slurm: Slurm, name: str, work: Path, step_argv: list[str], **extra
         **extra,
     }
     argv = [sys.executable, "-m", "eksflow.runtime.slurm_job", *(f"--{k}={v}" for k, v in own.items()), "--"]
+    env = {**slurm.env, "ARGO_PROGRESS_FILE": str(progress)} if progress else slurm.env
     return subprocess.Popen(
-        [*argv, *step_argv], cwd=ROOT, env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*argv, *step_argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -174,9 +178,12 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint_on_the_r
     """The node-down drill: a node lost mid-training (every process on it killed, its address gone) is set DOWN,
     as slurmctld does once it stops answering; Slurm requeues the job (NODE_FAIL, JobRequeue=1) under the same id,
     the replacement slurmd registers (ReturnToService=2), and the job starts again by itself: both srun tasks resume
-    from the last committed checkpoint, and the task follows the job throughout."""
+    from the last committed checkpoint, and the task follows the job throughout: its progress is the step's, and it
+    says the requeue in its log and in its `slurm_requeues` output (what `get` and the report show)."""
     out, every, steps = tmp_path / "train", 2, 12
-    task = submitter(slurm, "train-node-lost", tmp_path, train_argv(workdir, out, steps, **{"checkpoint-every": every}))
+    progress = tmp_path / "task-progress"
+    argv = train_argv(workdir, out, steps, **{"checkpoint-every": every})
+    task = submitter(slurm, "train-node-lost", tmp_path, argv, progress=progress)
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in task.stdout or []))
     reader.start()
@@ -186,6 +193,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint_on_the_r
         assert time.monotonic() < deadline and task.poll() is None, "".join(line for _, line in lines)
         time.sleep(0.05)
     lost_at = time.monotonic()
+    shown_before_loss = progress.read_text() if progress.exists() else ""
     subprocess.run([*SCRIPT, "lose", "slurm-node-2"], env=slurm.env, check=True, capture_output=True, timeout=60)
     done = checkpoints.committed(out / "checkpoints")[-1].step  # no rank commits without its peer on the lost node
     slurm.wait("train-node-lost", "PENDING", timeout_s=60)  # requeued, waiting for two nodes
@@ -204,7 +212,13 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint_on_the_r
     back_at = next(at for at, line in lines if "resumed from" in line)
     committed = checkpoints.committed(out / "checkpoints")
     assert committed[-1].step == steps and 0 < read_metrics(committed[-1].path)["loss"] < 20
+    # the step's progress was the task's before the loss and at the end (the live table's N/M)
+    assert re.fullmatch(rf"\d+/{steps}", shown_before_loss) and progress.read_text() == f"{steps}/{steps}"
+    requeued = (tmp_path / "task-outputs" / "slurm_requeues").read_text()
+    assert requeued.startswith(f"1 (Slurm job {job.job_id}: restart 1: ran on slurm-node-"), requeued
+    assert f"Slurm job {job.job_id} requeued (restart 1: " in log
     with capsys.disabled():
+        print(f"\nthe task's slurm_requeues output: {requeued}")
         print(
             f"\nSlurm node lost after checkpoint step {done}: the requeued job resumed from step {resumed[0]} "
             f"{back_at - lost_at:.0f} s after the loss (the requeue hold, the replacement's registration, the ranks' "
@@ -266,6 +280,17 @@ def test_a_step_refusing_its_input_fails_the_task_with_2_and_no_retry(slurm, wor
     log, _ = task.communicate(timeout=600)
     assert task.returncode == 2, log
     assert slurm.job("train-bad").state == "FAILED" and "not retried" in log
+
+
+def test_a_partition_slurm_does_not_have_is_bad_input_in_one_line_and_never_retried(slurm, workdir, tmp_path):
+    """The real slurmctld refuses the job (error 2000); the task ended 1 and Argo retried it to the same refusal."""
+    argv = train_argv(workdir, tmp_path / "train", 3)
+    task = submitter(slurm, "train-no-partition", tmp_path, argv, partition="no-such-partition")
+    log, _ = task.communicate(timeout=120)
+    assert task.returncode == 2 and len(log.strip().splitlines()) == 1, log
+    assert log.startswith("error: --partition=no-such-partition (cluster.slurm.partition): Slurm refused the job"), log
+    assert "Invalid partition name specified" in log and slurm.token_file.read_text() not in log
+    assert not [job for job in slurm.api.jobs() if job.name == "train-no-partition"]
 
 
 def test_an_unreachable_slurmrestd_or_a_rejected_token_is_one_line_naming_the_url(slurm, tmp_path):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +217,55 @@ def test_jobs_packed_on_one_node_meet_on_ports_of_their_own(tmp_path):
     assert first == ("10.0.0.7", "20041") and second == ("10.0.0.7", "20042")
     assert rendezvous(tmp_path, 123456)[1] == "23456"  # below Linux's ephemeral ports (32768 and up)
     assert rendezvous(tmp_path, 41, MASTER_PORT="29400")[1] == "29400"  # a port the user set is kept
+
+
+class ScriptedSlurm:
+    """One job's statuses, one per look, and the progress its step has written by then; what the task showed."""
+
+    def __init__(self, looks: list[tuple[JobStatus, str]], job_progress: Path, task_progress: Path) -> None:
+        self.looks = looks
+        self.job_progress, self.task_progress = job_progress, task_progress
+        self.shown: list[str] = []  # the task's progress file at each look: what it copied after the previous one
+
+    def status(self, job_id: int) -> JobStatus:
+        self.shown.append(self.task_progress.read_text() if self.task_progress.exists() else "")
+        status, done = self.looks.pop(0)
+        self.job_progress.write_text(done)
+        return status
+
+
+def look(state: str, restarts: int, reason: str = "", nodes: str = "") -> JobStatus:
+    return JobStatus(job_id=7, name="x", state=state, exit_code=0, restarts=restarts, reason=reason, nodes=nodes)
+
+
+def test_a_requeue_is_told_and_kept_as_an_output_and_the_steps_progress_is_the_tasks(tmp_path, monkeypatch, capsys):
+    """A node lost mid-training: Slurm requeued the job under its id and the step resumed. The task told it in its
+    log only (its outputs, `get` and the report showed a plain success) and showed no N/M of the step's."""
+    task_progress = tmp_path / "task-progress"
+    monkeypatch.setenv("ARGO_PROGRESS_FILE", str(task_progress))
+    job_progress = tmp_path / "work" / "progress"
+    job_progress.parent.mkdir()
+    # as Slurm 22.05 showed a job whose node went DOWN (measured): PENDING at once, its restart count raised
+    looks = [
+        (look("RUNNING", 0, "None", "slurm-node-[1-2]"), "3/12"),
+        (look("PENDING", 1, "BeginTime"), "4/12"),
+        (look("RUNNING", 1, "None", "slurm-node-[1,3]"), "9/12"),
+        (look("COMPLETED", 1, "None", "slurm-node-[1,3]"), "12/12"),
+    ]
+    slurm = ScriptedSlurm(looks, job_progress, task_progress)
+    followed = slurm_job.follow(slurm, 7, tmp_path / "slurm.out", 0.001, job_progress)  # type: ignore[arg-type]
+    assert slurm.shown == ["", "3/12", "4/12", "9/12"] and task_progress.read_text() == "12/12"
+    assert followed.requeues == ("restart 1: ran on slurm-node-[1-2]; reason BeginTime",)
+    told = capsys.readouterr().err
+    assert "Slurm job 7 requeued (restart 1: ran on slurm-node-[1-2]; reason BeginTime): the step resumes" in told
+
+    (tmp_path / "work" / "outputs").mkdir()
+    assert slurm_job.finish(args(tmp_path), followed.status, tmp_path / "work" / "outputs", followed.requeues) == 0
+    assert (tmp_path / "outputs" / slurm_job.REQUEUES_OUTPUT).read_text() == (
+        "1 (Slurm job 7: restart 1: ran on slurm-node-[1-2]; reason BeginTime; the step resumed from its checkpoint)"
+    )
+
+
+def test_the_job_writes_its_progress_where_the_task_reads_it(tmp_path):
+    spec = slurm_job.spec(args(tmp_path), ["eksflow.llm.steps.train"], tmp_path)
+    assert spec.environment["ARGO_PROGRESS_FILE"] == str(tmp_path / "work" / "progress")

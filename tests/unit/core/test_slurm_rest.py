@@ -187,3 +187,28 @@ def test_slurmrestd_echoing_the_token_in_pieces_shows_no_piece_of_it(tmp_path, s
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "JWT-SEC" not in err and "RET-123" not in err
     assert "bad token prefix ***... suffix ***" in err
+
+
+@pytest.mark.parametrize(
+    ("version", "flag", "error"),
+    [
+        # what Slurm 22.05's slurmrestd answered here for a partition it has not (measured)
+        ("v0.0.38", "partition", {"error_code": 2000, "error": "Invalid partition name specified"}),
+        ("v0.0.44", "partition", {"error_number": 2000, "error": "Invalid partition name specified", "source": "x"}),
+        ("v0.0.44", "qos", {"error_number": 2066, "error": "Invalid qos specification"}),
+    ],
+    ids=["partition-v0.0.38", "partition-v0.0.44", "qos-v0.0.44"],
+)
+def test_a_partition_or_qos_slurm_does_not_have_is_bad_input_in_one_line_naming_the_setting(
+    tmp_path, server, capsys, version, flag, error
+):
+    """It was exit 1, and retried to the same refusal; no job was made, none is left."""
+    refused = (500, "application/json", json.dumps({"errors": [error]}).encode())
+    server.script = lambda method, path: refused if method == "POST" else (200, "application/json", b'{"jobs": []}')
+    (tmp_path / "token").write_text(TOKEN)
+    argv = own_argv(tmp_path, url=server.url, api_version=version, **{flag: "nosuch"})
+    code = slurm_job.main([*argv, "--", "eksflow.llm.steps.train"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"error: --{flag}=nosuch (cluster.slurm.{flag}): Slurm refused"), err
+    assert error["error"] in err and "fix: " in err
