@@ -19,9 +19,11 @@ eksflow that changes a lock installs a new folder beside the old one, and an int
 removed and made again. Nothing in the cache is taken on its word (eksflow/llm/engine_trust.py): a link, a folder of
 another user's or one others may write is refused in one line, and before an engine runs its virtualenv is checked
 against its lock (its distributions, each file their RECORDs list, its program); one that differs is installed
-again. pip runs without compiling bytecode (`--no-compile`, half its time): the import check after the install
-compiles what the engine imports. pip and `python -m venv` run as children that die with the installer
-(engine_child.py), and an install fails early, in one line, where the cache's disk has no room for the engine.
+again. pip compiles the bytecode at install, as it does by default: an engine left to compile its modules as it
+imports them does so at every start where PYTHONDONTWRITEBYTECODE is set (this machine sets it: installed with
+`--no-compile`, vLLM took 73 s to start beside evaluate, bench/README.md "make run"). pip and `python -m venv` run
+as children that die with the installer (engine_child.py), and an install fails early, in one line, where the
+cache's disk has no room for the engine.
 $EKSFLOW_VLLM_PYTHON and $EKSFLOW_LITELLM name an engine installed elsewhere instead.
 """
 
@@ -241,7 +243,7 @@ def install(engine: Engine, say: Callable[[str], None] = print) -> str:
             _run(engine, [sys.executable, "-m", "venv", str(venv)], f"making the virtualenv of {engine.what}")
             python = str(venv / "bin" / "python")
             pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--no-deps", "--require-hashes"]
-            _pip(engine, [*pip, "--no-compile", "-r", str(engine.lock)], say)
+            _pip(engine, [*pip, "-r", str(engine.lock)], say)
             _run(engine, [python, "-c", engine.check], f"importing {engine.what} after its install", engine.check_env)
             took = time.monotonic() - started
             stamp = {"lock": engine.lock.name, "python": sys.version.split()[0], "seconds": round(took)}
