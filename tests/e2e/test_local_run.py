@@ -6,6 +6,7 @@ and the serving fleet: a real vLLM engine (the CPU build) and a real LiteLLM pro
 
 import io
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -112,11 +113,15 @@ def registered_versions(state_dir: Path) -> list:
     return client.search_model_versions("name = 'llama-lora'")
 
 
-def training_run(state_dir: Path, run_id: str):
+def training_client(state_dir: Path):
     from mlflow import MlflowClient
 
     db = state_dir / "volumes" / "fsx-claim" / "mlflow" / "mlflow.db"
-    return MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id)
+    return MlflowClient(tracking_uri=f"sqlite:///{db}")
+
+
+def training_run(state_dir: Path, run_id: str):
+    return training_client(state_dir).get_run(run_id)
 
 
 def start_run(*args: str, state_dir: Path, model_cache: Path) -> subprocess.Popen[str]:
@@ -157,13 +162,21 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
     run_dir = only_run(tmp_path)
     assert nodes(run_dir)["train"]["phase"] == "Failed"
     assert f"--resume {run_dir.name}" in interrupted
+    # Ctrl-C's promise kept: the workers (Ray's processes, which the stop no longer signals) committed, then went
+    interrupted_log = (run_dir / "logs" / "train.log").read_text()
+    stopped = re.search(r"rank 0: stop requested; checkpoint step (\d+) committed", interrupted_log)
+    assert stopped, interrupted_log[-3000:]
 
     result = pipeline("run", "--resume", run_dir.name, *steps, state_dir=tmp_path, model_cache=model_cache)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     status = nodes(run_dir)
     assert {name: node["phase"] for name, node in status.items()} == {name: "Succeeded" for name in FLAGSHIP_TASKS}
     train_log = (run_dir / "logs" / "train.log").read_text()
-    assert "resumed from step-" in train_log  # the retry continued from the checkpoint committed at Ctrl-C
+    # the retry continued from the checkpoint committed at Ctrl-C, and the loss curve has each step once
+    assert f"resumed from step-{int(stopped[1]):08d} (step {stopped[1]})" in train_log, train_log[-3000:]
+    run_id = outputs(status["train"])["mlflow_run_id"]
+    logged = [m.step for m in training_client(tmp_path).get_metric_history(run_id, "loss")]
+    assert logged and len(logged) == len(set(logged)), logged
     scores = outputs(status["evaluate"])
     metrics = json.loads(scores["metrics"])
     assert scores["passed"] == "true"
