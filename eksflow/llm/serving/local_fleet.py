@@ -216,25 +216,30 @@ class LocalFleet:
         if role == "vllm" and adopted_url():
             return ""  # it runs already: the fleet adopts it
         if role == "vllm" and nodes is None:
+            self._refuse_a_second_engine(where)  # at once, not after waiting for the machine's engine
             self._locks.engine(where, stop_reason)
         return engine_supply.program(role, stop_reason, where)
+
+    def _refuse_a_second_engine(self, where: str) -> None:
+        if any(p.role == "vllm" and p.alive() for p in self._processes.values()):
+            raise FleetError(
+                f"{where}: a second vLLM engine would run on this machine; two engines stall each other, so one "
+                "fleet (one base model) per local run: a base-model change rolls out on a cluster",
+                retriable=False,
+            )
 
     def _start(
         self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None, program: str
     ) -> _Process:
         container = fleet_pods.container(manifest, where)
         role = fleet_pods.role(container, where)
+        if role == "vllm":
+            self._refuse_a_second_engine(where)  # again under the fleet's lock: two tasks may apply engines at once
         gpus = fleet_pods.gpu_request(container)
         if gpus:
             raise FleetError(
                 f"{where}: the Deployment asks for {gpus} nvidia.com/gpu; the local fleet runs vLLM's CPU build "
                 "(eksflow.llm.engines): use serving.instance_type=m6i.4xlarge here, or submit to a cluster",
-                retriable=False,
-            )
-        if role == "vllm" and any(p.role == "vllm" and p.alive() for p in self._processes.values()):
-            raise FleetError(
-                f"{where}: a second vLLM engine would run on this machine; two engines stall each other, so one "
-                "fleet (one base model) per local run: a base-model change rolls out on a cluster",
                 retriable=False,
             )
         template = (manifest.get("spec") or {}).get("template") or {}

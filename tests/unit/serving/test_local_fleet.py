@@ -36,7 +36,8 @@ def fleet(tmp_path):
     # What a started proxy looks like to the fleet (no process: these tests only map addresses).
     labels = serving.proxy_deployment(cfg)["spec"]["template"]["metadata"]["labels"]
     fleet._processes["llama-lora-proxy"] = _Process("llama-lora-proxy", "litellm", None, 41234, labels, tmp_path)
-    return fleet
+    yield fleet
+    fleet.stop()  # lets go of its locks: one left held made the flagship's run, in another process, wait for ever
 
 
 @pytest.mark.parametrize(
