@@ -13,7 +13,8 @@ sends it clients) only once the routes file routes the public name to one of the
 (eksflow/llm/steps/common/litellm_routes.py), which this task does. Its slot is its `serving.slot` tag (blue for a
 version that has none). The state file records the champion this rollout compares against and, at promotion, moves
 `champion` from (RO4). A champion trained on another base model cannot share this fleet's engines: the rollout
-then goes ahead without a live champion (its recorded scores still gated `evaluate`).
+then goes ahead without a live champion (its recorded scores still gated `evaluate`), the state file still naming it
+as the champion the candidate replaces.
 
 Outputs (one file each under --outputs-dir):
     champion_version  the version serving as champion, empty when there is none (yet, or on this engine)
@@ -72,7 +73,9 @@ def run(args: Args) -> Outputs:
         name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
     except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline
         rollout.log(f"champion v{version} cannot be served on this fleet ({err}); rollout without a live champion")
-        rollout.write_state(args.state_file, RolloutState(stage=STEP, vllm_url=args.vllm_url, fleet=args.fleet))
+        # Still the champion the candidate is compared with and replaces (load-candidate, promote); no slot: not served.
+        state = RolloutState(champion_version=version, stage=STEP, vllm_url=args.vllm_url, fleet=args.fleet)
+        rollout.write_state(args.state_file, state)
         return Outputs(champion_version="", champion_slot="")
     rollout.routes(args).set_weights(
         litellm_proxy.weights_for(args.model_name, slot, litellm_proxy.other_slot(slot), 0.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eksflow.llm.steps import load_candidate, register, serve
+from eksflow.llm.steps import load_candidate, register, serve, serve_champion
 from eksflow.llm.steps.common import adapters, rollout, tracking, vllm_lora
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.runtime.args import StepInputError
@@ -238,3 +238,20 @@ def test_an_evaluation_that_had_no_champion_never_replaces_one(tmp_path, promote
     assert "the candidate was compared with no champion, `champion` is now v2" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "adapters").exists()
+
+
+def test_a_champion_this_fleet_cannot_serve_is_still_the_one_the_candidate_replaces(tmp_path, registry, capsys):
+    """v2 (trained on another base model) is champion: serve-champion serves none, and load-candidate must not read
+    that as a moved champion (it did: `compared with v2, champion is now v2` failed every such rollout)."""
+    shutil.copy(registry.removeprefix("sqlite:///"), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.promote(uri, "llama-lora", "2")
+    fleet_args = {k: v for k, v in (a[2:].split("=", 1) for a in load(tmp_path, uri, "3")) if k != "model-version"}
+    serve_args = serve_champion.Args.from_argv([f"--{k}={v}" for k, v in fleet_args.items() if k != "base-model"])
+    assert serve_champion.run(serve_args) == serve_champion.Outputs(champion_version="", champion_slot="")
+    state = rollout.read_state(tmp_path / "state.json")
+    assert (state.champion_version, state.champion_slot) == ("2", None)  # compared with and replaced, not served
+    capsys.readouterr()
+    assert load_candidate.main(load(tmp_path, uri, "3", evaluated_champion="2")) == 2
+    err = capsys.readouterr().err
+    assert "--model-version=3: llama-lora version 3 has no 'adapter' artifact" in err, err  # past the champion check
