@@ -49,6 +49,7 @@ class EngineError(EksflowError):
 class EngineCacheError(EngineError):
     """The engines' cache cannot be used as it is (its path, a link, another user's folder): the user must fix it."""
 
+    label = "engine cache error"
     exit_code = EXIT_BAD_INPUT
 
 

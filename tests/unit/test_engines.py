@@ -191,7 +191,7 @@ def test_an_unusable_cache_path_is_one_line_exit_2(
     for verb in ("where", "install"):
         assert engines.main([verb]) == 2
         err = capsys.readouterr().err
-        assert len(err.splitlines()) == 1 and re.match(rf"engine error: .*{refusal}", err), err
+        assert len(err.splitlines()) == 1 and re.match(rf"engine cache error: .*{refusal}", err), err
 
 
 def test_an_engine_larger_than_the_room_left_fails_before_anything_is_written(tmp_path: Path, cache: Path):

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from eksflow.errors import EXIT_FAILED
 from eksflow.llm.steps.common.kube_api import ApiAccess, KubeApiError, get_json
 from eksflow.runtime.rundir import MANIFEST_FILE, STATUS_FILE
 
@@ -30,6 +31,7 @@ class WorkflowUnavailableError(KubeApiError):
     """The Workflow could not be read (API down, no permission, no run folder); retryable, one line."""
 
     label = "workflow unavailable"
+    exit_code = EXIT_FAILED  # retried: the API or the run folder may be back
 
 
 def fetch_workflow(name: str, access: ApiAccess) -> Workflow:
