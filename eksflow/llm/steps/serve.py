@@ -87,8 +87,8 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
+    tracking.require_registry(args.tracking_uri)  # before the key file: a mistyped registry leaves nothing behind
     key = api_key(args.serve_dir)  # a key file that cannot be kept, or holds no key, fails before any download
-    tracking.require_registry(args.tracking_uri)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
     base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
