@@ -186,7 +186,7 @@ def test_train_outputs_reach_evaluate_on_the_cluster_variants():
     assert tasks["train"]["depends"] == "stage-data.Succeeded && validate-data.Succeeded"
     assert tasks["train"]["when"] == "{{tasks.stage-data.outputs.parameters.changed}} == true"
     assert tasks["train-outputs"]["depends"] == "stage-data.Succeeded && train.Succeeded"  # a skipped job skips it
-    assert tasks["evaluate"]["depends"] == "stage-data.Succeeded && train-outputs.Succeeded"
+    assert tasks["evaluate"]["depends"] == "stage-data.Succeeded && train-outputs.Succeeded && champion.Succeeded"
     evaluate_args = {p["name"]: p["value"] for p in tasks["evaluate"]["arguments"]["parameters"]}
     assert evaluate_args["adapter_dir"] == "{{tasks.train-outputs.outputs.parameters.adapter_dir}}"
     (collector,) = [t for t in workflow["spec"]["templates"] if t["name"] == "train-outputs"]

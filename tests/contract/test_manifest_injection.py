@@ -214,10 +214,13 @@ def test_a_step_refuses_a_newline_in_a_location_argument(tmp_path):
 
 
 def resource_template(obj: dict[str, Any]) -> dict[str, Any]:
-    """The resource template `resource()` renders for `obj`, a task's output wired in where a string names it."""
+    """The resource template `resource()` renders for `obj`, a task's output wired in where a string names it.
+
+    A custom resource's: its fields take any JSON value (a ConfigMap's data takes only text).
+    """
     with Pipeline(PipelineConfig(name="t"), title="test") as p:
         made = task(make, out_dir="/x")
-        resource("obj", {"apiVersion": "v1", "kind": "ConfigMap", **json_loads_with(obj, str(made.path))})
+        resource("obj", {"apiVersion": "example.com/v1", "kind": "Widget", **json_loads_with(obj, str(made.path))})
     return next(t for t in manifest(p)["spec"]["templates"] if t["name"] == "obj")
 
 
@@ -233,13 +236,13 @@ def json_loads_with(obj: Any, output: str) -> Any:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"a": {1, 2}}, "ConfigMap.data.a: a value of type set is no JSON value; give text, a number, a bool, null"),
-        ({"a": b"\x00\xff"}, "ConfigMap.data.a: a value of type bytes is no JSON value"),
-        ({"a": [1, frozenset()]}, "ConfigMap.data.a[1]: a value of type frozenset is no JSON value"),
-        ({"a": {"b": object()}}, "ConfigMap.data.a.b: a value of type object is no JSON value"),
-        ({"a": float("nan")}, "ConfigMap.data.a: nan is no JSON number"),
-        ({1: "x"}, "ConfigMap.data: the key 1 is int; a manifest's keys are text"),
-        ({"a": '{{=toJson({"b": sprig.env("HOME")})}}'}, "ConfigMap.data.a: '{{=toJson"),
+        ({"a": {1, 2}}, "Widget.data.a: a value of type set is no JSON value; give text, a number, a bool, null"),
+        ({"a": b"\x00\xff"}, "Widget.data.a: a value of type bytes is no JSON value"),
+        ({"a": [1, frozenset()]}, "Widget.data.a[1]: a value of type frozenset is no JSON value"),
+        ({"a": {"b": object()}}, "Widget.data.a.b: a value of type object is no JSON value"),
+        ({"a": float("nan")}, "Widget.data.a: nan is no JSON number"),
+        ({1: "x"}, "Widget.data: the key 1 is int; a manifest's keys are text"),
+        ({"a": '{{=toJson({"b": sprig.env("HOME")})}}'}, "Widget.data.a: '{{=toJson"),
     ],
     ids=["set", "bytes", "frozenset", "object", "nan", "int-key", "expression-with-braces"],
 )

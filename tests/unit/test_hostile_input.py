@@ -108,14 +108,16 @@ def test_a_workflow_too_big_for_the_api_server_is_refused_before_it_runs():
     from eksflow.errors import PipelineError
     from pipelines.llama_lora import LlamaLoraConfig, build
 
-    long_text = "x" * 60_000
+    long_texts = ("x" * 60_000, "http://example.com/" + "x" * 60_000)  # free text, or a URL's long path
     overrides: list[str] = []
     for key in text_keys(load_config(LlamaLoraConfig, None, [])):
-        try:
-            build(load_config(LlamaLoraConfig, None, [*overrides, f"{key}={long_text}"]))
-        except (ConfigError, PipelineError):
-            continue  # a field whose own rules (or its step's) refuse such text
-        overrides.append(f"{key}={long_text}")
+        for long_text in long_texts:
+            try:
+                build(load_config(LlamaLoraConfig, None, [*overrides, f"{key}={long_text}"]))
+            except (ConfigError, PipelineError):
+                continue  # a field whose own rules (or its step's) refuse such text
+            overrides.append(f"{key}={long_text}")
+            break
     pipeline = build(load_config(LlamaLoraConfig, None, overrides))
     assert len(overrides) >= 5
     with pytest.raises(ConfigError, match=r"^the workflow is [\d,]+ bytes, over the [\d,]+ the Kubernetes API server"):

@@ -42,7 +42,7 @@ def test_a_succeeded_local_run_has_every_task_with_its_phase_needs_and_step(tmp_
         ("exit", "report"): "Running",
     }
     tasks = {t.name: t for t in facts.tasks}
-    assert tasks["evaluate"].needs == ("stage-data", "train")
+    assert tasks["evaluate"].needs == ("stage-data", "train", "champion")  # judged against this run's champion
     assert tasks["register"].step == "eksflow.llm.steps.register" and tasks["report"].step == "eksflow.llm.steps.report"
     assert tasks["train"].duration_s(datetime.now(timezone.utc)) == 360.0
     assert facts.parameters["retrain"] == "always"
