@@ -87,8 +87,9 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Check the adapter, start the engine, answer until Ctrl-C (or fail with the engine's log if it dies)."""
-    tracking.require_registry(args.tracking_uri)  # before the key file: a mistyped registry leaves nothing behind
-    key = api_key(args.serve_dir)  # a key file that cannot be kept, or holds no key, fails before any download
+    kept = kept_key(args.serve_dir)  # a key file that holds no key, or cannot be kept, fails before anything is read
+    tracking.require_registry(args.tracking_uri)  # before a key file is made: a mistyped registry leaves nothing
+    key = kept or api_key(args.serve_dir)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
     base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
@@ -158,11 +159,11 @@ def api_key(serve_dir: Path) -> str:
     or anything but a file in its place (`key_path`), a file of another user's, one that is not a single key (one line
     of what a Bearer header carries), or a file that cannot be read or written, is bad input (exit 2).
     """
+    key = kept_key(serve_dir)
+    if key:
+        return key
     path = key_path(serve_dir)
     try:
-        key = _kept_key(path)
-        if key:
-            return key
         path.unlink(missing_ok=True)
         serve_dir.mkdir(parents=True, exist_ok=True)
         key = secrets.token_urlsafe(32)
@@ -170,10 +171,23 @@ def api_key(serve_dir: Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(key + "\n")
-    except (OSError, UnicodeDecodeError) as err:
-        why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
-        raise StepInputError(f"--serve-dir: cannot keep the API key in {path} ({why}); give a folder you own") from None
+    except OSError as err:
+        raise _unkeepable(path, err) from None
     return key
+
+
+def kept_key(serve_dir: Path) -> str:
+    """The key serve_dir/api-key keeps, "" when there is none to keep; what `api_key` refuses, refused (exit 2)."""
+    path = key_path(serve_dir)
+    try:
+        return _kept_key(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise _unkeepable(path, err) from None
+
+
+def _unkeepable(path: Path, err: OSError | UnicodeDecodeError) -> StepInputError:
+    why = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+    return StepInputError(f"--serve-dir: cannot keep the API key in {path} ({why}); give a folder you own")
 
 
 def _kept_key(path: Path) -> str:
