@@ -15,10 +15,11 @@ and of the registered models (the registry). requests only: `render` and `plan` 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from urllib.parse import urlsplit
+
+from eksflow.runtime.hosts import is_host
 
 FORMS = (
     "http(s)://host[:port][/path], sqlite:////absolute/path.db, file:///absolute/folder, postgresql://host/db, "
@@ -27,7 +28,6 @@ FORMS = (
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores
 DATABRICKS = ("databricks", "databricks-uc")
 SQLITE_FILE = re.compile(r"sqlite(\+\w+)?:///.+", re.IGNORECASE)
-DNS_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 PREFLIGHT_TIMEOUT_S = 5.0  # per request: a server that answers at all answers a search of one item in well under it
 QUESTIONS = (  # what the steps will ask (runs, then model versions): the REST API's GET forms, one item each
     ("an MLflow tracking server", "api/2.0/mlflow/experiments/search?max_results=1"),
@@ -51,7 +51,7 @@ def uri_problem(uri: str) -> str:
     scheme = parts.scheme.lower().split("+", 1)[0]
     if scheme in ("http", "https"):
         host = parts.hostname or ""
-        if not (_is_ip_address(host) or DNS_NAME.fullmatch(host)) or port == 0:
+        if not is_host(host) or port == 0:
             return f"names no server (host {host!r}); give http(s)://host[:port][/path]"
         return ""
     if scheme == "sqlite":  # sqlite:// alone is a database in memory, gone with the step that opened it
@@ -120,11 +120,3 @@ def _reason(err: BaseException) -> str:
         pending += [*current.args, getattr(current, "reason", None), current.__cause__, current.__context__]
     found = re.search(r"\[Errno -?\d+\] ([^'\"()]+)", str(err))
     return found.group(1).strip().lower() if found else (str(innermost) or type(innermost).__name__)[:120]
-
-
-def _is_ip_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True

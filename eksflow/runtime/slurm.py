@@ -27,9 +27,7 @@ The settings that name a slurmrestd and a job's time limit are typed here (Slurm
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
@@ -41,6 +39,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, StrictInt
 
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED, EksflowError
+from eksflow.runtime.hosts import is_host
 from eksflow.runtime.shown import shown
 
 API_VERSIONS = ("v0.0.38", "v0.0.44")
@@ -60,7 +59,6 @@ REFUSED_SETTINGS = {
     2051: "time_limit_min",  # ESLURM_INVALID_TIME_LIMIT
     2066: "qos",  # ESLURM_INVALID_QOS
 }
-_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 class SlurmError(EksflowError):
@@ -110,7 +108,7 @@ def slurmrestd_url(url: str) -> str:
     if port == 0 or (port is None and parts.netloc.endswith(":")):
         raise ValueError(f"the port must be 1-65535; {example}")
     host = parts.hostname or ""
-    if not (_is_ip_address(host) or _is_dns_name(host)):
+    if not is_host(host):
         raise ValueError(f"host {host!r} is neither a DNS name nor an IP address; {example}")
     return url
 
@@ -388,17 +386,3 @@ def _errors(body: Mapping[str, Any]) -> str:
     """The `errors` list of a slurmrestd answer as one line ("" when there is none)."""
     found = [e for e in body.get("errors") or [] if isinstance(e, Mapping)]
     return "; ".join(str(e.get("description") or e.get("error") or e) for e in found)
-
-
-def _is_ip_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_dns_name(host: str) -> bool:
-    """RFC 1123 labels, 253 characters at most; an all-digit last label would be a malformed IPv4 address."""
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
