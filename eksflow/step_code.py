@@ -94,9 +94,17 @@ class ProjectModules:
             for _ in range(len(parts) - (1 if is_package else 2)):
                 root = root.parent
             self.roots[parts[0]] = root.resolve()
+        # For one step's walk, whose modules are asked for again and again: where each is, and a package's _PUBLIC.
+        self._files: dict[str, Path | None] = {}
+        self._lazy: dict[str, dict[str, str]] = {}
 
     def file_of(self, name: str) -> Path | None:
         """The source file of module `name` when it is the project's, else None."""
+        if name not in self._files:
+            self._files[name] = self._find(name)
+        return self._files[name]
+
+    def _find(self, name: str) -> Path | None:
         top, *rest = name.split(".")
         root = self.roots.get(top)
         if root is None:
@@ -124,9 +132,10 @@ class ProjectModules:
         """What `from package import name` runs: the submodule `name`, or the module `package` loads it from."""
         if self.file_of(f"{package}.{name}") is not None:
             return f"{package}.{name}"
-        path = self.file_of(package)
-        lazy = dict(read(path.read_text(encoding="utf-8")).lazy_names) if path is not None else {}
-        return lazy.get(name, package)
+        if package not in self._lazy:
+            path = self.file_of(package)
+            self._lazy[package] = dict(read(path.read_text(encoding="utf-8")).lazy_names) if path is not None else {}
+        return self._lazy[package].get(name, package)
 
 
 def lazy_map(node: ast.stmt) -> dict[str, str]:
@@ -158,8 +167,14 @@ def absolute(package: str, level: int, module: str | None) -> str:
 
 
 def run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of `tree` except the bodies of `if TYPE_CHECKING:` (imports for annotations, never run)."""
+    """Every statement of `tree` except the bodies of `if TYPE_CHECKING:` (imports for annotations, never run).
+
+    Statements only (and the except and case clauses holding them): an import is a statement, so the expressions,
+    most of a tree's nodes, are never visited.
+    """
     for child in ast.iter_child_nodes(tree):
+        if not isinstance(child, _HOLDS_STATEMENTS):
+            continue
         if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
             for inner in child.orelse:
                 yield inner
@@ -167,3 +182,6 @@ def run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
             continue
         yield child
         yield from run_time_nodes(child)
+
+
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
