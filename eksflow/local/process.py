@@ -133,7 +133,11 @@ class Watchdog:
         return self._proc.pid
 
     def tell(self, note: str) -> None:
-        """A task process started or ended (ProcessTracker's notes): the watchdog follows the live ones."""
+        """Tell the watchdog a note: a task process that started or ended, or the run's pod network.
+
+        ProcessTracker's `+pid start` and `-pid` notes keep its list of live task processes; `net <folder>` names the
+        pod network it removes if the executor dies.
+        """
         if self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 os.write(self._proc.stdin.fileno(), note.encode())
