@@ -192,6 +192,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
         "phase": "Healthy",
         "reason": "promoted",
         "champion_serving": "",
+        "candidate_left_on": "",  # promoted: every replica serves it as the champion now
     }
     # The pre-traffic analysis asks the candidate the 16 probe rows at weight 0. No champion: every step gives the
     # candidate all traffic, so the 100 % step is the one live analysis, sized to see a 0.25 leak at z = 4 (34
