@@ -78,3 +78,11 @@ def test_bad_retrain_value_is_refused_with_the_choices(tmp_path):
     assert (
         champion.main([f"--outputs-dir={tmp_path}", "--retrain=sometimes", "--model-name=m", "--tracking-uri=x"]) == 2
     )
+
+
+def test_a_registry_not_made_yet_has_no_champion_and_is_not_made(tmp_path, capsys):
+    """A first run's sqlite registry does not exist yet: no champion, and no empty database made to say so."""
+    db = tmp_path / "mlflow" / "mlflow.db"
+    assert champion.run(champion_args(tmp_path, f"sqlite:///{db}")) == champion.Outputs(version="", dataset_digest="")
+    assert "has no champion yet (no registry at" in capsys.readouterr().err
+    assert not db.parent.exists()
