@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -144,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.baseline:
             parser.error("ab needs --baseline REF")
         trees = [worktree(args.baseline), ROOT]
-    results = [run_demo(tree, args.models, extra) for tree in trees]
+    try:
+        results = [run_demo(tree, args.models, extra) for tree in trees]
+    finally:
+        for tree in trees[:-1]:  # the baseline's worktree: it stayed registered in this checkout and on disk
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+            shutil.rmtree(tree.parent, ignore_errors=True)
     print(table(results))
     print(f"load average after: {os.getloadavg()}")
     if args.json:
