@@ -17,7 +17,9 @@ from pathlib import Path
 SERVICE = "llama-lora-vllm-0a1b2c3d"  # the fleet's Service, as prepare-fleet names it
 
 
-def _server(handle: Callable[[BaseHTTPRequestHandler, str, dict], tuple[int, dict, dict[str, str]]]) -> tuple:
+def json_server(handle: Callable[[BaseHTTPRequestHandler, str, dict], tuple[int, dict, dict[str, str]]]) -> tuple:
+    """A real HTTP server on 127.0.0.1 answering with `handle`'s (status, JSON body, headers); and its URL."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self._reply(*handle(self, "GET", {}))
@@ -51,7 +53,7 @@ class Replica:
         self.answer = answer
         self.loaded: dict[str, str] = {name: str(adapters_dir / name) for name in loaded}
         self.finished = 0.0
-        self.server, self.url = _server(self._handle)
+        self.server, self.url = json_server(self._handle)
 
     def _handle(self, _: BaseHTTPRequestHandler, method: str, body: dict) -> tuple[int, dict | str, dict[str, str]]:
         path = _.path
@@ -91,7 +93,7 @@ class Proxy:
         self.lock = threading.Lock()
         self.slots = (candidate, champion)
         self.during = during
-        self.server, self.url = _server(self._handle)
+        self.server, self.url = json_server(self._handle)
 
     def _handle(self, _: BaseHTTPRequestHandler, method: str, body: dict) -> tuple[int, dict | str, dict[str, str]]:
         if _.path != "/v1/chat/completions":

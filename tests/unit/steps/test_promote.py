@@ -1,14 +1,14 @@
 """`champion` moves only by compare-and-set (RO4); `rollback` puts `previous` back. Real sqlite registry."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from eksflow.llm.steps import promote, rollback
 from eksflow.llm.steps.common import litellm_proxy, rollout, tracking
 from eksflow.runtime.args import StepFailedError
+from tests.unit.steps.fake_fleet import json_server
 
 MODEL = "llama-lora"
 
@@ -75,37 +75,18 @@ class Server:
 
     def __init__(self, header: dict[str, str]) -> None:
         self.prompts: list[str] = []
-        server = self
+        self.header = header
+        self.server, self.url = json_server(self._handle)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                cards = [{"id": "base", "root": "/models/base"}, {"id": ADAPTER, "parent": "base", "root": "/a"}]
-                self._answer({"data": cards} if self.path == "/v1/models" else {})
-
-            def do_POST(self) -> None:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if self.path != "/v1/chat/completions":
-                    self._answer({})
-                    return
-                prompt = request["messages"][-1]["content"]
-                server.prompts.append(prompt)
-                self._answer({"choices": [{"message": {"role": "assistant", "content": f"to {prompt}"}}]})
-
-            def _answer(self, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                for name, value in {"Content-Type": "application/json", **header}.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                """Quiet."""
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _handle(self, request: BaseHTTPRequestHandler, method: str, body: dict) -> tuple[int, dict, dict[str, str]]:
+        if method == "GET":
+            cards = [{"id": "base", "root": "/models/base"}, {"id": ADAPTER, "parent": "base", "root": "/a"}]
+            return 200, {"data": cards} if request.path == "/v1/models" else {}, self.header
+        if request.path != "/v1/chat/completions":
+            return 200, {}, self.header
+        prompt = body["messages"][-1]["content"]
+        self.prompts.append(prompt)
+        return 200, {"choices": [{"message": {"role": "assistant", "content": f"to {prompt}"}}]}, self.header
 
 
 ADAPTER = "llama-lora-v2-bbbbbbbb"
