@@ -55,13 +55,12 @@ def run(args: Args) -> Outputs:
         print("no tracking URI: no registry, so no champion to judge against", file=sys.stderr)
         return Outputs(version="", dataset_digest="")
     db = tracking.sqlite_path(args.tracking_uri)
-    if db is not None and not db.exists():  # nothing registered yet; opening it would make (migrate) it, ~3 s
-        print(f"{args.model_name} has no champion yet (no registry at {db} yet): training runs, judged by the "
-              "thresholds alone", file=sys.stderr)  # fmt: skip
-        return Outputs(version="", dataset_digest="")
-    champion = tracking.alias_version(args.tracking_uri, args.model_name, tracking.CHAMPION)
+    unmade = db is not None and not db.exists()  # nothing registered yet; opening it would make (migrate) it, ~3 s
+    champion = None if unmade else tracking.alias_version(args.tracking_uri, args.model_name, tracking.CHAMPION)
     if champion is None:
-        print(f"{args.model_name} has no champion yet: training runs, judged by the thresholds alone", file=sys.stderr)
+        why = f" (no registry at {db} yet)" if unmade else ""
+        print(f"{args.model_name} has no champion yet{why}: training runs, judged by the thresholds alone",
+              file=sys.stderr)  # fmt: skip
         return Outputs(version="", dataset_digest="")
     version = str(champion.version)
     if args.retrain == "always":
