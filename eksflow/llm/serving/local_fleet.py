@@ -41,7 +41,8 @@ error line.
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
 succeeded, failed or interrupted. A resumed run applies the fleet's objects again, with every task after them
-(services.restarted). Which process a Deployment's pod is, and its readiness probes: fleet_pods.py.
+(services.restarted). Which process a Deployment's pod is, and its readiness probes: fleet_pods.py and
+fleet_process.py.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +68,11 @@ from eksflow.llm.serving.fleet_inputs import ContainerInputs
 from eksflow.llm.serving.fleet_locks import FleetLocks
 from eksflow.llm.serving.fleet_nodes import Replicas
 from eksflow.llm.serving.fleet_pods import FleetError
+from eksflow.llm.serving.fleet_process import FleetProcess, wait_ready
 from eksflow.llm.serving.objects import MODEL_LABEL
 from eksflow.llm.steps.common import vllm_process
 from eksflow.llm.steps.common.litellm_proxy import VLLM_KEY_ENV
-from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV, unrouted
+from eksflow.llm.steps.common.litellm_routes import ROUTES_FILE_ENV, UPSTREAMS_ENV
 from eksflow.llm.steps.common.vllm import ENGINE_MODULE as VLLM_MODULE
 from eksflow.local import (
     NodesContext,
@@ -103,29 +104,6 @@ def check(manifest: Mapping[str, Any], where: str) -> None:
 
 
 @dataclass
-class _Process:
-    name: str
-    role: str  # vllm | litellm
-    popen: subprocess.Popen[bytes] | None  # None: an engine this fleet adopted ($EKSFLOW_VLLM_URL), not its own
-    port: int
-    labels: dict[str, str]
-    log: Path
-    model: str = ""  # vLLM: the served base model name, asked by the readiness check; LiteLLM: the public name
-    api_key: str = ""  # vLLM: its VLLM_API_KEY
-    wanted: str = ""  # an adopted engine: the base model folder it must serve
-    routes: tuple[str, str] = ("", "")  # LiteLLM: its routes file and the engines it may route to (its env)
-    scratch: str = ""  # vLLM: its temporary folder (vllm_process.scratch_folder), removed once it stopped
-    replicas: Replicas | None = None  # with simulated nodes: its pods (fleet_nodes.py), and no popen
-    log_start: int = 0  # the size of its log when it started: what it wrote comes after
-
-    def alive(self) -> bool:
-        """Still running (an adopted engine counts as running: its owner stops it)."""
-        if self.replicas is not None:
-            return self.replicas.alive()
-        return self.popen is None or self.popen.poll() is None
-
-
-@dataclass
 class LocalFleet:
     """The serving objects of one run, as local processes and addresses."""
 
@@ -133,7 +111,7 @@ class LocalFleet:
     run_dir: Path
     cwd: Path
     tracker: ProcessTracker | None = None  # the run's watchdog learns of each process (stopped if the executor dies)
-    _processes: dict[str, _Process] = field(default_factory=dict)
+    _processes: dict[str, FleetProcess] = field(default_factory=dict)
     # name -> (port, selector, port name)
     _services: dict[str, tuple[int, dict[str, str], str]] = field(default_factory=dict)
     _service_proxies: dict[str, ServiceProxy] = field(default_factory=dict)  # with simulated nodes: name -> address
@@ -201,7 +179,7 @@ class LocalFleet:
             if name in self._processes and self._processes[name].alive():
                 return f"Deployment {name} is already running here: unchanged"
             process = self._start(manifest, name, where, nodes, program)
-        note = self._wait_ready(process, stop_reason, where)
+        note = wait_ready(process, stop_reason, where, self.run_dir)
         self._refresh_endpoints()  # ready: its Services list it (on simulated nodes each pod's readiness did already)
         return note
 
@@ -230,7 +208,7 @@ class LocalFleet:
 
     def _start(
         self, manifest: Mapping[str, Any], name: str, where: str, nodes: NodesContext | None, program: str
-    ) -> _Process:
+    ) -> FleetProcess:
         container = fleet_pods.container(manifest, where)
         role = fleet_pods.role(container, where)
         if role == "vllm":
@@ -288,7 +266,7 @@ class LocalFleet:
             model = labels.get(MODEL_LABEL, "")
             _remove_leftover(Path(env.get(ROUTES_FILE_ENV, "")))
         full_env = {**os.environ, **env, "HF_HUB_OFFLINE": "1"}
-        process = _Process(name, role, None, port, labels, log, model, env.get("VLLM_API_KEY", ""))
+        process = FleetProcess(name, role, None, port, labels, log, model, env.get("VLLM_API_KEY", ""))
         process.routes = (env.get(ROUTES_FILE_ENV, ""), env.get(UPSTREAMS_ENV, ""))
         process.scratch = scratch
         self._processes[name] = process
@@ -326,43 +304,12 @@ class LocalFleet:
     def _end(self, popen: subprocess.Popen[bytes]) -> None:
         fleet_pods.end(popen, self.tracker, _GRACE_S)
 
-    def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> _Process:
-        """The engine at $EKSFLOW_VLLM_URL (checked once it answers: `_wait_ready`)."""
+    def _adopt(self, name: str, labels: dict[str, str], args: Sequence[str], log: Path) -> FleetProcess:
+        """The engine at $EKSFLOW_VLLM_URL (checked once it answers: fleet_process.wait_ready)."""
         wanted = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), "")
-        return _Process(name, "vllm", None, self.engine_port(), labels, log, "", adopted_engine.adopted_key(), wanted)
-
-    def _wait_ready(self, process: _Process, stop_reason: Callable[[], str], where: str) -> str:
-        """Poll like the pod's readiness probe: a real generation (vLLM) or /health/liveliness (proxy)."""
-        if (replicas := process.replicas) is not None:
-            took = replicas.wait_available(stop_reason, where, lambda pod: process.log.with_name(f"fleet-{pod}.log"))
-            state = f"started; {_routed(process)}" if process.role == "litellm" else "ready"
-            pods = ", ".join(f"{p.pod.name} on {p.pod.node} ({replicas.url(p)})" for p in replicas.pods())
-            return f"{process.role} {process.name}: {replicas.count} pod(s) {state} after {took:.0f} s: {pods}"
-        base = f"http://127.0.0.1:{process.port}"
-        started = time.monotonic()
-        while not stop_reason():
-            if not process.alive():
-                code = process.popen.returncode if process.popen else None
-                said = fleet_pods.error_line(fleet_pods.log_since(process.log, process.log_start)) or "(no output)"
-                raise FleetError(
-                    f"{process.name} exited with code {code} before it was ready: {said}; log {process.log}"
-                )
-            if process.role == "vllm" and not process.model:  # adopted: which model does it serve?
-                process.model = adopted_engine.served_model(base, process.api_key, process.wanted, where)
-                ready = False
-            else:
-                ready = fleet_pods.ready(process.role, base, process.model, process.api_key)
-            if ready:
-                owner = f"pid {process.popen.pid}" if process.popen else f"adopted from ${ADOPT_ENV}"
-                # The proxy's task waits for it to start, not for its readiness: that needs routes, which the
-                # rollout's steps write only after this task (objects.proxy_deployment).
-                state = f"started; {_routed(process)}" if process.role == "litellm" else "ready"
-                return (
-                    f"{process.role} {process.name} on 127.0.0.1:{process.port} ({owner}) {state} after "
-                    f"{time.monotonic() - started:.0f} s; log: {process.log.relative_to(self.run_dir)}"
-                )
-            time.sleep(1.0)
-        raise FleetError(f"{where}: {stop_reason()} while {process.name} was starting")
+        return FleetProcess(
+            name, "vllm", None, self.engine_port(), labels, log, "", adopted_engine.adopted_key(), wanted
+        )
 
     # -- what steps see ------------------------------------------------------------------------------------
 
@@ -463,7 +410,7 @@ def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def _endpoints(process: _Process) -> list[Endpoint]:
+def _endpoints(process: FleetProcess) -> list[Endpoint]:
     """A Deployment's pods as endpoints: each replica on the simulated nodes, else its one process on this machine."""
     if process.replicas is not None:
         return process.replicas.endpoints()
@@ -474,14 +421,6 @@ def _remove_leftover(routes_file: Path) -> None:
     """Remove the routes file an earlier run's proxy routed by (a folder in its place is the hook's to report)."""
     if routes_file.name and (routes_file.is_symlink() or routes_file.is_file()):
         routes_file.unlink()
-
-
-def _routed(proxy: _Process) -> str:
-    """Whether the proxy is ready: its readiness probe's verdict on its routes (steps/common/litellm_routes.py)."""
-    why, _ = unrouted(proxy.model, *proxy.routes)
-    if not why:
-        return f"ready: it routes {proxy.model!r} to this run's engine"
-    return f"not ready, and it refuses {proxy.model!r} (503) until the run routes it to its engine ({why})"
 
 
 register_run_service(FLEET_KINDS, LocalFleet, check, engine_supply.prepare)

@@ -10,7 +10,8 @@ import yaml
 
 from eksflow.llm.serving import adopted_engine, fleet_pods, policies
 from eksflow.llm.serving import objects as serving
-from eksflow.llm.serving.local_fleet import FleetError, LocalFleet, _Process  # registers the fleet's kinds
+from eksflow.llm.serving.fleet_process import FleetProcess
+from eksflow.llm.serving.local_fleet import FleetError, LocalFleet  # registers the fleet's kinds
 from eksflow.local import resources
 from tests.flagship import config
 
@@ -35,7 +36,7 @@ def fleet(tmp_path):
             fleet.apply(obj, obj["kind"], running)
     # What a started proxy looks like to the fleet (no process: these tests only map addresses).
     labels = serving.proxy_deployment(cfg)["spec"]["template"]["metadata"]["labels"]
-    fleet._processes["llama-lora-proxy"] = _Process("llama-lora-proxy", "litellm", None, 41234, labels, tmp_path)
+    fleet._processes["llama-lora-proxy"] = FleetProcess("llama-lora-proxy", "litellm", None, 41234, labels, tmp_path)
     yield fleet
     fleet.stop()  # lets go of its locks: one left held made the flagship's run, in another process, wait for ever
 
@@ -84,7 +85,7 @@ def test_a_gpu_deployment_is_refused_here_with_the_way_out(fleet):
 
 
 def test_a_second_engine_in_one_run_is_refused(fleet, tmp_path):
-    fleet._processes["engine-a"] = _Process("engine-a", "vllm", None, 1, {}, tmp_path)
+    fleet._processes["engine-a"] = FleetProcess("engine-a", "vllm", None, 1, {}, tmp_path)
     deployment = serving.vllm_deployment(load_config(), "engine-b", "/fsx/models/m")
     with pytest.raises(FleetError, match="two engines stall each other"):
         fleet.apply(deployment, "vllm", running)
