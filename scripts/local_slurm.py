@@ -55,7 +55,7 @@ from eksflow.local.pod_network import (
     remove_network,
     unavailable,
 )
-from eksflow.local.watchdog import kill_netns, start_time
+from eksflow.local.watchdog import kill_netns, started_at
 
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "munge", "slurm-client")
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "sinfo")
@@ -239,20 +239,10 @@ def daemon_pid(pid_file: Path) -> int | None:
     except (OSError, ValueError):
         return None
     commands = [argv[0], *(argv[i + 1] for i, word in enumerate(argv[:-1]) if word == b"--")]
-    started = process_started(pid)
+    started = started_at(pid)
     if not name or name.encode() not in {os.path.basename(c) for c in commands} or started is None:
         return None
     return pid if started <= facts.st_mtime + _CLOCK_SLACK_S else None
-
-
-def process_started(pid: int) -> float | None:
-    """When process `pid` started, in seconds since the epoch (/proc/PID/stat's start time after /proc/stat's btime)."""
-    ticks = start_time(pid)
-    if not ticks:
-        return None
-    with open("/proc/stat", encoding="ascii") as boot:
-        booted = next(int(line.split()[1]) for line in boot if line.startswith("btime "))
-    return booted + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def running(pid_file: Path) -> bool:

@@ -73,6 +73,16 @@ def start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
 
 
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (/proc/PID/stat's start time after /proc/stat's btime)."""
+    ticks = start_time(pid)
+    if not ticks:
+        return None
+    with open("/proc/stat", encoding="ascii") as boot:
+        booted = next(int(line.split()[1]) for line in boot if line.startswith("btime "))
+    return booted + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def alive(pid: int, started: str | None) -> bool:
     """Whether the process `pid` that started at `started` still runs (a zombie does not)."""
     now = start_time(pid)
