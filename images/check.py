@@ -109,6 +109,12 @@ def pod_command(workflow: dict[str, Any], template: str, values: dict[str, str])
     return argv, container_env(container)
 
 
+def evaluate_inputs(tiny: str) -> dict[str, str]:
+    """The evaluate template's values in a check: the tiny model and adapter at `tiny`, and no champion yet."""
+    return {"inputs.parameters.adapter_dir": f"{tiny}/adapter", "inputs.parameters.mlflow_run_id": "",
+            "inputs.parameters.champion_version": "", "workflow.parameters.base_model": f"{tiny}/model"}  # fmt: skip
+
+
 def container_env(container: dict[str, Any]) -> dict[str, str]:
     """A container's literal env (values from Secrets are left out: no check reads them)."""
     return {item["name"]: str(item["value"]) for item in container.get("env", []) if "value" in item}
@@ -206,8 +212,7 @@ def check_steps(image: str, fsx: Path) -> list[Result]:
             demo = f"{flag(argv, '--model-cache-dir')}/{flag(argv, '--base-model')}"  # converted there by validate_data
             made = checker.run(container, "a tiny model and adapter", ["python", "/checks/tiny_model.py", demo, tiny],
                                user, env)  # fmt: skip
-            inputs |= {"inputs.parameters.adapter_dir": f"{tiny}/adapter", "inputs.parameters.mlflow_run_id": "",
-                       "workflow.parameters.base_model": f"{tiny}/model"}  # fmt: skip
+            inputs |= evaluate_inputs(tiny)
             argv, env = pod_command(flagship, "evaluate", inputs)
             if made:
                 checker.run(container, "evaluate on the tiny model", argv, user, env, lambda: evaluated(checker))
@@ -247,7 +252,7 @@ def check_project(steps_image: str, fsx: Path) -> list[Result]:
         if not fsx_path(fsx, f"{tiny}/adapter").is_dir():
             checker.record("evaluate with the project's metric", "no tiny model: the steps image's check makes it")
             return checker.results
-        values |= {"inputs.parameters.adapter_dir": f"{tiny}/adapter", "inputs.parameters.mlflow_run_id": ""}
+        values |= evaluate_inputs(tiny)
         argv, env = pod_command(project, "evaluate", values)
         checker.run(container, "evaluate with the project's metric", argv, user, env,
                     lambda: evaluated(checker, "steps.sql_metrics:same_rows"))  # fmt: skip

@@ -14,6 +14,7 @@ from images.buildah import Build, ImagesError, without_trailer
 from images.check import (
     FSX,
     container_of,
+    evaluate_inputs,
     history_problem,
     pod_command,
     step_modules,
@@ -128,6 +129,15 @@ def test_checks_run_the_flagships_validate_data_with_its_pods_args():
     assert f"--dataset-dir={FSX}/check/data" in argv and "--report-dir=/fsx/runs/check-images/reports" in argv
     assert not any("{{" in part for part in argv)
     assert env["EKSFLOW_IMAGE"] == container_of(flagship, "validate-data")["image"]
+
+
+def test_checks_fill_every_value_of_the_flagships_evaluate():
+    flagship = workflow_template("llama-lora")
+    inputs = {"inputs.parameters.dataset_dir": f"{FSX}/check/data", **evaluate_inputs(f"{FSX}/check/tiny")}
+    argv, _ = pod_command(flagship, "evaluate", inputs)
+    assert argv[:3] == ["python", "-m", "eksflow.llm.steps.evaluate"]
+    assert f"--adapter-dir={FSX}/check/tiny/adapter" in argv and "--champion-version=" in argv
+    assert not any("{{" in part for part in argv)
 
 
 def test_every_step_a_rendered_template_runs_is_among_those_checked():
