@@ -53,7 +53,7 @@ _PUBLIC = {
     "config_hash": "eksflow.config",
     "name_field": "eksflow.config",
     "image_field": "eksflow.config",
-    "ClusterSettings": "eksflow.config",
+    "ClusterSettings": "eksflow.cluster",
     "Resources": "hera.workflows",
     "Settings": "eksflow.runtime.args",
     "StepArgs": "eksflow.runtime.args",
@@ -100,7 +100,8 @@ if TYPE_CHECKING:
     from hera.workflows import Resources
 
     from eksflow.cli import main
-    from eksflow.config import ClusterSettings, PipelineConfig, config_hash, image_field, name_field
+    from eksflow.cluster import ClusterSettings
+    from eksflow.config import PipelineConfig, config_hash, image_field, name_field
     from eksflow.errors import ConfigError, PipelineError
     from eksflow.launchers import distributed
     from eksflow.pipeline import Pipeline

@@ -24,7 +24,8 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from eksflow.config import PipelineConfig, cluster_of, config_type, load_config
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig, config_type, load_config
 from eksflow.errors import ConfigError, EksflowError, PipelineError
 from eksflow.pipeline import Pipeline
 from eksflow.profiles import PROFILES, VARIANT_DEFAULTS

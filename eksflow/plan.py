@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import ConfigError
 from eksflow.launchers import Job
 from eksflow.launchers.base import refusal, worker_layout

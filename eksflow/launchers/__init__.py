@@ -25,7 +25,8 @@ from types import ModuleType
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import ConfigError, PipelineError
 
 # Importing a launcher's module registers it.

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
-from eksflow.config import LAUNCHERS, ClusterSettings, PipelineConfig, cluster_of
+from eksflow.cluster import LAUNCHERS, ClusterSettings, cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
 from eksflow.profiles import Profile
 from eksflow.refs import Ref, TaskRef, When

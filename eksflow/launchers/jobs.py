@@ -16,7 +16,8 @@ from hera.workflows import Container, Parameter, RetryStrategy
 from hera.workflows import models as m
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.launchers.base import Job, JobRequest, Launcher, attempt_deadline_s
 from eksflow.names import pipeline_labels
 from eksflow.pipeline import Pipeline

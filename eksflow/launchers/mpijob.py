@@ -35,7 +35,8 @@ from dataclasses import replace
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
 from eksflow.launchers.base import (
     Job,

@@ -13,7 +13,8 @@ import shlex
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.launchers.base import Job, JobRequest, attempt_deadline_s, one_worker_per_node, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec, podgroup_name
 from eksflow.names import pipeline_labels

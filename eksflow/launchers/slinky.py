@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.names import pipeline_labels
 
 API_VERSION = "slinky.slurm.net/v1beta1"

@@ -27,7 +27,8 @@ from hera.workflows import Container, Env, Parameter, SecretVolume
 from hera.workflows import models as m
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
 from eksflow.launchers.base import (
     Job,

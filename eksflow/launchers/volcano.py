@@ -10,7 +10,8 @@ import importlib.util
 from typing import Any
 
 from eksflow import profiles
-from eksflow.config import PipelineConfig, cluster_of
+from eksflow.cluster import cluster_of
+from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
 from eksflow.launchers.base import Job, JobRequest, register
 from eksflow.launchers.jobs import JobLauncher, job_name, pod_metadata, pod_spec

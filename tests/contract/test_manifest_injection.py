@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from eksflow import Pipeline, PipelineConfig, PipelineError, task
-from eksflow.config import LAUNCHERS as REGISTERED_LAUNCHERS
-from eksflow.config import ClusterSettings, config_type, load_config
+from eksflow.cluster import LAUNCHERS as REGISTERED_LAUNCHERS
+from eksflow.cluster import ClusterSettings
+from eksflow.config import config_type, load_config
 from eksflow.llm.serving.rollout import rollout_pipeline
 from eksflow.local.substitution import Scope
 from eksflow.manifests import REFERENCE, SAFE_REFERENCES, manifest_text

@@ -15,16 +15,8 @@ import yaml
 from pydantic import BaseModel, Field
 
 from eksflow.cli import apply_variant
-from eksflow.config import (
-    ClusterSettings,
-    PipelineConfig,
-    RetrySettings,
-    SlurmSettings,
-    StorageSettings,
-    config_hash,
-    load_config,
-    name_field,
-)
+from eksflow.cluster import ClusterSettings, SlurmSettings
+from eksflow.config import PipelineConfig, RetrySettings, StorageSettings, config_hash, load_config, name_field
 from eksflow.config_docs import effective_yaml, rows
 from eksflow.errors import ConfigError
 from eksflow.llm.pipeline import LlmPipelineConfig, MlflowSettings

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from eksflow import plan
-from eksflow.config import LAUNCHERS, config_type, load_config
+from eksflow.cluster import LAUNCHERS
+from eksflow.config import config_type, load_config
 from eksflow.errors import ConfigError
 from eksflow.render import manifest
 

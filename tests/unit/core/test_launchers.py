@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
-from eksflow.config import LAUNCHERS, cluster_of
+from eksflow.cluster import LAUNCHERS, cluster_of
 from eksflow.errors import PipelineError
 from eksflow.launchers import mpijob, slurm
 from eksflow.launchers.base import Job, JobRequest, Launcher, named, refusal, register, select
