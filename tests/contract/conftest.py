@@ -84,6 +84,7 @@ CRDS = {
     ("batch.volcano.sh", "Job"): "volcano/batch.volcano.sh_jobs.yaml",
     ("scheduling.volcano.sh", "PodGroup"): "volcano/scheduling.volcano.sh_podgroups.yaml",
     ("kubeflow.org", "MPIJob"): "mpi-operator/kubeflow.org_mpijobs.yaml",
+    ("trainer.kubeflow.org", "TrainJob"): "kubeflow-trainer/trainer.kubeflow.org_trainjobs.yaml",
     ("slinky.slurm.net", "NodeSet"): "slinky/slinky.slurm.net_nodesets.yaml",
     ("slinky.slurm.net", "RestApi"): "slinky/slinky.slurm.net_restapis.yaml",
     ("slinky.slurm.net", "Token"): "slinky/slinky.slurm.net_tokens.yaml",
