@@ -56,6 +56,27 @@ class SlurmSettings(Settings):
     )
 
 
+class TrainJobSettings(Settings):
+    """The Kubeflow Trainer runtime a `cluster.launcher: trainjob` job references (eksflow.launchers.trainjob).
+
+    The runtime is installed with the Trainer (v2.3.0 ships `torch-distributed`); its trainer replicated job and
+    container are called `node`, as the Trainer's torch runtimes name them. Under `cluster.scheduler: volcano` the
+    runtime needs `podGroupPolicy.volcano` (the Trainer's Volcano plugin gang-schedules the pods).
+    """
+
+    runtime: str = Field(
+        "torch-distributed",
+        pattern=K8S_NAME,
+        max_length=63,
+        description="the (Cluster)TrainingRuntime the TrainJob references: a DNS-1123 label",
+    )
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = Field(
+        "ClusterTrainingRuntime",
+        description="ClusterTrainingRuntime (cluster-wide, as the Trainer installs them) or TrainingRuntime (in "
+        "the workflow's namespace)",
+    )
+
+
 DEPRECATED_BACKOFF_LIMIT = "rayjob_backoff_limit"  # cluster.backoff_limit's old name, still read
 
 
@@ -70,15 +91,20 @@ class ClusterSettings(Settings):
     launcher: str = Field(
         "rayjob",
         description="GPU (and CPU) training job: rayjob (KubeRay RayJob, Ray Train; CPU: one plain pod), mpijob "
-        "(MPI Operator MPIJob, mpirun over worker pods) or slurm (a Slurm batch job through slurmrestd, srun ranks); "
-        "Trainium always runs torchrun in a Volcano Job",
+        "(MPI Operator MPIJob, mpirun over worker pods), trainjob (Kubeflow Trainer v2 TrainJob, torchrun in a pod "
+        "per node) or slurm (a Slurm batch job through slurmrestd, srun ranks); Trainium always runs torchrun in a "
+        "Volcano Job",
     )
     scheduler: Literal["kueue", "volcano"] = Field("kueue", description="gang admission of the training job")
     queue: str = Field("eksflow", pattern=K8S_NAME, max_length=63, description="Kueue LocalQueue or Volcano Queue name")
     spot: bool = Field(False, description="Spot capacity for training (requires checkpointing)")
     zone: str = Field("", pattern=r"^([a-z]{2}-[a-z]+-\d[a-z])?$", description="AZ of EFA nodes, e.g. us-west-2a")
     backoff_limit: int = Field(
-        1, ge=0, le=10, description="the training job's own retries: RayJob resubmissions, MPIJob launcher restarts"
+        1,
+        ge=0,
+        le=10,
+        description="the training job's own retries: RayJob resubmissions, MPIJob launcher restarts (a TrainJob's "
+        "are its runtime's)",
     )
     retry_budget: int = Field(12, ge=1, description="most training attempts: Argo x RayJob x Ray Train, multiplied")
     ttl_seconds_after_finished: int = Field(600, ge=0, description="how long a finished RayJob's cluster is kept")
@@ -89,6 +115,16 @@ class ClusterSettings(Settings):
     image: Image = image_field("ghcr.io/eksflow/train-gpu:0.1.0", "image of GPU jobs (CUDA, NCCL, EFA)")
     neuron_image: Image = image_field("ghcr.io/eksflow/train-neuron:0.1.0", "image of Trainium jobs (Neuron SDK)")
     slurm: SlurmSettings = SlurmSettings()
+    trainjob: TrainJobSettings = TrainJobSettings()
+    topology: Literal["none", "block", "rack", "host"] = Field(
+        "none",
+        description="keep the job's pods in one network domain (Kueue Topology Aware Scheduling, EKS's "
+        "topology.k8s.aws/network-node-layer-* labels): block (layer 2), rack (layer 3) or host; none: anywhere",
+    )
+    topology_mode: Literal["required", "preferred"] = Field(
+        "required",
+        description="required: admitted only when every pod fits in one domain; preferred: as close as they fit",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -101,6 +137,15 @@ class ClusterSettings(Settings):
         print(f"warning: cluster.{DEPRECATED_BACKOFF_LIMIT} is deprecated; use cluster.backoff_limit", file=sys.stderr)
         moved = {key: value for key, value in data.items() if key != DEPRECATED_BACKOFF_LIMIT}
         return {**moved, "backoff_limit": data[DEPRECATED_BACKOFF_LIMIT]}
+
+    @model_validator(mode="after")
+    def _topology_through_kueue(self) -> ClusterSettings:
+        if self.topology != "none" and self.scheduler != "kueue":
+            raise ValueError(
+                f"topology: {self.topology} places pods through Kueue's Topology Aware Scheduling, which "
+                f"scheduler: {self.scheduler} does not run; set scheduler: kueue, or topology: none"
+            )
+        return self
 
     @field_validator("instance_type")
     @classmethod

@@ -9,6 +9,8 @@ profile's kind:
 - volcano (Trainium): a resource template creating a Volcano Job running torchrun of `neuron_step` on every node.
 - mpijob (`cluster.launcher: mpijob`, GPU or CPU): an MPIJob (kubeflow.org/v2beta1) whose launcher runs
   `mpirun ... python -m <step> --launcher=mpi` over sshd worker pods.
+- trainjob (`cluster.launcher: trainjob`, GPU or CPU): a Kubeflow Trainer TrainJob (trainer.kubeflow.org/v1alpha1)
+  referencing a (Cluster)TrainingRuntime: `torchrun -m <step> --launcher=torchrun` in one pod per node.
 - slurm (`cluster.launcher: slurm`, GPU or CPU): a Slurm batch job through slurmrestd (Slinky), `srun` ranks of
   `python -m <step> --launcher=mpi`, followed by one container task (eksflow.runtime.slurm_job).
 
@@ -24,13 +26,13 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from eksflow import profiles
+from eksflow import profiles, topology
 from eksflow.cluster import cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.errors import ConfigError, PipelineError
 
 # Importing a launcher's module registers it.
-from eksflow.launchers import container, mpijob, rayjob, slurm, volcano  # noqa: F401
+from eksflow.launchers import container, mpijob, rayjob, slurm, trainjob, volcano  # noqa: F401
 from eksflow.launchers.base import LAYOUT_FIELDS, Job, JobRequest, layout, select
 from eksflow.pipeline import Pipeline, step_name
 from eksflow.refs import Ref, TaskRef, When
@@ -87,6 +89,8 @@ def distributed(
                 f"launcher runs the job instead\n{problem}"
             )
         raise ConfigError(problem)
+    if cluster.topology != "none" and not launcher.topology_aware:
+        raise ConfigError(topology.refusal(cluster, launcher.name))
     request = launcher.prepare(
         JobRequest(
             cfg=cfg,

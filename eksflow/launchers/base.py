@@ -76,6 +76,7 @@ class Launcher(ABC):
 
     name: ClassVar[str]  # what `cluster.launcher` names it by
     kinds: ClassVar[frozenset[str]]  # the profile kinds (cpu, gpu, trainium) it runs on
+    topology_aware: ClassVar[bool] = False  # whether its pods carry Kueue's podset topology annotation
 
     def refusal(self, profile: Profile) -> str | None:
         """Why `plan` refuses this launcher configured for `profile`; None where the profile's own may run instead."""

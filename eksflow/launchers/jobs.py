@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from hera.workflows import Container, Parameter, RetryStrategy
 from hera.workflows import models as m
 
-from eksflow import profiles
+from eksflow import profiles, topology
 from eksflow.cluster import cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.launchers.base import Job, JobRequest, Launcher, attempt_deadline_s
@@ -170,11 +170,11 @@ def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *
 
 
 def pod_metadata(cfg: PipelineConfig, task: str) -> dict[str, Any]:
-    """Labels, Karpenter do-not-disrupt, and the Volcano PodGroup a pod belongs to."""
+    """Labels, Karpenter do-not-disrupt, Kueue's topology, and the Volcano PodGroup a pod belongs to."""
     cluster = cluster_of(cfg)
     metadata: dict[str, Any] = {
         "labels": pipeline_labels(cfg.name),
-        "annotations": dict(profiles.DO_NOT_DISRUPT),
+        "annotations": {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)},
     }
     if cluster.scheduler == "volcano":
         metadata["annotations"]["scheduling.k8s.io/group-name"] = podgroup_name(task)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from eksflow import profiles
+from eksflow import profiles, topology
 from eksflow.cluster import cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
@@ -125,7 +125,8 @@ def manifest(
         run_policy["schedulingPolicy"] = {"minAvailable": pods + 1, "queue": cluster.queue}
 
     def template(spec: dict[str, Any]) -> dict[str, Any]:  # fresh dicts each time: rendered YAML has no anchors
-        return {"metadata": {"labels": dict(labels), "annotations": dict(profiles.DO_NOT_DISRUPT)}, "spec": spec}
+        annotations = {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)}
+        return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": spec}
 
     return {
         "apiVersion": API_VERSION,
@@ -157,6 +158,7 @@ class MpiJob(JobLauncher):
 
     name = "mpijob"
     kinds = frozenset({"cpu", "gpu"})
+    topology_aware = True
     in_job_retries = False  # mpirun has no in-job retry: a failed rank fails the launcher
 
     def refusal(self, profile: Profile) -> str | None:

@@ -45,6 +45,7 @@ class RayJob(JobLauncher):
 
     name = "rayjob"
     kinds = frozenset({"gpu"})
+    topology_aware = True
 
     def runs_on(self, profile: Profile, nodes: int) -> bool:
         """GPU nodes, and CPU nodes when there are several (one CPU node trains in a plain pod)."""
