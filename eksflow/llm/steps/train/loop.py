@@ -32,6 +32,7 @@ from eksflow.llm.steps.train.parallel import (
     shard,
 )
 from eksflow.llm.steps.train.state import load_adapter
+from eksflow.runtime import trainer_status
 from eksflow.runtime.outputs import Progress
 
 STOP_FILE = "STOP"  # in the checkpoint root: the driver asks the workers to checkpoint and stop (SIGTERM)
@@ -252,8 +253,11 @@ def _train(
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
     progress = Progress(settings.max_steps, "train", min_interval_s=0.0 if world == 1 else 2.0) if rank == 0 else None
+    status = trainer_status.reporter(settings.max_steps) if rank == 0 else None  # None outside a TrainJob
     if progress:
         progress.advance(first_step)
+    if status:
+        status.update(first_step, {})
     # FSDP and ZeRO cast through their own mixed-precision settings instead (shard, zero.engine_update).
     bf16_autocast = bf16 and plan.strategy == "ddp"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
@@ -271,7 +275,7 @@ def _train(
         durable_uri=loop.checkpoint_uri,
     )
     model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
-    with commits:
+    with commits, status or nullcontext():  # the status's last state is sent on leaving, however the loop ends
         for step in range(first_step, settings.max_steps):
             step_loss = 0.0
             for micro in range(settings.grad_accum_steps):
@@ -296,6 +300,8 @@ def _train(
             if progress:
                 note = f"loss {step_loss:.6f}"  # this step's loss on rank 0: the kill/resume tests compare it
                 progress.advance(note=note)
+            if status:
+                status.update(done, metrics)
             if commits.after_step(done, metrics):  # a collective: checkpoint (every rank), stop (every rank)
                 return
 
