@@ -218,3 +218,33 @@ def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactl
     after = worst({s: v for s, v in losses(out).items() if s > stopped}, reference)
     print(f"ZeRO-3, Ray Train: steps 1-{stopped} {before:.1e}; SIGTERM; resumed {stopped + 1}-{MAX_STEPS} {after:.1e}")
     assert before <= ZERO_TOLERANCE and after <= ZERO_TOLERANCE
+
+
+def test_zero2_under_torchrun_commits_on_sigterm_and_resumes_matching_ddp(references, workdir, tmp_path):
+    """`torchrun --nproc-per-node 2`, as a TrainJob's pod runs the step (--launcher=torchrun, the workers meeting in
+    the agent's store): a SIGTERM to torchrun reaches both workers, which agree on a step and commit it before the
+    agent's 30 s shutdown timeout; the agent exits 1 (its SignalException; retried as 143 would be); the retry
+    resumes and every step's loss matches DDP's under mpirun."""
+    out = tmp_path / "train"
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
+    command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun"]
+    command += train_args(workdir, out, "deepspeed", 2)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline and checkpoints.latest(out / "checkpoints") is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and "preempted: SIGTERM: stopped after step" in output, output[-3000:]
+    assert "rank 1/2: host" in output  # torchrun's second worker trained
+    stopped = checkpoints.latest(out / "checkpoints").step
+    assert 1 <= stopped < MAX_STEPS, output[-3000:]
+
+    retry = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert retry.returncode == 0, retry.stdout[-3000:] + retry.stderr[-3000:]
+    assert f"resumed from step-{stopped:08d} (step {stopped})" in retry.stdout + retry.stderr
+    difference = worst(losses(out), losses(references["ddp"]))
+    print(
+        f"ZeRO-2 under torchrun, SIGTERM after step {stopped}, resumed: max |loss difference| vs DDP {difference:.1e}"
+    )
+    assert sorted(losses(out)) == list(range(1, MAX_STEPS + 1)) and difference <= ZERO_TOLERANCE

@@ -30,6 +30,20 @@ def test_ranks_come_from_open_mpi_or_hydra_and_are_none_outside_mpirun():
     assert mpi.ranks_from_env({}) is None
 
 
+def test_ranks_come_from_torchrun_only_with_its_run_id_and_before_an_mpi_environment_around_it():
+    worker = {
+        "TORCHELASTIC_RUN_ID": "none", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "job-node-0-0.job", "MASTER_PORT": "29400", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }  # fmt: skip
+    assert mpi.ranks_from_env(worker) == mpi.Ranks(3, 4, 1, 2, launcher="torchrun")
+    # torchrun started by mpirun (one agent per node): its workers are torchrun's, not mpirun's ranks
+    around = {**worker, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert mpi.ranks_from_env(around).launcher == "torchrun"
+    no_run_id = {k: v for k, v in worker.items() if k != "TORCHELASTIC_RUN_ID"}
+    assert mpi.ranks_from_env(no_run_id) is None  # RANK and WORLD_SIZE alone are anyone's (mpi.session sets them)
+    assert mpi.ranks_from_env({**worker, "LOCAL_WORLD_SIZE": ""}) is None
+
+
 def test_rendezvous_defaults_to_this_host_only_when_every_rank_is_on_it():
     one_host, two_hosts = mpi.Ranks(0, 2, 0, 2), mpi.Ranks(0, 16, 0, 8)
     assert mpi.rendezvous(one_host, {}) == ("127.0.0.1", mpi.DEFAULT_PORT)
@@ -55,6 +69,10 @@ def test_bad_arguments_and_another_launcher_exit_2_on_every_rank_without_meeting
     assert mpi.main([*good, "--launcher=ray"], leader, driver_never_called) == 2
     assert "--launcher=ray under mpirun would start 2 trainers on the same checkpoints" in capsys.readouterr().err
     assert mpi.main([*good, "--launcher=local"], mpi.Ranks(0, 1, 0, 1), lambda argv: 7) == 7  # `mpirun -np 1`
+    under_torchrun = mpi.Ranks(0, 2, 0, 2, launcher="torchrun")
+    assert mpi.main([*good, "--launcher=mpi"], under_torchrun, driver_never_called) == 2
+    err = capsys.readouterr().err
+    assert "--launcher=mpi under torchrun would start 2 trainers" in err and "pass --launcher=torchrun" in err
 
 
 def test_followers_exit_with_rank_0s_code_and_without_the_interpreters_teardown(tmp_path):

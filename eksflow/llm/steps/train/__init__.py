@@ -20,7 +20,8 @@ built it already), and a micro-batch costs O(micro_batch_size) at any dataset si
 `--launcher=local` runs the same training loop in this process (world size 1, no Ray; FSDP and ZeRO get a 1-rank
 process group): tests and benchmarks use it to skip Ray's start-up and shutdown (~25 s on 2 CPU cores).
 `--launcher=mpi` is one rank of `mpirun -np N` (an MPIJob's launcher): rank 0 drives, every rank trains
-(eksflow.llm.steps.train.mpi). A lease
+(eksflow.llm.steps.train.mpi); `--launcher=torchrun` is one worker of torchrun (a Kubeflow TrainJob's pods), the
+same way (eksflow.llm.steps.train.torchrun). A lease
 (eksflow.llm.steps.common.lease) keeps a second trainer off the same checkpoints, and the checkpoint root records the
 run_name: a retry resumes, another run is refused. With `--checkpoint-uri=s3://...` each committed checkpoint also gets
 a durable copy in the background (marker last), restored when the local root is empty.
@@ -57,11 +58,12 @@ from eksflow.runtime.preflight import Layout, Preflight
 MAX_FAILURES = 1
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: retried by the workflow's retry expression (only 2 is not)
 # How `--launcher` runs the training loop, by name; the driver has one launch function each (step.py LAUNCHES).
-Launcher = Literal["ray", "local", "mpi"]
+Launcher = Literal["ray", "local", "mpi", "torchrun"]
 LAUNCHERS: dict[Launcher, str] = {
     "ray": "Ray Train workers",
     "local": "this process",
     "mpi": "one rank of `mpirun` (eksflow.llm.steps.train.mpi)",
+    "torchrun": "one worker of `torchrun`, a TrainJob's (eksflow.llm.steps.train.torchrun)",
 }
 Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.steps.train.parallel.resolve_precision
 

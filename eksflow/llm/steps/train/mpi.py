@@ -1,5 +1,8 @@
 """`--launcher=mpi`: the train step as one rank of `mpirun -np N` (an MPIJob's launcher) or of `srun` (a Slurm job).
 
+`--launcher=torchrun` runs the same way as a worker of torchrun (a TrainJob's): eksflow.llm.steps.train.torchrun
+says what differs (where the ranks and the store come from).
+
     mpirun -np 2 -x MASTER_ADDR -x MASTER_PORT python -m eksflow.llm.steps.train --launcher=mpi --strategy=deepspeed ...
 
 Ranks come from the MPI environment (Open MPI's OMPI_COMM_WORLD_*, or PMI_RANK/PMI_SIZE from MPICH and Intel MPI)
@@ -34,7 +37,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from eksflow.errors import EXIT_BAD_INPUT, EXIT_FAILED
-from eksflow.llm.steps.train import Args
+from eksflow.llm.steps.train import Args, torchrun
 from eksflow.llm.steps.train.loop import LoopConfig, WorkerContext, sigterm_received, train_worker
 from eksflow.runtime.args import StepInputError
 
@@ -52,14 +55,23 @@ class Ranks:
     size: int
     local_rank: int
     local_size: int
+    launcher: str = "mpi"  # the --launcher that runs under what started this process: mpi, or torchrun
+
+    @property
+    def starter(self) -> str:
+        """What started the ranks, as its users call it: mpirun (or srun), or torchrun."""
+        return "torchrun" if self.launcher == "torchrun" else "mpirun"
 
 
 def ranks_from_env(env: Mapping[str, str] = os.environ) -> Ranks | None:
-    """The job's ranks from the environment mpirun or srun gives each process, or None outside both.
+    """The job's ranks from the environment torchrun, mpirun or srun gives each process, or None outside them.
 
     srun's SLURM_STEP_ID marks a task of a job step (eksflow.runtime.slurm_job runs the step with srun); the batch
     script itself has SLURM_PROCID 0 too, but no step of its own to share.
     """
+    started = torchrun.ranks_from_env(env)
+    if started is not None:
+        return Ranks(*started, launcher="torchrun")
     for rank_key, size_key, local_key, local_size_key in (
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
         ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
@@ -136,16 +148,22 @@ _joined: list[Session] = []  # this process's MPI job while `session` is open (o
 
 @contextmanager
 def session(ranks: Ranks) -> Iterator[Session]:
-    """The TCPStore every rank meets in, and the default process group built on it (destroyed on exit)."""
+    """The store every rank meets in, and the default process group built on it (destroyed on exit).
+
+    Under mpirun a TCPStore rank 0 hosts at MASTER_ADDR:MASTER_PORT; under torchrun the one its rendezvous made.
+    """
     import torch
     import torch.distributed as dist
 
-    address, port = rendezvous(ranks)
-    # What torchrun would set: DeepSpeed reads LOCAL_RANK (and checks it against OMPI_COMM_WORLD_LOCAL_RANK).
-    os.environ.update(RANK=str(ranks.rank), WORLD_SIZE=str(ranks.size), LOCAL_RANK=str(ranks.local_rank))
-    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, absent from torch's type stubs
-        address, port, ranks.size, is_master=ranks.rank == 0, timeout=START_TIMEOUT
-    )
+    if ranks.launcher == "torchrun":
+        store = torchrun.store(START_TIMEOUT)
+    else:
+        address, port = rendezvous(ranks)
+        # What torchrun would set: DeepSpeed reads LOCAL_RANK (and checks it against OMPI_COMM_WORLD_LOCAL_RANK).
+        os.environ.update(RANK=str(ranks.rank), WORLD_SIZE=str(ranks.size), LOCAL_RANK=str(ranks.local_rank))
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, absent from torch's type stubs
+            address, port, ranks.size, is_master=ranks.rank == 0, timeout=START_TIMEOUT
+        )
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.size)
     _joined.append(Session(ranks, store))
@@ -160,7 +178,8 @@ def lead(loop: LoopConfig) -> None:
     """Rank 0, holding the lease: publish the LoopConfig and train as rank 0."""
     if not _joined:
         raise StepInputError(
-            "--launcher=mpi runs under mpirun: start it as `mpirun -np N python -m eksflow.llm.steps.train ...`"
+            "--launcher=mpi and --launcher=torchrun run as ranks: start the step as `mpirun -np N python -m "
+            "eksflow.llm.steps.train ...` or `torchrun --nproc-per-node N -m eksflow.llm.steps.train ...`"
         )
     _joined[-1].publish({"loop": loop.model_dump(mode="json")})
     train_worker(loop, _joined[-1].context(loop))
@@ -177,13 +196,13 @@ def main(argv: Sequence[str], ranks: Ranks, driver: Callable[[Sequence[str]], in
         if ranks.rank == 0:
             return driver(argv)  # reports every problem and exits 2
         return EXIT_BAD_INPUT
-    if args.launcher != "mpi":
-        if ranks.size == 1:
+    if args.launcher != ranks.launcher:
+        if ranks.size == 1 and args.launcher not in ("mpi", "torchrun"):
             return driver(argv)  # `mpirun -np 1` around a plain trainer
         if ranks.rank == 0:
             print(
-                f"error: --launcher={args.launcher} under mpirun would start {ranks.size} trainers on the same "
-                "checkpoints; pass --launcher=mpi",
+                f"error: --launcher={args.launcher} under {ranks.starter} would start {ranks.size} trainers on the "
+                f"same checkpoints; pass --launcher={ranks.launcher}",
                 file=sys.stderr,
             )
         return EXIT_BAD_INPUT

@@ -46,9 +46,12 @@ def run(args: Args) -> Outputs:
     train_file = args.dataset_dir / TRAIN_FILE
     if not train_file.is_file():
         raise StepInputError(f"{train_file} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
-    if args.launcher == "mpi" and mpi.ranks_from_env() is None:
+    if args.launcher in ("mpi", "torchrun") and mpi.ranks_from_env() is None:
         raise StepInputError(
             "--launcher=mpi runs as a rank of mpirun: `mpirun -np N python -m eksflow.llm.steps.train ...`"
+            if args.launcher == "mpi"
+            else "--launcher=torchrun runs as a worker of torchrun: `torchrun --nproc-per-node N -m "
+            "eksflow.llm.steps.train ...`"
         )
     if args.use_gpu and not _cuda_available():
         raise StepInputError("--use-gpu=true, but this machine has no CUDA GPU; train on CPU with --use-gpu=false")
@@ -212,15 +215,16 @@ def _launch_local(loop: LoopConfig, args: Args) -> None:
     train_worker(loop, local_context(loop.settings))
 
 
-def _launch_mpi(loop: LoopConfig, args: Args) -> None:
-    mpi.lead(loop)  # the other ranks of mpirun join this loop (eksflow.llm.steps.train.mpi)
+def _launch_ranks(loop: LoopConfig, args: Args) -> None:
+    mpi.lead(loop)  # the other ranks of mpirun or torchrun join this loop (eksflow.llm.steps.train.mpi)
 
 
 # One way to run the training loop per `--launcher` name.
 LAUNCHES: dict[Launcher, Callable[[LoopConfig, Args], None]] = {
     "ray": _launch_ray,
     "local": _launch_local,
-    "mpi": _launch_mpi,
+    "mpi": _launch_ranks,
+    "torchrun": _launch_ranks,
 }
 
 
@@ -240,7 +244,7 @@ def _point_state_api_at_own_dashboard() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m eksflow.llm.steps.train --name=value ...`; exits EXIT_PREEMPTED after a SIGTERM checkpoint.
 
-    Under mpirun every rank enters here: rank 0 runs the step, the others join its training loop
+    Under mpirun or torchrun every rank enters here: rank 0 runs the step, the others join its training loop
     (eksflow.llm.steps.train.mpi).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
