@@ -2,12 +2,12 @@
 
 What the Trainer does, read from kubeflow/trainer at tag v2.3.0 (commit 658725bdae5c7e3a0854d93ac6ff492e109a22ab):
 
-- proposals/2779-trainjob-progress/README.md (KEP-2779) and docs/user-guides/trainjob-progress.md: a push design.
-  The `TrainJobStatus` feature gate (pkg/features/features.go: alpha, off by default; `--feature-gates=
-  TrainJobStatus=true`) turns on an HTTPS server in the controller manager; a trainer pod POSTs its status to it,
-  and the controller applies it to the TrainJob's `status.trainerStatus`. Clients are asked to throttle ("at most
-  once every 5 seconds", as the Kubeflow SDK's `update_trainjob_status` does), to re-read the token file rather
-  than cache it (the JWT rotates), and to never let a failed request break the training loop.
+- proposals/2779-trainjob-progress/README.md (KEP-2779) and the user guide (user-guides/trainjob-progress.md under
+  docs): a push design. The `TrainJobStatus` feature gate (pkg/features/features.go: alpha, off by default;
+  `--feature-gates=TrainJobStatus=true`) turns on an HTTPS server in the controller manager; a trainer pod POSTs its
+  status to it, and the controller applies it to the TrainJob's `status.trainerStatus`. Clients are asked to
+  throttle ("at most once every 5 seconds", as the Kubeflow SDK's `update_trainjob_status` does), to re-read the
+  token file rather than cache it (the JWT rotates), and to never let a failed request break the training loop.
 - pkg/runtime/framework/plugins/trainjobstatus/trainjobstatus.go: with the gate on, every container of the trainer's
   pods gets KUBEFLOW_TRAINER_SERVER_URL (`https://kubeflow-trainer-controller-manager.<operator namespace>.svc:10443`
   + the path below; port from pkg/apis/config/v1alpha1 StatusServer.Port, default 10443),
