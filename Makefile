@@ -104,7 +104,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy eksflow pipelines images
 
-templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving and Slinky objects
+templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's WorkflowTemplate, the scheduled ones' CronWorkflows, serving, Slinky and Kueue Topology objects
 	mkdir -p workflow-templates
 	for p in pipelines/[a-z]*.py; do n=$$(basename $$p .py | tr _ -); \
 		$(BIN)/python $$p render --kind WorkflowTemplate -o workflow-templates/$$n.yaml || exit 1; done
@@ -114,6 +114,7 @@ templates: $(STAMP) ## regenerate workflow-templates/: every pipeline's Workflow
 		-o workflow-templates/champion-check-cron.yaml
 	$(BIN)/python -m pipelines.serving -o workflow-templates/serving.yaml
 	$(BIN)/python -m pipelines.slinky -o workflow-templates/slinky.yaml
+	$(BIN)/python -m pipelines.topology --set cluster.instance_type=p5.48xlarge -o workflow-templates/topology.yaml
 
 docs: $(STAMP) ## regenerate docs/configuration.md from the pipelines' config models
 	$(BIN)/python -m eksflow.config_docs pipelines.llama_lora pipelines.lora_sweep pipelines.champion_check \

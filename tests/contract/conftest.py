@@ -126,7 +126,12 @@ def kueue_validator():
     """Strict validator for a Kueue object, from its CRD and the version in its apiVersion."""
     from jsonschema import Draft202012Validator
 
-    files = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues"}
+    files = {
+        "ResourceFlavor": "resourceflavors",
+        "ClusterQueue": "clusterqueues",
+        "LocalQueue": "localqueues",
+        "Topology": "topologies",
+    }
 
     def validator(manifest) -> Draft202012Validator:
         name = f"kueue/kueue.x-k8s.io_{files[manifest['kind']]}.yaml"
