@@ -49,6 +49,22 @@ VARIANTS = {
     ],
     "cpu-slurm": ["cluster.launcher=slurm"],
     "cpu-slurm-2-nodes": ["cluster.launcher=slurm", "cluster.nodes=2"],  # one srun task per node
+    "cpu-trainjob": ["cluster.launcher=trainjob"],
+    "cpu-trainjob-2-nodes-volcano": ["cluster.launcher=trainjob", "cluster.nodes=2", "cluster.scheduler=volcano"],
+    "p4d-efa-spot-trainjob-rack": [
+        "cluster.instance_type=p4d.24xlarge",
+        "cluster.nodes=2",
+        "cluster.zone=us-west-2a",
+        "cluster.spot=true",
+        "cluster.launcher=trainjob",
+        "cluster.topology=rack",
+    ],
+    "gpu-rayjob-block-preferred": [
+        "cluster.instance_type=g5.12xlarge",
+        "cluster.topology=block",
+        "cluster.topology_mode=preferred",
+    ],
+    "gpu-mpijob-host": ["cluster.instance_type=g5.12xlarge", "cluster.launcher=mpijob", "cluster.topology=host"],
 }
 
 
@@ -213,6 +229,8 @@ def pod_specs(workflow):
             groups = spec["tasks"]
         elif obj["kind"] == "MPIJob":
             groups = list(spec["mpiReplicaSpecs"].values())
+        elif obj["kind"] == "TrainJob":
+            groups = [{"template": trainjob_pod(obj)}]
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
                 yield f"{name}/{container['name']}", group["template"]["spec"], container
@@ -221,6 +239,17 @@ def pod_specs(workflow):
         for group in groups:
             for container in group["template"]["spec"]["containers"]:
                 yield f"{name}/{container['name']}", group["template"]["spec"], container
+
+
+def trainjob_pod(job):
+    """The pod template a TrainJob's `node` pods get: the runtime patch's, with `spec.trainer`'s container fields."""
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    template = node["template"]["spec"]["template"]
+    trainer = job["spec"]["trainer"]
+    (container,) = template["spec"]["containers"]
+    merged = {**container, "image": trainer["image"], "resources": trainer["resourcesPerNode"], "env": trainer["env"]}
+    return {"metadata": template["metadata"], "spec": {**template["spec"], "containers": [merged]}}
 
 
 def test_lint_every_rendered_manifest(variant):

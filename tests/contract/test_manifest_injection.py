@@ -138,6 +138,7 @@ def both_ways(template: dict[str, Any], values: dict[str, str]) -> Any:
 def test_every_kind_of_resource_template_is_among_the_cases():
     assert any("RayJob" in t["resource"]["manifest"] for t in CASES.values())
     assert any("MPIJob" in t["resource"]["manifest"] for t in CASES.values())
+    assert any("kind: TrainJob" in t["resource"]["manifest"] for t in CASES.values())
     assert any("batch.volcano.sh" in t["resource"]["manifest"] for t in CASES.values())
     assert any("PodGroup" in t["resource"]["manifest"] for t in CASES.values())
     assert any("kind: Deployment" in t["resource"]["manifest"] for t in CASES.values())

@@ -24,6 +24,6 @@ def test_an_unregistered_launcher_is_refused_naming_the_registered_ones():
     with pytest.raises(ConfigError) as err:
         load_config(LlamaLoraConfig, None, ["cluster.launcher=pbs"])
     assert (
-        "cluster.launcher: Value error, no launcher 'pbs'; registered: container, mpijob, rayjob, slurm, volcano"
-        in (str(err.value))
+        "cluster.launcher: Value error, no launcher 'pbs'; registered: container, mpijob, rayjob, slurm, trainjob, "
+        "volcano" in (str(err.value))
     )

@@ -7,13 +7,14 @@ import pytest
 
 from eksflow import ClusterSettings, Pipeline, PipelineConfig, distributed, plan, profiles
 from eksflow.cluster import LAUNCHERS, cluster_of
-from eksflow.errors import PipelineError
-from eksflow.launchers import mpijob, slurm
+from eksflow.errors import ConfigError, PipelineError
+from eksflow.launchers import mpijob, slurm, trainjob
 from eksflow.launchers.base import Job, JobRequest, Launcher, named, refusal, register, select
 from eksflow.launchers.container import ContainerTask
 from eksflow.launchers.mpijob import MpiJob
 from eksflow.launchers.rayjob import RayJob
 from eksflow.launchers.slurm import SlurmLauncher
+from eksflow.launchers.trainjob import TrainJob
 from eksflow.launchers.volcano import VolcanoJob
 from eksflow.render import manifest
 from eksflow.templates import task
@@ -76,6 +77,9 @@ def configured(launcher, overrides=()):
         ("cpu", "slurm", SlurmLauncher),
         ("gpu", "slurm", SlurmLauncher),
         ("trainium", "slurm", VolcanoJob),  # refused by `plan`, rendered as Trainium's own
+        ("cpu", "trainjob", TrainJob),
+        ("gpu", "trainjob", TrainJob),
+        ("trainium", "trainjob", VolcanoJob),  # refused by `plan`, rendered as Trainium's own
     ],
 )
 def test_each_profile_kind_and_configured_launcher_select_one_launcher(kind, launcher, expected):
@@ -83,9 +87,11 @@ def test_each_profile_kind_and_configured_launcher_select_one_launcher(kind, lau
     cluster = cluster_of(config(overrides))
     profile = profiles.profile_for(cluster.instance_type)
     assert type(select(cluster, profile)) is expected
-    refused = {("trainium", "mpijob"): mpijob.TRAINIUM_REFUSAL, ("trainium", "slurm"): slurm.REFUSAL}.get(
-        (kind, launcher)
-    )
+    refused = {
+        ("trainium", "mpijob"): mpijob.TRAINIUM_REFUSAL,
+        ("trainium", "slurm"): slurm.REFUSAL,
+        ("trainium", "trainjob"): trainjob.TRAINIUM_REFUSAL,
+    }.get((kind, launcher))
     assert refusal(cluster, profile) == refused
     (job,) = build(config(overrides)).jobs
     assert type(job.launcher) is expected
@@ -96,7 +102,8 @@ def test_an_unknown_launcher_is_refused_naming_the_field_and_the_registered_ones
     with pytest.raises(PipelineError) as err:
         select(cluster, profiles.profile_for(cluster.instance_type))
     assert str(err.value) == (
-        "cluster.launcher: no launcher 'pbs'; registered: container, mpijob, rayjob, slurm, volcano; fix: --set "
+        "cluster.launcher: no launcher 'pbs'; registered: container, mpijob, rayjob, slurm, trainjob, volcano; fix: "
+        "--set "
         "cluster.launcher=<one of them>, or import the module registering it before building the pipeline"
     )
 
@@ -141,9 +148,10 @@ class TrainingConfig(PipelineConfig):
     ("cluster", "message"),
     [
         ({"launcher": "mpijob"}, r"cluster\.launcher=mpijob .* no `launcher` field; fix: give its Args"),
+        ({"launcher": "trainjob"}, r"cluster\.launcher=trainjob .* no `launcher` field; fix: give its Args"),
         ({"instance_type": "trn1.32xlarge"}, r"no neuron_step= for Trainium \(trn1\.32xlarge\); fix: pass"),
     ],
-    ids=["mpijob-without-launcher-field", "trainium-without-neuron-step"],
+    ids=["mpijob-without-launcher-field", "trainjob-without-launcher-field", "trainium-without-neuron-step"],
 )
 def test_a_launcher_refuses_a_step_it_cannot_run_before_any_task_is_added(cluster, message):
     cfg = TrainingConfig(cluster=ClusterSettings(**cluster))
@@ -208,3 +216,38 @@ def test_the_train_task_has_a_deadline_of_its_own_from_the_expected_hours_locall
     assert mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, [])["spec"]["runPolicy"][
         "activeDeadlineSeconds"
     ] == int(3600 * 0.95)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "launcher"),
+    [
+        ([], "container"),  # one CPU node: a plain pod
+        (["cluster.launcher=slurm"], "slurm"),
+        (["cluster.instance_type=trn1.32xlarge", "cluster.nodes=2"], "volcano"),
+    ],
+)
+def test_a_topology_on_a_launcher_whose_pods_kueue_does_not_place_is_refused_in_one_line(overrides, launcher):
+    with pytest.raises(ConfigError) as refused:
+        build(config([*overrides, "cluster.topology=rack"]))
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("cluster.topology: rack keeps a job's pods in one network domain")
+    assert f"the {launcher} launcher's job" in line and line.endswith("or --set cluster.topology=none")
+
+
+def test_a_topology_under_volcano_is_refused_when_the_config_is_loaded():
+    with pytest.raises(ConfigError) as refused:
+        config(["cluster.instance_type=g5.12xlarge", "cluster.topology=block", "cluster.scheduler=volcano"])
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("cluster: topology: block places pods through Kueue's Topology Aware Scheduling")
+
+
+def test_the_trainjob_passes_torchruns_argv_and_env_as_data():
+    """A parameter in the step's argv is one whole YAML value (an expression tag), never spliced into text."""
+    rendered = manifest(build(config(["cluster.instance_type=g5.12xlarge", "cluster.launcher=trainjob"])))
+    (train,) = [t for t in rendered["spec"]["templates"] if t["name"] == "train"]
+    text = train["resource"]["manifest"]
+    assert '- {{=toJson("--base-model=" + workflow.parameters.base_model)}}' in [
+        line.strip() for line in text.splitlines()
+    ]
+    assert not re.search(r"\{\{\s*(workflow\.parameters|inputs\.parameters)", text.replace("{{=", ""))
+    assert "    command:\n    - torchrun\n    - -m\n    - eksflow.llm.steps.train\n" in text

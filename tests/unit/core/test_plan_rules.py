@@ -70,7 +70,7 @@ def test_retry_layers_stay_within_the_budget():
     assert line.startswith("cluster.retry_budget:")
 
 
-@pytest.mark.parametrize("launcher", ["rayjob", "mpijob", "slurm"])
+@pytest.mark.parametrize("launcher", ["rayjob", "mpijob", "slurm", "trainjob"])
 def test_several_cpu_nodes_plan_as_they_render_and_run_one_worker_per_node(launcher):
     """render and run spread a CPU job over its nodes with these launchers: plan and submit take it too.
 
