@@ -88,6 +88,7 @@ LAUNCHER_PHRASES = {
     "container": "a plain pod",
     "rayjob": "a KubeRay RayJob",
     "mpijob": "an MPIJob",
+    "trainjob": "a Kubeflow Trainer TrainJob",
     "volcano": "a Volcano Job",
     "slurm": "a Slurm batch job",
 }

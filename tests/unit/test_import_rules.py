@@ -84,6 +84,7 @@ LAYERS = (
     "eksflow.import_errors",  # a config class's bad default, refused in one line while its module imports
     "eksflow.config",  # the base config
     "eksflow.cluster",  # the `cluster` section and the launcher registry
+    "eksflow.topology",  # cluster.topology: Kueue's podset annotation and Topology objects
     "eksflow.parameters",  # the rules a workflow parameter's values are held to (retry/resubmit -p)
     "eksflow.conditions",  # when= expressions
     "eksflow.sections",  # shared groups of arguments
