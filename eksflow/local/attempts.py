@@ -138,6 +138,8 @@ class PodRunner:
                 services=self.services,
                 stop_reason=self.stop_reason,
                 nodes=self._nodes_context(unit.key),
+                spawn=self._spawner(unit.key),
+                reap=lambda proc: process.end(proc, self.tracker),
             )
             with writing(task_dir):
                 (task_dir / "progress").unlink(missing_ok=True)
@@ -166,25 +168,35 @@ class PodRunner:
                 result.message += f"; not retried: {self.stop_reason()}"
                 return result
 
+    def _spawner(self, key: str) -> Callable[[list[str], Mapping[str, str], IO[bytes]], subprocess.Popen[bytes]]:
+        """How a task starts a process of its own beside its main one, supervised like it (process.start)."""
+        cwd = self.cwd
+
+        def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+            return process.start(argv, key=key, cwd=cwd, env=env, log=log, tracker=self.tracker)
+
+        return spawn
+
     def _nodes_context(self, key: str) -> NodesContext | None:
         """How a task's object starts pods on the simulated nodes; None without them."""
         if self.cluster is None:
             return None
-        cwd, log_key = self.cwd, key
 
-        def spawn(argv: list[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-            return process.start(argv, key=log_key, cwd=cwd, env=env, log=log, tracker=self.tracker)
+        def pending(reason: str) -> None:
+            self.book.set(key, Phase.PENDING if reason else Phase.RUNNING, reason)
 
         def pods_changed(pods: list[dict[str, str]]) -> None:
             with self.book.lock:
                 node = self.book[key]
                 node.pods = pods or node.pods  # the last pods stay listed once the job has ended
-                # the pod running the job's own process: a RayJob's head, an MPIJob's launcher
-                main = (p["hostNodeName"] for p in node.pods if p["role"] in ("head", "launcher"))
+                # the pod running the job's own process: a RayJob's head, an MPIJob's launcher, a TrainJob's node 0
+                main = (p["hostNodeName"] for p in node.pods if p["role"] in ("head", "launcher", "node"))
                 node.host_node = next(main, node.host_node)
             self.book.touch()
 
-        return NodesContext(self.cluster, spawn, lambda proc: process.end(proc, self.tracker), pods_changed)
+        return NodesContext(
+            self.cluster, self._spawner(key), lambda proc: process.end(proc, self.tracker), pods_changed, pending
+        )
 
     def _host_folder(self, mount: Mount) -> str:
         host = mount.host_folder(self.state_dir, self.folder.volumes)

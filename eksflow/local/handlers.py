@@ -9,9 +9,9 @@ status and stopping; a handler only turns a template into a process.
   mounts is the attempt's read-only copy of it (secret_mounts.py).
 - ResourceHandler: the object the manifest creates, described by the handler of its kind in resources.py (a
   RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
-  new kinds register there. An object of a run service's kind (services.py) goes to that service of the run,
-  whose processes outlive the task; a container's argv and env values that are an address of something a run
-  service runs get the local one.
+  new kinds register there. A TrainJob's pods run as the Trainer runs them (train_pods.py). An object of a run
+  service's kind (services.py) goes to that service of the run, whose processes outlive the task; a container's
+  argv and env values that are an address of something a run service runs get the local one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 import eksflow.local.job_kinds  # noqa: F401  # importing it registers eksflow's kinds of resource object
-from eksflow.local import mpi_pods, ray_pods, resources, services
+from eksflow.local import mpi_pods, ray_pods, resources, services, train_pods
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -42,6 +42,7 @@ from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.substitution import Scope, UnresolvedError
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
+_PENDING_CHECK_S = 1.0  # how often a Pending TrainJob's placement is looked at again
 
 
 @dataclass
@@ -58,6 +59,8 @@ class TaskContext:
     services: services.RunServices | None = None  # the run's services: processes for the run (None: a run without)
     stop_reason: Callable[[], str] = lambda: ""  # why the run is stopping; "" while it is not
     nodes: NodesContext | None = None  # the run's simulated nodes (`run --nodes N`); None: this machine is the node
+    spawn: ray_pods.Spawn | None = None  # start a process of the task's beside its own (a TrainJob's other pods)
+    reap: ray_pods.Reap | None = None  # end it
 
 
 @dataclass
@@ -68,6 +71,7 @@ class NodesContext:
     spawn: ray_pods.Spawn  # start a pod's process, supervised like a task's (process.start)
     reap: ray_pods.Reap  # end it (process.end)
     pods_changed: Callable[[list[dict[str, str]]], None]  # the node's pods, for status.json
+    pending: Callable[[str], None] = lambda reason: None  # the task waits for its pods' placement ("": no longer)
 
 
 class TaskHandler(Protocol):
@@ -196,6 +200,8 @@ class ResourceHandler:
             return _ray_on_nodes(job, ctx, ctx.nodes, argv, env, group_envs, deadline)
         if ctx.nodes is not None and job.mpi is not None:
             return _mpi_on_nodes(job.mpi, ctx, ctx.nodes, argv, env, deadline)
+        if job.train is not None:
+            return _train_job(job.train, ctx, argv, env, deadline)
         return ctx.execute(argv, env, deadline)
 
 
@@ -254,6 +260,41 @@ def _mpi_on_nodes(
         attempt = Attempt(Phase.ERROR, None, f"the MPIJob's pods: {exc}", 0.0)
     finally:
         pods.close()
+    return attempt
+
+
+def _train_job(
+    layout: resources.TrainLayout, ctx: TaskContext, argv: list[str], env: dict[str, str], deadline: float | None
+) -> Attempt:
+    """A TrainJob as the Trainer runs it: a pod per node (train_pods.py), node 0's being the task's process."""
+    assert ctx.spawn is not None and ctx.reap is not None
+    nodes = ctx.nodes
+    pods = train_pods.TrainPods(
+        layout, nodes.cluster if nodes else None, logs=ctx.task_dir / "pods", spawn=ctx.spawn, reap=ctx.reap,
+        changed=nodes.pods_changed if nodes else lambda pods: None,
+    )  # fmt: skip
+    started = time.monotonic()
+    while (placement := pods.placement()).pending:  # Kueue keeps the TrainJob suspended until its pods fit
+        assert nodes is not None
+        nodes.pending(placement.pending)
+        waited = time.monotonic() - started
+        if ctx.stop_reason() or (deadline is not None and waited > deadline):
+            why = ctx.stop_reason() or f"exceeded activeDeadlineSeconds={deadline:g}"
+            return Attempt(Phase.FAILED, None, f"{placement.pending}; {why}", waited)
+        time.sleep(_PENDING_CHECK_S)
+    if nodes is not None:
+        nodes.pending("")
+    try:
+        main = pods.start(argv, {**ctx.env, **env}, placement.nodes)
+        remaining = None if deadline is None else max(0.0, deadline - (time.monotonic() - started))
+        attempt = ctx.execute(main, {**env, **pods.node_env(0)}, remaining)
+    except (train_pods.TrainPodsError, PodNetworkError, OSError) as exc:
+        attempt = Attempt(Phase.ERROR, None, f"the TrainJob's pods: {exc}", 0.0)
+    finally:
+        failure = pods.close()
+    if failure:
+        attempt.phase = Phase.FAILED
+        attempt.message = "; ".join(filter(None, [failure, attempt.message]))
     return attempt
 
 

@@ -6,7 +6,7 @@ The handlers import this module, so every run knows them. A project adds a kind 
 
 from __future__ import annotations
 
-from eksflow.local import mpijob
+from eksflow.local import mpijob, trainjob
 from eksflow.local.resources import (
     PODGROUP_GROUP,
     RAYJOB_API,
@@ -21,3 +21,4 @@ register_kind("RayJob", RAYJOB_API, describe_ray_job)
 register_kind("PodGroup", PODGROUP_GROUP, describe_podgroup)
 register_kind("MPIJob", mpijob.MPIJOB_API, mpijob.describe)
 register_kind("Job", VOLCANO_JOB_GROUP, describe_volcano_job)
+register_kind("TrainJob", trainjob.TRAINJOB_API, trainjob.describe)

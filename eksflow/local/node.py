@@ -136,8 +136,15 @@ def pod_requests(manifest: Mapping[str, Any]) -> Requests:
 
     One walk serves every kind eksflow runs (a Deployment's spec.template, a RayJob's head and worker groups, an
     MPIJob's launcher and workers, a Volcano Job's tasks): a pod template is a `template` with a `spec.containers`.
+    A TrainJob's trainer pods are no template of its own: `spec.trainer.resourcesPerNode` times `numNodes`.
     """
     total = Requests()
+    spec = manifest.get("spec")
+    trainer = spec.get("trainer") if manifest.get("kind") == "TrainJob" and isinstance(spec, Mapping) else None
+    if isinstance(trainer, Mapping):
+        nodes = trainer.get("numNodes", 1)
+        per_node = container_requests(trainer.get("resourcesPerNode"))
+        total += per_node.times(nodes if isinstance(nodes, int) and nodes >= 0 else 1)
     for owner in _pod_template_owners(manifest):
         spec = owner["template"]["spec"]
         per_pod = sum((container_requests(c.get("resources")) for c in spec["containers"]), Requests())

@@ -8,6 +8,9 @@
 - MPIJob (kubeflow.org/v2beta1): the launcher's command (Open MPI's mpirun) as a local process, with every worker
   pod being this host: a local hostfile with all their slots, the workers' and launcher's env, MASTER_ADDR
   127.0.0.1. See mpijob.py.
+- TrainJob (trainer.kubeflow.org/v1alpha1): torchrun in one pod per node, as the Kubeflow Trainer's torch plugin
+  runs it (PET_* in each pod; node 0's pod hosts the rendezvous): processes on this host, or pods on the simulated
+  nodes placed by their topology annotations. See trainjob.py and train_pods.py.
 - Job (batch.volcano.sh): torchrun in every pod, meeting at a rendezvous addressed by the job's DNS names; it needs
   the cluster (and, as eksflow renders it, Trainium), so it is refused with the way out.
 - The kinds a run service registered (services.py; e.g. a model server's Deployment and Service): handed to that
@@ -124,10 +127,21 @@ class MpiLayout:
 
 
 @dataclass(frozen=True)
+class TrainLayout:
+    """A TrainJob's pods as the Trainer makes them: `<name>-node-0-<i>`, one per node, each running torchrun."""
+
+    name: str  # the TrainJob's: its pods' names start with it, and its headless Service (their subdomain) is it
+    nodes: int  # numNodes
+    procs_per_node: str  # PET_NPROC_PER_NODE, as the torch plugin resolves numProcPerNode
+    requests: Requests  # one pod's CPU and memory requests (resourcesPerNode)
+    annotations: tuple[tuple[str, str], ...] = ()  # its pod template's (Kueue's podset topology among them)
+
+
+@dataclass(frozen=True)
 class LocalJob:
     """What one resource manifest does here: a shell entrypoint to run, or a phase decided without a process."""
 
-    kind: str  # RayJob | MPIJob | PodGroup | Job
+    kind: str  # RayJob | MPIJob | TrainJob | PodGroup | Job
     entrypoint: str  # a shell command line; "" when nothing runs here or `argv` does
     env: tuple[tuple[str, str], ...] = ()
     mounts: tuple[PodMount, ...] = ()
@@ -142,6 +156,7 @@ class LocalJob:
     service_object: Mapping[str, Any] | None = None  # an object of a run service's kind: it applies it (services.py)
     ray_groups: tuple[RayGroup, ...] = ()  # a RayJob's head and worker groups, for simulated nodes (ray_pods.py)
     mpi: MpiLayout | None = None  # an MPIJob's pods, for simulated nodes (mpi_pods.py)
+    train: TrainLayout | None = None  # a TrainJob's pods, here or on simulated nodes (train_pods.py)
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]
@@ -175,9 +190,8 @@ def describe(text: str, where: str) -> LocalJob:
     describer = _describer(kind, api_version)
     if describer is None:
         raise ResourceError(
-            f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for a "
-            f"{RAYJOB_API} RayJob (its entrypoint runs with a local Ray) and a Volcano PodGroup; submit this workflow "
-            "to a cluster"
+            f"{where}: {kind} ({api_version}) does not run locally; resource templates run here only for the kinds "
+            f"registered: {', '.join(f'{k} ({v})' for k, v, _ in _KINDS)}; submit this workflow to a cluster"
         )
     job = describer(manifest, where)
     metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")

@@ -7,6 +7,10 @@ on the node with the fewest pods of that job (the default topology spread), then
 the nodes where its requests fit. A pod that fits no node (a worker sized for an m6i.4xlarge on a 1-core share)
 goes where the same order puts it, sharing that node: on the cluster it would get a node of its size.
 
+Each node carries the labels EKS gives a node of its network topology (`topology.k8s.aws/network-node-layer-1`
+to `-3`, and `kubernetes.io/hostname`): every node, replacements included, in one spine, block and rack, its host
+name its own; a job asking for a topology level gets its pods placed within one domain of it (topology_domains.py).
+
 What the pods run, and for how long, is their kind's business (ray_pods.py runs a RayJob's); here are the nodes,
 the placement and the pods' network identities. `lose` takes a node away as a reclaimed Spot instance goes: its
 pods' processes are killed and their addresses vanish. A Spot interruption notice comes first as a file named
@@ -31,7 +35,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,8 @@ _NOTICE_WATCH_S = 0.5
 NODE_MONITOR_GRACE_S = 40.0  # Kubernetes' node-monitor-grace-period: a node not heard from this long is NotReady
 _PROBE_PORT = 9  # discard: a pod that does not listen there answers with a reset, which is an answer
 _PROBE_TIMEOUT_S = 0.5
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"  # 1 the broadest (spine) to 3 (rack)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class SimNode:
     lost_because: str = ""  # why it was lost, where it was not reclaimed as a Spot instance is
     replaced: bool = False  # a node was added in its place
     cordoned: bool = False  # given a Spot notice: no new pod goes there
+    labels: dict[str, str] = field(default_factory=dict)  # its topology labels (node_labels)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ class SimulatedCluster:
         self, count: int, machine: Requests, notices: Path, monitor_grace_s: float = NODE_MONITOR_GRACE_S
     ) -> None:
         share = Requests(machine.cpu_m // count, machine.memory // count)
-        self.nodes = [SimNode(f"node-{i + 1}", share) for i in range(count)]
+        self.nodes = [new_node(f"node-{i + 1}", share) for i in range(count)]
         self.notices = notices  # a file named after a node here is a Spot interruption notice for it
         self.monitor_grace_s = monitor_grace_s
         self._lock = threading.Lock()
@@ -106,15 +113,22 @@ class SimulatedCluster:
         return self.network.hosts
 
     def create_pod(
-        self, job: str, role: str, asked: Requests, name: str = "", aliases: tuple[str, ...] = ()
+        self,
+        job: str,
+        role: str,
+        asked: Requests,
+        name: str = "",
+        aliases: tuple[str, ...] = (),
+        within: Collection[str] | None = None,
     ) -> PlacedPod:
         """Place a new pod of `job` with its network, named `name` or `<job>-<role>-<suffix>`; `aliases` name it too.
 
-        `name` is a controller's own (an MPIJob's `<job>-worker-<i>`), unique in the run.
+        `name` is a controller's own (an MPIJob's `<job>-worker-<i>`), unique in the run; `within`: the names of the
+        nodes it may go to (a topology domain), None for any.
         """
         name = name or f"{job[:40]}-{role[:12]}-{secrets.token_hex(3)}".lower()
         with self._lock:
-            node = choose_node(self.nodes, job, asked)
+            node = choose_node(self.nodes, job, asked, within)
             counted = asked.within(node.capacity)
             node.allocated += counted
             node.pods[name] = job
@@ -184,7 +198,7 @@ class SimulatedCluster:
         `replacing`: the lost node it takes the place of.
         """
         with self._lock:
-            node = SimNode(f"node-{len(self.nodes) + 1}", self.nodes[0].capacity)
+            node = new_node(f"node-{len(self.nodes) + 1}", self.nodes[0].capacity)
             self.nodes.append(node)
             if replacing:
                 self._node(replacing).replaced = True
@@ -262,14 +276,27 @@ class SimulatedCluster:
             self._addresses.pop(pod, None)
 
 
-def choose_node(nodes: list[SimNode], job: str, asked: Requests) -> SimNode:
-    """The node a new pod of `job` asking `asked` goes to; PodNetworkError when every node is lost.
+def new_node(name: str, capacity: Requests) -> SimNode:
+    """A node of the run: one spine, block and rack for all (as a capacity block's nodes are), its own host name."""
+    layers = {
+        NETWORK_LAYER_LABEL.format(layer): f"nn-{level}-1" for layer, level in ((1, "spine"), (2, "block"), (3, "rack"))
+    }
+    return SimNode(name, capacity, labels={**layers, HOSTNAME_LABEL: name})
 
-    Fewest pods of its job first, then the least allocated, among the nodes where it fits (all, if it fits none).
+
+def choose_node(nodes: list[SimNode], job: str, asked: Requests, within: Collection[str] | None = None) -> SimNode:
+    """The node a new pod of `job` asking `asked` goes to; PodNetworkError when none is left.
+
+    Among the nodes named `within` (a topology domain; None: any): fewest pods of its job first, then the least
+    allocated, among the nodes where it fits (all, if it fits none).
     """
-    alive = [node for node in nodes if not node.lost and not node.cordoned]
+    alive = [node for node in nodes if not node.lost and not node.cordoned and (within is None or node.name in within)]
     if not alive:
-        raise PodNetworkError("no simulated node is left to place a pod on: every one was lost or is being drained")
+        raise PodNetworkError(
+            "no simulated node is left to place a pod on: every one"
+            + ("" if within is None else f" of {', '.join(sorted(within))}")
+            + " was lost or is being drained"
+        )
 
     def order(node: SimNode) -> tuple[int, float, int]:
         same_job = sum(1 for owner in node.pods.values() if owner == job)
