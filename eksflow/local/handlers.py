@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 import eksflow.local.job_kinds  # noqa: F401  # importing it registers eksflow's kinds of resource object
-from eksflow.local import mpi_pods, ray_pods, resources, services, train_pods
+from eksflow.local import mpi_pods, ray_pods, resources, services, topology_domains, train_pods
 from eksflow.local.model import ContainerTemplate, Mount, Output, PathRules, ResourceTemplate, Template
 from eksflow.local.paths import PathMap, map_argv, map_env, map_shell_words, path_rules
 from eksflow.local.phase import Phase
@@ -195,18 +195,63 @@ class ResourceHandler:
         argv = map_argv(list(job.argv), paths, rules) if job.argv else ["bash", "-c", command]
         deadlines = [d for d in (template.deadline_s, job.deadline_s) if d is not None]
         deadline = min(deadlines) if deadlines else None
-        if ctx.nodes is not None and job.ray_groups:
+        if ctx.nodes is None or not (job.ray_groups or job.mpi or job.train):
+            return _train_job(job.train, ctx, argv, env, deadline) if job.train else ctx.execute(argv, env, deadline)
+        name = job.mpi.name if job.mpi else job.train.name if job.train else _ray_job_name(ctx.key)
+        unplaced, waited = _placed(job, name, ctx, ctx.nodes, deadline)
+        if unplaced is not None:
+            return unplaced
+        deadline = None if deadline is None else max(0.0, deadline - waited)
+        try:
+            if job.train is not None:
+                return _train_job(job.train, ctx, argv, env, deadline)
+            if job.mpi is not None:
+                return _mpi_on_nodes(job.mpi, ctx, ctx.nodes, argv, env, deadline)
             group_envs = {group.role: map_env(group.env, paths, rules) for group in job.ray_groups}
-            return _ray_on_nodes(job, ctx, ctx.nodes, argv, env, group_envs, deadline)
-        if ctx.nodes is not None and job.mpi is not None:
-            return _mpi_on_nodes(job.mpi, ctx, ctx.nodes, argv, env, deadline)
-        if job.train is not None:
-            return _train_job(job.train, ctx, argv, env, deadline)
-        return ctx.execute(argv, env, deadline)
+            return _ray_on_nodes(job, name, ctx, ctx.nodes, argv, env, group_envs, deadline)
+        finally:
+            ctx.nodes.cluster.confine(name, None)
+
+
+def _ray_job_name(key: str) -> str:
+    """The name a RayJob's pods start with: its task's, as a DNS label."""
+    return re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")[:40] or "rayjob"
+
+
+def _placed(
+    job: resources.LocalJob, name: str, ctx: TaskContext, nodes: NodesContext, deadline: float | None
+) -> tuple[Attempt | None, float]:
+    """Confine the job's pods to the topology domain they ask for, once one holds them (Kueue admits the job then).
+
+    Until then the task is Pending with the reason; an Attempt if the run stops or the deadline passes first. The
+    seconds it waited.
+    """
+    ask = topology_domains.topology_ask(job.pod_annotations)
+    if job.train is not None:
+        pods = job.train.nodes
+    else:  # an MPIJob's workers, a RayJob's worker pods: the training pods, each asking for a node's worth
+        pods = job.mpi.workers if job.mpi is not None else sum(group.replicas for group in job.ray_groups[1:]) or 1
+    started = time.monotonic()
+    while True:
+        nodes.cluster.replace_lost()  # Karpenter: a node for each one lost, for the pods it would have held
+        placement = topology_domains.place(nodes.cluster.nodes, pods, ask, f"{job.kind} {name}")
+        waited = time.monotonic() - started
+        if not placement.pending:
+            break
+        nodes.pending(placement.pending)
+        if ctx.stop_reason() or (deadline is not None and waited > deadline):
+            why = ctx.stop_reason() or f"exceeded activeDeadlineSeconds={deadline:g}"
+            return Attempt(Phase.FAILED, None, f"{placement.pending}; {why}", waited), waited
+        time.sleep(_PENDING_CHECK_S)
+    if waited >= _PENDING_CHECK_S:
+        nodes.pending("")
+    nodes.cluster.confine(name, placement.domain)
+    return None, waited
 
 
 def _ray_on_nodes(
     job: resources.LocalJob,
+    name: str,
     ctx: TaskContext,
     nodes: NodesContext,
     argv: list[str],
@@ -215,7 +260,6 @@ def _ray_on_nodes(
     deadline: float | None,
 ) -> Attempt:
     """A RayJob as KubeRay runs it, on the simulated nodes: its pods (ray_pods.py), the entrypoint in the head."""
-    name = re.sub(r"[^a-z0-9-]+", "-", ctx.key.lower()).strip("-")[:40] or "rayjob"
     pods = ray_pods.RayPods(
         nodes.cluster, name, job, env={**ctx.env, "PATH": env["PATH"]}, logs=ctx.task_dir / "pods",
         spawn=nodes.spawn, reap=nodes.reap, changed=nodes.pods_changed,
@@ -273,21 +317,9 @@ def _train_job(
         layout, nodes.cluster if nodes else None, logs=ctx.task_dir / "pods", spawn=ctx.spawn, reap=ctx.reap,
         changed=nodes.pods_changed if nodes else lambda pods: None,
     )  # fmt: skip
-    started = time.monotonic()
-    while (placement := pods.placement()).pending:  # Kueue keeps the TrainJob suspended until its pods fit
-        assert nodes is not None
-        nodes.pending(placement.pending)
-        waited = time.monotonic() - started
-        if ctx.stop_reason() or (deadline is not None and waited > deadline):
-            why = ctx.stop_reason() or f"exceeded activeDeadlineSeconds={deadline:g}"
-            return Attempt(Phase.FAILED, None, f"{placement.pending}; {why}", waited)
-        time.sleep(_PENDING_CHECK_S)
-    if nodes is not None:
-        nodes.pending("")
     try:
-        main = pods.start(argv, {**ctx.env, **env}, placement.nodes)
-        remaining = None if deadline is None else max(0.0, deadline - (time.monotonic() - started))
-        attempt = ctx.execute(main, {**env, **pods.node_env(0)}, remaining)
+        main = pods.start(argv, {**ctx.env, **env})
+        attempt = ctx.execute(main, {**env, **pods.node_env(0)}, deadline)
     except (train_pods.TrainPodsError, PodNetworkError, OSError) as exc:
         attempt = Attempt(Phase.ERROR, None, f"the TrainJob's pods: {exc}", 0.0)
     finally:

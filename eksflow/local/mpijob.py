@@ -37,6 +37,7 @@ from eksflow.local.resources import (
     _mounts,
     _pod_devices,
     pod_requests,
+    template_annotations,
 )
 from eksflow.runtime import mpi_launcher
 from eksflow.runtime.ports import free_port
@@ -103,6 +104,7 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
     if workers:  # the workers' environment, then the launcher's (mpirun's own, which it passes on to local ranks)
         env = (*_fields.env(worker, f"{w_at}.containers[0]"), *env)
     metadata = _fields.mapping(manifest.get("metadata"), f"{where}.metadata")
+    ranks_in = "Worker" if workers else "Launcher"  # the pods the ranks run in
     layout = MpiLayout(
         _fields.text(metadata.get("name", ""), f"{where}.metadata.name"),
         workers,
@@ -125,6 +127,7 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
         refusal=refusal,
         prepare=local_environment(max(hosts, 1) * slots),
         mpi=layout if workers else None,  # runLauncherAsWorker alone: mpirun's ranks are the launcher's own
+        pod_annotations=tuple(template_annotations(replicas[ranks_in], f"{at}.{ranks_in}").items()),
     )
 
 

@@ -134,7 +134,6 @@ class TrainLayout:
     nodes: int  # numNodes
     procs_per_node: str  # PET_NPROC_PER_NODE, as the torch plugin resolves numProcPerNode
     requests: Requests  # one pod's CPU and memory requests (resourcesPerNode)
-    annotations: tuple[tuple[str, str], ...] = ()  # its pod template's (Kueue's podset topology among them)
 
 
 @dataclass(frozen=True)
@@ -157,6 +156,8 @@ class LocalJob:
     ray_groups: tuple[RayGroup, ...] = ()  # a RayJob's head and worker groups, for simulated nodes (ray_pods.py)
     mpi: MpiLayout | None = None  # an MPIJob's pods, for simulated nodes (mpi_pods.py)
     train: TrainLayout | None = None  # a TrainJob's pods, here or on simulated nodes (train_pods.py)
+    # The training pods' template annotations (Kueue's podset topology among them: topology_domains.py)
+    pod_annotations: tuple[tuple[str, str], ...] = ()
 
 
 Describer = Callable[[Mapping[str, Any], str], LocalJob]
@@ -273,6 +274,7 @@ def describe_ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         for resource, count in _pod_devices(head_pod, f"{at}.headGroupSpec").items()
     ]
     groups = [_ray_group("head", 1, head_group, head_pod, head, f"{at}.headGroupSpec")]
+    annotations = template_annotations(head_group, f"{at}.headGroupSpec")
     for i, group in enumerate(_fields.mappings(cluster.get("workerGroupSpecs"), f"{at}.workerGroupSpecs")):
         g_at = f"{at}.workerGroupSpecs[{i}]"
         replicas = group.get("replicas", group.get("minReplicas", 1))
@@ -286,6 +288,7 @@ def describe_ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
             raise ResourceError(f"{g_at}.template.spec.containers is empty; a worker needs its Ray container")
         role = _fields.optional_text(group, "groupName", g_at) or "worker"
         groups.append(_ray_group(role, pods, group, worker_pod, containers[0], g_at))
+        annotations.update(template_annotations(group, g_at))
     deadline = spec.get("activeDeadlineSeconds")
     return LocalJob(
         "RayJob",
@@ -295,7 +298,16 @@ def describe_ray_job(manifest: Mapping[str, Any], where: str) -> LocalJob:
         deadline_s=None if deadline is None else _fields.number(deadline, f"{where}.spec.activeDeadlineSeconds"),
         devices=tuple(devices),
         ray_groups=tuple(groups),
+        pod_annotations=tuple(annotations.items()),
     )
+
+
+def template_annotations(owner: Mapping[str, Any], where: str) -> dict[str, str]:
+    """The annotations of `owner`'s pod template (`template.metadata.annotations`)."""
+    template = _fields.mapping(owner.get("template"), f"{where}.template")
+    at = f"{where}.template.metadata"
+    notes = _fields.mapping(_fields.mapping(template.get("metadata"), at).get("annotations"), f"{at}.annotations")
+    return {str(key): _fields.text(value, f"{at}.annotations.{key}") for key, value in notes.items()}
 
 
 def _ray_group(

@@ -35,7 +35,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,7 @@ class SimulatedCluster:
         self._closing = threading.Event()
         self._addresses: dict[str, str] = {}  # pod name -> its address, for the node monitor's probes
         self._heard: dict[str, float] = {}  # node name -> when one of its pods last answered (monotonic seconds)
+        self._domains: dict[str, tuple[str, str]] = {}  # job -> the (node label, value) its pods must share
         self.network = PodNetwork()
         self.lost_record = self.network.folder / "lost-nodes"
         threading.Thread(target=self._watch_notices, name="spot-notices", daemon=True).start()
@@ -119,16 +120,15 @@ class SimulatedCluster:
         asked: Requests,
         name: str = "",
         aliases: tuple[str, ...] = (),
-        within: Collection[str] | None = None,
     ) -> PlacedPod:
         """Place a new pod of `job` with its network, named `name` or `<job>-<role>-<suffix>`; `aliases` name it too.
 
-        `name` is a controller's own (an MPIJob's `<job>-worker-<i>`), unique in the run; `within`: the names of the
-        nodes it may go to (a topology domain), None for any.
+        `name` is a controller's own (an MPIJob's `<job>-worker-<i>`), unique in the run. A job confined to a topology
+        domain (`confine`) gets its pods, replacements included, on that domain's nodes only.
         """
         name = name or f"{job[:40]}-{role[:12]}-{secrets.token_hex(3)}".lower()
         with self._lock:
-            node = choose_node(self.nodes, job, asked, within)
+            node = choose_node(self.nodes, job, asked, self._domains.get(job))
             counted = asked.within(node.capacity)
             node.allocated += counted
             node.pods[name] = job
@@ -140,6 +140,14 @@ class SimulatedCluster:
         with self._lock:
             self._addresses[name] = network.address
         return PlacedPod(name, role, node.name, network, counted)
+
+    def confine(self, job: str, domain: tuple[str, str] | None) -> None:
+        """Place `job`'s pods only on nodes whose label `domain[0]` is `domain[1]` (a topology domain); None: any."""
+        with self._lock:
+            if domain is None:
+                self._domains.pop(job, None)
+            else:
+                self._domains[job] = domain
 
     def delete_pod(self, pod: PlacedPod) -> None:
         """End the pod: its processes are killed, its address and namespace removed, its requests freed."""
@@ -284,17 +292,21 @@ def new_node(name: str, capacity: Requests) -> SimNode:
     return SimNode(name, capacity, labels={**layers, HOSTNAME_LABEL: name})
 
 
-def choose_node(nodes: list[SimNode], job: str, asked: Requests, within: Collection[str] | None = None) -> SimNode:
+def choose_node(nodes: list[SimNode], job: str, asked: Requests, domain: tuple[str, str] | None = None) -> SimNode:
     """The node a new pod of `job` asking `asked` goes to; PodNetworkError when none is left.
 
-    Among the nodes named `within` (a topology domain; None: any): fewest pods of its job first, then the least
+    Among the nodes of `domain` (a node label and its value; None: any): fewest pods of its job first, then the least
     allocated, among the nodes where it fits (all, if it fits none).
     """
-    alive = [node for node in nodes if not node.lost and not node.cordoned and (within is None or node.name in within)]
+    alive = [
+        node
+        for node in nodes
+        if not node.lost and not node.cordoned and (domain is None or node.labels.get(domain[0]) == domain[1])
+    ]
     if not alive:
         raise PodNetworkError(
             "no simulated node is left to place a pod on: every one"
-            + ("" if within is None else f" of {', '.join(sorted(within))}")
+            + ("" if domain is None else f" with {domain[0]}={domain[1]}")
             + " was lost or is being drained"
         )
 

@@ -7,11 +7,13 @@ value), and `podset-preferred-topology` as: in as few domains as fit. eksflow re
 training pods of a RayJob, MPIJob and TrainJob (eksflow.topology); the simulated nodes carry the same labels
 (sim_nodes.new_node).
 
-Here a job's pods go one to a node (a TrainJob's pod asks for a node's worth, `resourcesPerNode`), so a domain holds
-a job when it has a node, not lost or being drained, for each pod. Required: the pods are placed within the
-smallest domain that holds them all (Kueue's BestFit; ties go to the first by name), and when none does, the job
-stays Pending with one line giving each domain's node count. Preferred: within such a domain when one exists, and
-anywhere otherwise (never Pending), where Kueue would fill as few domains as it can.
+Here a job's training pods go one to a node (a TrainJob's node pods, an MPIJob's workers, a RayJob's worker pods:
+each asks for most of a node), so a domain holds a job when it has a node, not lost or being drained, for each; the
+job's other pods (an MPIJob's launcher, a RayJob's head) join them there, where Kueue places each pod set in a
+domain of its own. Required: every pod of the job goes to the smallest domain that holds them (Kueue's BestFit;
+ties go to the first by name), replacements included (a replacement node is in its lost node's domain), and when
+none does, the job stays Pending with one line giving each domain's node count. Preferred: within such a domain
+when one exists, and anywhere otherwise (never Pending), where Kueue would fill as few domains as it can.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ class TopologyAsk:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a job's pods may go: the names of one domain's nodes (None: any node), or why the job stays Pending."""
+    """Where a job's pods may go: one domain, a node label and its value (None: any node), or why it stays Pending."""
 
-    nodes: frozenset[str] | None
+    domain: tuple[str, str] | None
     pending: str = ""  # one line; "" when the pods can be placed
 
 
@@ -76,7 +78,7 @@ def place(nodes: Iterable[SimNode], pods: int, ask: TopologyAsk, job: str) -> Pl
     holding = [(len(names), value) for value, names in by_domain.items() if len(names) >= pods]
     if holding:
         _, best = min(holding)  # the smallest domain that holds them all, then the first by name
-        return Placement(frozenset(by_domain[best]))
+        return Placement((label, best))
     if not ask.required:
         return Placement(None)
     counts = ", ".join(f"{value} {_count(len(names), 'node')}" for value, names in by_domain.items()) or "none"

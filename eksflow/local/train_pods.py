@@ -3,10 +3,11 @@
 Without simulated nodes every pod is a process on this host: PET_MASTER_ADDR is 127.0.0.1 and PET_MASTER_PORT a
 free port (node 0's pod name and the Trainer's port 29500 exist only on the cluster). On simulated nodes
 (`run --nodes N`) each pod goes to a node of its own (the default spread: fewest pods of the job first), within
-one domain of the topology level its template asks for (topology_domains.py: a required level no domain holds keeps
-the job Pending, with the reason), in its own network namespace with its node's address; the run's /etc/hosts gives
-it its name and its FQDN under the JobSet's headless Service, `<trainjob>-node-0-<i>.<trainjob>`, so PET_MASTER_ADDR
-resolves to node 0's pod, where torchrun's agent hosts the rendezvous store on port 29500 and the others meet it.
+one domain of the topology level its template asks for (topology_domains.py: a required level no domain holds
+keeps the job Pending, with the reason), in its own network namespace with its node's address; the run's
+/etc/hosts gives it its name and its FQDN under the JobSet's headless Service, `<trainjob>-node-0-<i>.<trainjob>`,
+so PET_MASTER_ADDR resolves to node 0's pod, where torchrun's agent hosts the rendezvous store on port 29500 and the
+others meet it.
 Each pod gets NODE_NAME and the run's record of lost nodes, as a RayJob's do (eksflow.runtime.nodes).
 
 Node 0's pod runs as the task's own process: its output is the task's log (the other pods' are in the task's
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import IO
 
 from eksflow.errors import EXIT_FAILED, EksflowError
-from eksflow.local import topology_domains
 from eksflow.local.ray_pods import Reap, Spawn
 from eksflow.local.resources import TrainLayout
 from eksflow.local.sim_nodes import PlacedPod, SimulatedCluster
@@ -93,16 +93,8 @@ class TrainPods:
         self._watcher: threading.Thread | None = None
         self.failure = ""  # the pod that failed the TrainJob, and how ("" while none has)
 
-    def placement(self) -> topology_domains.Placement:
-        """Where the pods may go now: one topology domain's nodes, any node, or Pending with the reason."""
-        if self.cluster is None:
-            return topology_domains.Placement(None)
-        self.cluster.replace_lost()  # Karpenter: a node for the pods a lost one would have taken
-        ask = topology_domains.topology_ask(self.layout.annotations)
-        return topology_domains.place(self.cluster.nodes, self.layout.nodes, ask, f"TrainJob {self.layout.name}")
-
-    def start(self, argv: list[str], env: Mapping[str, str], within: frozenset[str] | None) -> list[str]:
-        """Create every pod within the nodes `within` (None: any) and start those of nodes 1..; node 0's argv.
+    def start(self, argv: list[str], env: Mapping[str, str]) -> list[str]:
+        """Create every pod (within the job's topology domain, if confined) and start those of nodes 1..; node 0's argv.
 
         `env` is the trainer container's environment (what a pod process starts from); node 0's own PET_* are in
         `node_env(0)`.
@@ -113,7 +105,7 @@ class TrainPods:
             host = f"{name}-{ROLE}-0-{rank}"
             placed = None
             if self.cluster is not None:
-                placed = self.cluster.create_pod(name, ROLE, self.layout.requests, host, (f"{host}.{name}",), within)
+                placed = self.cluster.create_pod(name, ROLE, self.layout.requests, host, (f"{host}.{name}",))
             pod = _Pod(rank, placed)
             with self._lock:
                 self._pods.append(pod)

@@ -33,6 +33,7 @@ from eksflow.local.resources import (
     TrainLayout,
     _fields,
     _mounts,
+    template_annotations,
 )
 from eksflow.profiles import GPU_RESOURCE
 
@@ -107,8 +108,8 @@ def describe(manifest: Mapping[str, Any], where: str) -> LocalJob:
             nodes,
             procs_per_node(trainer.get("numProcPerNode"), resources, f"{t_at}.numProcPerNode"),
             requests,
-            _pod_annotations(spec, where),
         ),
+        pod_annotations=_pod_annotations(spec, where),
     )
 
 
@@ -179,10 +180,8 @@ def _pod_annotations(spec: Mapping[str, Any], where: str) -> tuple[tuple[str, st
     found: dict[str, str] = {}
     for i, patch in enumerate(_fields.mappings(spec.get("runtimePatches"), f"{where}.spec.runtimePatches")):
         for j, job in enumerate(_replicated_jobs(patch, f"{where}.spec.runtimePatches[{i}]")):
-            at = f"{where}.spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs[{j}]"
-            metadata = _fields.mapping(_template(job, at).get("metadata"), f"{at}.template.spec.template.metadata")
-            notes = _fields.mapping(metadata.get("annotations"), f"{at}.template.spec.template.metadata.annotations")
-            found.update((str(key), _fields.text(value, f"{at}...annotations.{key}")) for key, value in notes.items())
+            at = f"{where}.spec.runtimePatches[{i}].trainingRuntimeSpec.template.spec.replicatedJobs[{j}].template"
+            found.update(template_annotations(_fields.mapping(job.get("template"), at).get("spec") or {}, f"{at}.spec"))
     return tuple(found.items())
 
 

@@ -14,7 +14,9 @@ import yaml
 from eksflow import topology
 from eksflow.local.node import Requests
 from eksflow.local.pod_network import unavailable
-from eksflow.local.sim_nodes import HOSTNAME_LABEL, NETWORK_LAYER_LABEL, SimNode, new_node
+from eksflow.local.resources import describe
+from eksflow.local.sim_nodes import HOSTNAME_LABEL, NETWORK_LAYER_LABEL, SimNode, choose_node, new_node
+from eksflow.local.substitution import PLACEHOLDER
 from eksflow.local.topology_domains import (
     LEVEL_NAMES,
     PREFERRED_ANNOTATION,
@@ -24,7 +26,8 @@ from eksflow.local.topology_domains import (
     place,
     topology_ask,
 )
-from tests.unit.local.test_resources import resource, run, workflow
+from eksflow.manifests import REFERENCE
+from tests.unit.local.test_resources import rendered, resource, run, workflow
 from tests.unit.local.test_trainjob_handler import trainjob
 
 RACK = NETWORK_LAYER_LABEL.format(3)
@@ -62,9 +65,16 @@ def test_the_simulated_nodes_carry_eks_topology_labels_and_the_renderers_annotat
 
 def test_a_required_level_takes_the_smallest_domain_that_holds_every_pod():
     nodes = racks(3, 2)
-    assert place(nodes, 2, TopologyAsk(required=RACK), "job") == Placement(frozenset({"node-4", "node-5"}))
-    assert place(nodes, 3, TopologyAsk(required=RACK), "job") == Placement(frozenset({"node-1", "node-2", "node-3"}))
+    assert place(nodes, 2, TopologyAsk(required=RACK), "job") == Placement((RACK, "nn-rack-b"))
+    assert place(nodes, 3, TopologyAsk(required=RACK), "job") == Placement((RACK, "nn-rack-a"))
     assert place(nodes, 3, TopologyAsk(), "job") == Placement(None)  # no topology: any node
+    # the pods of a job confined to a domain go to its nodes alone, spread over them
+    chosen = []
+    for i in range(4):
+        node = choose_node(nodes, "job", CORE, (RACK, "nn-rack-b"))
+        node.pods[f"job-{i}"] = "job"
+        chosen.append(node.name)
+    assert chosen == ["node-4", "node-5", "node-4", "node-5"]
 
 
 def test_a_required_level_no_domain_holds_is_pending_with_each_domains_node_count():
@@ -83,7 +93,7 @@ def test_a_required_level_no_domain_holds_is_pending_with_each_domains_node_coun
 
 def test_a_preferred_level_keeps_the_pods_together_when_it_can_and_is_never_pending():
     nodes = racks(3, 2)
-    assert place(nodes, 2, TopologyAsk(preferred=RACK), "job").nodes == {"node-4", "node-5"}
+    assert place(nodes, 2, TopologyAsk(preferred=RACK), "job").domain == (RACK, "nn-rack-b")
     assert place(nodes, 4, TopologyAsk(preferred=RACK), "job") == Placement(None)
 
 
@@ -117,3 +127,11 @@ def test_a_trainjob_no_domain_holds_stays_pending_saying_why_until_its_deadline(
     )
     assert train.message.endswith("none has 2: node-1 1 node, node-2 1 node; exceeded activeDeadlineSeconds=3")
     assert not (result.run_dir / "tasks" / "train" / "pods").exists()  # no pod started
+
+
+@pytest.mark.parametrize("launcher", ["rayjob", "mpijob", "trainjob"])
+def test_every_topology_aware_job_tells_the_executor_the_level_its_training_pods_require(launcher: str) -> None:
+    parsed = rendered(f"cluster.launcher={launcher}", "cluster.nodes=2", "cluster.topology=rack")
+    (template,) = [t for t in parsed["spec"]["templates"] if t["name"] == "train"]
+    job = describe(REFERENCE.sub(PLACEHOLDER, template["resource"]["manifest"]), "train")
+    assert topology_ask(job.pod_annotations) == TopologyAsk(required=RACK)

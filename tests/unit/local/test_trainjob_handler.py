@@ -91,7 +91,7 @@ def test_the_rendered_trainjob_is_torchrun_of_the_step_in_a_pod_per_node_with_fs
     assert job.argv[:3] == ("torchrun", "-m", "eksflow.llm.steps.train") and "--launcher=torchrun" in job.argv
     assert job.train is not None and (job.train.nodes, job.train.procs_per_node) == (2, "1")
     assert job.train.requests == Requests(14000, 48 * GIB)
-    assert ("kueue.x-k8s.io/podset-required-topology", "topology.k8s.aws/network-node-layer-3") in job.train.annotations
+    assert ("kueue.x-k8s.io/podset-required-topology", "topology.k8s.aws/network-node-layer-3") in job.pod_annotations
     assert [(m.mount_path, m.claim) for m in job.mounts] == [("/fsx", "fsx-claim")]  # /dev/shm is this machine's
     assert ("GLOO_SOCKET_IFNAME", "eth0") in job.env
 
