@@ -70,7 +70,11 @@ class JobLauncher(Launcher):
         return argo * (cluster_of(cfg).backoff_limit + 1) * (inner + 1)
 
     def add(self, request: JobRequest) -> TaskRef:
-        """The job task and its collector, both memoized under one key: a hit skips the job and still gives outputs."""
+        """The job task and its collector, each memoized: a hit skips the job and still gives outputs.
+
+        Their keys differ (the same fingerprint): under one key the collector would hit the job's entry, saved
+        moments before with no outputs, on the first run.
+        """
         pipeline = Pipeline.current()
         cfg, name, step = request.cfg, request.task, request.step
         args_type, outputs = contract(step)
@@ -96,7 +100,8 @@ class JobLauncher(Launcher):
             step=step.__name__,
             active_deadline_seconds=attempt_deadline_s(cfg) + DEADLINE_MARGIN_S,
         )
-        template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), memo, list(memo_inputs))
+        collected, _ = memoization(cfg, f"{name}-outputs", fingerprint, memoize)
+        template = collector(cfg, name, list(outputs), step_gauges(cfg, step, name), collected, list(memo_inputs))
         collect = f"{name}-outputs"
         return pipeline.add(
             collect, template, step=step.__name__, outputs=outputs, inputs=memo_inputs, after=job,
