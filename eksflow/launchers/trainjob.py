@@ -46,7 +46,7 @@ from typing import Any
 from eksflow import profiles, topology
 from eksflow.cluster import ClusterSettings, cluster_of
 from eksflow.config import PipelineConfig
-from eksflow.errors import PipelineError
+from eksflow.errors import ConfigError, PipelineError
 from eksflow.launchers.base import (
     Job,
     JobRequest,
@@ -65,6 +65,10 @@ TRAINER_JOB = "node"  # the runtime's replicated job and container of the traine
 PATCH_MANAGER = "eksflow.dev/launcher"  # a domain-prefixed path, as the Trainer's webhook requires
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 FAILURE = "status.conditions.0.type == Failed,status.conditions.1.type == Failed"  # any one fails the task
+# The longest workflow name a pipeline `name` gets: a CronWorkflow's runs are `<name>-<unix time>` (10 digits);
+# generateName adds 6 characters (`-` and 5), `argo submit --from` the same.
+RUN_SUFFIX = len("-1765000000")
+MAX_LABEL = 63  # a TrainJob's name (the CRD's CEL rule) and each pod's hostname are DNS labels
 TRAINIUM_REFUSAL = (
     "cluster.launcher: trainjob runs on GPU or CPU nodes; Trainium trains with torchrun in a Volcano Job; "
     "fix: --set cluster.launcher=rayjob"
@@ -74,6 +78,30 @@ TRAINIUM_REFUSAL = (
 def success(cluster: ClusterSettings) -> str:
     """`Complete` in its place: second after `Suspended` under Kueue (created suspended), first otherwise."""
     return f"status.conditions.{1 if cluster.scheduler == 'kueue' else 0}.type == Complete"
+
+
+def name_problem(pipeline: str, task: str, nodes: int) -> str:
+    """Why the TrainJob of `task` or its pods would get a name the API server refuses, or "".
+
+    The TrainJob is `<workflow>-<task>-<retry>` (jobs.job_name), an RFC 1035 label of at most 63 characters (its
+    CRD's rules); the JobSet's pods get the hostnames `<TrainJob>-node-0-<i>`, DNS labels of at most 63 too.
+    """
+    if not pipeline[:1].isalpha():
+        return (
+            f"cluster.launcher: trainjob names its TrainJob after the run, and a TrainJob's name must start with a "
+            f"letter (RFC 1035); the pipeline name {pipeline!r} does not; fix: --set name=<a name starting with one>"
+        )
+    retry = len(str(int(str(JOB_RETRY.limit))))
+    longest = len(pipeline) + RUN_SUFFIX + len(f"-{task}-") + retry + len(f"-{TRAINER_JOB}-0-{nodes - 1}")
+    if longest <= MAX_LABEL:
+        return ""
+    room = len(pipeline) - (longest - MAX_LABEL)
+    return (
+        f"cluster.launcher: trainjob: the pods of task {task!r} would be named up to {longest} characters "
+        f"(<run>-{task}-<retry>-{TRAINER_JOB}-0-<node>, the run being <name>-<10 digits> from a CronWorkflow), "
+        f"over the {MAX_LABEL} a hostname allows; fix: a pipeline name of at most {max(room, 0)} characters "
+        "(--set name=...)" + ("" if room > 0 else " and a shorter task name")
+    )
 
 
 def processes_per_node(profile: Profile) -> int:
@@ -145,6 +173,8 @@ class TrainJob(JobLauncher):
 
     def prepare(self, request: JobRequest) -> JobRequest:
         """Every worker runs the step with `--launcher=torchrun`: its Args need that field. CPU: one per node."""
+        if problem := name_problem(request.cfg.name, request.task, request.cluster.nodes):
+            raise ConfigError(problem)
         if "launcher" not in contract(request.step)[0].model_fields:
             raise PipelineError(
                 f"distributed({request.step.__name__}): cluster.launcher=trainjob runs it as `--launcher=torchrun` "

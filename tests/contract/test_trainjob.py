@@ -107,6 +107,21 @@ def test_the_runtime_is_configurable_and_a_malformed_name_is_refused_in_one_line
     assert line.startswith("cluster.trainjob.runtime:")
 
 
+def test_a_pipeline_name_too_long_for_the_pods_hostnames_is_refused_in_one_line():
+    longest_fitting = "a" * 35
+    (train,) = [t for t in render(["cluster.launcher=trainjob", f"name={longest_fitting}", "cluster.nodes=2"])["spec"]
+                ["templates"] if t["name"] == "train"]  # fmt: skip
+    # The longest run name is a CronWorkflow's (10 digits of unix time); the TrainJob's last attempt and node pod:
+    job = manifest_object(train)["metadata"]["name"]
+    job = job.replace("{{workflow.name}}", f"{longest_fitting}-1765000000").replace("{{retries}}", "1")
+    assert len(f"{job}-node-0-1") == 63
+    for name, fix in (("a" * 36, "at most 35 characters"), ("9lives", "must start with a letter")):
+        with pytest.raises(ConfigError) as refused:
+            pipeline(["cluster.launcher=trainjob", f"name={name}", "cluster.nodes=2"])
+        (line,) = str(refused.value).splitlines()
+        assert fix in line
+
+
 def test_plan_shows_the_pods_and_attempts_and_refuses_trainium_and_too_many_nodes():
     rows = dict(plan.check(pipeline(VARIANTS["p4d-efa-spot-trainjob-rack"])).rows)
     assert rows["train: pods"] == (
