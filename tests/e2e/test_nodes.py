@@ -25,7 +25,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from eksflow.launchers import mpijob, rayjob
+from eksflow.launchers import mpijob, rayjob, trainjob
 from eksflow.llm.steps.common import checkpoints
 from eksflow.llm.steps.train.state import read_metrics
 from eksflow.local import run_workflow
@@ -47,20 +47,34 @@ def workdir(tmp_path_factory, tiny_llama):
 
 
 def run_on_nodes(
-    state: Path, argv: list[str], *, retries: int = 0, during=None, launcher: str = "rayjob", nodes: int = 2
+    state: Path,
+    argv: list[str],
+    *,
+    retries: int = 0,
+    during=None,
+    launcher: str = "rayjob",
+    nodes: int = 2,
+    backoff: str = "",
 ):
-    """The rendered RayJob (or MPIJob) of `cluster.nodes=2` in a workflow of one task, run with `nodes` simulated
-    nodes."""
+    """The rendered RayJob (or MPIJob, or TrainJob) of `cluster.nodes=2` in a workflow of one task, run with `nodes`
+    simulated nodes; `backoff`: the retry's delay (a Go duration), which the failed attempt's message shows during."""
     cfg = config(["cluster.nodes=2", f"cluster.launcher={launcher}"])
     if launcher == "mpijob":
         manifest = mpijob.manifest(cfg, "train", "eksflow.llm.steps.train", 2, argv, ("final_loss",))
         success, failure = mpijob.SUCCESS, mpijob.failure(cfg)
+    elif launcher == "trainjob":
+        manifest = trainjob.manifest(cfg, "train", "eksflow.llm.steps.train", argv)
+        success, failure = trainjob.success(cfg.cluster), trainjob.FAILURE
     else:
         manifest = rayjob.manifest(cfg, "train", "eksflow.llm.steps.train", argv)
         success, failure = rayjob.SUCCESS, rayjob.FAILURE
     template = {
         "name": "train",
-        "retryStrategy": {"limit": retries, "retryPolicy": "Always"},
+        "retryStrategy": {
+            "limit": retries,
+            "retryPolicy": "Always",
+            **({"backoff": {"duration": backoff}} if backoff else {}),
+        },
         "resource": {
             "action": "create",
             "successCondition": success,
@@ -409,4 +423,88 @@ def test_an_mpijob_whose_worker_node_is_lost_is_retried_from_its_checkpoint(work
             f"{time.monotonic() - float(str(lost['at'])):.0f} s from the loss to the end of training; the lease: "
             f"{lease_note}; the lost attempt's mpirun "
             + ("exited 0, failed by the wrapper" if "mpirun exited 0 but" in log else "failed by itself")
+        )
+
+
+def pod_logs(state: Path) -> str:
+    """What the run's pods other than a task's own process wrote (a TrainJob's nodes 1..), one after the other."""
+    return "".join(p.read_text(errors="replace") for p in sorted((state / "runs").glob("*/tasks/*/pods/*.log")))
+
+
+def test_zero2_across_two_nodes_as_the_kubeflow_trainer_runs_it_with_torchrun(workdir, tmp_path):
+    """The TrainJob of `cluster.launcher=trainjob` and `cluster.nodes=2` on CPU: a pod per node
+    (`<job>-node-0-<i>`), torchrun in each with the Trainer's PET_* (PET_MASTER_ADDR node 0's FQDN under the job's
+    headless Service, resolving through the run's /etc/hosts to its pod address), the agents meeting in node 0's
+    rendezvous store, DeepSpeed ZeRO-2 over gloo between the two pod addresses."""
+    before = leftovers()
+    out = tmp_path / "train"
+    argv = train_args(workdir, out, "deepspeed", launcher="torchrun", max_steps=4, checkpoint_every=4, zero_stage=2)
+    node, status, log = run_on_nodes(tmp_path / "state", argv, launcher="trainjob")
+    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
+    ranks = re.findall(r"rank (\d)/2: host (\S+) (\S+)", log + pod_logs(tmp_path / "state"))
+    assert sorted(rank for rank, _, _ in ranks) == ["0", "1"], log[-3000:]
+    pods = status["pods"]
+    assert [p["role"] for p in pods] == ["node", "node"] and len({p["hostNodeName"] for p in pods}) == 2, pods
+    # each rank in its node's pod, under the Trainer's pod name, with that pod's address
+    assert {(host, address) for _, host, address in ranks} == {(p["name"], p["podIP"]) for p in pods}, (ranks, pods)
+    assert {re.sub(r".*-train-0-node-0-", "", host) for _, host, _ in ranks} == {"0", "1"}, ranks
+    assert all(ipaddress.ip_address(p["podIP"]) in POD_RANGE for p in pods)
+    assert "strategy: deepspeed (strategy=deepspeed (ZeRO-2)" in log, log[-3000:]
+    assert checkpoints.committed(out / "checkpoints")[-1].step == 4
+    assert status["hostNodeName"] == pods[0]["hostNodeName"]  # node 0's pod runs the task's process, rank 0
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
+
+
+@pytest.mark.drill
+def test_a_trainjob_whose_node_is_lost_fails_and_the_retry_resumes_on_the_node_left_and_a_replacement(
+    workdir, tmp_path, capsys
+):
+    """The TrainJob node-loss drill (`pytest -m drill`, not in `make test`). Node 1's node lost after the first
+    commit: its pod is gone, so the TrainJob fails as the JobSet does (no failurePolicy: the first failed node Job
+    fails it) and node 0's pod is deleted with it; Argo's retry creates a new TrainJob, whose pods go to the node left
+    and a replacement, and resumes from that checkpoint."""
+    before = leftovers()
+    out = tmp_path / "train"
+    steps, every = 8, 2
+    lost: dict[str, object] = {}
+
+    def lose_node_1(state: Path) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not checkpoints.committed(out / "checkpoints"):
+            time.sleep(0.05)
+        (status_file,) = (state / "runs").glob("*/status.json")
+        pods = json.loads(status_file.read_text())["status"]["nodes"]["train"]["pods"]
+        victim = next(p for p in pods if p["name"].endswith("-node-0-1"))
+        lose_node(pods, victim["hostNodeName"])
+        lost["at"] = time.monotonic()
+        lost.update(node=victim["hostNodeName"], done=checkpoints.committed(out / "checkpoints")[-1].step)
+        while time.monotonic() < deadline and "failure" not in lost:  # the attempt's end, as the retry shows it
+            message = json.loads(status_file.read_text())["status"]["nodes"]["train"].get("message", "")
+            if "the TrainJob failed" in message:
+                lost["failure"] = message
+            time.sleep(0.05)
+
+    argv = train_args(
+        workdir, out, "deepspeed", launcher="torchrun", max_steps=steps, checkpoint_every=every, zero_stage=2,
+        grad_accum_steps=8,
+    )  # fmt: skip
+    node, status, log = run_on_nodes(
+        tmp_path / "state", argv, retries=1, during=lose_node_1, launcher="trainjob", backoff="3s"
+    )
+    assert node.phase == "Succeeded" and node.retries == 1, f"{node.message}\n{log[-3000:]}"
+    failure = str(lost.get("failure", ""))
+    assert (
+        failure.startswith("the TrainJob failed: pod ") and f"-node-0-1 on {lost['node']}: its node was lost" in failure
+    )
+    resumed = [int(s) for s in re.findall(RESUMED, log)]
+    assert resumed == [lost["done"]], log[-3000:]
+    assert checkpoints.committed(out / "checkpoints")[-1].step == steps
+    pods = status["pods"]  # the retry's: one on the node left, one on the replacement
+    assert len(pods) == 2 and lost["node"] not in {p["hostNodeName"] for p in pods}, pods
+    assert "node-3" in {p["hostNodeName"] for p in pods}, pods
+    assert leftovers() == before, "every pod, address and bridge goes with the run"
+    with capsys.disabled():
+        print(
+            f"\nTrainJob node {lost['node']} lost after checkpoint step {lost['done']}: the retry resumed from step "
+            f"{resumed[0]}; {time.monotonic() - float(str(lost['at'])):.0f} s from the loss to the end of training"
         )
