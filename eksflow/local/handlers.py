@@ -317,13 +317,14 @@ def _train_job(
         layout, nodes.cluster if nodes else None, logs=ctx.task_dir / "pods", spawn=ctx.spawn, reap=ctx.reap,
         changed=nodes.pods_changed if nodes else lambda pods: None,
     )  # fmt: skip
+    attempt = Attempt(Phase.ERROR, None, "the TrainJob's pods did not start", 0.0)
     try:
         main = pods.start(argv, {**ctx.env, **env})
         attempt = ctx.execute(main, {**env, **pods.node_env(0)}, deadline)
     except (train_pods.TrainPodsError, PodNetworkError, OSError) as exc:
         attempt = Attempt(Phase.ERROR, None, f"the TrainJob's pods: {exc}", 0.0)
     finally:
-        failure = pods.close()
+        failure = pods.close(succeeded=attempt.phase is Phase.SUCCEEDED)
     if failure:
         attempt.phase = Phase.FAILED
         attempt.message = "; ".join(filter(None, [failure, attempt.message]))

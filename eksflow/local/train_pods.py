@@ -44,7 +44,7 @@ from eksflow.runtime.nodes import LOST_NODES_ENV, NODE_NAME_ENV
 from eksflow.runtime.ports import free_port
 
 _WATCH_S = 0.5
-_PEER_END_S = 60.0  # how long the other pods get to end once node 0's has: their agents' exit barrier and teardown
+_PEER_END_S = 60.0  # how long the other pods get to end once node 0's has succeeded
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ROLE = "node"  # every pod's role in status.json: the replicated job's name
 
@@ -62,6 +62,7 @@ class _Pod:
     placed: PlacedPod | None  # its place on a simulated node; None: a process on this host
     proc: subprocess.Popen[bytes] | None = None  # None for node 0's, which the task runs itself
     log: IO[bytes] | None = None
+    deleted: bool = False  # deleted with the TrainJob's failure: its sandbox gone, its node still there
 
 
 class TrainPods:
@@ -138,21 +139,25 @@ class TrainPods:
         with self._lock:
             return [pod.placed.document() for pod in self._pods if pod.placed is not None]
 
-    def close(self) -> str:
-        """End every pod (node 0's task process has ended); why the TrainJob failed, "" if no pod failed it."""
+    def close(self, succeeded: bool) -> str:
+        """End every pod once node 0's task process has ended; why another pod failed the TrainJob ("" if none did).
+
+        After node 0's success (`succeeded`) the others get their time to end their own way; after its failure the
+        JobSet fails and deletes them at once.
+        """
         self._closing.set()
         if self._watcher is not None:
             self._watcher.join()
         with self._lock:
             pods, self._pods = self._pods, []
         for pod in pods[1:]:
-            if pod.proc is not None and not self.failure:
+            if pod.proc is not None and succeeded and not self.failure:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    pod.proc.wait(_PEER_END_S)  # node 0's agent is done: the others end their own way
+                    pod.proc.wait(_PEER_END_S)  # their agents' exit barrier and teardown
                 self._check(pod)
         for pod in pods:
             if pod.placed is not None and self.cluster is not None:
-                if not pod.placed.network.exists():  # its sandbox went without the pod ending: its node is gone
+                if not pod.deleted and not pod.placed.network.exists():  # its sandbox went on its own: its node did
                     self.cluster.lose(pod.placed.node)
                 self.cluster.delete_pod(pod.placed)
             if pod.proc is not None:
@@ -174,7 +179,8 @@ class TrainPods:
                 pods = list(self._pods)
             if any(self._check(pod) for pod in pods):
                 for pod in pods:
-                    if pod.placed is not None and self.cluster is not None:
+                    if pod.placed is not None and self.cluster is not None and pod.placed.network.exists():
+                        pod.deleted = True
                         self.cluster.delete_pod(pod.placed)  # node 0's task process goes with its pod
                 return
 

@@ -139,6 +139,19 @@ def test_a_pod_that_fails_fails_the_trainjob_naming_it(tmp_path: Path):
     )
 
 
+def test_node_0_failing_fails_the_trainjob_and_deletes_the_other_pods_at_once(tmp_path: Path):
+    """As the JobSet deletes the other pods when a node's Job fails: node 1 never gets to write its file."""
+    late = tmp_path / "node-1-finished"
+    program = (
+        "import os, pathlib, sys, time\n"
+        "if os.environ['PET_NODE_RANK'] == '0': sys.exit(3)\n"
+        f"time.sleep(30); pathlib.Path({str(late)!r}).touch()\n"
+    )
+    train = run(workflow([("train", None)], [resource("train", trainjob(["python", "-c", program]))]), tmp_path)
+    assert train.nodes["train"].phase == "Failed" and train.nodes["train"].message.startswith("exit code 3")
+    assert not late.exists()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
