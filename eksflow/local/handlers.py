@@ -231,7 +231,7 @@ def _placed(
         pods = job.train.nodes
     else:  # an MPIJob's workers, a RayJob's worker pods: the training pods, each asking for a node's worth
         pods = job.mpi.workers if job.mpi is not None else sum(group.replicas for group in job.ray_groups[1:]) or 1
-    started = time.monotonic()
+    started, pending = time.monotonic(), False
     while True:
         nodes.cluster.replace_lost()  # Karpenter: a node for each one lost, for the pods it would have held
         placement = topology_domains.place(nodes.cluster.nodes, pods, ask, f"{job.kind} {name}")
@@ -239,11 +239,12 @@ def _placed(
         if not placement.pending:
             break
         nodes.pending(placement.pending)
+        pending = True
         if ctx.stop_reason() or (deadline is not None and waited > deadline):
             why = ctx.stop_reason() or f"exceeded activeDeadlineSeconds={deadline:g}"
             return Attempt(Phase.FAILED, None, f"{placement.pending}; {why}", waited), waited
         time.sleep(_PENDING_CHECK_S)
-    if waited >= _PENDING_CHECK_S:
+    if pending:
         nodes.pending("")
     nodes.cluster.confine(name, placement.domain)
     return None, waited
