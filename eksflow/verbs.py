@@ -79,6 +79,7 @@ def run_verb(args: argparse.Namespace, pipeline: str, root: Path, console: Conso
 def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], root: Path, console: Console) -> int:
     from eksflow import local
     from eksflow.local.runs import run_folder
+    from eksflow.local.trainer_status_server import trainer_status_line
     from eksflow.parameters import parameter_problems
     from eksflow.run import execute_env, print_result
 
@@ -110,6 +111,9 @@ def _local(args: argparse.Namespace, pipeline: str, parameters: dict[str, str], 
             for pod in node.pods:
                 pod_line = f"      pod {pod['name']} ({pod['role']}) on {pod['hostNodeName']}, {pod['podIP']}"
                 out.print(shown(pod_line), markup=False, highlight=False, soft_wrap=True)
+            if node.trainer_status is not None:  # a TrainJob's, as `kubectl get trainjob` shows status.trainerStatus
+                line = f"      trainerStatus: {trainer_status_line(node.trainer_status)}"
+                out.print(shown(line), markup=False, highlight=False, soft_wrap=True)
             for name, value in view.host_outputs(key).items():
                 out.print(shown(f"      {name} = {_short(value)}"), markup=False, highlight=False, soft_wrap=True)
         return 0 if view.phase is local.Phase.SUCCEEDED else EXIT_FAILED

@@ -36,6 +36,7 @@ from eksflow.local.services import RunServices
 from eksflow.local.sim_nodes import SimulatedCluster
 from eksflow.local.status import now, short
 from eksflow.local.substitution import Scope
+from eksflow.local.trainer_status_server import read_status
 from eksflow.runtime.readable import format_duration, log_tail
 from eksflow.runtime.rundir import RUN_DIR_ENV
 
@@ -65,11 +66,12 @@ class PodRunner:
             thread.join(timeout_s)
 
     def poll_progress(self) -> None:
-        """Show each running pod's progress file (what ARGO_PROGRESS_FILE points at) in its node."""
+        """Show each running pod's progress file (ARGO_PROGRESS_FILE) and its TrainJob's trainerStatus in its node."""
         changed = False
         for key, node in list(self.book.nodes.items()):
             if node.phase is not Phase.RUNNING or key not in self.threads:
                 continue
+            changed = self._take_trainer_status(key) or changed
             with contextlib.suppress(OSError):
                 value = (self.folder.task_dir(key) / "progress").read_text(encoding="utf-8", errors="replace")
                 value = value.strip()[:40]
@@ -78,6 +80,16 @@ class PodRunner:
                     changed = True
         if changed:
             self.book.touch()
+
+    def _take_trainer_status(self, key: str) -> bool:
+        """Put the latest trainerStatus of node `key`'s TrainJob in the node; whether it changed."""
+        reported = read_status(self.folder.task_dir(key))
+        with self.book.lock:
+            node = self.book[key]
+            if reported is None or reported == node.trainer_status:
+                return False
+            node.trainer_status = reported
+        return True
 
     def start(self, unit: Unit) -> None:
         """Create the pod: Pending until the node has room for it (the pass's `node.schedule` decides)."""
@@ -109,6 +121,7 @@ class PodRunner:
             result = Attempt(Phase.ERROR, None, str(exc), 0.0)
         except Exception as exc:  # a bug here must end the node, or the scheduler would wait for it forever
             result = Attempt(Phase.ERROR, None, f"local executor error: {exc!r}", 0.0)
+        self._take_trainer_status(unit.key)  # the last report, sent as the pods ended
         self.book.set(unit.key, result.phase, result.message, exit_code=result.exit_code, outputs=result.outputs)
         if result.phase is Phase.SUCCEEDED:
             try:

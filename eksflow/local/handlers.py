@@ -9,9 +9,10 @@ status and stopping; a handler only turns a template into a process.
   mounts is the attempt's read-only copy of it (secret_mounts.py).
 - ResourceHandler: the object the manifest creates, described by the handler of its kind in resources.py (a
   RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
-  new kinds register there. A TrainJob's pods run as the Trainer runs them (train_pods.py). An object of a run
-  service's kind (services.py) goes to that service of the run, whose processes outlive the task; a container's
-  argv and env values that are an address of something a run service runs get the local one.
+  new kinds register there. A TrainJob's pods run as the Trainer runs them (train_pods.py), reporting to its
+  status endpoint (trainer_status_server.py). An object of a run service's kind (services.py) goes to that service
+  of the run, whose processes outlive the task; a container's argv and env values that are an address of something
+  a run service runs get the local one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -39,7 +41,9 @@ from eksflow.local.retry import Attempt
 from eksflow.local.rundir import writing
 from eksflow.local.secret_mounts import copy_folder, read_only_secrets
 from eksflow.local.sim_nodes import SimulatedCluster
+from eksflow.local.status import NAMESPACE
 from eksflow.local.substitution import Scope, UnresolvedError
+from eksflow.local.trainer_status_server import TrainerStatusServer, TrainerStatusServerError
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # python, python3, python3.11: all mean the project's interpreter
 _PENDING_CHECK_S = 1.0  # how often a Pending TrainJob's placement is looked at again
@@ -311,21 +315,28 @@ def _mpi_on_nodes(
 def _train_job(
     layout: resources.TrainLayout, ctx: TaskContext, argv: list[str], env: dict[str, str], deadline: float | None
 ) -> Attempt:
-    """A TrainJob as the Trainer runs it: a pod per node (train_pods.py), node 0's being the task's process."""
+    """A TrainJob as the Trainer runs it: a pod per node (train_pods.py), node 0's the task's; its status endpoint."""
     assert ctx.spawn is not None and ctx.reap is not None
     nodes = ctx.nodes
-    pods = train_pods.TrainPods(
-        layout, nodes.cluster if nodes else None, logs=ctx.task_dir / "pods", spawn=ctx.spawn, reap=ctx.reap,
-        changed=nodes.pods_changed if nodes else lambda pods: None,
-    )  # fmt: skip
-    attempt = Attempt(Phase.ERROR, None, "the TrainJob's pods did not start", 0.0)
     try:
-        main = pods.start(argv, {**ctx.env, **env})
-        attempt = ctx.execute(main, {**env, **pods.node_env(0)}, deadline)
-    except (train_pods.TrainPodsError, PodNetworkError, OSError) as exc:
-        attempt = Attempt(Phase.ERROR, None, f"the TrainJob's pods: {exc}", 0.0)
-    finally:
-        failure = pods.close(succeeded=attempt.phase is Phase.SUCCEEDED)
+        endpoint = TrainerStatusServer(
+            ctx.task_dir, NAMESPACE, layout.name, nodes.cluster.network.gateway if nodes else "127.0.0.1"
+        )
+    except (TrainerStatusServerError, OSError, ssl.SSLError) as exc:
+        return Attempt(Phase.ERROR, None, f"the TrainJob's status endpoint: {exc}", 0.0)
+    with endpoint:
+        pods = train_pods.TrainPods(
+            layout, nodes.cluster if nodes else None, logs=ctx.task_dir / "pods", spawn=ctx.spawn, reap=ctx.reap,
+            changed=nodes.pods_changed if nodes else lambda pods: None, pod_env=endpoint.pod_env,
+        )  # fmt: skip
+        attempt = Attempt(Phase.ERROR, None, "the TrainJob's pods did not start", 0.0)
+        try:
+            main = pods.start(argv, {**ctx.env, **env})
+            attempt = ctx.execute(main, {**env, **pods.node_env(0)}, deadline)
+        except (train_pods.TrainPodsError, PodNetworkError, OSError) as exc:
+            attempt = Attempt(Phase.ERROR, None, f"the TrainJob's pods: {exc}", 0.0)
+        finally:
+            failure = pods.close(succeeded=attempt.phase is Phase.SUCCEEDED)
     if failure:
         attempt.phase = Phase.FAILED
         attempt.message = "; ".join(filter(None, [failure, attempt.message]))

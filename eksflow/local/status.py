@@ -8,7 +8,8 @@ Argo's fields (name, displayName, type, templateName, phase, children, outputs, 
 fields: `status.overrides` records the parameter overrides of each retry (`argo retry -p`), and a
 node's `progress` is the last line of its $ARGO_PROGRESS_FILE; with simulated nodes (`run --nodes N`) a node also
 has Argo's `hostNodeName`, and a distributed job's node the `pods` its object made (name, role, hostNodeName,
-podIP), which Argo leaves to the job's own status.
+podIP), which Argo leaves to the job's own status. A TrainJob's node has its `trainerStatus` (progress, ETA and
+metrics, as the Trainer keeps them in the TrainJob's status: eksflow.local.trainer_status_server).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class NodeStatus:
     memoization: Memoization | None = None
     host_node: str = ""  # Argo's hostNodeName: the node its pod ran on (set with simulated nodes, `run --nodes`)
     pods: list[dict[str, str]] = field(default_factory=list)  # an object's pods: name, role, hostNodeName, podIP
+    trainer_status: dict[str, Any] | None = None  # a TrainJob's status.trainerStatus, as its pods last reported it
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -145,6 +147,8 @@ def node_document(workflow: str, node: NodeStatus) -> dict[str, Any]:
         document["hostNodeName"] = node.host_node
     if node.pods:
         document["pods"] = [dict(pod) for pod in node.pods]
+    if node.trainer_status is not None:
+        document["trainerStatus"] = node.trainer_status
     if node.memoization is not None:
         memo = node.memoization
         document["memoizationStatus"] = {"hit": memo.hit, "key": memo.key, "cacheName": memo.cache_name}
@@ -206,6 +210,7 @@ def read_nodes(document: Mapping[str, Any], run_dir: Path) -> dict[str, NodeStat
             memoization=None if memo is None else Memoization(memo["hit"], memo["key"], memo["cacheName"]),
             host_node=raw.get("hostNodeName", ""),
             pods=[dict(pod) for pod in raw.get("pods", [])],
+            trainer_status=raw.get("trainerStatus"),
         )
     for key, node in nodes.items():
         for child in node.children:

@@ -77,6 +77,7 @@ class TrainPods:
         spawn: Spawn,
         reap: Reap,
         changed: Callable[[list[dict[str, str]]], None],
+        pod_env: Callable[[str], Mapping[str, str]] = lambda pod: {},
     ) -> None:
         if not _DNS_LABEL.fullmatch(layout.name) or len(layout.name) > 50:
             raise TrainPodsError(
@@ -88,6 +89,7 @@ class TrainPods:
         self._spawn = spawn
         self._reap = reap
         self._changed = changed
+        self._pod_env = pod_env  # by pod name: what else the Trainer injects (its status endpoint's variables)
         self._lock = threading.Lock()
         self._pods: list[_Pod] = []
         self._closing = threading.Event()
@@ -120,10 +122,11 @@ class TrainPods:
         return [*self._enter(self._pods[0]), *argv]
 
     def node_env(self, rank: int) -> dict[str, str]:
-        """What the Trainer's torch plugin (and, on simulated nodes, the downward API) sets in node `rank`'s pod."""
+        """What the Trainer (torch plugin, `pod_env`) and, on simulated nodes, the downward API set in pod `rank`."""
         pod = self._pods[rank]
         name = self.layout.name
         env = {
+            **self._pod_env(f"{name}-{ROLE}-0-{rank}"),
             "PET_NNODES": str(self.layout.nodes),
             "PET_NPROC_PER_NODE": self.layout.procs_per_node,
             "PET_NODE_RANK": str(rank),

@@ -18,6 +18,7 @@ CALLED_BY_THEIR_LIBRARY = {
     "async_pre_call_hook": "LiteLLM's CustomLogger, before routing (eksflow/llm/steps/common/litellm_routes.py)",
     "async_pre_call_deployment_hook": "LiteLLM's CustomLogger, after routing (the same module)",
     "extra_repr": "torch.nn.Module's repr (eksflow/llm/steps/train/dropout.py)",
+    "log_message": "http.server's request log, silenced (eksflow/local/trainer_status_server.py)",
 }
 WHOLE_NAME = re.compile(r"[A-Za-z_][\w.:]*")
 
