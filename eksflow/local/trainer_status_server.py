@@ -48,6 +48,7 @@ from eksflow.runtime.trainer_status import ENV_CA_CERT, ENV_TOKEN, ENV_URL, FIEL
 STATUS_FILE = "trainer-status.json"  # in the task's folder: the latest trainerStatus, as the TrainJob would hold it
 FOLDER = "trainer-status"  # in the task's folder: the attempt's CA, server key and certificate, each pod's token
 BODY_MAX = 64 * 1024  # bytes of a request body (the Trainer's server: 64 KiB)
+DRAIN_MAX = 1024 * 1024  # bytes of a body over BODY_MAX read before the 413 (past it the connection is just closed)
 CONNECTION_TIMEOUT_S = 10.0  # a connection that sends nothing (no TLS handshake, no request) this long is closed
 CERT_DAYS = "2"  # the certificates' validity: an attempt's life, with room
 _STATUS_FIELDS = frozenset({"progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"})
@@ -109,7 +110,7 @@ class TrainerStatusServer:
             self.folder.mkdir(mode=0o700, parents=True)
             (self.task_dir / STATUS_FILE).unlink(missing_ok=True)  # a retry is a new TrainJob: no status yet
             context = _server_context(self.folder, address)
-        self._httpd = ThreadingHTTPServer((address, 0), _handler(self))
+        self._httpd = _QuietServer((address, 0), _handler(self))
         self._httpd.daemon_threads = False  # server_close joins every request's thread: none is left
         self._httpd.socket = context.wrap_socket(
             self._httpd.socket, server_side=True, do_handshake_on_connect=False
@@ -155,6 +156,11 @@ class TrainerStatusServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A connection that failed its handshake, timed out or went away: the client's business, not logged."""
+
+
 def read_status(task_dir: Path) -> dict[str, Any] | None:
     """The latest trainerStatus a task's TrainJob reported here; None if none (or none readable)."""
     try:
@@ -187,6 +193,7 @@ def _handler(server: TrainerStatusServer) -> type[BaseHTTPRequestHandler]:
             if length is None or not length.isdigit():
                 return self._answer(411, "the request needs a Content-Length")
             if int(length) > BODY_MAX:
+                self.rfile.read(min(int(length), DRAIN_MAX))  # read, not kept: the client then reads the answer
                 return self._answer(413, f"the body is over {BODY_MAX} bytes")
             try:
                 body = json.loads(self.rfile.read(int(length)))

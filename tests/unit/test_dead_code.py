@@ -19,6 +19,7 @@ CALLED_BY_THEIR_LIBRARY = {
     "async_pre_call_deployment_hook": "LiteLLM's CustomLogger, after routing (the same module)",
     "extra_repr": "torch.nn.Module's repr (eksflow/llm/steps/train/dropout.py)",
     "log_message": "http.server's request log, silenced (eksflow/local/trainer_status_server.py)",
+    "handle_error": "socketserver's report of a failed connection, silenced (the same module)",
 }
 WHOLE_NAME = re.compile(r"[A-Za-z_][\w.:]*")
 
