@@ -13,6 +13,7 @@ import contextlib
 import io
 import ipaddress
 import json
+import math
 import os
 import re
 import signal
@@ -435,7 +436,8 @@ def test_zero2_across_two_nodes_as_the_kubeflow_trainer_runs_it_with_torchrun(wo
     """The TrainJob of `cluster.launcher=trainjob` and `cluster.nodes=2` on CPU: a pod per node
     (`<job>-node-0-<i>`), torchrun in each with the Trainer's PET_* (PET_MASTER_ADDR node 0's FQDN under the job's
     headless Service, resolving through the run's /etc/hosts to its pod address), the agents meeting in node 0's
-    rendezvous store, DeepSpeed ZeRO-2 over gloo between the two pod addresses."""
+    rendezvous store, DeepSpeed ZeRO-2 over gloo between the two pod addresses; rank 0's progress in the TrainJob's
+    trainerStatus through the status endpoint the executor serves on the pods' bridge."""
     before = leftovers()
     out = tmp_path / "train"
     argv = train_args(workdir, out, "deepspeed", launcher="torchrun", max_steps=4, checkpoint_every=4, zero_stage=2)
@@ -452,6 +454,12 @@ def test_zero2_across_two_nodes_as_the_kubeflow_trainer_runs_it_with_torchrun(wo
     assert "strategy: deepspeed (strategy=deepspeed (ZeRO-2)" in log, log[-3000:]
     assert checkpoints.committed(out / "checkpoints")[-1].step == 4
     assert status["hostNodeName"] == pods[0]["hostNodeName"]  # node 0's pod runs the task's process, rank 0
+    # rank 0 reported to the Trainer's status endpoint the executor served on the bridge (KEP-2779): the TrainJob's
+    # status.trainerStatus, as `kubectl get trainjob -o jsonpath='{.status.trainerStatus}'` shows it on a cluster
+    trainer_status = status["trainerStatus"]
+    metrics = {m["name"]: m["value"] for m in trainer_status["metrics"]}
+    assert trainer_status["progressPercentage"] == 100 and metrics["step"] == "4", trainer_status
+    assert math.isfinite(float(metrics["loss"])) and "[trainer status]" not in log, trainer_status
     assert leftovers() == before, "every pod, address and bridge goes with the run"
 
 
