@@ -99,7 +99,7 @@ class DeviceRequest:
         return self.pods * self.per_pod
 
     def __str__(self) -> str:
-        return f"{self.group}: {_count(self.pods, 'pod')} x {self.per_pod} {self.resource}"
+        return f"{self.group}: {counted(self.pods, 'pod')} x {self.per_pod} {self.resource}"
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def refusal(job: LocalJob) -> str:
         neuron = resource in NEURON_RESOURCES
         have, how = neuron_devices() if neuron else nvidia_gpus()
         if needed > have:
-            what = _count(needed, "Neuron device" if neuron else "NVIDIA GPU")
+            what = counted(needed, "Neuron device" if neuron else "NVIDIA GPU")
             return (
                 f"the {job.kind} needs {what} ({'; '.join(map(str, requests))}), this machine has {have or 'none'} "
                 f"({how}){'; Neuron cores need Trainium' if neuron else ''}; {LOCAL_WAY_OUT}"
@@ -407,5 +407,6 @@ def _mounts(pod: Mapping[str, Any], pod_at: str, container: Mapping[str, Any], a
     return tuple(mounts)
 
 
-def _count(n: int, thing: str) -> str:
+def counted(n: int, thing: str) -> str:
+    """`1 pod`, `2 pods`: a count and its noun, as the lines of this package say them."""
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from eksflow.local.resources import counted
 from eksflow.local.sim_nodes import HOSTNAME_LABEL, NETWORK_LAYER_LABEL, SimNode
 
 REQUIRED_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
@@ -81,13 +82,9 @@ def place(nodes: Iterable[SimNode], pods: int, ask: TopologyAsk, job: str) -> Pl
         return Placement((label, best))
     if not ask.required:
         return Placement(None)
-    counts = ", ".join(f"{value} {_count(len(names), 'node')}" for value, names in by_domain.items()) or "none"
+    counts = ", ".join(f"{value} {counted(len(names), 'node')}" for value, names in by_domain.items()) or "none"
     return Placement(
         None,
-        f"Pending: {job}'s {_count(pods, 'pod')} require one {LEVEL_NAMES.get(label, label)} ({label}) with a node "
+        f"Pending: {job}'s {counted(pods, 'pod')} require one {LEVEL_NAMES.get(label, label)} ({label}) with a node "
         f"for each, and none has {pods}: {counts}",
     )
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"

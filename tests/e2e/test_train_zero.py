@@ -188,6 +188,17 @@ def test_resume_across_strategies_is_exact(references, workdir, tmp_path, saved,
     assert difference <= ZERO_TOLERANCE
 
 
+def sigterm_after_first_commit(command: list[str], out: Path) -> tuple[int, str]:
+    """Run `command` training into `out`, SIGTERM it once its first checkpoint is committed: (exit code, output)."""
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline and checkpoints.latest(out / "checkpoints") is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=600)
+    return proc.returncode, output
+
+
 def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactly(
     references, workdir, tmp_path, joined_ray
 ):
@@ -197,15 +208,10 @@ def test_sigterm_under_zero3_with_ray_train_commits_exits_143_and_resumes_exactl
     out = tmp_path / "train"
     command = [sys.executable, "-u", "-m", "eksflow.llm.steps.train", "--launcher=ray"]
     command += train_args(workdir, out, "deepspeed", 3)
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 600
     # The first commit, not the progress file, which Ray workers write every 2 s. Ray's driver handles a signal
     # within a second, in which the workers trained up to 4 more steps: the stop lands well before step 8.
-    while proc.poll() is None and time.monotonic() < deadline and checkpoints.latest(out / "checkpoints") is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == EXIT_PREEMPTED, output[-3000:]
+    returncode, output = sigterm_after_first_commit(command, out)
+    assert returncode == EXIT_PREEMPTED, output[-3000:]
     assert "strategy: deepspeed" in output
     stopped = checkpoints.latest(out / "checkpoints").step
     assert 1 <= stopped < MAX_STEPS, output[-3000:]
@@ -229,13 +235,8 @@ def test_zero2_under_torchrun_commits_on_sigterm_and_resumes_matching_ddp(refere
     torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
     command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun"]
     command += train_args(workdir, out, "deepspeed", 2)
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline and checkpoints.latest(out / "checkpoints") is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 1 and "preempted: SIGTERM: stopped after step" in output, output[-3000:]
+    returncode, output = sigterm_after_first_commit(command, out)
+    assert returncode == 1 and "preempted: SIGTERM: stopped after step" in output, output[-3000:]
     assert "rank 1/2: host" in output  # torchrun's second worker trained
     stopped = checkpoints.latest(out / "checkpoints").step
     assert 1 <= stopped < MAX_STEPS, output[-3000:]
