@@ -93,7 +93,7 @@ run: $(STAMP) ## run the whole pipeline locally on the demo data (add ARGS='--se
 # `make test` runs the unit, contract and e2e (`slow`) tests in one session on at most two pytest-xdist workers:
 # one runs the e2e modules that start vLLM engines (ENGINE_MODULES in tests/conftest.py) while the other trains and
 # runs the rest, each filling the other's idle time. `make test-fast` runs the unit and contract tests on every core.
-test: setup browser sshd ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~28 min on 2 cores)
+test: setup browser sshd ## unit, contract and e2e tests (real model, vLLM and LiteLLM on CPU: ~30 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu and not cluster and not images and not drill" -n auto --maxprocesses=2 $(ARGS)
 
 test-fast: $(STAMP) ## unit and contract tests only (a few minutes)
