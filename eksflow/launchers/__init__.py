@@ -67,8 +67,8 @@ def distributed(
     `settings` is the step's config section, with the worker layout the profile sets; `sections` and `values` fill
     the rest of its Args, as for task().
 
-    `memoize` as for task(): on a job profile both the job and the task publishing its outputs are memoized under
-    one key, so a hit skips the job and still gives the outputs.
+    `memoize` as for task(): on a job profile both the job and the task publishing its outputs are memoized, on the
+    same fingerprint under keys of their own, so a hit skips the job and still gives the outputs.
     """
     pipeline = Pipeline.current()
     cfg = pipeline.cfg

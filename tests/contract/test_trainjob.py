@@ -190,3 +190,13 @@ def test_the_resource_templates_conditions_follow_the_trainjob_status(scheduler,
     failed = any(holds(r, observed) for r in selector(train["resource"]["failureCondition"]))
     assert succeeded == (state == "complete")
     assert failed == (state in ("failed", "deadline"))
+
+
+@pytest.mark.parametrize("launcher", ["rayjob", "mpijob", "trainjob"])
+def test_a_job_and_its_outputs_collector_are_memoized_under_keys_of_their_own(launcher):
+    """One cache, so one key would hand the collector the job's entry (saved just before, with no outputs) on a
+    workflow's first run, and every task reading the job's outputs would fail."""
+    templates = render(["cluster.instance_type=p4d.24xlarge", f"cluster.launcher={launcher}"])["spec"]["templates"]
+    memo = {t["name"]: t["memoize"] for t in templates if t["name"] in ("train", "train-outputs")}
+    assert memo["train"]["cache"] == memo["train-outputs"]["cache"]
+    assert memo["train-outputs"]["key"] == "train-outputs-" + memo["train"]["key"].removeprefix("train-")
