@@ -24,6 +24,11 @@ CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 # Karpenter's labels for a node's instance family and size (g5 + xlarge): together they name the instance type.
 INSTANCE_FAMILY_LABEL = "karpenter.k8s.aws/instance-family"
 INSTANCE_SIZE_LABEL = "karpenter.k8s.aws/instance-size"
+# EKS's network topology labels of a node (eksflow.topology) and Kueue's podset annotations naming one of them.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"  # 1 the broadest (spine) to 3 (rack)
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}  # Karpenter never consolidates a node under a training pod
 SHM_VOLUME = "dshm"
 NEURON_CACHE_VOLUME = "neuron-cache"

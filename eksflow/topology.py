@@ -24,17 +24,18 @@ from typing import Any
 
 from eksflow.cluster import ClusterSettings, cluster_of
 from eksflow.config import PipelineConfig
-from eksflow.profiles import INSTANCE_TYPE_LABEL
+from eksflow.profiles import (
+    HOSTNAME_LABEL,
+    INSTANCE_TYPE_LABEL,
+    NETWORK_LAYER_LABEL,
+    PREFERRED_TOPOLOGY_ANNOTATION,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+)
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"
 # The Topology's levels, coarsest first (Kueue's order); the hostname level must be the last.
 LEVELS = (*(NETWORK_LAYER_LABEL.format(layer) for layer in (1, 2, 3)), HOSTNAME_LABEL)
 NODE_LABELS = {"block": LEVELS[1], "rack": LEVELS[2], "host": HOSTNAME_LABEL}
-ANNOTATIONS = {
-    "required": "kueue.x-k8s.io/podset-required-topology",
-    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
-}
+ANNOTATIONS = {"required": REQUIRED_TOPOLOGY_ANNOTATION, "preferred": PREFERRED_TOPOLOGY_ANNOTATION}
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # the storage version of the vendored CRDs (v1beta1 still served)
 TOPOLOGY_NAME = "eksflow-network"
 

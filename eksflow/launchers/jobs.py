@@ -16,7 +16,7 @@ from hera.workflows import Container, Parameter, RetryStrategy
 from hera.workflows import models as m
 
 from eksflow import profiles, topology
-from eksflow.cluster import cluster_of
+from eksflow.cluster import ClusterSettings, cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.launchers.base import Job, JobRequest, Launcher, attempt_deadline_s
 from eksflow.names import pipeline_labels
@@ -174,12 +174,17 @@ def pod_spec(cfg: PipelineConfig, profile: Profile, container: dict[str, Any], *
     return spec
 
 
+def training_pod_annotations(cluster: ClusterSettings) -> dict[str, str]:
+    """A training pod's annotations: Karpenter's do-not-disrupt, and Kueue's podset topology where one is asked."""
+    return {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)}
+
+
 def pod_metadata(cfg: PipelineConfig, task: str) -> dict[str, Any]:
     """Labels, Karpenter do-not-disrupt, Kueue's topology, and the Volcano PodGroup a pod belongs to."""
     cluster = cluster_of(cfg)
     metadata: dict[str, Any] = {
         "labels": pipeline_labels(cfg.name),
-        "annotations": {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)},
+        "annotations": training_pod_annotations(cluster),
     }
     if cluster.scheduler == "volcano":
         metadata["annotations"]["scheduling.k8s.io/group-name"] = podgroup_name(task)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from eksflow import profiles, topology
+from eksflow import profiles
 from eksflow.cluster import cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.errors import PipelineError
@@ -47,7 +47,7 @@ from eksflow.launchers.base import (
     register,
     worker_layout,
 )
-from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec
+from eksflow.launchers.jobs import JobLauncher, job_name, pod_spec, training_pod_annotations
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
 from eksflow.runtime import mpi_launcher
@@ -125,8 +125,7 @@ def manifest(
         run_policy["schedulingPolicy"] = {"minAvailable": pods + 1, "queue": cluster.queue}
 
     def template(spec: dict[str, Any]) -> dict[str, Any]:  # fresh dicts each time: rendered YAML has no anchors
-        annotations = {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)}
-        return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": spec}
+        return {"metadata": {"labels": dict(labels), "annotations": training_pod_annotations(cluster)}, "spec": spec}
 
     return {
         "apiVersion": API_VERSION,

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from eksflow import profiles, topology
+from eksflow import profiles
 from eksflow.cluster import ClusterSettings, cluster_of
 from eksflow.config import PipelineConfig
 from eksflow.errors import ConfigError, PipelineError
@@ -55,7 +55,7 @@ from eksflow.launchers.base import (
     register,
     worker_layout,
 )
-from eksflow.launchers.jobs import JOB_RETRY, JobLauncher, job_name, pod_spec
+from eksflow.launchers.jobs import JOB_RETRY, JobLauncher, job_name, pod_spec, training_pod_annotations
 from eksflow.names import pipeline_labels
 from eksflow.profiles import Profile
 from eksflow.templates import contract
@@ -134,7 +134,7 @@ def manifest(cfg: PipelineConfig, task: str, module: str, argv: list[str]) -> di
     pod_template = {
         "metadata": {
             "labels": dict(labels),
-            "annotations": {**profiles.DO_NOT_DISRUPT, **topology.pod_annotations(cluster)},
+            "annotations": training_pod_annotations(cluster),
         },
         "spec": {**pod, "containers": [patched_container]},
     }

@@ -42,14 +42,13 @@ from typing import Any
 
 from eksflow.local.node import Requests
 from eksflow.local.pod_network import Pod, PodNetwork, PodNetworkError
+from eksflow.profiles import HOSTNAME_LABEL, NETWORK_LAYER_LABEL
 
 Drainer = Callable[[str], None]  # ends its controller's pods on the named node, as their grace allows
 _NOTICE_WATCH_S = 0.5
 NODE_MONITOR_GRACE_S = 40.0  # Kubernetes' node-monitor-grace-period: a node not heard from this long is NotReady
 _PROBE_PORT = 9  # discard: a pod that does not listen there answers with a reset, which is an answer
 _PROBE_TIMEOUT_S = 0.5
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-NETWORK_LAYER_LABEL = "topology.k8s.aws/network-node-layer-{}"  # 1 the broadest (spine) to 3 (rack)
 
 
 @dataclass

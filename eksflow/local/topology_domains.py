@@ -22,10 +22,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from eksflow.local.resources import counted
-from eksflow.local.sim_nodes import HOSTNAME_LABEL, NETWORK_LAYER_LABEL, SimNode
+from eksflow.local.sim_nodes import SimNode
+from eksflow.profiles import (
+    HOSTNAME_LABEL,
+    NETWORK_LAYER_LABEL,
+    PREFERRED_TOPOLOGY_ANNOTATION,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+)
 
-REQUIRED_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
-PREFERRED_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 # What eksflow's `cluster.topology` calls each level, for the Pending line
 LEVEL_NAMES = {
     NETWORK_LAYER_LABEL.format(1): "spine",
@@ -54,7 +58,7 @@ class Placement:
 def topology_ask(annotations: Iterable[tuple[str, str]]) -> TopologyAsk:
     """The topology a pod template's annotations ask for."""
     found = dict(annotations)
-    return TopologyAsk(found.get(REQUIRED_ANNOTATION, ""), found.get(PREFERRED_ANNOTATION, ""))
+    return TopologyAsk(found.get(REQUIRED_TOPOLOGY_ANNOTATION, ""), found.get(PREFERRED_TOPOLOGY_ANNOTATION, ""))
 
 
 def domains(nodes: Iterable[SimNode], label: str) -> dict[str, list[str]]:

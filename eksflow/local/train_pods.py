@@ -105,7 +105,7 @@ class TrainPods:
         name = self.layout.name
         self._port = MASTER_PORT if self.cluster is not None else free_port()
         for rank in range(self.layout.nodes):
-            host = f"{name}-{ROLE}-0-{rank}"
+            host = self.pod_name(rank)
             placed = None
             if self.cluster is not None:
                 placed = self.cluster.create_pod(name, ROLE, self.layout.requests, host, (f"{host}.{name}",))
@@ -121,16 +121,20 @@ class TrainPods:
         self._watcher.start()
         return [*self._enter(self._pods[0]), *argv]
 
+    def pod_name(self, rank: int) -> str:
+        """Pod `rank`'s name and host name, as the JobSet names it: `<job>-node-0-<rank>` (replicated job 0)."""
+        return f"{self.layout.name}-{ROLE}-0-{rank}"
+
     def node_env(self, rank: int) -> dict[str, str]:
         """What the Trainer (torch plugin, `pod_env`) and, on simulated nodes, the downward API set in pod `rank`."""
         pod = self._pods[rank]
         name = self.layout.name
         env = {
-            **self._pod_env(f"{name}-{ROLE}-0-{rank}"),
+            **self._pod_env(self.pod_name(rank)),
             "PET_NNODES": str(self.layout.nodes),
             "PET_NPROC_PER_NODE": self.layout.procs_per_node,
             "PET_NODE_RANK": str(rank),
-            "PET_MASTER_ADDR": f"{name}-{ROLE}-0-0.{name}" if pod.placed else "127.0.0.1",
+            "PET_MASTER_ADDR": f"{self.pod_name(0)}.{name}" if pod.placed else "127.0.0.1",
             "PET_MASTER_PORT": str(self._port),
         }
         if pod.placed is not None and self.cluster is not None:
@@ -189,7 +193,7 @@ class TrainPods:
 
     def _check(self, pod: _Pod) -> bool:
         """Whether `pod` has failed (its process ended with an error, or its node is lost); the first sets failure."""
-        host = f"{self.layout.name}-{ROLE}-0-{pod.rank}"
+        host = self.pod_name(pod.rank)
         how = ""
         if pod.placed is not None and not pod.placed.network.exists():
             how = "its node was lost"

@@ -74,11 +74,10 @@ def status_problem(body: Any) -> str:
     status = body["trainerStatus"]
     if unknown := sorted(set(status) - _STATUS_FIELDS):
         return f"trainerStatus has unknown fields: {', '.join(unknown)}"
-    for key, low in (("progressPercentage", 0), ("estimatedRemainingSeconds", 0)):
-        value = status.get(key, low)
-        high = 100 if key == "progressPercentage" else INT32_MAX
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            return f"trainerStatus.{key} must be an integer from {low} to {high}"
+    for key, high in (("progressPercentage", 100), ("estimatedRemainingSeconds", INT32_MAX)):
+        value = status.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+            return f"trainerStatus.{key} must be an integer from 0 to {high}"
     metrics = status.get("metrics", [])
     if not isinstance(metrics, list) or len(metrics) > METRICS_MAX:
         return f"trainerStatus.metrics must be a list of at most {METRICS_MAX} items"

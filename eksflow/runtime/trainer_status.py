@@ -19,7 +19,7 @@ What the Trainer does, read from kubeflow/trainer at tag v2.3.0 (commit 658725bd
   {name}/status`, `Authorization: Bearer <token>` (OIDC-verified: signature, expiry, that audience, the pod's
   namespace), a JSON body `{"trainerStatus": {...}}` (UpdateTrainJobStatusRequest, pkg/apis/trainer/v1alpha1/
   trainjob_types.go) of at most 64 KiB; 200 with the body echoed, else a metav1.Status (403, 422, 404, 500).
-- manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml (vendored in ../shared/schemas/kubeflow-trainer):
+- manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml (vendored in tests/contract/schemas/kubeflow-trainer):
   `status.trainerStatus` holds progressPercentage (int32, 0-100), estimatedRemainingSeconds (int32, >= 0), metrics
   (at most 256 items of {name, value}, both strings of 1-64 characters) and lastUpdatedTime (date-time, required
   by a CEL rule whenever trainerStatus is set).

@@ -15,18 +15,19 @@ from eksflow import topology
 from eksflow.local.node import Requests
 from eksflow.local.pod_network import unavailable
 from eksflow.local.resources import describe
-from eksflow.local.sim_nodes import HOSTNAME_LABEL, NETWORK_LAYER_LABEL, SimNode, choose_node, new_node
+from eksflow.local.sim_nodes import SimNode, choose_node, new_node
 from eksflow.local.substitution import PLACEHOLDER
 from eksflow.local.topology_domains import (
     LEVEL_NAMES,
-    PREFERRED_ANNOTATION,
-    REQUIRED_ANNOTATION,
     Placement,
     TopologyAsk,
     place,
     topology_ask,
 )
 from eksflow.manifests import REFERENCE
+from eksflow.profiles import HOSTNAME_LABEL, NETWORK_LAYER_LABEL
+from eksflow.profiles import PREFERRED_TOPOLOGY_ANNOTATION as PREFERRED_ANNOTATION
+from eksflow.profiles import REQUIRED_TOPOLOGY_ANNOTATION as REQUIRED_ANNOTATION
 from tests.unit.local.test_resources import rendered, resource, run, workflow
 from tests.unit.local.test_trainjob_handler import trainjob
 
