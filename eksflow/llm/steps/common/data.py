@@ -33,10 +33,23 @@ FIELDS = ("prompt", "completion")
 
 @dataclass(frozen=True)
 class Example:
-    """One training or evaluation pair."""
+    """One training or evaluation example: a prompt-completion pair, or a conversation.
+
+    A conversation (`messages`: every turn in OpenAI's chat shape, the last one the assistant's answer) keeps its
+    turns: it is tokenized, asked and served with the model's own chat template, and every assistant turn is
+    learned. `prompt` is then the history shown as "role: content" lines (reports, logs) and `completion` the last
+    assistant turn's content (the reference a held-out answer is scored against).
+    """
 
     prompt: str
     completion: str
+    messages: tuple[dict[str, Any], ...] = ()
+
+    def history(self) -> list[dict[str, Any]]:
+        """The chat messages a model is asked with: the turns before the answer (one user turn for a pair)."""
+        if self.messages:
+            return [dict(m) for m in self.messages[:-1]]
+        return [{"role": "user", "content": self.prompt}]
 
 
 @dataclass(frozen=True)
