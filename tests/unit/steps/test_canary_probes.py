@@ -203,3 +203,27 @@ def test_reused_probes_are_no_requests_in_error_rate(tmp_path):
     sent = {"candidate": traffic.Asked(4, 0), "champion": traffic.Asked(4, 2)}
     metrics = analysis.analyse(a, state, live, probes, sent)
     assert metrics["error_rate"] == pytest.approx(10 / 24) and metrics["champion_error_rate"] == 0.5
+
+
+def test_a_conversations_answers_are_keyed_by_its_whole_history_and_a_pairs_key_is_unchanged(tmp_path, monkeypatch):
+    import hashlib
+
+    Engine(tmp_path, monkeypatch)
+    history = [
+        {"role": "user", "content": "p0"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "b"},
+    ]
+    shown = "user: p0\nassistant: a\nuser: b"  # the prompt a report shows: the same for both histories below
+
+    def key(probe: traffic.Probe) -> str:
+        found = probe_cache.model_key("http://127.0.0.1:1", "", STATE.candidate_adapter, "2", [probe.asked()], 16)
+        assert found is not None
+        return found.prompts_digest
+
+    earlier = [{**history[0], "content": "p1"}, *history[1:]]
+    conversation = traffic.Probe(prompt=shown, messages=history, reference="r", evaluated=1.0)
+    assert conversation.asked() == history
+    assert key(conversation) != key(conversation.model_copy(update={"messages": earlier}))
+    pair = traffic.Probe(prompt="p0", reference="r", evaluated=1.0)
+    assert key(pair) == hashlib.sha256(json.dumps(["p0"]).encode()).hexdigest()  # as before: kept answers still match

@@ -71,10 +71,10 @@ def test_rollback_without_previous_is_bad_input(registry, tmp_path, capsys):
 
 class Server:
     """An OpenAI-style server: the fleet's one replica (its models list holds the candidate's adapter), or the
-    public name's proxy (each answer from the candidate's slot, as LiteLLM's header says). Records the prompts."""
+    public name's proxy (each answer from the candidate's slot, as LiteLLM's header says). Records the messages."""
 
     def __init__(self, header: dict[str, str]) -> None:
-        self.prompts: list[str] = []
+        self.asked: list[list[dict]] = []
         self.header = header
         self.server, self.url = json_server(self._handle)
 
@@ -84,23 +84,36 @@ class Server:
             return 200, {"data": cards} if request.path == "/v1/models" else {}, self.header
         if request.path != "/v1/chat/completions":
             return 200, {}, self.header
+        self.asked.append(body["messages"])
         prompt = body["messages"][-1]["content"]
-        self.prompts.append(prompt)
         return 200, {"choices": [{"message": {"role": "assistant", "content": f"to {prompt}"}}]}, self.header
 
 
 ADAPTER = "llama-lora-v2-bbbbbbbb"
 
 
-@pytest.mark.parametrize("evaluated", [True, False], ids=["held-out-row", "no-evaluation-report"])
+HISTORY = [
+    {"role": "system", "content": "Answer in SQL."},
+    {"role": "user", "content": "How many orders are there?"},
+    {"role": "assistant", "content": "SELECT count(*) FROM orders"},
+    {"role": "user", "content": "How many orders did Ada place?"},
+]
+
+
+@pytest.mark.parametrize(
+    "evaluated", ["pair", "conversation", ""], ids=["held-out-row", "held-out-conversation", "no-evaluation-report"]
+)
 def test_promote_shows_the_answer_to_a_held_out_row_of_the_task_or_nothing(tmp_path, evaluated):
     """A text-to-SQL run's summary showed `answer = Hello.` (a generic prompt no doc names): the answer shown is the
-    new champion's, through the public name, to the first held-out row evaluate scored; without one, nothing."""
+    new champion's, through the public name, to the first held-out row evaluate scored; without one, nothing. A
+    conversation's row is asked with the whole history evaluate asked it with."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = tracking.client(uri)
     experiment = client.create_experiment("rollout", artifact_location=(tmp_path / "artifacts").as_uri())
     report = tmp_path / "eval_report.json"
     rows = [{"prompt": "How many orders did Ada place?", "reference": "SELECT count(*) FROM orders", "same_rows": 1}]
+    if evaluated == "conversation":
+        rows[0] |= {"prompt": "system: Answer in SQL.\nuser: ...", "messages": HISTORY}
     report.write_text(json.dumps({"rows": rows, "task_metrics": ["same_rows"]}))
     client.create_registered_model(MODEL)
     for _ in range(2):
@@ -128,7 +141,11 @@ def test_promote_shows_the_answer_to_a_held_out_row_of_the_task_or_nothing(tmp_p
     assert aliases(uri) == {"champion": "2", "previous": "1"}
     answer = (tmp_path / "out" / "answer").read_text()
     if evaluated:
-        assert proxy.prompts == ["How many orders did Ada place?"]
+        asked = (
+            HISTORY if evaluated == "conversation" else [{"role": "user", "content": "How many orders did Ada place?"}]
+        )
+        assert proxy.asked == [asked]
+        assert engine.asked[0] == asked  # load-candidate's check on each replica asks the same row
         assert answer == "to How many orders did Ada place?"
     else:
         assert answer == ""  # the readiness prompt proved the public name answers; its answer is not the task's

@@ -81,7 +81,7 @@ def run(args: Args) -> Outputs:
 
 def _measure(args: Args, state: RolloutState, probes: list[Probe], scorer: Metric, requests: int) -> Measurement:
     """Send the live traffic and the probes, and compute the metrics of both."""
-    live = send_live_traffic(args, [p.prompt for p in probes], requests)
+    live = send_live_traffic(args, [p.asked() for p in probes], requests)
     asked = send_probes(args, state, probes, scorer)
     return Measurement(live, probes, asked, analyse(args, state, live, probes, asked))
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -19,9 +20,14 @@ from eksflow.runtime.metrics import Metric
 
 
 class Probe(BaseModel):
-    """One probe row: the prompt, its reference, what evaluate scored, and what the served models answered."""
+    """One probe row: the prompt, its reference, what evaluate scored, and what the served models answered.
+
+    A conversation's row carries the history evaluate asked (`messages`): the served models are asked with all of
+    it, and `prompt` only shows it.
+    """
 
     prompt: str
+    messages: list[dict[str, Any]] = []
     reference: str
     evaluated: float
     candidate: str = ""
@@ -29,6 +35,10 @@ class Probe(BaseModel):
     candidate_latency_s: float = math.nan  # when this step asked it (not when its answer was reused)
     champion: str = ""
     champion_score: float = math.nan
+
+    def asked(self) -> vllm_client.Prompt:
+        """What the served models are asked: the whole history of a conversation, else the prompt."""
+        return self.messages or self.prompt
 
 
 @dataclass(frozen=True)
@@ -86,9 +96,14 @@ def served_metric(name: str, evaluated: Sequence[str], version: str) -> tuple[st
 
 
 def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "exact_match") -> list[Probe]:
-    """The first `count` rows evaluate scored with `metric`: prompt, reference, and the score it measured."""
+    """The first `count` rows evaluate scored with `metric`: prompt (and history), reference, the score it measured."""
     probes = [
-        Probe(prompt=str(r["prompt"]), reference=str(r["reference"]), evaluated=float(r[metric]))  # type: ignore[arg-type]
+        Probe(
+            prompt=str(r["prompt"]),
+            messages=rollout.evaluated_history(r),
+            reference=str(r["reference"]),
+            evaluated=float(r[metric]),  # type: ignore[arg-type]
+        )
         for r in rows
         if {"prompt", "reference", metric} <= set(r)
     ][:count]
@@ -100,7 +115,7 @@ def probe_set(rows: Sequence[Mapping[str, object]], count: int, metric: str = "e
     return probes
 
 
-def send_live_traffic(args: Args, prompts: Sequence[str], count: int) -> list[vllm_client.Answer]:
+def send_live_traffic(args: Args, prompts: Sequence[vllm_client.Prompt], count: int) -> list[vllm_client.Answer]:
     """`count` requests to the public name through the proxy, `concurrency` at a time."""
     key = rollout.secret(args.secrets_dir, rollout.MASTER_KEY_FILE)
 
@@ -127,7 +142,7 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
     key = rollout.secret(args.secrets_dir, rollout.VLLM_KEY_FILE)
     cache_file = probe_cache.cache_path(args.state_file)
     cache = probe_cache.read(cache_file)
-    prompts = [p.prompt for p in probes]
+    prompts = [p.asked() for p in probes]
     models = {
         "candidate": (state.candidate_adapter, state.candidate_version),
         "champion": (state.champion_adapter, state.champion_version),
@@ -157,10 +172,10 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
     return asked
 
 
-def _ask(args: Args, key: str, name: str, prompts: Sequence[str]) -> list[vllm_client.Answer]:
+def _ask(args: Args, key: str, name: str, prompts: Sequence[vllm_client.Prompt]) -> list[vllm_client.Answer]:
     """Every prompt to the adapter served as `name`, straight to the engine, `concurrency` at a time."""
 
-    def one(prompt: str) -> vllm_client.Answer:
+    def one(prompt: vllm_client.Prompt) -> vllm_client.Answer:
         return vllm_client.chat(
             args.vllm_url, name, prompt, api_key=key, max_tokens=args.max_new_tokens, timeout_s=args.request_timeout_s
         )

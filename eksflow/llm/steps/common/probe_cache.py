@@ -10,7 +10,8 @@ answer set is reused only when everything it depends on is unchanged, else the m
   from (GET /v1/models) and the checkpoint digest of the files there (register's: steps/common/adapter_digest.py);
   an adapter reloaded from other files changes the folder or the digest, one reloaded from the same files answers
   the same;
-- the probe prompts (their digest) and the answer cap (max_new_tokens).
+- the probe prompts (their digest; a conversation's whole history, which decides its answer) and the answer cap
+  (max_new_tokens).
 Anything that cannot be read (the engine does not answer, the adapter is not listed, its folder is unreadable)
 means no reuse and nothing stored. Only a set in which every probe was answered is stored: a failed request is
 never replayed. The cache is `probe-answers.json` next to the rollout's state file, replaced in one rename; a
@@ -74,7 +75,12 @@ def cache_path(state_file: Path) -> Path:
 
 
 def model_key(
-    vllm_url: str, api_key: str, served_name: str, version: str, prompts: Sequence[str], max_new_tokens: int
+    vllm_url: str,
+    api_key: str,
+    served_name: str,
+    version: str,
+    prompts: Sequence[vllm_client.Prompt],
+    max_new_tokens: int,
 ) -> ModelKey | None:
     """The key of `served_name`'s answers on the engine now; None when part of it cannot be read."""
     try:
@@ -87,6 +93,8 @@ def model_key(
     if base is None or not root or not digest:
         return None
     max_len = base.get("max_model_len")
+    # a str prompt as before (a pair's key is unchanged), a history as its messages
+    asked = [p if isinstance(p, str) else vllm_client.chat_messages(p) for p in prompts]
     return ModelKey(
         engine=vllm_url,
         base_model=str(base.get("id", "")),
@@ -96,7 +104,7 @@ def model_key(
         version=version,
         adapter_root=root,
         adapter_digest=digest,
-        prompts_digest=hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest(),
+        prompts_digest=hashlib.sha256(json.dumps(asked).encode()).hexdigest(),
         max_new_tokens=max_new_tokens,
     )
 

@@ -132,7 +132,7 @@ def load_on_every_replica(
     adapter: str,
     *,
     api_key: str,
-    prompt: str,
+    prompt: vllm_client.Prompt,
     max_tokens: int,
     timeout_s: float,
 ) -> list[tuple[Replica, vllm_client.Answer]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -236,16 +236,31 @@ def not_answering(args: FleetArgs, version: str, slot: Slot, *, timeout_s: float
     return ""
 
 
-def held_out_rows(tracking_uri: str, model_name: str, version: str) -> list[tuple[str, str]]:
-    """(prompt, reference) of the held-out rows `evaluate` scored for the version, in order.
+def held_out_rows(tracking_uri: str, model_name: str, version: str) -> list[tuple[vllm_client.Prompt, str]]:
+    """(what the row was asked, reference) of the held-out rows `evaluate` scored for the version, in order.
 
-    Just the generic readiness prompt, with no reference, for a version registered without an evaluation report.
+    A conversation's row is asked with its whole history (its "messages"), a pair's with its prompt. Just the
+    generic readiness prompt, with no reference, for a version registered without an evaluation report.
     """
     try:
         rows = evaluated_rows(tracking_uri, model_name, version)
     except StepInputError:
         rows = []
-    return [(str(r["prompt"]), str(r.get("reference", ""))) for r in rows if "prompt" in r] or [(vllm.READY_PROMPT, "")]
+    asked = [(evaluated_prompt(r), str(r.get("reference", ""))) for r in rows if "prompt" in r]
+    return asked or [(vllm.READY_PROMPT, "")]
+
+
+def evaluated_prompt(row: Mapping[str, object]) -> vllm_client.Prompt:
+    """What evaluate asked on a report row: its history (a conversation's), else its prompt."""
+    return evaluated_history(row) or str(row["prompt"])
+
+
+def evaluated_history(row: Mapping[str, object]) -> list[dict[str, Any]]:
+    """The history a conversation's report row was asked with ("messages"); [] for a pair's row."""
+    messages = row.get("messages")
+    if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+        return [dict(m) for m in messages]
+    return []
 
 
 def version_tags(tracking_uri: str, model_name: str, version: str) -> dict[str, str]:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eksflow.llm.steps.common.vllm import READY_PROMPT, ServingError
 from eksflow.llm.steps.common.vllm_process import log_excerpt
+
+# What a model is asked: one user turn (a str), or a whole conversation's history in OpenAI's chat shape.
+Prompt = str | Sequence[Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,17 @@ class Answer:
 
 
 def chat(
-    base_url: str, model: str, prompt: str, *, api_key: str = "", max_tokens: int = 16, timeout_s: float = 120
+    base_url: str, model: str, prompt: Prompt, *, api_key: str = "", max_tokens: int = 16, timeout_s: float = 120
 ) -> Answer:
-    """One greedy (temperature 0) chat completion; never raises for an HTTP or transport failure."""
+    """One greedy (temperature 0) chat completion of `prompt`; never raises for an HTTP or transport failure.
+
+    A history is sent whole: the server (vLLM) renders it with the model's chat template, the one training used.
+    """
     import requests
 
     request = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": chat_messages(prompt),
         "temperature": 0,
         "max_tokens": max_tokens,
     }
@@ -60,6 +67,13 @@ def chat(
     except (ValueError, KeyError, IndexError, TypeError) as err:
         return Answer(response.status_code, "", latency, served_by, f"unexpected response: {err!r}")
     return Answer(200, text, latency, served_by)
+
+
+def chat_messages(prompt: Prompt) -> list[dict[str, Any]]:
+    """`prompt` as the messages of a chat completion request: a str is one user turn."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(message) for message in prompt]
 
 
 def engine_down(base_url: str, timeout_s: float = 5) -> str:
@@ -129,7 +143,7 @@ def wait_ready(
     timeout_s: float,
     process: subprocess.Popen[bytes] | None = None,
     log_path: Path | None = None,
-    prompt: str = READY_PROMPT,
+    prompt: Prompt = READY_PROMPT,
     max_tokens: int = 2,
 ) -> Answer:
     """Poll until `model` answers `prompt` with a real generation (not /health); fail early if `process` dies."""
