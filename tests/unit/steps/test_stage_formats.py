@@ -1,14 +1,15 @@
-"""Instruction and chat records normalized to prompt/completion; a single data file split by a hash of each prompt."""
+"""Instruction records made pairs, conversations kept as turns; a single data file split by a hash of each prompt."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eksflow.llm.steps.common.data import load_examples, normalize_record, role_order_error, split_of
+from eksflow.llm.steps.common.data import load_examples, normalize_record, split_key, split_of
 from eksflow.llm.steps.stage_data import Args
 from eksflow.llm.steps.stage_data.step import run
 
@@ -29,71 +30,43 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
         ({"instruction": "Add", "input": "2 and 3", "output": "5"}, {"prompt": "Add\n\n2 and 3", "completion": "5"}),
         ({"instruction": "Say hi", "input": "", "output": "hi"}, {"prompt": "Say hi", "completion": "hi"}),
         ({"instruction": "Say hi", "output": "hi"}, {"prompt": "Say hi", "completion": "hi"}),
-        (
-            {"messages": [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]},
-            {"prompt": "2+3?", "completion": "5"},
-        ),
-        (
-            {
-                "messages": [
-                    {"role": "system", "content": "Be brief."},
-                    {"role": "user", "content": "2+3?"},
-                    {"role": "assistant", "content": "5"},
-                ]
-            },
-            {"prompt": "Be brief.\n\n2+3?", "completion": "5"},
-        ),
-        (
-            {
-                "messages": [
-                    {"role": "user", "content": "2+3?"},
-                    {"role": "assistant", "content": "5"},
-                    {"role": "user", "content": "times 2?"},
-                    {"role": "assistant", "content": "10"},
-                ]
-            },
-            {"prompt": "user: 2+3?\nassistant: 5\nuser: times 2?", "completion": "10"},
-        ),
     ],
-    ids=["instruction-input", "instruction-empty-input", "instruction-no-input", "chat", "chat-system", "multi-turn"],
+    ids=["instruction-input", "instruction-empty-input", "instruction-no-input"],
 )
-def test_known_forms_are_normalized(record, expected):
-    normalized = normalize_record(record)
-    assert normalized is not None
-    assert {k: normalized[k] for k in ("prompt", "completion")} == expected
-    assert ("messages" in normalized) == ("messages" in record)
+def test_instruction_records_become_pairs(record, expected):
+    assert normalize_record(record) == expected
+
+
+MULTI_TURN = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "times 2?"},
+        {"role": "assistant", "content": "10"},
+    ]
+}
 
 
 @pytest.mark.parametrize(
     "record",
-    [{"prompt": "p", "completion": "c"}, {"prompt": "p"}, {"question": "q", "answer": "a"}, {"instruction": "x"}],
-    ids=["internal", "half-internal", "unknown", "no-output"],
+    [
+        {"prompt": "p", "completion": "c"},
+        {"prompt": "p"},
+        {"question": "q", "answer": "a"},
+        {"instruction": "x"},
+        MULTI_TURN,
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+    ],
+    ids=["internal", "half-internal", "unknown", "no-output", "conversation", "preference"],
 )
-def test_internal_and_unknown_records_are_left_alone(record):
+def test_other_records_are_left_alone(record):
     assert normalize_record(record) is None
 
 
-@pytest.mark.parametrize(
-    ("roles", "error"),
-    [
-        (["user", "assistant"], None),
-        (["system", "user", "assistant", "user", "assistant"], None),
-        (["assistant", "user"], "expected user/assistant alternating"),
-        (["user", "user", "assistant"], "expected user/assistant alternating"),
-        (["user", "assistant", "user"], "ending with assistant"),
-        (["user", "system", "assistant"], "system message after the first turn"),
-        (["user", "bot"], "unknown role 'bot'"),
-    ],
-)
-def test_role_order(roles, error):
-    found = role_order_error([{"role": r, "content": "x"} for r in roles])
-    assert found == error if error is None else error in str(found)
-
-
-def test_stage_normalizes_instruction_and_chat_splits(tmp_path):
+def test_stage_keeps_conversations_unflattened(tmp_path):
     write_jsonl(tmp_path / "src/train.jsonl", [{"instruction": "Add", "input": "1 and 1", "output": "2"}, "{bad json"])
-    chat = {"messages": [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]}
-    write_jsonl(tmp_path / "src/eval.jsonl", [chat])
+    write_jsonl(tmp_path / "src/eval.jsonl", [MULTI_TURN])
 
     run(Args(source=str(tmp_path / "src"), dest_dir=tmp_path / "data"))
 
@@ -101,9 +74,39 @@ def test_stage_normalizes_instruction_and_chat_splits(tmp_path):
         json.dumps({"prompt": "Add\n\n1 and 1", "completion": "2"}),
         "{bad json",  # left for validate_data to count and show
     ]
-    assert rows_of(tmp_path / "data/eval.jsonl") == [{"prompt": "2+3?", "completion": "5", **chat}]
-    assert load_examples(tmp_path / "data/eval.jsonl")[0].completion == "5"
-    assert (tmp_path / "data/raw/eval.jsonl").read_text() == json.dumps(chat) + "\n"
+    assert rows_of(tmp_path / "data/eval.jsonl") == [MULTI_TURN]  # its turns, no "role: content" prompt
+    (example,) = load_examples(tmp_path / "data/eval.jsonl")
+    assert example.messages == tuple(MULTI_TURN["messages"])
+    assert (example.prompt, example.completion) == ("system: Be brief.\nuser: 2+3?\nassistant: 5\nuser: times 2?", "10")
+    assert example.history() == MULTI_TURN["messages"][:-1]
+
+
+def conversation(history: list[dict[str, str]], answer: str) -> dict[str, Any]:
+    return {"messages": [*history, {"role": "assistant", "content": answer}]}
+
+
+def test_conversations_split_by_their_history(tmp_path):
+    histories = [[{"role": "user", "content": f"question {i}"}] for i in range(200)]
+    data = [conversation(h, "one answer") for h in histories] + [conversation(h, "another") for h in histories]
+    # the same history spelled with other key order and spacing is the same history
+    data += [
+        json.dumps(
+            {"messages": [{"content": f"question {i}", "role": "user"}, {"content": "x", "role": "assistant"}]},
+            indent=None,
+            separators=(", ", ":  "),
+        )
+        for i in range(200)
+    ]
+    write_jsonl(tmp_path / "src/data.jsonl", data)
+    run(Args(source=str(tmp_path / "src"), dest_dir=tmp_path / "data", eval_fraction=0.3))
+
+    def histories_in(split: str) -> list[str]:
+        return [json.dumps(r["messages"][:-1], sort_keys=True) for r in rows_of(tmp_path / f"data/{split}.jsonl")]
+
+    train, held_out = histories_in("train"), histories_in("eval")
+    assert len(train) + len(held_out) == 600
+    assert held_out and not set(train) & set(held_out)
+    assert all(split_of(split_key(r) or "", 0.3) == "eval" for r in rows_of(tmp_path / "data/eval.jsonl"))
 
 
 def rows(n: int, start: int = 0) -> list[dict[str, str]]:
@@ -144,3 +147,25 @@ def test_unchanged_local_restage_reuses_files_and_split(tmp_path):
     assert (tmp_path / "data/train.jsonl").stat().st_ino == train_inode  # the split was linked, not redone
     other = run(Args(source=str(source), dest_dir=tmp_path / "data", eval_fraction=0.5))
     assert other.dataset_digest != first.dataset_digest  # the split is part of the data
+
+
+DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
+
+
+def test_demo_split_is_unchanged(tmp_path):
+    """The demo's pairs split as before conversations were kept (digests from dae8c7c): cached scores hold."""
+    source = tmp_path / "src/data.jsonl"
+    source.parent.mkdir()
+    source.write_bytes((DEMO / "train.jsonl").read_bytes() + (DEMO / "eval.jsonl").read_bytes())
+    run(Args(source=str(source.parent), dest_dir=tmp_path / "single", eval_fraction=0.1))
+    digests = {name: hashlib.sha256((tmp_path / "single" / name).read_bytes()).hexdigest() for name in SPLIT_DIGESTS}
+    assert digests == SPLIT_DIGESTS
+    run(Args(source=str(DEMO), dest_dir=tmp_path / "split"))
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / "split" / name).read_bytes() == (DEMO / name).read_bytes()
+
+
+SPLIT_DIGESTS = {
+    "train.jsonl": "400d8755e0dd61a442b9cadca83ab9fc74e43a7281a9a8a0e496e4f450cbf34d",
+    "eval.jsonl": "3e8dd9c6356bb4be5070e02362183357d0c5149aeb839efdf3e87f69c776e722",
+}

@@ -1,4 +1,4 @@
-"""Duplicates, chat role order, token length, per-check `mostly`, and the Data Docs kept with the run."""
+"""Duplicates, token length, per-check `mostly`, and the Data Docs kept with the run."""
 
 from __future__ import annotations
 
@@ -39,11 +39,6 @@ def words(prompts: Sequence[str], completions: Sequence[str]) -> list[int]:
     return [len(p.split()) + len(c.split()) for p, c in zip(prompts, completions, strict=True)]
 
 
-def chat(*roles: str) -> bytes:
-    messages = [{"role": r, "content": f"{r} says hi"} for r in roles]
-    return line({"prompt": "hi", "completion": "hi there", "messages": messages})
-
-
 def test_duplicates_are_counted_after_the_first(tmp_path):
     lines = clean(100)
     for i in (10, 20, 30):
@@ -63,15 +58,6 @@ def test_mostly_by_check_is_exact_at_the_boundary(tmp_path, mostly, passes):
     report = validate(write_dataset(tmp_path / "data", lines), settings)
     assert report.success is passes
     assert next(c for c in report.checks if c.check == "no_duplicate").mostly == mostly
-
-
-def test_chat_role_order_is_counted(tmp_path):
-    lines = [chat("user", "assistant") for _ in range(1)] + clean(97)
-    lines += [chat("assistant", "user"), chat("system", "user", "assistant", "user")]
-    report = validate(write_dataset(tmp_path / "data", lines), ValidateSettings(mostly_by_check={"no_duplicate": 0}))
-    assert counts(report) == {"train/role_order": 2}
-    examples = next(c for c in report.failures).examples
-    assert examples[0].startswith("line 99: roles assistant>user")
 
 
 def test_token_length_is_counted_with_the_given_counter(tmp_path):

@@ -34,7 +34,7 @@ def messy(folder: Path) -> Path:
     train[56] = line({"prompt": "word " * 30, "completion": "long"})
     for i in (60, 75, 99):
         train[i] = train[4]  # the first occurrence is in the first chunk, the repeats in later ones
-    train[80] = line({"prompt": "hi", "completion": "hi", "messages": [{"role": "assistant", "content": "x"}]})
+    train[80] = line({"prompt": "hi", "completion": "hi", "note": "other keys are ignored"})
     train[90] = b"\n"  # blank: not a row
     eval_ = [line({"prompt": f"eval question {i}?", "completion": f"answer {i}"}) for i in range(30)]
     for i, j in ((3, 97), (17, 8), (29, 8)):
@@ -60,7 +60,6 @@ def test_chunks_report_what_one_whole_validation_reports(tmp_path):
         "train/completion_not_blank": 1,
         "train/prompt_max_chars": 2,  # "x" * 50 and "word " * 30
         "train/no_duplicate": 3,
-        "train/role_order": 1,
         "train/max_tokens": 1,
         "eval/no_duplicate": 1,  # eval lines 18 and 30 are the same pair
         "eval/prompt_not_in_train": 3,

@@ -3,10 +3,11 @@
     python -m eksflow.llm.steps.stage_data --source=s3://bucket/datasets/dates --dest-dir=/fsx/<workflow>/data
 
 Layouts: a folder with train.jsonl and eval.jsonl, or one data file (a single .jsonl file or object, or a folder
-holding data.jsonl) that is split into train/eval by a hash of each prompt, so a row's split never changes when
-rows are added elsewhere. Records may be prompt/completion, instruction/input/output or chat `messages`; the
-derived train.jsonl and eval.jsonl hold prompt/completion (eksflow.llm.steps.common.data). The source files themselves
-land under raw/ (other files are copied too), listed in manifest.json with key, size, ETag and sha256.
+holding data.jsonl) that is split into train/eval by a hash of each prompt (of a conversation: its history), so a
+row's split never changes when rows are added elsewhere. Records may be prompt/completion, instruction/input/output
+(made a pair), conversational `messages` (kept as turns) or preference (eksflow.llm.steps.common.data). The source
+files themselves land under raw/ (other files are copied too), listed in manifest.json with key, size, ETag and
+sha256.
 
 Fast: files are copied `concurrency` at a time, S3 objects of at least `multipart_threshold_mb` in ranged parts
 (`part_concurrency` per object). A file whose size and ETag (for a local file: its mtime) equal the previous

@@ -1,4 +1,4 @@
-"""A single data file split into train/eval by a hash of each prompt, records normalized to prompt/completion.
+"""A single data file split into train/eval by a hash of each record's split_key, instruction records made pairs.
 
 Streamed: one line in memory at a time, each line parsed once, and each output hashed as it is written (no second
 read of a file that may be several GB), so memory stays flat whatever the size of the data file.
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from eksflow.llm.steps.common.data import EVAL_FILE, TRAIN_FILE, normalize_record, split_of
+from eksflow.llm.steps.common.data import EVAL_FILE, TRAIN_FILE, normalize_record, split_key, split_of
 from eksflow.llm.steps.stage_data.manifest import ManifestEntry
 
 
@@ -39,9 +39,10 @@ class _HashedFile:
 
 
 def derive(raw: Path, inputs: tuple[str, ...], into: Path, eval_fraction: float) -> list[ManifestEntry]:
-    """Write train.jsonl and eval.jsonl in prompt/completion form from the staged `inputs` under `raw`.
+    """Write train.jsonl and eval.jsonl from the staged `inputs` under `raw`, instruction records as pairs.
 
-    Lines that are not JSON objects in a known form are written unchanged, so validate_data counts and shows them.
+    Every other line (a pair, a conversation with its turns, a preference, a line that is no JSON object or of no
+    known type) is written unchanged, so validate_data checks it as it came.
     A split file that needs no change is hard-linked to its raw copy rather than written twice.
     """
     outputs = {TRAIN_FILE: _HashedFile(into / TRAIN_FILE), EVAL_FILE: _HashedFile(into / EVAL_FILE)}
@@ -72,7 +73,7 @@ def derive(raw: Path, inputs: tuple[str, ...], into: Path, eval_fraction: float)
 
 
 def _parse(line: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(the JSON object on the line, its prompt/completion form); None for what is not there or not known."""
+    """(the JSON object on the line, its pair form when it is an instruction record); None for what is not there."""
     try:
         record = json.loads(line)
     except ValueError:  # includes UnicodeDecodeError: left for validate_data to report
@@ -94,7 +95,6 @@ def _write_line(line: bytes, normalized: dict[str, Any] | None, out: _HashedFile
 
 
 def _split_key(line: bytes, parsed: dict[str, Any] | None, normalized: dict[str, Any] | None) -> str:
-    """What decides a row's split: its prompt when it has one, else the line itself (kept for validate_data)."""
-    record = normalized if normalized is not None else parsed or {}
-    prompt = record.get("prompt")
-    return prompt if isinstance(prompt, str) else line.decode("utf-8", "replace").strip()
+    """What decides a row's split: its split_key (a pair's prompt, a conversation's history), else the line itself."""
+    key = split_key(normalized if normalized is not None else parsed or {})
+    return key if key is not None else line.decode("utf-8", "replace").strip()

@@ -3,13 +3,17 @@
     python -m eksflow.llm.steps.validate_data --dataset-dir=/fsx/<workflow>/data --report-dir=/fsx/<workflow>/reports \
         [--base-model=smollm2-135m-instruct --max-tokens=512]
 
-Each split (train.jsonl, eval.jsonl) must: have at least `min_rows` rows (mandatory: per-row expectations pass
-vacuously on an empty file); parse line by line as JSON objects (malformed JSON and non-UTF-8 bytes are counted
-and reported with their line numbers, never raised); have `prompt` and `completion` present, strings, not blank
-and at most `max_*_chars` long; repeat no earlier (prompt, completion) pair; have chat `messages`, where present,
-in role order (optional system, then user/assistant alternating, ending with assistant); and, when --base-model
-and --max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training
-encodes them (chat-templated prompt + completion + EOS). No eval prompt may occur in train.
+Each split (train.jsonl, eval.jsonl) must: hold records of one type, prompt-completion or conversational (a file
+mixing types, or holding a preference record, which supervised fine-tuning cannot use, is refused at once in one
+line naming the types and their first lines; `mostly` never lets that through); have at least `min_rows` rows
+(mandatory: per-row expectations pass vacuously on an empty file); parse line by line as JSON objects (malformed
+JSON and non-UTF-8 bytes are counted and reported with their line numbers, never raised); for pairs, have `prompt`
+and `completion` present, strings, not blank and at most `max_*_chars` long; for conversations, have well-formed
+`messages` (record_valid: role order, non-blank content, tool_calls and tool messages in OpenAI's shape; see
+eksflow.llm.steps.common.data.record_error); repeat no earlier pair or conversation; and, when --base-model and
+--max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training encodes
+them. No eval prompt (of a conversation: its history) may occur in train. Each unparsed or malformed row is named
+in the log as file:line with why (the first BAD_ROWS_LISTED of each split).
 
 `mostly` applies to every per-row expectation (mostly=0.99 lets 1 bad row in 100 pass); `mostly_by_check`
 overrides it per check name, e.g. {"no_duplicate": 0.95} tolerates 5% duplicates. On failure the step prints each
@@ -54,7 +58,7 @@ CHECKS = (
     "lines_parse",
     *(f"{name}_{check}" for name in FIELDS for check in ("exists", "not_null", "is_str", "not_blank", "max_chars")),
     "no_duplicate",
-    "role_order",
+    "record_valid",
     "max_tokens",
     "prompt_not_in_train",
 )

@@ -1,12 +1,14 @@
 """Reading a split for validation at any size: one pass for what needs the whole file, then frames of bounded size.
 
-Pass 1 (`scan`) parses every line and keeps a few fixed-size facts per row: its line number, a 16-byte digest of
-its (prompt, completion) pair when the duplicate check looks at it, a digest of its prompt when that is a string,
-and its token count. Duplicates (each row that repeats an earlier line, and which line) and train/eval overlap are
-then found with numpy sorts over the digests: about 50 bytes per row in all, where rows held as Python objects
-took about 1 KB. Pass 2 (`frames`) parses the lines again and yields DataFrames of at most `chunk_rows` rows with
-the columns the suite checks, those facts included; great-expectations validates one frame at a time and
-eksflow.llm.steps.validate_data.merge adds up the results, so memory is bounded by the chunk, not the file.
+Pass 1 (`scan`) parses every line and keeps a few fixed-size facts per row: its line number, a 16-byte digest of its
+(prompt, completion) pair or its conversation when the duplicate check looks at it, a digest of its split_key (a
+pair's prompt, a conversation's history) and its token count; and per file, the first line of each record type and
+the first BAD_ROWS_LISTED malformed rows with why. Duplicates (each row that repeats an earlier line, and which
+line) and train/eval overlap are then found with numpy sorts over the digests: about 50 bytes per row in all, where
+rows held as Python objects took about 1 KB. Pass 2 (`frames`) parses the lines again and yields DataFrames of at
+most `chunk_rows` rows with the columns the suite checks, those facts included; great-expectations validates one
+frame at a time and eksflow.llm.steps.validate_data.merge adds up the results, so memory is bounded by the chunk,
+not the file.
 
 Digests are BLAKE2b-128: the chance that two different pairs in a billion rows share one is below 1e-20, so a
 digest match is taken as a match.
@@ -22,7 +24,16 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eksflow.llm.steps.common.data import FIELDS, Line, read_lines, role_order_error
+from eksflow.llm.steps.common.data import (
+    CONVERSATIONAL,
+    FIELDS,
+    Line,
+    canonical_messages,
+    read_lines,
+    record_error,
+    record_type,
+    split_key,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,16 +42,17 @@ if TYPE_CHECKING:
 LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
 PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
 DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
-ROLE_ERROR = "role_error"  # column: why a chat row's roles are out of order, None when in order or not chat
+RECORD_ERROR = "record_error"  # column (conversational files): why a row is not a usable conversation, or None
 TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, NaN for unusable rows
 OVERLAP = "in_train"  # column (eval): the train line holding the same prompt, None when train does not have it
-EXPLAINED = (PARSE_ERROR, DUPLICATE, ROLE_ERROR, OVERLAP)  # columns whose values are sentences: shown unquoted
+EXPLAINED = (PARSE_ERROR, DUPLICATE, RECORD_ERROR, OVERLAP)  # columns whose values are sentences: shown unquoted
 
 # (prompts, completions) -> token count of each pair
 TokenCounter = Callable[[Sequence[str], Sequence[str]], list[int]]
 # split file -> (line numbers, token counts) of its usable rows, e.g. from the token cache
 TokenLengths = Callable[[Path], tuple["np.ndarray", "np.ndarray"]]
 COUNT_BATCH = 2048  # pairs per TokenCounter call
+BAD_ROWS_LISTED = 100  # malformed rows a split names one by one in the log; the checks count them all
 
 
 @dataclass
@@ -50,7 +62,9 @@ class Scan:
     path: Path
     lines: np.ndarray  # int64: the 1-based line number of each row
     fields: frozenset[str]  # the FIELDS that at least one record has (a column per field in every frame)
-    chat: bool  # some record has `messages`: frames get a role_error column
+    types: dict[str, int]  # record type -> the line of its first record (record_type), in order of appearance
+    bad_rows: list[str]  # "<file>:<line>: why" of the first BAD_ROWS_LISTED unparsed or malformed rows
+    bad_count: int  # how many rows are unparsed or malformed
     duplicate_of: np.ndarray  # int64: the line a row repeats, 0 for none
     prompt_rows: np.ndarray  # int64: the rows whose prompt is a string
     prompt_keys: np.ndarray  # V16: the digest of each of those prompts
@@ -61,6 +75,11 @@ class Scan:
     def rows(self) -> int:
         """Non-blank lines."""
         return len(self.lines)
+
+    @property
+    def conversational(self) -> bool:
+        """The file holds conversations: their rows are checked whole (RECORD_ERROR), not field by field."""
+        return CONVERSATIONAL in self.types
 
 
 def _digest(text: str) -> bytes:
@@ -86,11 +105,11 @@ def scan(
     count_tokens: TokenCounter | None = None,
     token_lengths: TokenLengths | None = None,
 ) -> Scan:
-    """Pass 1 over `path`: line numbers, fields present, duplicates, prompt digests and (optionally) token counts.
+    """Pass 1 over `path`: lines, fields and types present, malformed rows, duplicates, keys, token counts.
 
-    A row is checked for duplicates when both fields are non-blank strings within `max_chars`, so a bad row
-    repeated is counted once, by its own check. Tokens are counted for usable rows (both fields non-blank strings),
-    by `count_tokens` in batches or read from `token_lengths`.
+    A pair is checked for duplicates when both fields are non-blank strings within `max_chars`, a conversation
+    when it is well formed, so a bad row repeated is counted once, by its own check. Tokens are counted for usable
+    pairs by `count_tokens` in batches, or read for every usable row from `token_lengths`.
     """
     import numpy as np
 
@@ -99,7 +118,9 @@ def scan(
     counts: list[int] = []
     pending: list[tuple[str, str]] = []
     fields: set[str] = set()
-    chat = False
+    types: dict[str, int] = {}
+    bad_rows: list[str] = []
+    bad_count = 0
 
     def flush() -> None:
         if count_tokens is not None and pending:
@@ -109,16 +130,28 @@ def scan(
     for row, line in enumerate(read_lines(path)):
         lines.append(line.number)
         record = line.record
+        error = line.error if record is None else record_error(record)
+        if error is not None:
+            bad_count += 1
+            if len(bad_rows) < BAD_ROWS_LISTED:
+                bad_rows.append(f"{path.name}:{line.number}: {error}")
         if record is None:
             continue
         fields.update(name for name in FIELDS if name in record)
-        chat = chat or "messages" in record
-        prompt, completion = record.get("prompt"), record.get("completion")
-        if not isinstance(prompt, str):
+        kind = record_type(record)
+        if kind is not None:
+            types.setdefault(kind, line.number)
+        key = split_key(record)
+        if key is not None:
+            prompt_rows.append(row)
+            prompt_keys += _digest(key)
+        if kind == CONVERSATIONAL:
+            if error is None:
+                pair_rows.append(row)
+                pair_keys += _digest(canonical_messages(record["messages"]))
             continue
-        prompt_rows.append(row)
-        prompt_keys += _digest(prompt)
-        if not (isinstance(completion, str) and prompt.strip() and completion.strip()):
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if not (isinstance(prompt, str) and isinstance(completion, str) and prompt.strip() and completion.strip()):
             continue
         if len(prompt) <= max_chars.get("prompt", len(prompt)) and len(completion) <= max_chars.get(
             "completion", len(completion)
@@ -137,7 +170,9 @@ def scan(
         path=path,
         lines=numbers,
         fields=frozenset(fields),
-        chat=chat,
+        types=types,
+        bad_rows=bad_rows,
+        bad_count=bad_count,
         duplicate_of=_first_occurrences(numbers, _rows(pair_rows), _keys(pair_keys)),
         prompt_rows=_rows(prompt_rows),
         prompt_keys=_keys(prompt_keys),
@@ -212,13 +247,14 @@ def _frame(chunk: list[Line], found: Scan, first: int) -> pd.DataFrame:
     frame[DUPLICATE] = pd.Series(
         [f"repeats line {n}" if n else None for n in found.duplicate_of[first:end].tolist()], dtype=object
     )
-    if found.chat:
-        errors = [role_order_error(r["messages"]) if "messages" in r else None for r in records]
-        frame[ROLE_ERROR] = pd.Series(errors, dtype=object)
+    if found.conversational:  # every parsed row, typed or not: one check counts what is wrong with each
+        errors = [record_error(line.record) if line.record is not None else None for line in chunk]
+        frame[RECORD_ERROR] = pd.Series(errors, dtype=object)
     if found.tokens is not None:
         frame[TOKENS] = pd.Series(found.tokens[first:end], dtype="float64")  # NaN for unusable rows: GE skips them
     if found.overlap is not None:
+        shared = "history" if found.conversational else "prompt"
         frame[OVERLAP] = pd.Series(
-            [f"prompt of train line {n}" if n else None for n in found.overlap[first:end].tolist()], dtype=object
+            [f"{shared} of train line {n}" if n else None for n in found.overlap[first:end].tolist()], dtype=object
         )
     return frame

@@ -11,6 +11,7 @@ from eksflow.runtime.outputs import atomic_write_text
 
 if TYPE_CHECKING:
     pass
+from eksflow.llm.steps.common.data import SPLITS
 from eksflow.llm.steps.common.token_cache import default_cache_dir as default_token_cache
 from eksflow.llm.steps.validate_data import DOCS_DIR, REPORT_FILE, Args, Outputs, ValidateSettings
 from eksflow.llm.steps.validate_data.suite import Report, cached_token_lengths, validate
@@ -57,6 +58,12 @@ def run(args: Args) -> Outputs:
     )
     report_path = (args.report_dir / REPORT_FILE).absolute()
     atomic_write_text(report_path, report.to_json())
+    for row in report.bad_rows:
+        print(f"bad row: {row}", file=sys.stderr)
+    for split, count in report.bad_count.items():
+        listed = sum(1 for row in report.bad_rows if row.startswith(f"{SPLITS[split]}:"))
+        if count > listed:
+            print(f"bad rows: {count - listed} more in {SPLITS[split]} (counted by the checks)", file=sys.stderr)
     if not report.success:
         print(format_failures(report, report_path), file=sys.stderr)
         print(f"data docs: {args.report_dir.absolute() / DOCS_DIR / 'index.html'}", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from eksflow.llm.steps.common.base_model import resolve_model
-from eksflow.llm.steps.common.data import FIELDS, SPLITS
+from eksflow.llm.steps.common.data import FIELDS, FIELDS_OF, PREFERENCE, SPLITS, sft_refusal
 from eksflow.llm.steps.validate_data import ValidateSettings
 from eksflow.llm.steps.validate_data.merge import merge
 from eksflow.llm.steps.validate_data.scan import (
@@ -27,7 +27,7 @@ from eksflow.llm.steps.validate_data.scan import (
     LINE,
     OVERLAP,
     PARSE_ERROR,
-    ROLE_ERROR,
+    RECORD_ERROR,
     TOKENS,
     Scan,
     TokenCounter,
@@ -78,8 +78,10 @@ class Report:
     dataset_dir: str
     settings: dict[str, Any]
     rows: dict[str, int]
-    overlap: int  # eval rows whose prompt occurs in train
+    overlap: int  # eval rows whose prompt (of a conversation: history) occurs in train
     checks: list[CheckResult] = field(default_factory=list)
+    bad_rows: list[str] = field(default_factory=list)  # "<file>:<line>: why", the first of each split's malformed rows
+    bad_count: dict[str, int] = field(default_factory=dict)  # split -> rows unparsed or malformed, listed or not
 
     @property
     def success(self) -> bool:
@@ -108,7 +110,8 @@ def build_suite(
     """The expectations for one split whose frames have `columns`, in report order.
 
     `compare_with_train` adds the no-overlap expectation (eval); `part` selects "table" (the row count, run once
-    on the whole split), "rows" (the rest, run on each chunk) or "all" (both: the suite Data Docs show).
+    on the whole split), "rows" (the rest, run on each chunk) or "all" (both: the suite Data Docs show). A file of
+    pairs is checked field by field; a file of conversations row by row (RECORD_ERROR names what is wrong).
     """
     import great_expectations as gx
 
@@ -136,7 +139,8 @@ def build_suite(
     add("row_count", ExpectTableRowCountToBeBetween(min_value=settings.min_rows, max_value=None))
     add("lines_parse", ExpectColumnValuesToBeNull(column=PARSE_ERROR, mostly=mostly("lines_parse")))
     limits = {"prompt": settings.max_prompt_chars, "completion": settings.max_completion_chars}
-    for name in FIELDS:
+    conversational = RECORD_ERROR in columns
+    for name in () if conversational else FIELDS:
         add(f"{name}_exists", ExpectColumnToExist(column=name))
         if name not in columns:
             continue  # the other expectations on it could only raise "column does not exist"
@@ -166,17 +170,17 @@ def build_suite(
         "no_duplicate",
         ExpectColumnValuesToBeNull(column=DUPLICATE, mostly=mostly("no_duplicate"), row_condition=usable),
     )
-    if ROLE_ERROR in columns:
+    if conversational:
         add(
-            "role_order",
-            ExpectColumnValuesToBeNull(column=ROLE_ERROR, mostly=mostly("role_order"), row_condition=usable),
+            "record_valid",
+            ExpectColumnValuesToBeNull(column=RECORD_ERROR, mostly=mostly("record_valid"), row_condition=usable),
         )
     if TOKENS in columns and max_tokens:
         add(
             "max_tokens",
             ExpectColumnValuesToBeBetween(column=TOKENS, max_value=max_tokens, mostly=mostly("max_tokens")),
         )
-    if compare_with_train and "prompt" in columns:
+    if compare_with_train and ("prompt" in columns or conversational):
         # A column of the matching train line, not the train prompts as a value set: a million-string value set
         # is copied into every access of the expectation's configuration and rendered into the Data Docs.
         add(
@@ -184,7 +188,7 @@ def build_suite(
             ExpectColumnValuesToBeNull(
                 column=OVERLAP,
                 mostly=mostly("prompt_not_in_train"),
-                row_condition=Column("prompt_type") == "str",
+                row_condition=usable if conversational else Column("prompt_type") == "str",
             ),
         )
     return suite
@@ -193,7 +197,7 @@ def build_suite(
 def columns_of(found: Scan) -> frozenset[str]:
     """The columns every frame of a split has (eksflow.llm.steps.validate_data.scan.frames)."""
     names = {LINE, PARSE_ERROR, DUPLICATE, *found.fields, *(f"{name}_type" for name in FIELDS)}
-    names |= {ROLE_ERROR} if found.chat else set()
+    names |= {RECORD_ERROR} if found.conversational else set()
     names |= {TOKENS} if found.tokens is not None else set()
     names |= {OVERLAP} if found.overlap is not None else set()
     return frozenset(names)
@@ -226,6 +230,7 @@ def validate(
             raise StepInputError(f"{str(path)!r} does not exist; is --dataset-dir the folder stage_data published?")
         counting = bool(max_tokens)
         scans[split] = scan(path, limits, count_tokens if counting else None, token_lengths if counting else None)
+        refuse_types(scans[split])
     compare = len(scans["train"].prompt_keys) > 0  # as before: no overlap check when train has no string prompt
     overlap = find_overlap(scans["eval"], scans["train"])
     if not compare:
@@ -280,7 +285,25 @@ def validate(
         rows={split: found.rows for split, found in scans.items()},
         overlap=overlap,
         checks=checks,
+        bad_rows=[row for found in scans.values() for row in found.bad_rows],
+        bad_count={split: found.bad_count for split, found in scans.items()},
     )
+
+
+def refuse_types(found: Scan) -> None:
+    """Refuse (StepInputError) a file mixing record types, or holding preference records: SFT cannot use them.
+
+    Never tolerated by `mostly`: a type decides how every row is tokenized and learned, so a mix is no share of
+    bad rows but a file built wrong.
+    """
+    if len(found.types) > 1:
+        (first, first_line), (second, second_line) = list(found.types.items())[:2]
+        raise StepInputError(
+            f"{found.path.name} mixes {first} records ({FIELDS_OF[first]}, first at line {first_line}) and {second} "
+            f"records ({FIELDS_OF[second]}, first at line {second_line}); a split file holds records of one type"
+        )
+    if PREFERENCE in found.types:
+        raise StepInputError(sft_refusal(found.path, found.types[PREFERENCE]))
 
 
 def _write_docs(
