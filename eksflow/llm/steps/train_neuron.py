@@ -22,8 +22,10 @@ from typing import Any
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import TRAIN_FILE, load_examples
+from eksflow.llm.steps.common.encoding import BATCH, encode_batch
 from eksflow.llm.steps.common.neuron import training_arguments
 from eksflow.llm.steps.train import Args, Outputs, TrainSettings
+from eksflow.llm.steps.train.data import truncated
 from eksflow.runtime.args import StepInputError, run_step
 
 
@@ -40,21 +42,16 @@ def run(args: Args) -> Outputs:
     from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq
     from transformers.trainer_utils import get_last_checkpoint
 
-    from eksflow.llm.steps.common.modeling import encode_example, load_tokenizer
+    from eksflow.llm.steps.common.modeling import load_tokenizer
 
     model_dir = resolve_model(args.base_model, args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
     examples = load_examples(args.dataset_dir / TRAIN_FILE)
-    dataset = [
-        dict(
-            zip(
-                ("input_ids", "labels"),
-                encode_example(tokenizer, e.prompt, e.completion, args.max_seq_len),
-                strict=True,
-            )
-        )
-        for e in examples
-    ]
+    dataset = []
+    for start in range(0, len(examples), BATCH):
+        ids, spans = encode_batch(tokenizer, examples[start : start + BATCH])
+        for row, learned in zip(ids, spans, strict=True):
+            dataset.append(dict(zip(("input_ids", "labels"), truncated(row, learned, args.max_seq_len), strict=True)))
     settings = args.model_dump(include=set(TrainSettings.model_fields))
     trainer_args = NeuronTrainingArguments(**training_arguments(settings, str(args.output_dir / "checkpoints")))
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir)

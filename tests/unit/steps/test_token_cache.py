@@ -11,6 +11,7 @@ import pytest
 from eksflow.llm.steps.common import token_cache
 from eksflow.llm.steps.common.modeling import encode_example
 from eksflow.llm.steps.common.token_cache import MARKER, CorruptCacheError, TokenCache, ensure
+from eksflow.llm.steps.train.data import truncated
 
 
 def write_split(path: Path, n: int, bad_lines: dict[int, str] | None = None) -> Path:
@@ -32,10 +33,9 @@ def test_built_once_then_reused_and_equal_to_encode_example(tmp_path, tiny_token
     assert cache.lines().tolist() == [n for n in range(1, 41) if n not in (4, 8)]
     for row, line in enumerate(cache.lines().tolist()):
         i = line - 1
-        ids, prompt_len = cache.example(row)
-        expected_ids, expected_labels = encode_example(tiny_tokenizer, f"what is {i} plus {i}", str(2 * i), 10_000)
-        assert ids.tolist() == expected_ids
-        assert expected_labels[:prompt_len] == [-100] * prompt_len and expected_labels[prompt_len] != -100
+        ids, spans = cache.example(row)
+        expected = encode_example(tiny_tokenizer, f"what is {i} plus {i}", str(2 * i), 10_000)
+        assert truncated(ids, spans, 10_000) == expected and spans[0][1] == len(ids)
     assert cache.lengths().tolist() == [len(cache.example(r)[0]) for r in range(cache.rows)]
 
 

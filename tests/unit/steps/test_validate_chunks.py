@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eksflow.llm.steps.common.data import Example
 from eksflow.llm.steps.common.encoding import encode_batch
 from eksflow.llm.steps.common.token_cache import ensure
 from eksflow.llm.steps.validate_data import ValidateSettings
@@ -94,7 +95,8 @@ def test_token_counts_from_the_cache_equal_counting_pairs(tmp_path, tiny_tokeniz
     data = messy(tmp_path / "data")
 
     def pairs(prompts: Sequence[str], completions: Sequence[str]) -> list[int]:
-        return [len(ids) for ids in encode_batch(tiny_tokenizer, prompts, completions)[0]]
+        examples = [Example(p, c) for p, c in zip(prompts, completions, strict=True)]
+        return [len(ids) for ids in encode_batch(tiny_tokenizer, examples)[0]]
 
     def cached(path: Path):
         cache, _ = ensure(path, tiny_tokenizer, tmp_path / "cache")

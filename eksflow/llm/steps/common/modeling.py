@@ -24,7 +24,10 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
-    """The prompt wrapped in the model's chat template, ending where the assistant's answer starts."""
+    """The prompt wrapped in the model's chat template as one user turn, ending where the assistant's answer starts.
+
+    `encoding.prompt_texts` gives the same text for the history [{"role": "user", "content": prompt}].
+    """
     messages = [{"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return str(text)
@@ -33,7 +36,11 @@ def prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
 def encode_example(
     tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str, max_len: int
 ) -> tuple[list[int], list[int]]:
-    """Token ids and labels for one example; only the completion (and its EOS) is learned."""
+    """Token ids and labels for one prompt-completion pair; only the completion (and its EOS) is learned.
+
+    The definition of a pair's tokens: `encoding.encode_batch` (what training and evaluate use, batched, and for
+    conversations too) must give these ids, and learn these labels, for every pair.
+    """
     prompt_ids = tokenizer(prompt_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(completion + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     ids = (prompt_ids + answer_ids)[:max_len]

@@ -1,14 +1,16 @@
 """A tokenized copy of a JSONL split on shared storage: built once per (data, tokenizer), memory-mapped by readers.
 
     <cache_dir>/<key>/tokens.arrow   Arrow IPC file, record batches of BATCH_ROWS rows: input_ids list<int32> (the
-                                     prompt in its chat template, the completion and EOS; untruncated), prompt_len
-                                     int32, line int64 (the example's 1-based line in the split file)
+                                     example in its chat template, untruncated: encoding.encode_batch), spans
+                                     list<int32> (the learned token spans [start, end), flattened: start, end, ...),
+                                     line int64 (the example's 1-based line in the split file)
     <cache_dir>/<key>/meta.json      rows, tokens, bytes and sha256 of tokens.arrow, and what the key was made of
     <cache_dir>/<key>/COMMITTED      written last (after the data and meta.json are fsynced)
 
 key = sha256 of (cache format, the split file's sha256, the tokenizer's fingerprint): changed data or another
 tokenizer (or chat template) is another key, so a stale cache is never found, only a new one built. Rows are the
-split's usable examples (eksflow.llm.steps.common.data.example_error) in file order, the rows `load_examples` returns.
+split's usable examples (eksflow.llm.steps.common.data.usable_examples) in file order, the rows `load_examples`
+returns. A conversation the chat template cannot tokenize fails the build in one line naming its file and line.
 
 Built by whoever needs it first (the train driver before its workers start, or validate_data counting tokens):
 under an exclusive flock on <cache_dir>/<key>.lock, into a temporary sibling that is renamed into place, so two
@@ -31,19 +33,19 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eksflow.llm.steps.common.data import example_error, read_lines
-from eksflow.llm.steps.common.encoding import BATCH, encode_batch, tokenizer_fingerprint
+from eksflow.llm.steps.common.data import Example, usable_examples
+from eksflow.llm.steps.common.encoding import BATCH, ConversationError, Span, encode_batch, tokenizer_fingerprint
 from eksflow.llm.steps.common.storage import exclusive, fsync, fsync_dir, sha256_file
+from eksflow.runtime.args import StepInputError
 
 if TYPE_CHECKING:
     import numpy as np
     from transformers import PreTrainedTokenizerBase
 
-FORMAT = 1  # bump when the file layout changes: part of the key
+FORMAT = 2  # bump when the file layout changes: part of the key
 DATA_FILE = "tokens.arrow"
 META_FILE = "meta.json"
 MARKER = "COMMITTED"
@@ -72,7 +74,7 @@ def cache_key(split_sha256: str, fingerprint: str) -> str:
 
 
 class TokenCache:
-    """A verified, memory-mapped cache: row i is (token ids, prompt token count, source line)."""
+    """A verified, memory-mapped cache: row i is (token ids, learned token spans, source line)."""
 
     def __init__(self, folder: Path, meta: dict[str, Any], batches: list[Any]) -> None:
         import numpy as np
@@ -83,7 +85,8 @@ class TokenCache:
         # zero-copy numpy views into the mapped file, per record batch
         self._offsets = [b.column(0).offsets.to_numpy() for b in batches]
         self._values = [b.column(0).values.to_numpy(zero_copy_only=True) for b in batches]
-        self._prompt = [b.column(1).to_numpy(zero_copy_only=True) for b in batches]
+        self._span_offsets = [b.column(1).offsets.to_numpy() for b in batches]
+        self._span_values = [b.column(1).values.to_numpy(zero_copy_only=True) for b in batches]
         self._lines = [b.column(2).to_numpy(zero_copy_only=True) for b in batches]
         self._starts = np.cumsum([0, *(len(b) for b in batches)])
 
@@ -121,11 +124,12 @@ class TokenCache:
         batch = int(np.searchsorted(self._starts, row, side="right")) - 1
         return batch, row - int(self._starts[batch])
 
-    def example(self, row: int) -> tuple[np.ndarray, int]:
-        """Token ids of `row` (a read-only view into the mapped file) and how many of them are the prompt."""
+    def example(self, row: int) -> tuple[np.ndarray, list[Span]]:
+        """Token ids of `row` (a read-only view into the mapped file) and the spans [start, end) of them learned."""
         batch, i = self._locate(row)
-        offsets = self._offsets[batch]
-        return self._values[batch][offsets[i] : offsets[i + 1]], int(self._prompt[batch][i])
+        offsets, span_offsets = self._offsets[batch], self._span_offsets[batch]
+        flat = self._span_values[batch][span_offsets[i] : span_offsets[i + 1]].tolist()
+        return self._values[batch][offsets[i] : offsets[i + 1]], list(zip(flat[::2], flat[1::2], strict=True))
 
     def lengths(self) -> np.ndarray:
         """Tokens per row (untruncated), as int64, in row order."""
@@ -189,24 +193,7 @@ def ensure(split_file: Path, tokenizer: PreTrainedTokenizerBase, cache_dir: Path
 def _schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([("input_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()), ("line", pa.int64())])
-
-
-def _usable(split_file: Path) -> Iterator[tuple[int, str, str]]:
-    """(line number, prompt, completion) of each usable example, in file order (what load_examples keeps).
-
-    Unusable lines are skipped with one warning, as load_examples does: validate_data fails on them unless its
-    `mostly` tolerance lets a few through, and then training must not trip over them.
-    """
-    skipped, first = 0, ""
-    for line in read_lines(split_file):
-        error = line.error if line.record is None else example_error(line.record)
-        if error is None and line.record is not None:
-            yield line.number, line.record["prompt"], line.record["completion"]
-        else:
-            skipped, first = skipped + 1, first or f"line {line.number}: {error}"
-    if skipped:
-        print(f"warning: skipped {skipped} unusable line(s) in {split_file} (first: {first})", file=sys.stderr)
+    return pa.schema([("input_ids", pa.list_(pa.int32())), ("spans", pa.list_(pa.int32())), ("line", pa.int64())])
 
 
 def _build(
@@ -219,28 +206,31 @@ def _build(
     data = into / DATA_FILE
     rows = tokens = 0
     with pa.OSFile(str(data), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        pending: list[tuple[int, str, str]] = []
+        pending: list[tuple[int, Example]] = []
 
         def flush() -> None:
             nonlocal rows, tokens
             ids: list[list[int]] = []
-            prompt_lens: list[int] = []
+            spans: list[list[int]] = []
             for start in range(0, len(pending), BATCH):
                 part = pending[start : start + BATCH]
-                batch_ids, batch_prompt = encode_batch(tokenizer, [p for _, p, _ in part], [c for _, _, c in part])
+                try:
+                    batch_ids, batch_spans = encode_batch(tokenizer, [e for _, e in part])
+                except ConversationError as err:
+                    raise StepInputError(f"{split_file}:{part[err.index][0]}: {err}") from err
                 ids += batch_ids
-                prompt_lens += batch_prompt
+                spans += [[bound for span in learned for bound in span] for learned in batch_spans]
             columns = [
                 pa.array(ids, type=pa.list_(pa.int32())),
-                pa.array(prompt_lens, type=pa.int32()),
-                pa.array([n for n, _, _ in pending], type=pa.int64()),
+                pa.array(spans, type=pa.list_(pa.int32())),
+                pa.array([n for n, _ in pending], type=pa.int64()),
             ]
             writer.write_batch(pa.record_batch(columns, schema=schema))
             rows += len(pending)
             tokens += sum(len(i) for i in ids)
             pending.clear()
 
-        for example in _usable(split_file):
+        for example in usable_examples(split_file):
             pending.append(example)
             if len(pending) == BATCH_ROWS:
                 flush()

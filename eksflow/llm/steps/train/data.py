@@ -9,11 +9,13 @@ epoch (numpy, ~10 ms at a million rows) and kept while the epoch lasts, so a mic
 whatever n is; the previous sampler shuffled a list of n indices for every example.
 
 Micro-batches come from a TokenCache (eksflow.llm.steps.common.token_cache), memory-mapped: a worker holds only the rows
-it batches. Padded (the default) gives exactly what `modeling.collate` gives for `modeling.encode_example`'s output,
-its labels turned into `modeling.next_token_targets` (logits only where a token is learned).
+it batches. An example's labels are its tokens inside the learned spans (a pair's completion, every assistant turn
+of a conversation) and IGNORE_INDEX elsewhere (`truncated`). Padded (the default) gives exactly what
+`modeling.collate` gives for `modeling.encode_example`'s output, its labels turned into `modeling.next_token_targets`
+(logits only where a token is learned).
 Packed (`pack_sequences`) puts the micro-batch's examples end to end in as few rows of at most max_seq_len tokens
 as fit, with position ids restarting at each example and attention kept inside it; the micro-batch holds the same
-examples and the loss averages over the same completion tokens, while less compute goes to padding when example
+examples and the loss averages over the same learned tokens, while less compute goes to padding when example
 lengths vary (rows are padded to the longest row, so examples of one length gain little; see bench/README.md).
 """
 
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from eksflow.llm.steps.common import token_cache
 from eksflow.llm.steps.common.data import TRAIN_FILE
+from eksflow.llm.steps.common.encoding import Span
 from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate, next_token_targets
 from eksflow.llm.steps.train import Args, TrainSettings
 from eksflow.runtime.args import StepInputError
@@ -62,11 +66,16 @@ def batch_indices(step: int, micro: int, rank: int, settings: TrainSettings, wor
     return indices
 
 
-def truncated(ids: np.ndarray, prompt_len: int, max_len: int) -> tuple[list[int], list[int]]:
-    """(input ids, labels) cut to `max_len`, exactly as `modeling.encode_example` makes them."""
-    kept = ids[:max_len].tolist()
-    cut = min(prompt_len, len(kept))
-    return kept, [IGNORE_INDEX] * cut + kept[cut:]
+def truncated(ids: np.ndarray | Sequence[int], spans: Sequence[Span], max_len: int) -> tuple[list[int], list[int]]:
+    """(input ids, labels) cut to `max_len`: labels are the ids inside the learned spans, IGNORE_INDEX elsewhere.
+
+    For a pair (one span from the prompt's end to the last id) this is exactly what `modeling.encode_example` makes.
+    """
+    kept = [int(t) for t in ids[:max_len]] if isinstance(ids, Sequence) else ids[:max_len].tolist()
+    labels = [IGNORE_INDEX] * len(kept)
+    for start, end in spans:
+        labels[start:end] = kept[start:end]
+    return kept, labels
 
 
 def pack(examples: list[tuple[list[int], list[int]]], capacity: int, pad_id: int) -> dict[str, torch.Tensor]:
@@ -166,7 +175,9 @@ def prepare_cache(args: Args, model_dir: Path) -> tuple[Path, int]:
         flush=True,
     )
     if cache.rows == 0:
-        raise StepInputError(f"{str(train_file)!r} holds no usable examples; expected JSON lines of prompt/completion")
+        raise StepInputError(
+            f"{str(train_file)!r} holds no usable examples; expected JSON lines of prompt/completion or messages"
+        )
     return cache.folder, int(tokenizer.pad_token_id)
 
 
