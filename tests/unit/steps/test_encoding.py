@@ -122,7 +122,9 @@ def test_a_truncated_conversation_learns_only_its_tokens_inside_max_len(tool_tok
     assert all(labels[i] == ids[i] for i in learned)
 
 
-def test_the_cache_keeps_spans_refuses_a_bad_line_and_rebuilds_on_a_new_encoding(tmp_path, tool_tokenizer, monkeypatch):
+def test_the_cache_keeps_spans_refuses_a_bad_line_and_rebuilds_on_a_new_encoding(
+    tmp_path, tool_tokenizer, demo_tokenizer, monkeypatch
+):
     split = tmp_path / "train.jsonl"
     pair = json.dumps({"prompt": "What is 2 + 2?", "completion": "4"})
     split.write_text(f"{json.dumps({'messages': TOOL_CONVERSATION})}\n{pair}\n", encoding="utf-8")
@@ -136,8 +138,6 @@ def test_the_cache_keeps_spans_refuses_a_bad_line_and_rebuilds_on_a_new_encoding
     silent_call = dict(TOOL_CONVERSATION[2], content="")
     bad = {"messages": [*TOOL_CONVERSATION[:2], silent_call, *TOOL_CONVERSATION[3:]]}
     split.write_text(f"{pair}\n{json.dumps(bad)}\n", encoding="utf-8")
-    demo = copy.deepcopy(tool_tokenizer)
-    demo.chat_template = load_tokenizer(resolve_model(DEMO_MODEL, default_cache_dir())).chat_template
     with pytest.raises(StepInputError, match=rf"^{split}:2: turn 3: the chat template renders this assistant"):
-        ensure(split, demo, tmp_path / "cache")
+        ensure(split, demo_tokenizer, tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # nothing half-written
