@@ -3,6 +3,8 @@ cache: a sweep's candidates and every retrain on the same rows stop paying for t
 .base_scores). What is reused gives the metrics decoding gives; a change to anything that decides the answers
 decodes again; a cache that cannot be read or written costs time only."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from eksflow.llm.steps import evaluate
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.llm.steps.evaluate import base_scores, scoring
 from eksflow.llm.steps.evaluate import step as evaluate_step
+from tests.unit.steps.test_evaluate_conversations import CONVERSATION, PAIR
 
 DEMO_DATA = Path(__file__).resolve().parents[3] / "data" / "demo"
 REUSED = "answers and loss of an earlier evaluation"
@@ -94,3 +97,19 @@ def test_a_cache_that_cannot_be_written_costs_time_only(tmp_path, tiny, decoded_
     evaluate_once(tmp_path, tiny, cache, "first")
     assert len(decoded_models) == 2
     assert "warning: the base model's answers were not kept" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the tiny real model: seconds
+def test_an_evaluated_conversation_reports_the_history_it_was_asked(tmp_path, tiny):
+    """A conversation is scored as test_evaluate_conversations.py shows; here the whole step, on the tiny model."""
+    data = tmp_path / "data"
+    data.mkdir()
+    system = {"role": "system", "content": "You answer with one word."}
+    records = [{"messages": [system, *CONVERSATION.messages]}, {"prompt": PAIR.prompt, "completion": PAIR.completion}]
+    (data / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = evaluate_once(tmp_path, tiny, tmp_path / "cache", "chat", dataset_dir=data)
+    rows = json.loads(Path(out.report).read_text())["rows"]
+    assert rows[0]["messages"] == [system, *CONVERSATION.messages[:3]] and rows[0]["reference"] == "12 the answer"
+    assert rows[0]["prompt"].startswith("system: You answer with one word.\nuser: what is 3 plus 4")
+    assert "messages" not in rows[1] and (rows[1]["prompt"], rows[1]["reference"]) == (PAIR.prompt, PAIR.completion)
+    assert math.isfinite(out.metrics["eval_loss"]) and math.isfinite(out.metrics["base_eval_loss"])

@@ -61,7 +61,8 @@ def test_batched_answers_equal_each_prompt_alone_in_prompt_order(tiny_model, tin
         alone.append(tiny_tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip())
 
     with torch.inference_mode():
-        answers, cut = generate(tiny_model, tiny_tokenizer, PROMPTS, batch_size=batch_size, max_new_tokens=6)
+        histories = [[{"role": "user", "content": p}] for p in PROMPTS]  # a pair's: its prompt as one user turn
+        answers, cut = generate(tiny_model, tiny_tokenizer, histories, batch_size=batch_size, max_new_tokens=6)
 
     assert answers == alone
     assert len(set(alone)) > 1  # the prompts get different answers, so an order mix-up would show

@@ -31,11 +31,15 @@ def test_load_sample_streams_usable_examples_in_file_order(tmp_path):
     lines = [json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) for i in range(200)]
     lines[5] = "{broken"
     lines[9] = json.dumps({"prompt": "no answer"})
+    turns = [{"role": "user", "content": "q16"}, {"role": "assistant", "content": "a16"}]
+    lines[16] = json.dumps({"messages": turns})  # a conversation is sampled as one, its turns kept
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     examples, total = load_sample(path, 30, seed=3)
     assert total == 198
     usable = [i for i in range(200) if i not in (5, 9)]
-    assert [e.prompt for e in examples] == [f"q{usable[k]}" for k in sample_indices(198, 30, 3)]
+    expected = [usable[k] for k in sample_indices(198, 30, 3)]
+    assert [e.completion for e in examples] == [f"a{i}" for i in expected]
+    assert 16 in expected and examples[expected.index(16)].messages == tuple(turns)
 
 
 @pytest.mark.parametrize(

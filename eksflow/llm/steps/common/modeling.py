@@ -117,22 +117,29 @@ def next_token_targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def generate(
-    model: Any, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, batch_size: int, max_new_tokens: int
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    histories: Sequence[list[dict[str, Any]]],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
 ) -> tuple[list[str], int]:
-    """Greedy answers for `prompts`, batched (deterministic for given weights).
+    """Greedy answers to `histories` (each the chat messages asked: `Example.history()`), batched.
 
-    The prompts' shared leading tokens (`shared_prefix`) are computed once; each row's own tokens follow them,
-    left-padded to the batch's longest, and the padding is masked out (the positions count real tokens only, so a
-    row's answer is the one it would get alone, up to float rounding). Prompts are batched by length, so that a
-    batch pads little, and the answers returned in the order of `prompts`.
+    Deterministic for given weights. Each history is asked as the chat template renders it up to where the answer
+    starts (`encoding.prompt_texts`): the text training learned the answer after. The prompts' shared leading tokens
+    (`shared_prefix`) are computed once; each row's own tokens follow them, left-padded to the batch's longest, and
+    the padding is masked out (the positions count real tokens only, so a row's answer is the one it would get
+    alone, up to float rounding). Prompts are batched by length, so that a batch pads little.
 
-    Returns the answers and how many of them reached `max_new_tokens` without their end-of-sequence token.
+    Returns the answers, in the order of `histories`, and how many of them reached `max_new_tokens` without their
+    end-of-sequence token.
     """
     import torch
 
     from eksflow.llm.steps.common.encoding import prompt_texts
 
-    rows: list[list[int]] = tokenizer(prompt_texts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
+    rows: list[list[int]] = tokenizer(prompt_texts(tokenizer, histories), add_special_tokens=False)["input_ids"]
     shared = shared_prefix(rows)
     prefix = rows[0][:shared] if rows else []
     cache = prefix_cache(model, prefix)
@@ -159,7 +166,7 @@ def generate(
             ended = bool((new == tokenizer.eos_token_id).any()) or bool((new == pad).any())
             cut += int(len(new) >= max_new_tokens and not ended)
             answers[i] = str(tokenizer.decode(new, skip_special_tokens=True)).strip()
-    return [answers[i] for i in range(len(prompts))], cut
+    return [answers[i] for i in range(len(histories))], cut
 
 
 def by_length(rows: Sequence[Sequence[int]]) -> list[int]:

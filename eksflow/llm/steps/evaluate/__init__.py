@@ -4,7 +4,8 @@ r"""Score the fine-tuned adapter and the base model on the held-out split, then 
         --adapter-dir=/fsx/run/train/checkpoints/step-40/adapter --champion-version=3
 
 Metrics (tuned, and the base model as `base_<name>` on the same examples): eval_loss and perplexity over the
-completion tokens, the task metrics (`task_metrics`) over batched greedy answers, and `<task metric>_gain` =
+answer tokens (a pair's completion, a conversation's last assistant turn), the task metrics (`task_metrics`) over
+batched greedy answers, each asked with the example's history through the chat template, and `<task metric>_gain` =
 tuned - base. The base model's answers and loss are decoded once per model, eval rows and decoding settings, and
 read from --model-cache-dir (base-scores/) by every later evaluation: a sweep's candidates and retrains on the same
 rows pay for the tuned model only (eksflow.llm.steps.evaluate.base_scores).

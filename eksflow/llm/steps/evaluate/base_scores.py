@@ -2,7 +2,8 @@
 
 Every candidate of a sweep, every retrain gated on the same held-out rows and every rerun scores the same base model
 on the same rows with the same greedy decoding: the same answers, minutes of decoding each time on CPU. The key
-holds all that decides them: the model folder's files (names, sizes, modification times), the examples, the batch
+holds all that decides them: the model folder's files (names, sizes, modification times), the examples (a
+conversation's turns included), the batch
 size, the answer length cap, the thread count, the device, torch and transformers' versions and the source of the
 code that decodes and scores. Only the answers and the loss are kept; metrics are computed from them each time, so
 a changed or added metric never reads a stale score. A file that cannot be read is scored again and replaced.
@@ -50,7 +51,8 @@ def cache_file(
     files = {str(p.relative_to(model_dir)): p.stat() for p in model_dir.rglob("*") if p.is_file()}
     key = {
         "model": [[name, stat.st_size, stat.st_mtime_ns] for name, stat in sorted(files.items())],
-        "examples": [[e.prompt, e.completion] for e in examples],
+        # a conversation's turns decide its answer, not only the prompt that shows them
+        "examples": [[e.prompt, e.completion, list(e.messages)] for e in examples],
         "decoding": decoding,
         "versions": [torch.__version__, transformers.__version__],
         "code": [Path(m.__file__).read_text(encoding="utf-8") for m in code if m.__file__],

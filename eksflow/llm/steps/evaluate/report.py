@@ -44,10 +44,12 @@ def write_report(
         {"prompt": e.prompt, "reference": e.completion, "base": b, "tuned": t}
         for e, b, t in zip(examples[:8], scores["base"].answers, scores["tuned"].answers, strict=False)
     ]
-    # Per-row scores of the tuned model: the canary checks that the served model scores the same rows alike (RO3).
+    # Per-row scores of the tuned model: the canary checks that the served model scores the same rows alike (RO3),
+    # asking a conversation's row with the history ("messages") it was asked here.
     scorers = {name: task_metrics.resolve(name) for name in args.task_metrics}
     rows = [
         {"prompt": e.prompt, "reference": e.completion, "answer": a}
+        | ({"messages": e.history()} if e.messages else {})
         | {name: scorer(a, e.completion) for name, scorer in scorers.items()}
         for e, a in zip(examples, scores["tuned"].answers, strict=False)
     ]

@@ -12,11 +12,11 @@ With N a large share of n the interval is conservative (it ignores the finite-po
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
 
-from eksflow.llm.steps.common.data import Example, example_error, read_lines
+from eksflow.llm.steps.common.data import Example, usable_examples
 from eksflow.llm.steps.evaluate import metrics as task_metric_functions
 from eksflow.runtime.args import StepInputError
 
@@ -32,26 +32,19 @@ def sample_indices(n: int, size: int, seed: int) -> list[int]:
 
 def load_sample(path: Path, size: int, seed: int) -> tuple[list[Example], int]:
     """The sampled usable examples of `path` and how many usable examples it holds (two streamed passes)."""
-    total = sum(1 for _ in _usable(path))
+    total = sum(1 for _ in usable_examples(path))
     if total == 0:
-        raise StepInputError(f"{str(path)!r} holds no usable examples; expected JSON lines of prompt/completion")
+        raise StepInputError(
+            f"{str(path)!r} holds no usable examples; expected JSON lines of prompt/completion or messages"
+        )
     wanted = iter(sample_indices(total, size, seed))
     examples: list[Example] = []
     target = next(wanted, None)
-    for index, example in _usable(path):
+    for index, (_, example) in enumerate(usable_examples(path)):
         if index == target:
             examples.append(example)
             target = next(wanted, None)
     return examples, total
-
-
-def _usable(path: Path) -> Iterator[tuple[int, Example]]:
-    """(index among usable examples, example) for each usable line, streamed."""
-    index = 0
-    for line in read_lines(path):
-        if line.record is not None and example_error(line.record) is None:
-            yield index, Example(prompt=line.record["prompt"], completion=line.record["completion"])
-            index += 1
 
 
 def sample_suffix(size: int, seed: int, total: int) -> str:

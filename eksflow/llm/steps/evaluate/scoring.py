@@ -110,9 +110,9 @@ def _decode(
     loss = _completion_loss(model, tokenizer, examples, args, progress)
     answers: list[str] = []
     cut = 0
-    prompts = [e.prompt for e in examples]
-    for start in range(0, len(prompts), args.batch_size):
-        part = prompts[start : start + args.batch_size]
+    histories = [e.history() for e in examples]  # a conversation is asked with every turn before its answer
+    for start in range(0, len(histories), args.batch_size):
+        part = histories[start : start + args.batch_size]
         part_answers, part_cut = generate(model, tokenizer, part, batch_size=args.batch_size, max_new_tokens=limit)
         answers += part_answers
         cut += part_cut
@@ -136,7 +136,11 @@ def _scores(decoded: base_scores.Decoded, examples: Sequence[Example], args: Arg
 
 
 def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, progress: Progress) -> float:
-    """Mean cross-entropy per completion token (prompt tokens are not scored)."""
+    """Mean cross-entropy per token of each example's answer; no other token is scored.
+
+    The answer is the example's last learned span: a pair's completion, a conversation's last assistant turn (the
+    reference its generated answer is scored against).
+    """
     import torch
 
     from eksflow.llm.steps.common.encoding import encode_batch
@@ -145,9 +149,8 @@ def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], ar
     total, count = 0.0, 0
     for start in range(0, len(examples), args.batch_size):
         part = examples[start : start + args.batch_size]
-        ids, prompt_lens = encode_batch(tokenizer, [e.prompt for e in part], [e.completion for e in part])
-        # as encode_example(..., 4096) makes them: cut to 4096 tokens, prompt tokens not scored
-        encoded = [(row[:4096], ([IGNORE_INDEX] * n + row[n:])[:4096]) for row, n in zip(ids, prompt_lens, strict=True)]
+        ids, spans = encode_batch(tokenizer, part)
+        encoded = [answer_labels(row, learned[-1], 4096) for row, learned in zip(ids, spans, strict=True)]
         batch = {k: v.to(model.device) for k, v in collate(encoded, 0).items()}
         with torch.inference_mode():
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -159,3 +162,15 @@ def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], ar
         count += int((labels != IGNORE_INDEX).sum())
         progress.advance(len(part))
     return total / max(count, 1)
+
+
+def answer_labels(ids: Sequence[int], answer: tuple[int, int], max_len: int) -> tuple[list[int], list[int]]:
+    """`ids` cut to `max_len` and their labels: the answer's tokens [start, end), IGNORE_INDEX everywhere else.
+
+    For a pair (answer = (prompt_len, len(ids))) this is `modeling.encode_example(..., max_len)`.
+    """
+    from eksflow.llm.steps.common.modeling import IGNORE_INDEX
+
+    start, end = answer
+    labels = [token if start <= i < end else IGNORE_INDEX for i, token in enumerate(ids)]
+    return list(ids[:max_len]), labels[:max_len]
