@@ -100,7 +100,6 @@ FIELDS_OF = {  # what a reader is shown of each type: the fields that make it
     CONVERSATIONAL: "messages",
     PREFERENCE: "prompt/chosen/rejected",
 }
-SFT_TYPES = (PROMPT_COMPLETION, CONVERSATIONAL)  # what supervised fine-tuning learns from
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
