@@ -139,8 +139,12 @@ PREFERENCE = line({"prompt": "2+3?", "chosen": "5", "rejected": "6"})
 )
 def test_mixed_or_preference_files_are_refused_in_one_line_whatever_mostly(tmp_path, capsys, train, message):
     data = write_dataset(tmp_path / "data", train)
+
+    def never(path: Path) -> Any:
+        raise AssertionError(f"{path} was tokenized before its types were checked")
+
     with pytest.raises(StepInputError) as refused:
-        validate(data, ValidateSettings(mostly=0.0))
+        validate(data, ValidateSettings(mostly=0.0), token_lengths=never, max_tokens=64)
     assert str(refused.value) == message
     assert main([f"--dataset-dir={data}", f"--report-dir={tmp_path / 'r'}", f"--outputs-dir={tmp_path / 'o'}"]) == 2
     assert message in capsys.readouterr().err

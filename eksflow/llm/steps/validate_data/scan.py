@@ -27,13 +27,17 @@ from typing import TYPE_CHECKING, Any
 from eksflow.llm.steps.common.data import (
     CONVERSATIONAL,
     FIELDS,
+    FIELDS_OF,
+    PREFERENCE,
     Line,
     canonical_messages,
     read_lines,
     record_error,
     record_type,
+    sft_refusal,
     split_key,
 )
+from eksflow.runtime.args import StepInputError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -177,6 +181,7 @@ def scan(
         prompt_rows=_rows(prompt_rows),
         prompt_keys=_keys(prompt_keys),
     )
+    refuse_types(result)  # before any token is counted: the token cache reads no file of the wrong type
     if count_tokens is not None:
         result.tokens = np.full(len(numbers), np.nan)
         result.tokens[_rows(counted_rows)] = np.asarray(counts, dtype=np.float64)
@@ -185,6 +190,22 @@ def scan(
         result.tokens = np.full(len(numbers), np.nan)
         result.tokens[np.searchsorted(numbers, counted_lines)] = lengths  # both in line order
     return result
+
+
+def refuse_types(found: Scan) -> None:
+    """Refuse (StepInputError) a file mixing record types, or holding preference records: SFT cannot use them.
+
+    Never tolerated by `mostly`: a type decides how every row is tokenized and learned, so a mix is no share of
+    bad rows but a file built wrong.
+    """
+    if len(found.types) > 1:
+        (first, first_line), (second, second_line) = list(found.types.items())[:2]
+        raise StepInputError(
+            f"{found.path.name} mixes {first} records ({FIELDS_OF[first]}, first at line {first_line}) and {second} "
+            f"records ({FIELDS_OF[second]}, first at line {second_line}); a split file holds records of one type"
+        )
+    if PREFERENCE in found.types:
+        raise StepInputError(sft_refusal(found.path, found.types[PREFERENCE]))
 
 
 def _first_occurrences(lines: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from eksflow.llm.steps.common.base_model import resolve_model
-from eksflow.llm.steps.common.data import FIELDS, FIELDS_OF, PREFERENCE, SPLITS, sft_refusal
+from eksflow.llm.steps.common.data import FIELDS, SPLITS
 from eksflow.llm.steps.validate_data import ValidateSettings
 from eksflow.llm.steps.validate_data.merge import merge
 from eksflow.llm.steps.validate_data.scan import (
@@ -230,7 +230,6 @@ def validate(
             raise StepInputError(f"{str(path)!r} does not exist; is --dataset-dir the folder stage_data published?")
         counting = bool(max_tokens)
         scans[split] = scan(path, limits, count_tokens if counting else None, token_lengths if counting else None)
-        refuse_types(scans[split])
     compare = len(scans["train"].prompt_keys) > 0  # as before: no overlap check when train has no string prompt
     overlap = find_overlap(scans["eval"], scans["train"])
     if not compare:
@@ -288,22 +287,6 @@ def validate(
         bad_rows=[row for found in scans.values() for row in found.bad_rows],
         bad_count={split: found.bad_count for split, found in scans.items()},
     )
-
-
-def refuse_types(found: Scan) -> None:
-    """Refuse (StepInputError) a file mixing record types, or holding preference records: SFT cannot use them.
-
-    Never tolerated by `mostly`: a type decides how every row is tokenized and learned, so a mix is no share of
-    bad rows but a file built wrong.
-    """
-    if len(found.types) > 1:
-        (first, first_line), (second, second_line) = list(found.types.items())[:2]
-        raise StepInputError(
-            f"{found.path.name} mixes {first} records ({FIELDS_OF[first]}, first at line {first_line}) and {second} "
-            f"records ({FIELDS_OF[second]}, first at line {second_line}); a split file holds records of one type"
-        )
-    if PREFERENCE in found.types:
-        raise StepInputError(sft_refusal(found.path, found.types[PREFERENCE]))
 
 
 def _write_docs(
