@@ -169,3 +169,26 @@ SPLIT_DIGESTS = {
     "train.jsonl": "400d8755e0dd61a442b9cadca83ab9fc74e43a7281a9a8a0e496e4f450cbf34d",
     "eval.jsonl": "3e8dd9c6356bb4be5070e02362183357d0c5149aeb839efdf3e87f69c776e722",
 }
+
+
+TEXT2SQL = Path(__file__).resolve().parents[2] / "fixtures" / "text2sql" / "data" / "shop.jsonl"
+# The lines of the guide's project data that went to eval before conversations kept their turns (dae8c7c,
+# eval_fraction 0.2): staged again, each row keeps its split.
+TEXT2SQL_EVAL_LINES = [3, 4, 5, 9, 14, 16, 19, 22, 38, 42, 43, 44, 45, 50, 54, 55, 63, 64]
+
+
+def test_conversations_staged_before_keep_their_split(tmp_path):
+    """Conversations now stay turns, but hash the text they were flattened to: no held-out row moves to train."""
+    source = tmp_path / "shop.jsonl"
+    source.write_bytes(TEXT2SQL.read_bytes())
+    run(Args(source=str(source), dest_dir=tmp_path / "out", eval_fraction=0.2))
+    rows = [json.loads(line) for line in TEXT2SQL.read_text().splitlines() if line.strip()]
+    held_out = [json.loads(line) for line in (tmp_path / "out" / "eval.jsonl").read_text().splitlines()]
+    assert held_out == [rows[n - 1] for n in TEXT2SQL_EVAL_LINES]  # kept as conversations, in file order
+    system_first = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, ANSWER]}
+    two_turns = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
+    longer = {"messages": [*two_turns, {"role": "user", "content": "u2"}, ANSWER]}
+    assert (split_key(system_first), split_key(longer)) == ("S\n\nU", "user: u1\nassistant: a1\nuser: u2")
+
+
+ANSWER = {"role": "assistant", "content": "A"}

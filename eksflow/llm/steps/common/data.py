@@ -340,16 +340,38 @@ def normalize_record(record: dict[str, Any]) -> dict[str, Any] | None:
 def split_key(record: dict[str, Any]) -> str | None:
     """What decides a record's split and what eval must not share with train, or None when it has no such thing.
 
-    A pair's prompt (as split_of has always hashed it), a conversation's history (every turn but the last) or a
-    preference's prompt messages as canonical JSON: duplicates share a key, so they land in one split.
+    A pair's prompt (as split_of has always hashed it), a conversation's history (every turn but the last,
+    _history_key) or a preference's prompt messages as canonical JSON: duplicates share a key, so they land in one
+    split.
     """
     if record_type(record) == CONVERSATIONAL:
         messages = record["messages"]
-        return canonical_messages(messages[:-1]) if isinstance(messages, list) and messages else None
+        return _history_key(messages[:-1]) if isinstance(messages, list) and messages else None
     prompt = record.get("prompt")
     if isinstance(prompt, list):
         return canonical_messages(prompt)
     return prompt if isinstance(prompt, str) else None
+
+
+def _history_key(history: list[Any]) -> str:
+    """The text a conversation's split hashes: what stage_data hashed when it still flattened conversations.
+
+    Then one user turn after an optional system turn was hashed as its contents joined by a blank line, and a
+    longer history as "role: content" lines; keeping those texts keeps every row of a dataset staged before in the
+    split it had (a held-out row never moves into training on an upgrade). A history with tool calls, tool turns
+    or content that is not text was not accepted then, and hashes as canonical JSON.
+    """
+    plain = all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        and "tool_calls" not in m
+        for m in history
+    )  # fmt: skip
+    if not plain:
+        return canonical_messages(history)
+    turns = [m for m in history if m["role"] != "system"]
+    if len(turns) == 1 and turns[0]["role"] == "user":
+        return "\n\n".join([*(m["content"] for m in history if m["role"] == "system"), turns[0]["content"]])
+    return "\n".join(f"{m['role']}: {m['content']}" for m in history)
 
 
 def canonical_messages(messages: list[Any]) -> str:

@@ -23,6 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from eksflow.errors import EXIT_BAD_INPUT
 from eksflow.llm.steps.common.data import Example
 from eksflow.runtime.args import StepInputError
 
@@ -40,6 +41,9 @@ Span = tuple[int, int]  # [start, end) token positions a model learns
 
 class ConversationError(StepInputError):
     """A conversation the chat template cannot turn into learned tokens; `index` is its position in the batch."""
+
+    label = "error"
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, index: int, turn: int, reason: str) -> None:
         super().__init__(f"turn {turn + 1}: {reason}")
