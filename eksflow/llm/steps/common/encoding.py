@@ -146,7 +146,9 @@ def _rendered(
                 chat_messages(messages[:upto]), add_generation_prompt=generation, tokenize=False
             )
         except Exception as err:  # the template is the model's own Jinja: whatever it raises is about this record
-            raise ConversationError(index, turn, f"the chat template cannot render it: {err}") from err
+            tools = any("tool_calls" in m or m.get("role") == "tool" for m in messages[:upto])
+            what = "tool calls or tool results (choose a base model whose template does)" if tools else "it"
+            raise ConversationError(index, turn, f"the base model's chat template cannot render {what}: {err}") from err
         return str(text)
 
     prefixes = {  # rendered in turn order, so that a turn the template fails on is the one named
