@@ -81,3 +81,38 @@ def test_every_route_of_the_real_engine_refuses_a_request_without_the_key(shared
     assert vllm_client.chat(base, BASE_NAME, vllm.READY_PROMPT, max_tokens=2).status == 401
     assert vllm_client.base_model_card(base, api_key=key) is not None
     print(f"\n{len(routes)} routes refused without the key but {sorted(OPEN)}; {time.monotonic() - started:.1f} s")
+
+
+CONVERSATION = (
+    {"role": "system", "content": "You answer with a date in ISO form."},
+    {"role": "user", "content": "When did the Apollo 11 crew land on the Moon?"},
+    {"role": "assistant", "content": "1969-07-20"},
+    {"role": "user", "content": "And when did they come back to Earth?"},
+    {"role": "assistant", "content": "1969-07-24"},
+)
+
+
+def test_the_engine_renders_a_conversation_as_training_and_evaluate_do(shared_engine):
+    """No train/serve skew: vLLM's own tokenization of a multi-turn conversation (/tokenize, the model's chat
+    template, as /v1/chat/completions applies it) is the token ids training learns from, and of its history with the
+    assistant header the ids evaluate generates from; both learned spans are the assistant turns' tokens."""
+    from eksflow.llm.steps.common.data import Example
+    from eksflow.llm.steps.common.encoding import encode_batch, prompt_texts
+    from eksflow.llm.steps.common.modeling import load_tokenizer
+
+    base, key = shared_engine.url, shared_engine.api_key
+
+    def served_ids(messages: list[dict[str, str]], *, asking: bool) -> list[int]:
+        body = {"model": BASE_NAME, "messages": messages, "add_generation_prompt": asking}
+        answer = requests.post(f"{base}/tokenize", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["tokens"]
+
+    tokenizer = load_tokenizer(shared_engine.model_dir)
+    example = Example(prompt="", completion=CONVERSATION[-1]["content"], messages=CONVERSATION)
+    ((ids,), (spans,)) = encode_batch(tokenizer, [example])
+    assert served_ids(list(CONVERSATION), asking=False) == ids  # trained on the text the engine is asked with
+    (asked,) = prompt_texts(tokenizer, [example.history()])
+    assert served_ids(example.history(), asking=True) == tokenizer(asked, add_special_tokens=False)["input_ids"]
+    learned = [tokenizer.decode(ids[start:end]) for start, end in spans]
+    assert [text.split("<|im_end|>")[0] for text in learned] == ["1969-07-20", "1969-07-24"]
