@@ -249,3 +249,48 @@ def test_zero2_under_torchrun_commits_on_sigterm_and_resumes_matching_ddp(refere
         f"ZeRO-2 under torchrun, SIGTERM after step {stopped}, resumed: max |loss difference| vs DDP {difference:.1e}"
     )
     assert sorted(losses(out)) == list(range(1, MAX_STEPS + 1)) and difference <= ZERO_TOLERANCE
+
+
+def test_dpo_under_ddp_learns_its_preferences_and_resumes_exactly_under_zero3(workdir, tmp_path):
+    """method=dpo, 2 torchrun workers: the reference is the model with its adapter disabled, so step 1 (a fresh
+    adapter) scores log 2 with zero rewards; training on 8 pairs (each step's global batch) ranks most chosen answers
+    above their rejected ones; a retry of the run after step 2 under ZeRO-3 (the reference forward gathering partitioned
+    weights) continues with the uninterrupted run's losses and rewards."""
+    import json
+    import math
+
+    prefs = tmp_path / "prefs"
+    prefs.mkdir()
+    rows = [
+        {
+            "prompt": f"What is {i} plus {i}?",
+            "chosen": f"{i} plus {i} is {2 * i}.",
+            "rejected": f"{i} plus {i} is {2 * i + 1}.",
+        }
+        for i in range(8)
+    ]
+    (prefs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
+
+    def train(out: Path, strategy: str, stage: int) -> None:
+        argv = train_args(workdir, out, strategy, stage, **{"dataset-dir": prefs, "max-steps": 4, "method": "dpo"})
+        command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun", *argv, "--learning-rate=0.01"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    def metrics(out: Path) -> dict[int, dict[str, float]]:
+        return {c.step: read_metrics(c.path) for c in checkpoints.committed(out / "checkpoints")}
+
+    reference = tmp_path / "ddp"
+    train(reference, "ddp", 2)
+    run = metrics(reference)
+    assert sorted(run) == [1, 2, 3, 4]
+    assert run[1]["loss"] == pytest.approx(math.log(2), abs=1e-6) and run[1]["rewards/accuracy"] == 0.0
+    assert run[4]["rewards/accuracy"] > 0.5 and run[4]["rewards/margin"] > 0.0 and run[4]["loss"] < math.log(2)
+
+    resume_from(reference, 2, tmp_path / "zero3")
+    train(tmp_path / "zero3", "deepspeed", 3)
+    resumed = metrics(tmp_path / "zero3")
+    for step in (3, 4):
+        for name in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracy"):
+            assert resumed[step][name] == pytest.approx(run[step][name], abs=ZERO_TOLERANCE), (step, name)

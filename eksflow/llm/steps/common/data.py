@@ -269,11 +269,11 @@ def example_of(record: dict[str, Any]) -> Example:
     if record_type(record) != CONVERSATIONAL:
         return Example(prompt=record["prompt"], completion=record["completion"])
     *history, answer = record["messages"]
-    shown = [f"{m['role']}: {_content_shown(m)}" for m in history]
+    shown = [f"{m['role']}: {content_shown(m)}" for m in history]
     return Example(prompt="\n".join(shown), completion=answer["content"], messages=tuple(record["messages"]))
 
 
-def _content_shown(message: dict[str, Any]) -> str:
+def content_shown(message: dict[str, Any]) -> str:
     """A message's content, or its tool calls as JSON when it has no content."""
     content = message.get("content")
     if isinstance(content, str) and content:

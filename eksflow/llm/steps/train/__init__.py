@@ -66,6 +66,9 @@ LAUNCHERS: dict[Launcher, str] = {
     "torchrun": "one worker of `torchrun`, a TrainJob's (eksflow.llm.steps.train.torchrun)",
 }
 Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.steps.train.parallel.resolve_precision
+# What the loop optimizes: sft (cross-entropy of the learned tokens of pairs and conversations) or dpo (a preference
+# loss over chosen/rejected answers against the base model's log-probabilities: eksflow.llm.steps.train.preference).
+Method = Literal["sft", "dpo"]
 
 
 class LoraSettings(Settings):
@@ -89,6 +92,19 @@ class LoraSettings(Settings):
         )
 
 
+class DpoSettings(Settings):
+    """Direct preference optimization (config section `train.dpo`; read only with `method: dpo`)."""
+
+    beta: float = Field(
+        0.1, gt=0.0, le=100.0, description="how far the policy may move from the reference: the implicit reward's scale"
+    )
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid",
+        description="sigmoid: DPO's -log sigmoid(beta x margin) on summed log-probs; ipo: (margin - 1/(2 beta))^2 "
+        "on length-normalized log-probs (TRL's loss_type names)",
+    )
+
+
 class TrainSettings(Settings):
     """Training hyper-parameters and layout (config section `train`)."""
 
@@ -108,6 +124,12 @@ class TrainSettings(Settings):
         "attention and positions kept per example): faster when example lengths vary",
     )
     lora: LoraSettings = Field(LoraSettings(), description="LoRA rank, alpha, dropout and target modules")
+    method: Method = Field(
+        "sft",
+        description="sft: supervised on prompt-completion or conversational records; dpo: preference tuning on "
+        "prompt/chosen/rejected records, the reference being the base model (the adapter disabled)",
+    )
+    dpo: DpoSettings = Field(DpoSettings(), description="DPO's beta and loss (method: dpo)")
     # Measured on 2 cores: 2 DDP workers x 1 thread run at 0.96-0.975x a bare loop, 1 worker x 2 threads at 0.81x.
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
@@ -140,12 +162,22 @@ class TrainSettings(Settings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _dpo_rows_unpacked(self) -> TrainSettings:
+        if self.method == "dpo" and self.pack_sequences:
+            raise ValueError(
+                "pack_sequences=true with method=dpo: DPO sums each answer's log-probabilities over a row of its "
+                "own (chosen and rejected side by side), so its rows are padded, not packed; set pack_sequences=false"
+            )
+        return self
+
     def workload(self, num_params: int, trainable_params: int, weight_bytes: int) -> strategies.Workload:
         """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""
         return strategies.Workload(
             num_params=num_params,
             trainable_params=trainable_params,
-            tokens=self.micro_batch_size * self.max_seq_len,
+            # a DPO micro-batch of n pairs is 2n rows (chosen, rejected); the reference forward keeps no activations
+            tokens=self.micro_batch_size * self.max_seq_len * (2 if self.method == "dpo" else 1),
             gradient_checkpointing=self.gradient_checkpointing,
             weight_bytes=weight_bytes,
         )

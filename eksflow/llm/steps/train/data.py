@@ -17,6 +17,8 @@ Packed (`pack_sequences`) puts the micro-batch's examples end to end in as few r
 as fit, with position ids restarting at each example and attention kept inside it; the micro-batch holds the same
 examples and the loss averages over the same learned tokens, while less compute goes to padding when example
 lengths vary (rows are padded to the longest row, so examples of one length gain little; see bench/README.md).
+From a preference cache (method dpo) a micro-batch of n pairs is 2n padded rows, the n chosen sequences then the
+n rejected ones, and `target_rows` says which row each learned position belongs to (a sum of log-probs per row).
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class MicroBatch(NamedTuple):
     inputs: dict[str, Any]  # the forward arguments, logits_to_keep among them (modeling.next_token_targets)
     targets: Any  # torch.Tensor: the learned next token of each position that logits_to_keep marks
     tokens: int  # real tokens: the examples' own tokens (prompt and completion), padding left out
+    target_rows: Any = None  # torch.Tensor: the row of each target (preference pairs: rows 0..n-1 chosen, n.. rejected)
 
 
 class MicroBatches:
@@ -143,31 +146,35 @@ class MicroBatches:
         settings = self.settings
         indices = batch_indices(step, micro, rank, settings, world, self.cache.rows)
         examples = [truncated(*self.cache.example(i), settings.max_seq_len) for i in indices]
+        if self.cache.preference:
+            examples += [truncated(*self.cache.rejected(i), settings.max_seq_len) for i in indices]
         real = sum(len(ids) for ids, _ in examples)
         if settings.pack_sequences:
             tensors = pack(examples, settings.max_seq_len, self.pad_id)
         else:
             tensors = collate(examples, self.pad_id)
         keep, targets = next_token_targets(tensors.pop("labels"))
+        rows = keep.nonzero(as_tuple=True)[0] if self.cache.preference else None
         inputs: dict[str, Any] = {k: v.to(device) for k, v in tensors.items()}
         inputs["logits_to_keep"] = keep.to(device)
         # training never reads a KV cache, and with one transformers ignores the position-id boundaries of packed
         # rows (it looks for packing only when no cache is passed)
         inputs["use_cache"] = False
-        return MicroBatch(inputs, targets.to(device), real)
+        return MicroBatch(inputs, targets.to(device), real, None if rows is None else rows.to(device))
 
 
 def prepare_cache(args: Args, model_dir: Path) -> tuple[Path, int]:
     """Build (or verify) the token cache of the train split before any worker starts: (its folder, the pad id).
 
-    Raises StepInputError (exit 2, not retried) when the split holds no usable example.
+    Raises StepInputError (exit 2, not retried) when the split holds no usable example (method dpo: no usable
+    preference pair), or a record of a type the method cannot use.
     """
     from eksflow.llm.steps.common.modeling import load_tokenizer
 
     train_file = args.dataset_dir / TRAIN_FILE
     cache_dir = args.token_cache_dir or token_cache.default_cache_dir(args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
-    cache, built = token_cache.ensure(train_file, tokenizer, cache_dir)
+    cache, built = token_cache.ensure(train_file, tokenizer, cache_dir, preference=args.method == "dpo")
     print(
         f"token cache: {'built' if built else 'reused'} {cache.folder} ({cache.rows} examples, "
         f"{cache.meta['tokens']} tokens)",
@@ -175,13 +182,14 @@ def prepare_cache(args: Args, model_dir: Path) -> tuple[Path, int]:
         flush=True,
     )
     if cache.rows == 0:
-        raise StepInputError(
-            f"{str(train_file)!r} holds no usable examples; expected JSON lines of prompt/completion or messages"
-        )
+        expected = "prompt/chosen/rejected (method=dpo)" if args.method == "dpo" else "prompt/completion or messages"
+        raise StepInputError(f"{str(train_file)!r} holds no usable examples; expected JSON lines of {expected}")
     return cache.folder, int(tokenizer.pad_token_id)
 
 
-def open_cache(folder: str, train_file: Path, model_dir: Path) -> tuple[token_cache.TokenCache, int | None]:
+def open_cache(
+    folder: str, train_file: Path, model_dir: Path, preference: bool = False
+) -> tuple[token_cache.TokenCache, int | None]:
     """A worker's cache: the folder the driver verified, checked again as it is mapped; (cache, pad id if known).
 
     Without a folder (a caller that built none), or when the folder fails verification after all (damaged since
@@ -196,5 +204,5 @@ def open_cache(folder: str, train_file: Path, model_dir: Path) -> tuple[token_ca
 
     tokenizer = load_tokenizer(model_dir)
     cache_dir = Path(folder).parent if folder else train_file.parent / token_cache.SUBDIR
-    cache, _ = token_cache.ensure(train_file, tokenizer, cache_dir)
+    cache, _ = token_cache.ensure(train_file, tokenizer, cache_dir, preference)
     return cache, int(tokenizer.pad_token_id)

@@ -242,13 +242,16 @@ def _train(
     """Steps `first_step`..max_steps with logging, progress, stop requests and checkpoint commits (rank 0 writes)."""
     import torch
 
-    from eksflow.llm.steps.train.loss import learned_token_loss
+    from eksflow.llm.steps.train.loss import SupervisedObjective
+    from eksflow.llm.steps.train.preference import PreferenceObjective
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     model, scheduler = update.model, update.scheduler
+    dpo = settings.method == "dpo"
+    objective = PreferenceObjective(model, settings.dpo) if dpo else SupervisedObjective(model)
     root = Path(loop.checkpoint_root)
-    cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir))
+    cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir), dpo)
     batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
     if rank == 0 and loop.progress_file:
         os.environ["ARGO_PROGRESS_FILE"] = loop.progress_file
@@ -262,6 +265,7 @@ def _train(
     bf16_autocast = bf16 and plan.strategy == "ddp"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16_autocast else nullcontext()
     window_loss, window_steps, tokens, started = 0.0, 0, 0, time.perf_counter()
+    window_stats: dict[str, float] = {}  # an objective's own metrics (DPO's rewards), summed over the window's steps
     metrics: dict[str, float] = {}
     commits = Commits(
         root,
@@ -283,18 +287,19 @@ def _train(
                 tokens += batch.tokens
                 last = micro == settings.grad_accum_steps - 1
                 with update.sync(last), autocast:
-                    # the loss transformers computes from labels, with logits at the learned positions only
-                    # (MicroBatch), in fp32 (bf16 logits under autocast are upcast, as transformers does)
-                    logits = model(**batch.inputs).logits
-                    loss = learned_token_loss(logits, batch.targets) / settings.grad_accum_steps
+                    loss, stats = objective(batch)
+                    loss = loss / settings.grad_accum_steps
                     update.backward(loss, last)
                 step_loss += float(loss.detach())
+                for name, value in stats.items():  # each micro-batch's mean, averaged over the step's
+                    window_stats[name] = window_stats.get(name, 0.0) + value / settings.grad_accum_steps
             update.step()
             window_loss, window_steps = window_loss + step_loss, window_steps + 1
             done = step + 1
             if done % settings.log_every == 0 or done == settings.max_steps:
-                metrics = _window_metrics(window_loss / window_steps, tokens, started, world, scheduler)
-                window_loss, window_steps = 0.0, 0
+                means = {name: total / window_steps for name, total in window_stats.items()}
+                metrics = _window_metrics(window_loss / window_steps, tokens, started, world, scheduler, means)
+                window_loss, window_steps, window_stats = 0.0, 0, {}
                 if rank == 0 and loop.mlflow_run_id:
                     tracking.log_metrics(loop.tracking_uri, loop.mlflow_run_id, metrics, step=done)
             if progress:
@@ -307,13 +312,23 @@ def _train(
 
 
 def _window_metrics(
-    local_loss: float, local_tokens: int, started: float, world: int, scheduler: Any
+    local_loss: float,
+    local_tokens: int,
+    started: float,
+    world: int,
+    scheduler: Any,
+    local_stats: dict[str, float],
 ) -> dict[str, float]:
-    """Loss averaged over workers, current LR, and throughput of all workers since this attempt started."""
+    """Loss and the objective's metrics averaged over workers, current LR, and throughput of all workers.
+
+    Throughput counts since this attempt started; every worker's micro-batches hold as many examples, so the mean of
+    the workers' means is the mean.
+    """
     import torch
     import torch.distributed as dist
 
-    values = torch.tensor([local_loss, float(local_tokens)], dtype=torch.float64)
+    names = sorted(local_stats)
+    values = torch.tensor([local_loss, float(local_tokens), *(local_stats[n] for n in names)], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized():
         values = values.to(collective_device())
         dist.all_reduce(values)
@@ -322,4 +337,5 @@ def _window_metrics(
         "loss": float(values[0]) / world,
         "learning_rate": float(scheduler.get_last_lr()[0]),
         "tokens_per_s": float(values[1]) / elapsed,
+        **{name: float(value) / world for name, value in zip(names, values[2:].tolist(), strict=True)},
     }

@@ -47,3 +47,18 @@ def learned_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     if logits.shape[0] == 0:
         return logits.float().sum()
     return _LearnedTokenLoss.apply(logits, targets)  # type: ignore[no-any-return]
+
+
+class SupervisedObjective:
+    """One micro-batch's SFT loss (method sft): the loss transformers computes from labels.
+
+    Logits at the learned positions only (data.MicroBatch), in fp32 (bf16 logits under autocast are upcast, as
+    transformers does).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model  # what the loop calls: the DDP wrapper, the FSDP2 root or the DeepSpeed engine
+
+    def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """(loss, no further metrics) of a micro-batch."""
+        return learned_token_loss(self.model(**batch.inputs).logits, batch.targets), {}

@@ -154,8 +154,9 @@ def _mlflow_run(args: Args) -> str:
 
 
 def _flat_params(args: Args) -> dict[str, object]:
-    params: dict[str, object] = args.model_dump(include=set(TrainSettings.model_fields), exclude={"lora"})
+    params: dict[str, object] = args.model_dump(include=set(TrainSettings.model_fields), exclude={"lora", "dpo"})
     params.update({f"lora_{k}": v for k, v in args.lora.model_dump().items()})
+    params.update({f"dpo_{k}": v for k, v in args.dpo.model_dump().items()})
     params.update(base_model=args.base_model, dataset_dir=str(args.dataset_dir))
     return params
 
