@@ -11,8 +11,10 @@ import pytest
 
 from eksflow.llm.steps.validate_data import Args, ValidateSettings
 from eksflow.llm.steps.validate_data.step import main, run
-from eksflow.llm.steps.validate_data.suite import Report, validate
+from eksflow.llm.steps.validate_data.suite import validate
 from eksflow.runtime.args import StepInputError
+from tests.unit.steps import test_validate_checks
+from tests.unit.steps.test_validate_checks import counts
 
 
 def line(value: object) -> bytes:
@@ -47,14 +49,8 @@ TOOL_TURNS = (
 
 
 def write_dataset(folder: Path, train: list[bytes], eval_: list[bytes] | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "train.jsonl").write_bytes(b"".join(train))
-    (folder / "eval.jsonl").write_bytes(b"".join(eval_ if eval_ is not None else chats(2, "eval")))
-    return folder
-
-
-def counts(report: Report) -> dict[str, int | None]:
-    return {f"{c.split}/{c.check}": c.unexpected_count for c in report.failures}
+    """test_validate_checks' dataset folder, its held-out split two conversations unless given."""
+    return test_validate_checks.write_dataset(folder, train, eval_ if eval_ is not None else chats(2, "eval"))
 
 
 def test_conversations_with_tool_calls_pass(tmp_path):
