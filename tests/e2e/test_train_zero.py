@@ -294,3 +294,40 @@ def test_dpo_under_ddp_learns_its_preferences_and_resumes_exactly_under_zero3(wo
     for step in (3, 4):
         for name in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracy"):
             assert resumed[step][name] == pytest.approx(run[step][name], abs=ZERO_TOLERANCE), (step, name)
+
+
+ALL_LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.mark.parametrize(
+    ("launcher", "strategy", "lora"),
+    [
+        ("torchrun", "deepspeed", {"target_modules": "all-linear", "use_dora": True}),
+        ("local", "ddp", {"target_modules": "all-linear", "quantize": "4bit"}),
+    ],
+    ids=["dora-all-linear-zero3-torchrun", "qlora-all-linear-local"],
+)
+def test_the_lora_family_trains_on_cpu(workdir, tmp_path, launcher, strategy, lora):
+    """DoRA on every linear layer under ZeRO-3 across 2 torchrun workers (the strategy that partitions the base
+    weights DoRA's magnitude reads); QLoRA (an NF4 base through bitsandbytes' CPU path) in one process. Each writes
+    an adapter on the 7 linear layers of a Llama layer, and its loss falls."""
+    import json
+
+    out = tmp_path / "train"
+    if launcher == "torchrun":
+        command = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
+    else:
+        command = [sys.executable]
+    command += ["-m", "eksflow.llm.steps.train", f"--launcher={launcher}", f"--lora={json.dumps(lora)}"]
+    command += train_args(workdir, out, strategy, 3, learning_rate=0.01)
+    if launcher == "local":
+        command.append("--num-workers=1")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = losses(out)
+    assert sorted(run) == list(range(1, MAX_STEPS + 1)) and run[MAX_STEPS] < run[1], run
+    config = json.loads((checkpoints.latest(out / "checkpoints").path / "adapter" / "adapter_config.json").read_text())
+    assert {name.rsplit(".", 1)[-1] for name in config["target_modules"]} == ALL_LINEAR
+    assert config["use_dora"] is bool(lora.get("use_dora"))
+    if lora.get("quantize") == "4bit":
+        assert "strategy: ddp (lora.quantize=4bit: a 4-bit replica per worker, DDP)" in done.stdout + done.stderr

@@ -31,6 +31,8 @@ from eksflow.runtime.args import StepInputError, run_step
 
 def run(args: Args) -> Outputs:
     """Train with NeuronTrainer; the Trainer's own checkpoints (save_steps, save_total_limit) give resume."""
+    if args.lora.quantize != "none":
+        raise StepInputError(f"lora.quantize={args.lora.quantize}: bitsandbytes has no Trainium path; use none here")
     try:
         from optimum.neuron import NeuronTrainer, NeuronTrainingArguments
     except ImportError as err:

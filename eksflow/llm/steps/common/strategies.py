@@ -62,7 +62,7 @@ class Workload:
     trainable_params: int  # the adapter's
     tokens: int  # per micro-batch per worker: micro_batch_size x max_seq_len
     gradient_checkpointing: bool
-    weight_bytes: int  # per frozen parameter: 2 (bf16 on GPU and Trainium) or 4 (fp32 on CPU)
+    weight_bytes: float  # per frozen parameter: 2 (bf16 on GPU and Trainium), 4 (fp32 on CPU), ~0.56 (NF4, QLoRA)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ Outputs (one file each under --outputs-dir):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -69,25 +70,50 @@ Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.
 # What the loop optimizes: sft (cross-entropy of the learned tokens of pairs and conversations) or dpo (a preference
 # loss over chosen/rejected answers against the base model's log-probabilities: eksflow.llm.steps.train.preference).
 Method = Literal["sft", "dpo"]
+# peft's name for every linear layer of the model but its output head: on a Llama-style model the attention's q, k, v,
+# o and the MLP's gate, up, down projections (peft writes the names it found into adapter_config.json).
+ALL_LINEAR = "all-linear"
+# How the frozen base is held while the adapter trains: as loaded (fp32, bf16 under autocast), or 4bit: QLoRA, NF4
+# weights through bitsandbytes (eksflow.llm.steps.train.model).
+Quantize = Literal["none", "4bit"]
+# Bytes per base parameter in NF4: 4 bits, plus an fp32 absmax per 64-weight block (bitsandbytes' default blocksize)
+NF4_WEIGHT_BYTES = 0.5 + 4 / 64
 
 
 class LoraSettings(Settings):
-    """Low-rank adapter shape (peft LoraConfig)."""
+    """Low-rank adapter shape (peft LoraConfig), DoRA, and the base model's quantization (QLoRA)."""
 
     rank: int = Field(16, ge=1, le=256, description="adapter rank r")
     alpha: int = Field(32, ge=1, description="scaling numerator; usually 2 x rank")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1)
+    target_modules: Annotated[tuple[str, ...], Field(min_length=1)] | Literal["all-linear"] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        description="module names, or all-linear: every linear layer but the output head (attention and MLP)",
+    )
+    use_dora: bool = Field(
+        False,
+        description="DoRA: the adapter also learns each weight's magnitude; vLLM serves no DoRA adapter, so a "
+        "pipeline that rolls out refuses it",
+    )
+    quantize: Quantize = Field(
+        "none", description="4bit: QLoRA, the frozen base in NF4 (bitsandbytes) under DDP; the adapter stays fp32"
+    )
+
+    def modules_per_layer(self, linear_layers: int) -> int:
+        """Adapted matrices per decoder layer, where a layer has `linear_layers` linear layers (all-linear's)."""
+        return linear_layers if self.target_modules == ALL_LINEAR else len(self.target_modules)
 
     def peft_config(self) -> Any:
         """The peft LoraConfig for a causal LM (peft imported here: the pipeline imports this module)."""
         from peft import LoraConfig
 
+        targets = self.target_modules
         return LoraConfig(
             r=self.rank,
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
+            target_modules=targets if isinstance(targets, str) else list(targets),
+            use_dora=self.use_dora,
             task_type="CAUSAL_LM",
         )
 
@@ -171,7 +197,17 @@ class TrainSettings(Settings):
             )
         return self
 
-    def workload(self, num_params: int, trainable_params: int, weight_bytes: int) -> strategies.Workload:
+    @model_validator(mode="after")
+    def _quantized_base_under_ddp(self) -> TrainSettings:
+        if self.lora.quantize == "4bit" and self.strategy in ("fsdp", "deepspeed"):
+            raise ValueError(
+                f"lora.quantize=4bit trains under DDP only (each worker holds the whole 4-bit base, a quarter of a "
+                f"bf16 replica); strategy={self.strategy} would shard and cast its packed weights: set strategy=ddp "
+                "or auto"
+            )
+        return self
+
+    def workload(self, num_params: int, trainable_params: int, weight_bytes: float) -> strategies.Workload:
         """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""
         return strategies.Workload(
             num_params=num_params,
@@ -190,6 +226,12 @@ class TrainSettings(Settings):
         The train step calls it with the loaded model's counted parameters, `plan` with its estimates, so both
         resolve `auto` alike and report the same memory.
         """
+        if self.lora.quantize == "4bit":  # a 4-bit replica per worker (_quantized_base_under_ddp)
+            work = self.workload(num_params, trainable_params, weight_bytes=NF4_WEIGHT_BYTES)
+            plan = strategies.choose(
+                "ddp", use_gpu=on_gpu, work=work, device_memory_bytes=device_memory_bytes, world=world
+            )
+            return dataclasses.replace(plan, reason="lora.quantize=4bit: a 4-bit replica per worker, DDP")
         return strategies.choose(
             self.strategy,
             use_gpu=on_gpu,

@@ -165,7 +165,8 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     written by the driver); every rank agrees on the stopping step through an all-reduce.
     """
     import torch
-    from peft import get_peft_model
+
+    from eksflow.llm.steps.train.model import parameter_count, peft_model
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
@@ -176,20 +177,16 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     # FSDP keeps each rank's own shard of what it initialised.
     torch.manual_seed(settings.seed)
 
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(loop.model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    if settings.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    model = get_peft_model(model, settings.lora.peft_config())
+    # A 4-bit base computes in the precision DDP resolves to (QLoRA trains under DDP only: TrainSettings)
+    quantized_precision = resolve_precision(settings, device, "ddp") if settings.lora.quantize == "4bit" else "fp32"
+    model = peft_model(settings, loop.model_dir, device, quantized_precision)
     if device.type == "cpu":
         from eksflow.llm.steps.train.dropout import use_mask_dropout
 
         use_mask_dropout(model)
     torch.manual_seed(settings.seed + rank)  # distinct dropout streams per rank
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    plan = plan_strategy(settings, device, world, sum(p.numel() for p in model.parameters()), trainable)
+    plan = plan_strategy(settings, device, world, parameter_count(model), trainable)
     precision = resolve_precision(settings, device, plan.strategy)
     bf16 = precision == "bf16"
     kernels = ""

@@ -12,12 +12,13 @@ import re
 from collections.abc import Mapping
 
 from eksflow.llm.steps.common import strategies
-from eksflow.llm.steps.train import TrainSettings
+from eksflow.llm.steps.train import ALL_LINEAR, LoraSettings, TrainSettings
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.preflight import Layout, Preflight
 
 GIB = 1024**3
 MODEL_SIZE = re.compile(r"(\d+(?:\.\d+)?)([mb])\b", re.IGNORECASE)
+LLAMA_LINEAR_LAYERS = 7  # q, k, v, o, gate, up, down: what lora.target_modules=all-linear adapts in a Llama layer
 
 
 def model_params_b(base_model: str, configured: float) -> float | None:
@@ -34,7 +35,8 @@ def model_params_b(base_model: str, configured: float) -> float | None:
 def memory_plan(settings: TrainSettings, layout: Layout, params_b: float) -> tuple[str, strategies.Plan]:
     """How the train step will hold the model and what that takes per worker, as (label, strategy plan)."""
     num_params = int(params_b * 1e9)
-    trainable = strategies.estimate_lora_params(num_params, settings.lora.rank, len(settings.lora.target_modules))
+    modules = settings.lora.modules_per_layer(LLAMA_LINEAR_LAYERS)
+    trainable = strategies.estimate_lora_params(num_params, settings.lora.rank, modules)
     budget = int(layout.memory_per_worker_gib * GIB)
     if layout.kind == "trainium":
         work = settings.workload(num_params, trainable, weight_bytes=2)
@@ -56,6 +58,15 @@ def memory_plan(settings: TrainSettings, layout: Layout, params_b: float) -> tup
     return label, plan
 
 
+def adapter_row(lora: LoraSettings) -> str:
+    """What the adapter trains and on what base: `plan`'s row of the LoRA family settings."""
+    targets = lora.target_modules
+    modules = "all-linear (attention and MLP)" if targets == ALL_LINEAR else ", ".join(targets)
+    kind = "DoRA" if lora.use_dora else "LoRA"
+    base = "; base in 4-bit NF4 (QLoRA), served unquantized" if lora.quantize == "4bit" else ""
+    return f"{kind} rank {lora.rank} on {modules}{base}"
+
+
 def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
     """Plan rows and problems for a training job with these arguments on this layout."""
     settings = TrainSettings.model_validate({k: v for k, v in args.items() if k in TrainSettings.model_fields})
@@ -65,6 +76,11 @@ def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
         problems.append(
             f"train.checkpoint_every: Spot nodes can be reclaimed, but no checkpoint is written before step "
             f"{settings.max_steps}; fix: --set train.checkpoint_every=<fewer steps> or cluster.spot=false"
+        )
+    if layout.kind == "trainium" and settings.lora.quantize != "none":
+        problems.append(
+            f"train.lora.quantize: {settings.lora.quantize} needs bitsandbytes, which has no Trainium path; fix: "
+            "--set train.lora.quantize=none"
         )
     params_b = model_params_b(base_model, layout.model_params_b)
     if params_b is None:
@@ -85,6 +101,7 @@ def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
             "or pick a larger cluster.instance_type"
         )
     rows = [
+        ("adapter", adapter_row(settings.lora)),
         ("strategy", label),
         ("memory per worker", f"~{plan.memory_bytes / GIB:.1f} GiB of {layout.memory_per_worker_gib:.0f} GiB"),
     ]
