@@ -119,6 +119,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             eval_report=scored.report,
             dataset_digest=staged.dataset_digest,
             mlflow_run_id=trained.mlflow_run_id,
+            lora_quantize=cfg.train.lora.quantize,
             resources=BIG,
             when=scored.passed,
         )

@@ -172,6 +172,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             eval_report=chosen.report,
             dataset_digest=staged.dataset_digest,
             mlflow_run_id=chosen.mlflow_run_id,
+            lora_quantize=cfg.train.lora.quantize,
             merged_dir=p.run_dir / "merged",
             resources=BIG,
             when=chosen.found,

@@ -24,7 +24,8 @@ Keys come from one Secret (serving.secret) that an operator creates once, never 
         --from-literal=litellm-master-key=sk-...
 
 ServingConfig refuses, when the config is loaded, a LoRA rank the engine cannot load (refuse_unservable_ranks: every
-LoraSettings section's rank against serving.engine.max_lora_rank; a grid of ranks calls it too).
+LoraSettings section's rank against serving.engine.max_lora_rank; a grid of ranks calls it too), and an adapter
+vLLM cannot serve as a LoRA, DoRA among them (refuse_unservable_adapters).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from eksflow import profiles
 from eksflow.config import Image, image_field, pinned_image
 from eksflow.llm.pipeline import LlmPipelineConfig, base_model_field
 from eksflow.llm.steps.canary import CanarySettings
-from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout, vllm
+from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout, vllm, vllm_lora
 from eksflow.llm.steps.evaluate import EvaluateSettings
 from eksflow.llm.steps.evaluate.metrics import configured, shown
 from eksflow.llm.steps.prepare_fleet import fleet_addresses
@@ -111,16 +112,41 @@ class ServingSettings(Settings):
         return image
 
 
-def lora_ranks(section: BaseModel, key: str = "") -> dict[str, int]:
-    """The rank of every LoRA adapter a config trains (each LoraSettings in it, at any depth), by dotted key."""
+def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
+    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key."""
     if isinstance(section, LoraSettings):
-        return {f"{key}.rank": section.rank}
-    found: dict[str, int] = {}
+        return {key: section}
+    found: dict[str, LoraSettings] = {}
     for name in type(section).model_fields:
         value = getattr(section, name)
         if isinstance(value, BaseModel):
-            found |= lora_ranks(value, f"{key}.{name}" if key else name)
+            found |= lora_sections(value, f"{key}.{name}" if key else name)
     return found
+
+
+def lora_ranks(section: BaseModel) -> dict[str, int]:
+    """The rank of every LoRA adapter a config trains, by the dotted key of its setting."""
+    return {f"{key}.rank": lora.rank for key, lora in lora_sections(section).items()}
+
+
+def refuse_unservable_adapters(sections: Mapping[str, LoraSettings]) -> None:
+    """Refuse (ValidationError) an adapter the pipeline's vLLM fleet cannot serve as a LoRA, at its setting's key.
+
+    A DoRA adapter (or a module vLLM has no LoRA layer for) would train, pass the gate and register, and then be
+    refused by load-candidate: rolling it out needs it merged into its base and served as a model of its own, which
+    the rollout does not build yet.
+    """
+    for key, lora in sections.items():
+        unservable = vllm_lora.unservable_setting(lora.use_dora, lora.target_modules)
+        if unservable is not None:
+            field, why, fix = unservable
+            problem = (
+                f"{why}: rolling it out needs it merged into its base and served as a model, which this "
+                f"pipeline's rollout does not do yet; {fix}"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            details = InitErrorDetails(type=error, loc=(*key.split("."), field), input=getattr(lora, field))
+            raise ValidationError.from_exception_data("LoRA adapters", [details])
 
 
 def refuse_unservable_ranks(
@@ -178,6 +204,11 @@ class ServingConfig(LlmPipelineConfig):
     @model_validator(mode="after")
     def _servable_ranks(self) -> ServingConfig:
         refuse_unservable_ranks(lora_ranks(self), self.serving.engine.max_lora_rank)
+        return self
+
+    @model_validator(mode="after")
+    def _servable_adapters(self) -> ServingConfig:
+        refuse_unservable_adapters(lora_sections(self))
         return self
 
 

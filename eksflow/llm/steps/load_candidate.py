@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from eksflow.llm.steps import register
 from eksflow.llm.steps.common import litellm_proxy, rollout, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
@@ -77,6 +78,17 @@ def check_candidate(args: Args, adapter: Path) -> None:
         raise StepInputError(
             f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
             f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
+        )
+    # The version's tags say what kind of adapter it is (register.adapter_tags): refused before its folder is read
+    targets = tags.get(register.TARGET_MODULES_TAG, "")
+    unservable = vllm_lora.unservable_setting(
+        tags.get(register.USE_DORA_TAG) == "true", targets.split(",") if targets else ()
+    )
+    if unservable is not None:
+        field, why, fix = unservable
+        raise StepInputError(
+            f"--model-version={args.model_version}: its tags record train.lora.{field}={tags.get(f'lora.{field}')}: "
+            f"{why}; serve it merged into its base as a model, or retrain it ({fix})"
         )
     spec = vllm_lora.read_adapter(adapter, "--model-version")
     vllm_lora.check_adapter(spec, args.max_lora_rank, args.base_dir, f"--model-version={args.model_version}")

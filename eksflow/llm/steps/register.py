@@ -10,7 +10,8 @@ and alias `challenger` (aliases only, never stages). vLLM serves the adapter on 
 an engine cannot load as adapters (DoRA, modules_to_save, ...: see eksflow/llm/steps/common/vllm.py).
 
 Lineage tags on the version: checkpoint_digest, workflow_name and workflow_uid, dataset_digest and dataset_uri,
-base_model, git_commit, image, config_hash, eval_set_digest, metric.<name> for every metric, and from the
+base_model, git_commit, image, config_hash, eval_set_digest, metric.<name> for every metric, the adapter's kind
+(lora.rank, lora.target_modules, lora.use_dora from its adapter_config.json; lora.quantize), and from the
 evaluate report (--eval-report) gate.decision, gate.reason and gate.thresholds. Empty inputs are left out
 rather than recorded as "". A report whose gate failed is refused (exit 2): a failed model never registers.
 
@@ -39,9 +40,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError
 
-from eksflow.llm.steps.common import tracking
+from eksflow.llm.steps.common import tracking, vllm_lora
 from eksflow.llm.steps.common.adapter_digest import checkpoint_digest
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
+from eksflow.llm.steps.train import Quantize
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 
 if TYPE_CHECKING:
@@ -50,6 +52,11 @@ if TYPE_CHECKING:
 
 MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
+# The adapter's kind (adapter_tags): load-candidate refuses a version whose tags say vLLM cannot serve it
+RANK_TAG = "lora.rank"
+TARGET_MODULES_TAG = "lora.target_modules"
+USE_DORA_TAG = "lora.use_dora"
+QUANTIZE_TAG = "lora.quantize"
 
 
 class Args(StepArgs):
@@ -76,6 +83,9 @@ class Args(StepArgs):
     )
     eval_report: Path | None = Field(
         None, description="evaluate's JSON report (tasks.evaluate.outputs.parameters.report): gate lineage tags"
+    )
+    lora_quantize: Quantize = Field(
+        "none", description="train.lora.quantize: how the base was held while the adapter trained (tag lora.quantize)"
     )
     eval_set_digest: str = Field("", description="digest of the eval set the metrics were scored on (lineage tag)")
     workflow_uid: str = Field("", description="Argo workflow uid, {{workflow.uid}} (lineage tag)")
@@ -199,6 +209,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         "image": args.image or os.environ.get("EKSFLOW_IMAGE", ""),
         "eval_set_digest": args.eval_set_digest or (gate_report.eval_set_digest if gate_report else ""),
         **{f"{tracking.METRIC_TAG_PREFIX}{name}": repr(value) for name, value in sorted(args.metrics.items())},
+        **adapter_tags(args.adapter_dir, args.lora_quantize),
     }
     if gate_report is not None:
         values["gate.decision"] = "passed"
@@ -207,6 +218,17 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         values["gate.thresholds"] = json.dumps(described)[: tracking.MAX_TAG_CHARS]
         values["eval.task_metrics"] = ",".join(gate_report.task_metrics)
     return {tag: value for tag, value in values.items() if value}
+
+
+def adapter_tags(adapter_dir: Path, quantize: Quantize) -> dict[str, str]:
+    """The adapter's kind as tags, read from its adapter_config.json: what a fleet checks before it loads it."""
+    spec = vllm_lora.read_adapter(adapter_dir, "--adapter-dir")
+    return {
+        RANK_TAG: str(spec.rank),
+        TARGET_MODULES_TAG: ",".join(spec.target_modules),
+        USE_DORA_TAG: str(spec.use_dora).lower(),
+        QUANTIZE_TAG: quantize,  # the adapter is plain LoRA either way: served on the unquantized base
+    }
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:

@@ -139,6 +139,10 @@ def test_register_is_idempotent_and_tags_lineage(tmp_path, adapters, no_stage_ap
         "metric.loss": "1.25",
         "git_commit": "0123abc",
         "image": "steps@sha256:" + "e" * 64,
+        "lora.rank": "8",  # the adapter's kind, from its adapter_config.json
+        "lora.target_modules": "q_proj,v_proj",
+        "lora.use_dora": "false",
+        "lora.quantize": "none",
     }
     assert v1.current_stage in ("None", None)
     assert v1.source.endswith("/adapter") and v1.run_id == train_run  # serving loads the adapter onto its base

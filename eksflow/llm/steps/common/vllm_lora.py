@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,15 +51,33 @@ def read_adapter(path: Path, field: str) -> AdapterSpec:
     if config.get("peft_type", "LORA") != "LORA":
         raise StepInputError(f"{field}: {path} holds a {config.get('peft_type')} adapter; only LoRA is served")
     targets = config.get("target_modules") or []
+    # all-linear makes peft record each module's full path (model.layers.0.mlp.down_proj); a name matches by suffix
+    names = {target.rsplit(".", 1)[-1] for target in targets} if isinstance(targets, list) else {str(targets)}
     return AdapterSpec(
         path=path,
         rank=rank,
-        target_modules=tuple(sorted([targets] if isinstance(targets, str) else targets)),
+        target_modules=tuple(sorted(names)),
         base_model=str(config.get("base_model_name_or_path") or ""),
         use_dora=bool(config.get("use_dora")),
         modules_to_save=tuple(config.get("modules_to_save") or ()),
         shapes=_adapter_shapes(path, field),
     )
+
+
+def unservable_setting(use_dora: bool, target_modules: Sequence[str] | str) -> tuple[str, str, str] | None:
+    """The LoRA setting of an adapter vLLM cannot serve as one, as (train.lora's field, why, fix); None if it can.
+
+    What check_adapter refuses once the adapter exists, known from the config: DoRA (vLLM 0.32's PEFTHelper
+    refuses use_dora: vllm/lora/peft_helper.py, _validate_features), or a target module with no vLLM LoRA layer.
+    all-linear adapts exactly LORA_MODULES on a Llama-style base; check_adapter checks the names peft found.
+    """
+    if use_dora:
+        return "use_dora", "the pinned vLLM cannot serve a DoRA adapter as a LoRA", "set use_dora=false"
+    unknown = [] if isinstance(target_modules, str) else sorted(set(target_modules) - LORA_MODULES)
+    if unknown:
+        fix = f"adapt {', '.join(sorted(LORA_MODULES))} or all-linear"
+        return "target_modules", f"modules {unknown} have no vLLM LoRA layer", fix
+    return None
 
 
 def check_adapter(spec: AdapterSpec, max_lora_rank: int, base_dir: Path, field: str) -> None:
