@@ -79,6 +79,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
+            method=cfg.train.method,  # the record type the method trains on
             memoize=[staged.data_key],
         )
         # cpu: a container task; gpu: a KubeRay RayJob; trainium: a Volcano Job (cluster.instance_type picks)

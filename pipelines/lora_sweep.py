@@ -115,6 +115,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,
+            method=cfg.train.method,
         )
 
         def candidate(item: Item) -> dict[str, Ref]:

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from eksflow.runtime.args import StepInputError
 
@@ -37,6 +37,9 @@ EVAL_FILE = "eval.jsonl"
 MANIFEST_FILE = "manifest.json"
 SPLITS = {"train": TRAIN_FILE, "eval": EVAL_FILE}  # split name -> file name inside the dataset folder
 FIELDS = ("prompt", "completion")
+# How a model is trained on a dataset, which decides the record type its splits must hold: sft takes prompt-completion
+# or conversational records (usable_examples), dpo preference records (eksflow.llm.steps.common.preference).
+Method = Literal["sft", "dpo"]
 
 
 @dataclass(frozen=True)

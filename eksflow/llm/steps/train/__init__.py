@@ -50,6 +50,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from eksflow.llm.steps.common import strategies
 from eksflow.llm.steps.common.base_model import default_cache_dir
+from eksflow.llm.steps.common.data import Method
 from eksflow.runtime.args import Location, Settings, StepArgs
 from eksflow.runtime.preflight import Layout, Preflight
 
@@ -67,9 +68,6 @@ LAUNCHERS: dict[Launcher, str] = {
     "torchrun": "one worker of `torchrun`, a TrainJob's (eksflow.llm.steps.train.torchrun)",
 }
 Precision = Literal["auto", "bf16", "fp32"]  # resolved per worker: eksflow.llm.steps.train.parallel.resolve_precision
-# What the loop optimizes: sft (cross-entropy of the learned tokens of pairs and conversations) or dpo (a preference
-# loss over chosen/rejected answers against the base model's log-probabilities: eksflow.llm.steps.train.preference).
-Method = Literal["sft", "dpo"]
 # peft's name for every linear layer of the model but its output head: on a Llama-style model the attention's q, k, v,
 # o and the MLP's gate, up, down projections (peft writes the names it found into adapter_config.json).
 ALL_LINEAR = "all-linear"

@@ -3,15 +3,16 @@
     python -m eksflow.llm.steps.validate_data --dataset-dir=/fsx/<workflow>/data --report-dir=/fsx/<workflow>/reports \
         [--base-model=smollm2-135m-instruct --max-tokens=512]
 
-Each split (train.jsonl, eval.jsonl) must: hold records of one type, prompt-completion or conversational (a file
-mixing types, or holding a preference record, which supervised fine-tuning cannot use, is refused at once in one
-line naming the types and their first lines; `mostly` never lets that through); have at least `min_rows` rows
+Each split (train.jsonl, eval.jsonl) must: hold records of one type that --method trains on, prompt-completion or
+conversational for sft, preference for dpo (a file mixing types, or holding a type the method cannot use, is refused
+at once in one line naming the type and its first line; `mostly` never lets that through); have at least `min_rows` rows
 (mandatory: per-row expectations pass vacuously on an empty file); parse line by line as JSON objects (malformed
 JSON and non-UTF-8 bytes are counted and reported with their line numbers, never raised); for pairs, have `prompt`
 and `completion` present, strings, not blank and at most `max_*_chars` long; for conversations, have well-formed
 `messages` (record_valid: role order, non-blank content, tool_calls and tool messages in OpenAI's shape; see
-eksflow.llm.steps.common.data.record_error); repeat no earlier pair or conversation; and, when --base-model and
---max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training encodes
+eksflow.llm.steps.common.data.record_error); for preferences, a well-formed prompt, chosen and rejected
+(record_valid: two different answers, string or assistant turns); repeat no earlier record; and, when --base-model
+and --max-tokens are given, fit in max_tokens tokens of that model's tokenizer, counted exactly as training encodes
 them. No eval prompt (of a conversation: its history) may occur in train. Each unparsed or malformed row is named
 in the log as file:line with why (the first BAD_ROWS_LISTED of each split).
 
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field, field_validator
 
 from eksflow.llm.steps.common.base_model import default_cache_dir
-from eksflow.llm.steps.common.data import FIELDS
+from eksflow.llm.steps.common.data import FIELDS, Method
 from eksflow.runtime.args import Location, Settings, StepArgs
 
 if TYPE_CHECKING:
@@ -104,6 +105,11 @@ class Args(ValidateSettings, StepArgs):
     report_dir: Path = Field(description=f"folder to write {REPORT_FILE} and {DOCS_DIR}/ in")
     base_model: Location = Field("", description="model whose tokenizer measures max_tokens (train's base_model)")
     max_tokens: int = Field(0, ge=0, description="longest example in tokens (train's max_seq_len); 0 skips it")
+    method: Method = Field(
+        "sft",
+        description="train's method: sft takes prompt-completion or conversational records, dpo preference records; "
+        "a split of another type is refused in one line",
+    )
     model_cache_dir: Path = Field(default_factory=default_cache_dir, description="where base models are cached")
     token_cache_dir: Path | None = Field(
         None, description="tokenized copies of the splits, shared with train; default <model_cache_dir>/tokenized"

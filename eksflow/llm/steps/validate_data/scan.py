@@ -30,6 +30,7 @@ from eksflow.llm.steps.common.data import (
     FIELDS_OF,
     PREFERENCE,
     Line,
+    Method,
     canonical_messages,
     read_lines,
     record_error,
@@ -37,6 +38,7 @@ from eksflow.llm.steps.common.data import (
     sft_refusal,
     split_key,
 )
+from eksflow.llm.steps.common.preference import dpo_refusal
 from eksflow.runtime.args import StepInputError
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 LINE = "line"  # column holding the 1-based line number: the index GE reports unexpected rows by
 PARSE_ERROR = "parse_error"  # column holding why a line is not a JSON object, None when it is
 DUPLICATE = "duplicate_of"  # column: which earlier line a row repeats, None for a first occurrence
-RECORD_ERROR = "record_error"  # column (conversational files): why a row is not a usable conversation, or None
+RECORD_ERROR = "record_error"  # column (conversation and preference files): why a row is not a usable record, or None
 TOKENS = "tokens"  # column: the row's length in tokens as training encodes it, NaN for unusable rows
 OVERLAP = "in_train"  # column (eval): the train line holding the same prompt, None when train does not have it
 EXPLAINED = (PARSE_ERROR, DUPLICATE, RECORD_ERROR, OVERLAP)  # columns whose values are sentences: shown unquoted
@@ -82,8 +84,13 @@ class Scan:
 
     @property
     def conversational(self) -> bool:
-        """The file holds conversations: their rows are checked whole (RECORD_ERROR), not field by field."""
+        """The file holds conversations: a row's split key is its history."""
         return CONVERSATIONAL in self.types
+
+    @property
+    def checked_whole(self) -> bool:
+        """The file holds conversations or preferences: rows checked whole (RECORD_ERROR), not field by field."""
+        return CONVERSATIONAL in self.types or PREFERENCE in self.types
 
 
 def _digest(text: str) -> bytes:
@@ -108,12 +115,14 @@ def scan(
     max_chars: dict[str, int],
     count_tokens: TokenCounter | None = None,
     token_lengths: TokenLengths | None = None,
+    method: Method = "sft",
 ) -> Scan:
     """Pass 1 over `path`: lines, fields and types present, malformed rows, duplicates, keys, token counts.
 
-    A pair is checked for duplicates when both fields are non-blank strings within `max_chars`, a conversation
-    when it is well formed, so a bad row repeated is counted once, by its own check. Tokens are counted for usable
-    pairs by `count_tokens` in batches, or read for every usable row from `token_lengths`.
+    A pair is checked for duplicates when both fields are non-blank strings within `max_chars`, a conversation or
+    a preference when it is well formed, so a bad row repeated is counted once, by its own check. Tokens are counted
+    for usable pairs by `count_tokens` in batches, or read for every usable row from `token_lengths`. A record type
+    `method` cannot train on refuses the file (refuse_types).
     """
     import numpy as np
 
@@ -154,6 +163,11 @@ def scan(
                 pair_rows.append(row)
                 pair_keys += _digest(canonical_messages(record["messages"]))
             continue
+        if kind == PREFERENCE:
+            if error is None:
+                pair_rows.append(row)
+                pair_keys += _digest(canonical_messages([record[name] for name in ("prompt", "chosen", "rejected")]))
+            continue
         prompt, completion = record.get("prompt"), record.get("completion")
         if not (isinstance(prompt, str) and isinstance(completion, str) and prompt.strip() and completion.strip()):
             continue
@@ -181,7 +195,7 @@ def scan(
         prompt_rows=_rows(prompt_rows),
         prompt_keys=_keys(prompt_keys),
     )
-    refuse_types(result)  # before any token is counted: the token cache reads no file of the wrong type
+    refuse_types(result, method)  # before any token is counted: the token cache reads no file of the wrong type
     if count_tokens is not None:
         result.tokens = np.full(len(numbers), np.nan)
         result.tokens[_rows(counted_rows)] = np.asarray(counts, dtype=np.float64)
@@ -192,8 +206,10 @@ def scan(
     return result
 
 
-def refuse_types(found: Scan) -> None:
-    """Refuse (StepInputError) a file mixing record types, or holding preference records: SFT cannot use them.
+def refuse_types(found: Scan, method: Method = "sft") -> None:
+    """Refuse (StepInputError) a file mixing record types, or holding records `method` cannot train on.
+
+    sft takes prompt-completion or conversational records, dpo preference records.
 
     Never tolerated by `mostly`: a type decides how every row is tokenized and learned, so a mix is no share of
     bad rows but a file built wrong.
@@ -204,8 +220,11 @@ def refuse_types(found: Scan) -> None:
             f"{found.path.name} mixes {first} records ({FIELDS_OF[first]}, first at line {first_line}) and {second} "
             f"records ({FIELDS_OF[second]}, first at line {second_line}); a split file holds records of one type"
         )
-    if PREFERENCE in found.types:
+    if method == "sft" and PREFERENCE in found.types:
         raise StepInputError(sft_refusal(found.path, found.types[PREFERENCE]))
+    if method == "dpo" and found.types and PREFERENCE not in found.types:
+        kind, line = next(iter(found.types.items()))
+        raise StepInputError(dpo_refusal(found.path, line, kind))
 
 
 def _first_occurrences(lines: np.ndarray, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -268,7 +287,7 @@ def _frame(chunk: list[Line], found: Scan, first: int) -> pd.DataFrame:
     frame[DUPLICATE] = pd.Series(
         [f"repeats line {n}" if n else None for n in found.duplicate_of[first:end].tolist()], dtype=object
     )
-    if found.conversational:  # every parsed row, typed or not: one check counts what is wrong with each
+    if found.checked_whole:  # every parsed row, typed or not: one check counts what is wrong with each
         errors = [record_error(line.record) if line.record is not None else None for line in chunk]
         frame[RECORD_ERROR] = pd.Series(errors, dtype=object)
     if found.tokens is not None:

@@ -50,11 +50,15 @@ def run(args: Args) -> Outputs:
         settings,
         docs_dir=(args.report_dir / DOCS_DIR).absolute(),
         token_lengths=cached_token_lengths(
-            args.base_model, args.model_cache_dir, args.token_cache_dir or default_token_cache(args.model_cache_dir)
+            args.base_model,
+            args.model_cache_dir,
+            args.token_cache_dir or default_token_cache(args.model_cache_dir),
+            args.method,
         )
         if args.base_model
         else None,
         max_tokens=args.max_tokens,
+        method=args.method,
     )
     report_path = (args.report_dir / REPORT_FILE).absolute()
     atomic_write_text(report_path, report.to_json())

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from eksflow.llm.steps.common.base_model import resolve_model
-from eksflow.llm.steps.common.data import FIELDS, SPLITS
+from eksflow.llm.steps.common.data import FIELDS, SPLITS, Method
 from eksflow.llm.steps.validate_data import ValidateSettings
 from eksflow.llm.steps.validate_data.merge import merge
 from eksflow.llm.steps.validate_data.scan import (
@@ -197,7 +197,7 @@ def build_suite(
 def columns_of(found: Scan) -> frozenset[str]:
     """The columns every frame of a split has (eksflow.llm.steps.validate_data.scan.frames)."""
     names = {LINE, PARSE_ERROR, DUPLICATE, *found.fields, *(f"{name}_type" for name in FIELDS)}
-    names |= {RECORD_ERROR} if found.conversational else set()
+    names |= {RECORD_ERROR} if found.checked_whole else set()
     names |= {TOKENS} if found.tokens is not None else set()
     names |= {OVERLAP} if found.overlap is not None else set()
     return frozenset(names)
@@ -211,6 +211,7 @@ def validate(
     count_tokens: TokenCounter | None = None,
     token_lengths: TokenLengths | None = None,
     max_tokens: int = 0,
+    method: Method = "sft",
 ) -> Report:
     """Run the suites of both splits, chunk by chunk, in one ephemeral great-expectations context.
 
@@ -229,7 +230,9 @@ def validate(
         if not path.is_file():
             raise StepInputError(f"{str(path)!r} does not exist; is --dataset-dir the folder stage_data published?")
         counting = bool(max_tokens)
-        scans[split] = scan(path, limits, count_tokens if counting else None, token_lengths if counting else None)
+        scans[split] = scan(
+            path, limits, count_tokens if counting else None, token_lengths if counting else None, method
+        )
     compare = len(scans["train"].prompt_keys) > 0  # as before: no overlap check when train has no string prompt
     overlap = find_overlap(scans["eval"], scans["train"])
     if not compare:
@@ -326,11 +329,13 @@ def _write_docs(
     context.build_data_docs(site_names=["run"], resource_identifiers=cast(Any, [result_id, suite_id]))
 
 
-def cached_token_lengths(base_model: str, model_cache_dir: Path | None, token_cache_dir: Path) -> TokenLengths:
+def cached_token_lengths(
+    base_model: str, model_cache_dir: Path | None, token_cache_dir: Path, method: Method = "sft"
+) -> TokenLengths:
     """Token counts of a split's usable rows from its token cache (common/token_cache.py), built if missing.
 
-    Counted as training encodes an example (before truncation), and the cache built here is the one the train
-    step then finds: the data is tokenized once for both steps.
+    Counted as training encodes an example (before truncation; a preference pair's longer answer), and the cache
+    built here is the one the train step then finds: the data is tokenized once for both steps.
     """
     from eksflow.llm.steps.common import token_cache
     from eksflow.llm.steps.common.modeling import load_tokenizer
@@ -338,7 +343,7 @@ def cached_token_lengths(base_model: str, model_cache_dir: Path | None, token_ca
     tokenizer = load_tokenizer(resolve_model(base_model, model_cache_dir))
 
     def lengths(path: Path) -> tuple[Any, Any]:
-        cache, built = token_cache.ensure(path, tokenizer, token_cache_dir)
+        cache, built = token_cache.ensure(path, tokenizer, token_cache_dir, preference=method == "dpo")
         print(f"token cache: {'built' if built else 'reused'} {cache.folder} for {path}", file=sys.stderr)
         return cache.lines(), cache.lengths()
 
