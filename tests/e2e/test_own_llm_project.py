@@ -208,6 +208,16 @@ def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
     metrics = json.loads(outputs["evaluate"]["metrics"])
     assert metrics[SAME_ROWS] >= 0.5 and metrics[f"{SAME_ROWS}_gain"] >= 0.1 and metrics[f"base_{SAME_ROWS}"] < 0.5
     assert json.loads(outputs["analyze-100"]["metrics"])["served_score"] >= 0.5  # the canary scored with same_rows
+    # The two-turn conversations: a held-out one was asked with its first exchange as history, in evaluate and by
+    # the canary alike, and scored on its last answer.
+    fsx = state / "volumes" / "fsx-claim"
+    evaluated = json.loads((fsx / Path(outputs["evaluate"]["report"]).relative_to("/fsx")).read_text())["rows"]
+    follow_ups = [row for row in evaluated if len(row.get("messages", ())) == 3]
+    assert follow_ups and all(" AND price < " in row["reference"] for row in follow_ups)  # the follow-up's answer
+    probes = json.loads((fsx / Path(outputs["analyze-0"]["report"]).relative_to("/fsx")).read_text())["probes"]
+    asked = [probe for probe in probes if len(probe["messages"]) == 3]
+    assert asked and [probe["messages"] for probe in asked] == [row["messages"] for row in follow_ups][: len(asked)]
+    assert all(probe["candidate"] for probe in asked)  # the served candidate answered each
     assert registry(state, CHAMPION) == [("text2sql", 1)]  # the pipeline's name, by default; promoted by the rollout
     train_log = next((state / "runs").glob("*/logs/train.log")).read_text()
     assert "PlacementGroupCleaner" not in train_log  # Ray Train asked its own Ray, not the stale file's

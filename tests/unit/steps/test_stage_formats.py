@@ -172,9 +172,19 @@ SPLIT_DIGESTS = {
 
 
 TEXT2SQL = Path(__file__).resolve().parents[2] / "fixtures" / "text2sql" / "data" / "shop.jsonl"
-# The lines of the guide's project data that went to eval before conversations kept their turns (dae8c7c,
-# eval_fraction 0.2): staged again, each row keeps its split.
-TEXT2SQL_EVAL_LINES = [3, 4, 5, 9, 14, 16, 19, 22, 38, 42, 43, 44, 45, 50, 54, 55, 63, 64]
+# The questions of the guide's project whose one-turn rows went to eval before conversations kept their turns
+# (dae8c7c, eval_fraction 0.2): staged again, each row keeps its split.
+TEXT2SQL_HELD_OUT = {
+    "What is the average price of the kitchen products?", "Which kitchen product is the most expensive?",
+    "Which kitchen product is the cheapest?", "List the kitchen products that cost less than 150.",
+    "What is the average price of the living products?", "Which living product is the cheapest?",
+    "List the living products that cost less than 50.", "List the living products that cost less than 200.",
+    "Which office product is the cheapest?", "List the office products that cost less than 250.",
+    "How many products cost more than 30?", "List the names of the products that cost more than 30.",
+    "How many products cost more than 50?", "List the names of the products that cost more than 150.",
+    "List the names of the products that cost more than 250.", "Which products have fewer than 4 items in stock?",
+    "Which products have fewer than 12 items in stock?", "How many products have at least 12 items in stock?",
+}  # fmt: skip
 
 
 def test_conversations_staged_before_keep_their_split(tmp_path):
@@ -182,9 +192,13 @@ def test_conversations_staged_before_keep_their_split(tmp_path):
     source = tmp_path / "shop.jsonl"
     source.write_bytes(TEXT2SQL.read_bytes())
     run(Args(source=str(source), dest_dir=tmp_path / "out", eval_fraction=0.2))
-    rows = [json.loads(line) for line in TEXT2SQL.read_text().splitlines() if line.strip()]
-    held_out = [json.loads(line) for line in (tmp_path / "out" / "eval.jsonl").read_text().splitlines()]
-    assert held_out == [rows[n - 1] for n in TEXT2SQL_EVAL_LINES]  # kept as conversations, in file order
+
+    def one_turn_questions(split: str) -> set[str]:
+        rows = [json.loads(line)["messages"] for line in (tmp_path / "out" / split).read_text().splitlines()]
+        return {m[0]["content"].split("Question: ")[1] for m in rows if len(m) == 2}  # kept as conversations
+
+    assert one_turn_questions("eval.jsonl") == TEXT2SQL_HELD_OUT
+    assert not one_turn_questions("train.jsonl") & TEXT2SQL_HELD_OUT
     system_first = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, ANSWER]}
     two_turns = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
     longer = {"messages": [*two_turns, {"role": "user", "content": "u2"}, ANSWER]}
