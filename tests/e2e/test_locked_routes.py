@@ -116,3 +116,34 @@ def test_the_engine_renders_a_conversation_as_training_and_evaluate_do(shared_en
     assert served_ids(example.history(), asking=True) == tokenizer(asked, add_special_tokens=False)["input_ids"]
     learned = [tokenizer.decode(ids[start:end]) for start, end in spans]
     assert [text.split("<|im_end|>")[0] for text in learned] == ["1969-07-20", "1969-07-24"]
+
+
+def test_the_engine_serves_an_all_linear_lora_and_refuses_dora(shared_engine):
+    """train.lora.target_modules=all-linear (attention and MLP) is an adapter the pinned vLLM serves on the demo
+    model, through the fleet's filesystem resolver; a DoRA adapter it refuses (vllm/lora/peft_helper.py), which is
+    why a pipeline that rolls out refuses train.lora.use_dora (eksflow/llm/serving/objects.py)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from eksflow.llm.steps.train import LoraSettings
+
+    base, key = shared_engine.url, shared_engine.api_key
+    answers = {}
+    for name, lora in (("all-linear", LoraSettings(rank=8, target_modules="all-linear")),
+                       ("dora", LoraSettings(rank=8, target_modules="all-linear", use_dora=True))):  # fmt: skip
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(shared_engine.model_dir)
+        adapter = get_peft_model(model, lora.peft_config())
+        for module, param in adapter.named_parameters():
+            if "lora_B" in module:  # peft starts B at zero (the base's answers): make the adapter change them
+                torch.nn.init.normal_(param, std=0.05)
+        adapter.save_pretrained(shared_engine.adapters_dir / f"lora-family-{name}")
+        answers[name] = vllm_client.chat(base, f"lora-family-{name}", "What is 2 plus 2?", api_key=key)
+    served = answers["all-linear"]
+    assert served.status == 200 and served.text, served
+    assert served.text != vllm_client.chat(base, BASE_NAME, "What is 2 plus 2?", api_key=key).text
+    refused = answers["dora"]
+    assert refused.status == 400 and "'lora-family-dora' was found but could not be loaded" in refused.error, refused
+    assert "vLLM does not yet support DoRA." in shared_engine.log.read_text(errors="replace")
+    assert vllm_client.chat(base, BASE_NAME, "What is 2 plus 2?", api_key=key).ok  # the engine lives on
