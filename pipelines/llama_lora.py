@@ -105,6 +105,8 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             adapter_dir=trained.adapter_dir,
             mlflow_run_id=trained.mlflow_run_id,
             report_dir=p.run_dir / "reports",
+            method=cfg.train.method,  # dpo: held-out preference pairs, scored at the beta trained with
+            dpo_beta=cfg.train.dpo.beta,
             champion_version=incumbent.version,  # judged against the champion this run started with
             resources=BIG,
             # an adapter reused from an earlier run was scored there, against the same champion

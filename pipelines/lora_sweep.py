@@ -141,6 +141,8 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
                 adapter_dir=trained.adapter_dir,
                 mlflow_run_id=trained.mlflow_run_id,
                 report_dir=folder,
+                method=cfg.train.method,
+                dpo_beta=cfg.train.dpo.beta,
                 champion_version=incumbent.version,
                 resources=BIG,
             )

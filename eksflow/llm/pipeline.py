@@ -138,6 +138,15 @@ class LlmPipelineConfig(PipelineConfig):
             raise ValueError(problem)
         return reference
 
+    # Declared by the pipelines that train and evaluate, train before evaluate: one rule for what evaluate may read.
+    @field_validator("evaluate", check_fields=False)
+    @classmethod
+    def _metrics_of_the_method(cls, evaluate: Any, info: ValidationInfo) -> Any:
+        train = info.data.get("train")
+        if train is not None:  # else refused itself, saying why
+            evaluate.require_method(train.method)
+        return evaluate
+
     @field_validator("mlflow")
     @classmethod
     def _model_named(cls, mlflow: MlflowSettings, info: ValidationInfo) -> MlflowSettings:

@@ -82,7 +82,7 @@ def test_a_sampled_evaluation_reports_its_intervals_and_its_own_digest(tmp_path,
 
     checkpoint = checkpoints.commit(tmp_path / "checkpoints", 8, adapter)
 
-    def scorer(args, examples):
+    def scorer(args, examples, preferences=()):
         # the tuned model right on every 4th example of the sample, the base model never
         tuned = [e.completion if k % 4 == 0 else "?" for k, e in enumerate(examples)]
         metrics = {"eval_loss": 1.0, "perplexity": 2.7, "exact_match": 0.25, "contains": 0.25}

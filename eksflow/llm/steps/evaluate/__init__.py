@@ -23,6 +23,10 @@ not comparable: the report says so and the thresholds alone decide. The champion
 pipeline that memoizes this step lists the champion's version in the memo key, so an evaluation reused from an
 earlier run was judged against the same champion. A registry that cannot be reached fails the step (exit 1,
 retryable) rather than skip the check.
+With --method=dpo (train's method) the held-out split holds preference pairs: evaluate adds preference_accuracy and
+reward_margin (implicit rewards at --dpo-beta; the base model's own log-likelihood ranking as their base_ forms, and
+their _gain; eksflow.llm.steps.evaluate.preference), usable in thresholds and as champion_metric, and scores the
+generation metrics and eval_loss against each pair's chosen answer.
 With --max-examples the digest gets suffix `@first-<N>`, so a subset score is never compared with a full-set one;
 with --sample-size (a seeded sample, eksflow.llm.steps.evaluate.sampling) the suffix `@sample-<N>-seed-<S>`, and the
 report and the `intervals` output give each task metric's Wilson confidence interval at --confidence.
@@ -51,9 +55,11 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import default_cache_dir
+from eksflow.llm.steps.common.data import Method
 from eksflow.llm.steps.common.gate import Threshold
 from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, never_holds, threshold_metric
 from eksflow.llm.steps.evaluate.metrics import configured, resolve, shown
+from eksflow.llm.steps.evaluate.preference import PREFERENCE_METRICS
 from eksflow.runtime.args import Location, Settings, StepArgs
 
 
@@ -70,8 +76,8 @@ class EvaluateSettings(Settings):
         (Threshold(metric="exact_match", value=0.6), Threshold(metric="exact_match_gain", value=0.2)),
         validate_default=True,  # the default rules too must read metrics task_metrics gives
         description="every rule must hold for the gate to pass; a rule names eval_loss, perplexity or a task metric "
-        "(yours by its function's name or module:function), base_<metric> for the base model's score, or "
-        "<task metric>_gain for tuned - base",
+        "(yours by its function's name or module:function), preference_accuracy or reward_margin (train.method "
+        "dpo), base_<metric> for the base model's score, or <metric>_gain for tuned - base",
     )
     max_examples: int = Field(0, ge=0, description="score the first N held-out examples; 0 = all")
     # ~1,000 examples put a 95% Wilson interval of an exact match near 0.5 at +-0.03, enough to gate on
@@ -95,6 +101,19 @@ class EvaluateSettings(Settings):
         allow_inf_nan=False,
         description="how much the challenger must beat the champion by (0: any improvement; a tie never wins)",
     )
+
+    def require_method(self, method: str) -> None:
+        """Refuse (ValueError) a threshold or champion_metric on a preference metric unless train's method is dpo.
+
+        Only held-out preference pairs have them: under sft such a rule could never read its metric.
+        """
+        named = {rule.metric.removeprefix("base_").removesuffix("_gain") for rule in self.thresholds}
+        named.add(self.champion_metric)
+        if method != "dpo" and (found := sorted(named & set(PREFERENCE_METRICS))):
+            raise ValueError(
+                f"{', '.join(found)} scores held-out preference pairs, which only train.method=dpo evaluates "
+                f"(train.method={method})"
+            )
 
     @field_validator("task_metrics")
     @classmethod
@@ -134,10 +153,10 @@ class EvaluateSettings(Settings):
     @classmethod
     def _a_tuned_metric(cls, name: str, info: ValidationInfo) -> str:
         task_metrics = info.data.get("task_metrics")
-        if task_metrics is None or name in LOSS_METRICS:
+        if task_metrics is None or name in LOSS_METRICS or name in PREFERENCE_METRICS:
             return name
         if (metric := configured(name, task_metrics)) is None:
-            tuned = ", ".join([*LOSS_METRICS, *shown(task_metrics)])
+            tuned = ", ".join([*LOSS_METRICS, *shown(task_metrics), *PREFERENCE_METRICS])
             raise ValueError(f"champion_metric {name!r} is not a tuned metric; choose one of {tuned}")
         return metric
 
@@ -156,11 +175,20 @@ class Args(EvaluateSettings, StepArgs):
     model_name: str = Field(
         "llama-lora", pattern=tracking.MODEL_NAME_PATTERN, description="registered model whose champion is compared"
     )
+    method: Method = Field(
+        "sft", description="train's method: dpo scores held-out preference pairs (preference_accuracy, reward_margin)"
+    )
+    dpo_beta: float = Field(0.1, gt=0.0, le=100.0, description="train's dpo.beta: the implicit reward's scale")
     champion_version: str = Field(
         pattern=r"^([1-9][0-9]*)?$",
         description="the version the tuned model is judged against: this run's champion, as the champion step read "
         "it (tasks.champion.outputs.parameters.version); empty: none, the thresholds alone decide",
     )
+
+    @model_validator(mode="after")
+    def _preference_metrics_need_dpo(self) -> Args:
+        self.require_method(self.method)
+        return self
 
     @model_validator(mode="after")
     def _champion_in_a_registry(self) -> Args:

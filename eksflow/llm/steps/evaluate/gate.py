@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from eksflow.llm.steps.common.gate import Threshold, gate
 from eksflow.llm.steps.evaluate.metrics import configured, shown
+from eksflow.llm.steps.evaluate.preference import GAIN_RANGES, PREFERENCE_METRICS, PREFERENCE_RANGES
 
 LOSS_METRICS = ("eval_loss", "perplexity")  # lower is better
 
@@ -53,8 +54,8 @@ def threshold_metric(name: str, task_metrics: Sequence[str]) -> str:
     (eksflow.llm.steps.evaluate.metrics.configured: matched among `task_metrics`, nothing imported). ValueError naming
     the metrics known, or every metric the name could mean.
     """
-    tuned = [*LOSS_METRICS, *task_metrics]
-    forms = (("", "", tuned), ("base_", "", tuned), ("", "_gain", list(task_metrics)))
+    tuned = [*LOSS_METRICS, *task_metrics, *PREFERENCE_METRICS]
+    forms = (("", "", tuned), ("base_", "", tuned), ("", "_gain", [*task_metrics, *PREFERENCE_METRICS]))
     if name in (f"{prefix}{metric}{suffix}" for prefix, suffix, pool in forms for metric in pool):
         return name
     found = set()
@@ -79,7 +80,8 @@ def known_metrics(task_metrics: Sequence[str]) -> str:
     """What a threshold may name, for a message: the tuned metrics, then the base and gain forms in words."""
     return (
         f"{', '.join([*LOSS_METRICS, *shown(task_metrics)])}; each as base_<metric> for the base model's score, "
-        "and a task metric as <metric>_gain for tuned - base"
+        f"and a task metric as <metric>_gain for tuned - base; under train.method=dpo also "
+        f"{' and '.join(PREFERENCE_METRICS)}, with their base_ and _gain forms"
     )
 
 
@@ -95,6 +97,10 @@ def metric_range(metric: str, task_metrics: Sequence[str]) -> tuple[float, float
     tuned = metric.removeprefix("base_") if metric not in task_metrics else metric
     if tuned in LOSS_RANGES:
         return LOSS_RANGES[tuned]
+    if tuned in PREFERENCE_RANGES:
+        return PREFERENCE_RANGES[tuned]
+    if metric.removesuffix("_gain") in GAIN_RANGES:
+        return GAIN_RANGES[metric.removesuffix("_gain")]
     if tuned not in task_metrics and metric.removesuffix("_gain") in task_metrics:
         return GAIN_RANGE
     return TASK_METRIC_RANGE
@@ -161,8 +167,9 @@ def champion_gate(
 
 
 def combine(tuned: Mapping[str, float], base: Mapping[str, float], task_metrics: Sequence[str]) -> dict[str, float]:
-    """Tuned metrics, base metrics prefixed `base_`, and `<task metric>_gain`."""
+    """Tuned metrics, base metrics prefixed `base_`, and `<metric>_gain` of the task and preference metrics."""
     metrics = dict(tuned)
     metrics.update({f"base_{k}": v for k, v in base.items()})
-    metrics.update({f"{m}_gain": tuned[m] - base[m] for m in task_metrics})
+    gained = [*task_metrics, *(m for m in PREFERENCE_METRICS if m in tuned)]
+    metrics.update({f"{m}_gain": tuned[m] - base[m] for m in gained})
     return {k: round(v, 6) for k, v in metrics.items()}

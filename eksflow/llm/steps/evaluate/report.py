@@ -14,6 +14,7 @@ from eksflow.llm.steps.common.gate import Verdict
 from eksflow.llm.steps.evaluate import Args
 from eksflow.llm.steps.evaluate import metrics as task_metrics
 from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, ChampionCheck
+from eksflow.llm.steps.evaluate.preference import PREFERENCE_METRICS
 from eksflow.llm.steps.evaluate.scoring import Scores
 
 TABLE_FILE = "eval_report.md"
@@ -91,7 +92,7 @@ def render_table(
 ) -> str:
     """A markdown table of base vs tuned metrics, the thresholds' results, the champion comparison and the decision."""
     lines = [f"held-out examples: {n_examples}", "", "| metric | base | tuned | gain |", "|---|---|---|---|"]
-    for name in [*LOSS_METRICS, *task_metrics]:
+    for name in [*LOSS_METRICS, *task_metrics, *(m for m in PREFERENCE_METRICS if m in metrics)]:
         base, tuned = metrics.get(f"base_{name}", math.nan), metrics.get(name, math.nan)
         lines.append(f"| {name} | {base:.4f} | {tuned:.4f} | {tuned - base:+.4f} |")
     lines += ["", "| threshold | actual | result |", "|---|---|---|"]

@@ -12,9 +12,10 @@ With N a large share of n the interval is conservative (it ignores the finite-po
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
+from typing import TypeVar
 
 from eksflow.llm.steps.common.data import Example, usable_examples
 from eksflow.llm.steps.evaluate import metrics as task_metric_functions
@@ -30,17 +31,26 @@ def sample_indices(n: int, size: int, seed: int) -> list[int]:
     return sorted(int(i) for i in np.random.default_rng(seed & (2**64 - 1)).choice(n, size=size, replace=False))
 
 
-def load_sample(path: Path, size: int, seed: int) -> tuple[list[Example], int]:
-    """The sampled usable examples of `path` and how many usable examples it holds (two streamed passes)."""
-    total = sum(1 for _ in usable_examples(path))
+Record = TypeVar("Record")
+
+
+def load_sample(
+    path: Path,
+    size: int,
+    seed: int,
+    records: Callable[[Path], Iterator[tuple[int, Record]]] = usable_examples,  # type: ignore[assignment]
+) -> tuple[list[Record], int]:
+    """The sampled usable records of `path` and how many it holds (two streamed passes).
+
+    `records` reads them: SFT's examples (data.usable_examples), or DPO's pairs (preference.usable_preferences).
+    """
+    total = sum(1 for _ in records(path))
     if total == 0:
-        raise StepInputError(
-            f"{str(path)!r} holds no usable examples; expected JSON lines of prompt/completion or messages"
-        )
+        raise StepInputError(f"{str(path)!r} holds no usable records to sample from")
     wanted = iter(sample_indices(total, size, seed))
-    examples: list[Example] = []
+    examples: list[Record] = []
     target = next(wanted, None)
-    for index, (_, example) in enumerate(usable_examples(path)):
+    for index, (_, example) in enumerate(records(path)):
         if index == target:
             examples.append(example)
             target = next(wanted, None)

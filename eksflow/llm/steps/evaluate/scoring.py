@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import Example
+from eksflow.llm.steps.common.preference import Preference
 from eksflow.llm.steps.evaluate import Args, base_scores
 from eksflow.llm.steps.evaluate import metrics as task_metrics
 from eksflow.runtime.args import StepInputError
@@ -27,16 +28,19 @@ class Scores(BaseModel):
     cut: int = 0  # answers that hit the new-token cap before their end
 
 
-def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
+def score_models(args: Args, examples: Sequence[Example], preferences: Sequence[Preference] = ()) -> dict[str, Scores]:
     """Scores of the base model and of base + adapter on `examples` (CPU or the first GPU).
 
-    The base model's answers come from the model cache when an earlier evaluation decoded them (base_scores).
+    The base model's answers come from the model cache when an earlier evaluation decoded them (base_scores). With
+    `preferences` (method dpo; `examples` their chosen answers) both get preference_accuracy and reward_margin from
+    each model's log-probabilities of the chosen and rejected answers (eksflow.llm.steps.evaluate.preference).
     """
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from eksflow.llm.steps.common import encoding, modeling
+    from eksflow.llm.steps.evaluate.preference import answer_logps, preference_metrics
 
     metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
     torch.manual_seed(0)
@@ -65,11 +69,18 @@ def score_models(args: Args, examples: Sequence[Example]) -> dict[str, Scores]:
         else:
             print(f"base model: answers and loss of an earlier evaluation ({kept})", file=sys.stderr)
             progress.advance(2 * len(examples))
+        base_logps = answer_logps(model, tokenizer, preferences, args.batch_size)
         # Merged into the base weights (in place: the base model is scored already): unmerged, every adapted
         # projection costs two more matmuls per token, which on CPU is most of a decode step's time.
         tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).merge_and_unload()
         tuned = _decode(tuned_model, tokenizer, examples, args, limit, progress)
-    return {"base": _scores(base, examples, args, limit), "tuned": _scores(tuned, examples, args, limit)}
+        tuned_logps = answer_logps(tuned_model, tokenizer, preferences, args.batch_size)
+    scores = {"base": _scores(base, examples, args, limit), "tuned": _scores(tuned, examples, args, limit)}
+    if preferences:
+        ranked = preference_metrics(tuned_logps, base_logps, args.dpo_beta)
+        for name, found in zip(("tuned", "base"), ranked, strict=True):
+            scores[name].metrics.update(found)
+    return scores
 
 
 def compute_threads() -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from eksflow.llm.steps.common import checkpoints, storage, tracking
 from eksflow.llm.steps.common.data import EVAL_FILE, Example, load_examples
 from eksflow.llm.steps.common.gate import gate
+from eksflow.llm.steps.common.preference import Preference, load_preferences, usable_preferences
 from eksflow.llm.steps.evaluate import Args, Outputs
 from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine
 from eksflow.llm.steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
@@ -53,12 +54,15 @@ def eval_set_digest(path: Path, max_examples: int) -> str:
 def run(args: Args) -> Outputs:
     """Verify the checkpoint, score base and tuned models, gate, write the reports and log to MLflow."""
     _verify_adapter(args.adapter_dir)
-    examples, total = _eval_examples(args)
+    pairs, total = _eval_records(args)
+    # a preference pair is scored on its chosen answer too: generation metrics and eval_loss against `chosen`
+    examples = [p.chosen if isinstance(p, Preference) else p for p in pairs]
+    preferences = [p for p in pairs if isinstance(p, Preference)]
     digest = eval_set_digest(args.dataset_dir / EVAL_FILE, args.max_examples)
     digest += sample_suffix(args.sample_size, args.sample_seed, total)
     # Read before the minutes of scoring, so an unreachable registry fails the step before spending them.
     champion = find_champion(args.tracking_uri, args.model_name, args.champion_version)
-    scores = score_models(args, examples)
+    scores = score_models(args, examples, preferences)
     metrics = combine(scores["tuned"].metrics, scores["base"].metrics, args.task_metrics)
     verdict = gate(metrics, args.thresholds)
     check = champion_gate(metrics, champion, digest, args.champion_metric, args.champion_margin)
@@ -87,14 +91,17 @@ def run(args: Args) -> Outputs:
     )
 
 
-def _eval_examples(args: Args) -> tuple[list[Example], int]:
-    """The examples to score and how many usable ones eval.jsonl holds."""
+def _eval_records(args: Args) -> tuple[list[Example] | list[Preference], int]:
+    """The examples (method dpo: preference pairs) to score and how many usable ones eval.jsonl holds."""
     path = args.dataset_dir / EVAL_FILE
     if not path.is_file():
         raise StepInputError(f"{path} not found; did the stage step finish? (--dataset-dir={args.dataset_dir})")
+    dpo = args.method == "dpo"
     if args.sample_size:
+        if dpo:
+            return load_sample(path, args.sample_size, args.sample_seed, usable_preferences)
         return load_sample(path, args.sample_size, args.sample_seed)
-    examples = load_examples(path)
+    examples: list[Example] | list[Preference] = load_preferences(path) if dpo else load_examples(path)
     total = len(examples)
     if args.max_examples:
         examples = examples[: args.max_examples]
