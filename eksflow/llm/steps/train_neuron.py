@@ -33,6 +33,11 @@ def run(args: Args) -> Outputs:
     """Train with NeuronTrainer; the Trainer's own checkpoints (save_steps, save_total_limit) give resume."""
     if args.lora.quantize != "none":
         raise StepInputError(f"lora.quantize={args.lora.quantize}: bitsandbytes has no Trainium path; use none here")
+    if args.method != "sft":
+        raise StepInputError(
+            f"train.method={args.method}: the Trainium step trains with NeuronTrainer, supervised only; train "
+            "preference tuning on CPU or GPU nodes (eksflow.llm.steps.train)"
+        )
     try:
         from optimum.neuron import NeuronTrainer, NeuronTrainingArguments
     except ImportError as err:
