@@ -20,6 +20,12 @@ VARIANTS = {
     "cpu-rayjob-2-nodes": ["cluster.nodes=2"],  # several CPU nodes: a RayJob, one training worker per node
     "gpu-kueue": ["cluster.instance_type=g5.12xlarge"],
     "gpu-volcano": ["cluster.instance_type=g5.12xlarge", "cluster.scheduler=volcano"],
+    # QLoRA on every linear layer: the RayJob's train step gets the 4-bit base in its --lora
+    "gpu-qlora": [
+        "cluster.instance_type=g5.12xlarge",
+        "train.lora.quantize=4bit",
+        "train.lora.target_modules=all-linear",
+    ],
     "p4d-efa-spot": [
         "cluster.instance_type=p4d.24xlarge",
         "cluster.nodes=2",
@@ -123,6 +129,16 @@ def test_embedded_jobs_validate_against_their_crds(variant, crd_validator):
     assert bool(objects) == (name != "cpu" and "slurm" not in name)  # a Slurm job is slurmrestd's, not an object
     for _, obj in objects:
         assert errors(crd_validator(obj), obj) == []
+
+
+def test_the_gpu_profile_renders_qlora_into_the_train_steps_argv():
+    """train.lora.quantize=4bit reaches the RayJob's train step as its --lora, which the step's Args parse."""
+    from eksflow.llm.steps.train import LoraSettings
+
+    ((_, job),) = embedded(render(VARIANTS["gpu-qlora"]))
+    (lora,) = [a for a in shlex.split(job["spec"]["entrypoint"]) if a.startswith("--lora=")]
+    parsed = LoraSettings.model_validate_json(lora.removeprefix("--lora="))
+    assert (parsed.quantize, parsed.target_modules, job["kind"]) == ("4bit", "all-linear", "RayJob")
 
 
 def test_a_misspelled_rayjob_field_is_rejected(crd_validator):
