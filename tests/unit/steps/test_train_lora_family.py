@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow import plan
+from eksflow.config import load_config
 from eksflow.errors import ConfigError
 from eksflow.llm import engines
 from eksflow.llm.steps import load_candidate, register
@@ -16,7 +17,8 @@ from eksflow.llm.steps.common import tracking, vllm_lora
 from eksflow.llm.steps.common.base_model import DEMO_MODEL
 from eksflow.llm.steps.train import LoraSettings, TrainSettings, sizing
 from eksflow.runtime.preflight import Layout
-from pipelines import llama_lora
+from pipelines import llama_lora, lora_sweep
+from pipelines.lora_sweep import LoraSweepConfig
 from tests.commands import python
 from tests.flagship import config, pipeline
 from tests.unit.steps.test_load_candidate import load
@@ -145,6 +147,10 @@ def test_plan_lists_the_adapter_and_passes_qlora_on_all_linear():
         "LoRA rank 16 on all-linear (attention and MLP); base in 4-bit NF4 (QLoRA), served unquantized"
     )
     assert dict(plan.check(pipeline([])).rows)["train: adapter"] == "LoRA rank 16 on q_proj, k_proj, v_proj, o_proj"
+    sweep = lora_sweep.build(load_config(LoraSweepConfig, None, ["train.lora.use_dora=true"]))  # it rolls nothing out
+    assert dict(plan.check(sweep).rows)["train: adapter"] == (
+        "DoRA rank 16 on q_proj, k_proj, v_proj, o_proj; vLLM cannot serve it as a LoRA, only merged into its base"
+    )
     # a renderer takes it as a step argument (the train step's Args parse the same JSON)
     assert (
         llama_lora.LlamaLoraConfig.model_validate({"train": {"lora": {"quantize": "4bit"}}}).train.lora.quantize

@@ -64,7 +64,9 @@ def adapter_row(lora: LoraSettings) -> str:
     modules = "all-linear (attention and MLP)" if targets == ALL_LINEAR else ", ".join(targets)
     kind = "DoRA" if lora.use_dora else "LoRA"
     base = "; base in 4-bit NF4 (QLoRA), served unquantized" if lora.quantize == "4bit" else ""
-    return f"{kind} rank {lora.rank} on {modules}{base}"
+    # A pipeline that rolls out refuses DoRA (serving/objects.py); one that registers can log it merged (--merged-dir)
+    served = "; vLLM cannot serve it as a LoRA, only merged into its base" if lora.use_dora else ""
+    return f"{kind} rank {lora.rank} on {modules}{base}{served}"
 
 
 def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
