@@ -3,10 +3,9 @@
 A micro-batch of n preference pairs is 2n rows, the chosen sequences then the rejected ones (train/data.py). Each
 row's log-probability is the sum, over its answer's learned tokens, of log p(token | what precedes it), under the
 policy (the model with its adapter, with gradients) and under the reference: the same model with the adapter
-disabled (peft's `disable_adapter()`, under torch.no_grad), never a second copy of the weights. With the
-implicit reward r = beta * (logp_policy - logp_reference) of each answer and the margin
-m = (pc - rc) - (px - rx) (p: policy, r: reference; c: chosen, x: rejected), the losses are TRL's
-(trl/trainer/dpo_trainer.py, `dpo_loss`):
+disabled (peft's `disable_adapter()`, under torch.no_grad), never a second copy of the weights. Each answer's
+implicit reward is beta * (logp_policy - logp_reference); with the margin m = (pc - rc) - (px - rx) (p: policy,
+r: reference; c: chosen, x: rejected), the losses are TRL's (trl/trainer/dpo_trainer.py, `dpo_loss`):
 
     sigmoid   -log sigmoid(beta * m)                   Rafailov et al. 2023, eq. 7
     ipo       (m - 1 / (2 * beta))^2                   Azar et al. 2023, eq. 17; the log-probabilities are each
@@ -30,9 +29,6 @@ from torch.nn.functional import logsigmoid
 
 from eksflow.llm.steps.train import DpoSettings
 
-# The metrics a DPO step logs besides the loss, as TRL names them
-REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
-
 
 def sequence_logps(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
     """Per row, the sum of log p(target) over its learned positions; logits [positions, vocabulary] in fp32.
@@ -53,6 +49,9 @@ def preference_loss(
     policy: torch.Tensor, reference: torch.Tensor, settings: DpoSettings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The mean loss over n pairs and its reward metrics, from per-row log-probabilities [2n] (chosen, then rejected).
+
+    The metrics are TRL's rewards/chosen, rejected, margins and accuracies (named in the singular here), each a mean
+    over the pairs.
 
     For ipo the log-probabilities given must already be length-normalized (`PreferenceObjective` does it).
     """
