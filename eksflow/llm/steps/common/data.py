@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -284,27 +284,42 @@ def content_shown(message: dict[str, Any]) -> str:
     return json.dumps(message.get("tool_calls"), ensure_ascii=False)
 
 
-def usable_examples(path: Path) -> Iterator[tuple[int, Example]]:
-    """(line number, Example) of each usable line of a split file, in file order, streamed.
+def usable_records(path: Path, refusal: Callable[[int, str], str | None]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of each usable line of a split file, in file order, streamed.
 
     Lines that are not usable are skipped with one warning on stderr: validate_data fails on them unless its
-    `mostly` tolerance lets a few through, and then training must not trip over them. A preference record is no
-    SFT example: the file is refused (StepInputError) at the first one.
+    `mostly` tolerance lets a few through, and then training must not trip over them. A record whose type the
+    method cannot use refuses the whole file (StepInputError) at the first one, with `refusal(line, type)`'s line.
     """
     if not path.is_file():
         raise StepInputError(f"dataset file {str(path)!r} does not exist; did stage_data and validate_data run?")
     skipped, first = 0, ""
     for line in read_lines(path):
         record = line.record
-        if record is not None and record_type(record) == PREFERENCE:
-            raise StepInputError(sft_refusal(path, line.number))
+        kind = record_type(record) if record is not None else None
+        refused = refusal(line.number, kind) if kind is not None else None
+        if refused is not None:
+            raise StepInputError(refused)
         error = line.error if record is None else record_error(record)
         if error is None and record is not None:
-            yield line.number, example_of(record)
+            yield line.number, record
         else:
             skipped, first = skipped + 1, first or f"line {line.number}: {error}"
     if skipped:
         print(f"warning: skipped {skipped} unusable line(s) in {path} (first: {first})", file=sys.stderr)
+
+
+def usable_examples(path: Path) -> Iterator[tuple[int, Example]]:
+    """(line number, Example) of each usable line of a split file (usable_records).
+
+    A preference record is no SFT example: it refuses the file.
+    """
+
+    def refusal(line: int, kind: str) -> str | None:
+        return sft_refusal(path, line) if kind == PREFERENCE else None
+
+    for number, record in usable_records(path, refusal):
+        yield number, example_of(record)
 
 
 def load_examples(path: Path) -> list[Example]:

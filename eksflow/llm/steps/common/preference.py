@@ -12,7 +12,6 @@ turns are learned (scored): an assistant turn inside the prompt's history is con
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,7 @@ from eksflow.llm.steps.common.data import (
     PREFERENCE,
     Example,
     content_shown,
-    read_lines,
-    record_error,
-    record_type,
+    usable_records,
 )
 from eksflow.llm.steps.common.encoding import Span
 from eksflow.runtime.args import StepInputError
@@ -81,26 +78,16 @@ def dpo_refusal(path: Path, line: int, kind: str) -> str:
 
 
 def usable_preferences(path: Path) -> Iterator[tuple[int, Preference]]:
-    """(line number, Preference) of each usable line of a split file, in file order, streamed.
+    """(line number, Preference) of each usable line of a split file (data.usable_records).
 
-    As data.usable_examples: an unusable line is skipped with one warning on stderr (validate_data's `mostly`
-    decides whether any may pass), and a record of another type refuses the file (StepInputError) at the first one.
+    A record of another type refuses the file.
     """
-    if not path.is_file():
-        raise StepInputError(f"dataset file {str(path)!r} does not exist; did stage_data and validate_data run?")
-    skipped, first = 0, ""
-    for line in read_lines(path):
-        record = line.record
-        kind = record_type(record) if record is not None else None
-        if kind is not None and kind != PREFERENCE:
-            raise StepInputError(dpo_refusal(path, line.number, kind))
-        error = line.error if record is None else record_error(record)
-        if error is None and record is not None:
-            yield line.number, preference_of(record)
-        else:
-            skipped, first = skipped + 1, first or f"line {line.number}: {error}"
-    if skipped:
-        print(f"warning: skipped {skipped} unusable line(s) in {path} (first: {first})", file=sys.stderr)
+
+    def refusal(line: int, kind: str) -> str | None:
+        return dpo_refusal(path, line, kind) if kind != PREFERENCE else None
+
+    for number, record in usable_records(path, refusal):
+        yield number, preference_of(record)
 
 
 def load_preferences(path: Path) -> list[Preference]:
