@@ -13,7 +13,13 @@ gradient clipping, the LR schedule, progress reporting. The one checkpoint is ta
 not timed; the interval of a step is the time between the progress lines of consecutive steps.
 
 tokens_per_s counts real tokens, as the train step's own tokens_per_s does: each example's tokens up to the
-sequence length, padding left out (here none), read back from the token cache the loop trained from.
+sequence length, padding left out (here none), as the loop's own micro-batches count them from its token cache.
+
+BENCH_DATA picks other records, those bench/train_trl.py gives TRL (its docstring has the command): `chat`, its
+multi-turn conversations (every assistant turn learned); `dpo`, its preference pairs with `method: dpo` (a
+micro-batch of BENCH_MB pairs is 2 x BENCH_MB sequences, as in TRL's DPOTrainer); `sft-pairs`, the same pairs'
+chosen and rejected sequences as SFT conversations, 2 x BENCH_MB a micro-batch (the same rows a DPO step forwards:
+DPO's peak memory against SFT's at the same batch).
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from pathlib import Path
 from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eksflow.llm.steps.common import token_cache
 from eksflow.llm.steps.common.data import TRAIN_FILE
 from eksflow.llm.steps.train import TrainSettings
-from eksflow.llm.steps.train.data import batch_indices
+from eksflow.llm.steps.train.data import MicroBatches
 from eksflow.llm.steps.train.loop import LoopConfig, local_context, train_worker
 
 STEP_LINE = re.compile(r"^\[train\] (\d+)/\d+")
@@ -68,13 +75,14 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         train_file = Path(tmp) / TRAIN_FILE
-        filler = " ".join(["the quick brown fox jumps over the lazy dog"] * (seq // 4))
-        rows = [{"prompt": f"Describe item {i}.", "completion": f"Item {i}: {filler}"} for i in range(64)]
+        data = os.environ.get("BENCH_DATA", "")
+        rows = _rows(data, seq)
         train_file.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         total = warmup + steps
         settings = TrainSettings(
             max_steps=total,
-            micro_batch_size=mb,
+            micro_batch_size=2 * mb if data == "sft-pairs" else mb,
+            method="dpo" if data == "dpo" else "sft",
             learning_rate=2e-4,
             warmup_steps=0,
             max_seq_len=seq,
@@ -105,7 +113,7 @@ def main() -> int:
             train_worker(loop, local_context(settings))
         finally:
             sys.stderr = clock.inner
-        tokens = real_tokens(Path(tmp) / token_cache.SUBDIR, settings)
+        tokens = real_tokens(Path(tmp) / token_cache.SUBDIR, settings, loop.pad_token_id)
     # marks[0] is the `0/M` line written just before the first batch; marks[i] the end of step i.
     intervals = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
     timed = intervals[warmup:]
@@ -122,15 +130,29 @@ def main() -> int:
     return 0
 
 
-def real_tokens(cache_dir: Path, settings: TrainSettings) -> list[int]:
-    """The real tokens of each step of one worker: its examples' lengths, cut to max_seq_len (one micro-batch)."""
+def real_tokens(cache_dir: Path, settings: TrainSettings, pad_id: int) -> list[int]:
+    """The real tokens of each step of one worker, as the loop's micro-batches count them (one micro-batch a step)."""
+    import torch
+
     (folder,) = [p for p in cache_dir.glob("tok-*") if p.is_dir()]  # the loop's one cache (beside its lock file)
-    lengths = token_cache.TokenCache.open(folder).lengths()
-    rows = len(lengths)
-    return [
-        sum(min(int(lengths[i]), settings.max_seq_len) for i in batch_indices(step, 0, 0, settings, 1, rows))
-        for step in range(settings.max_steps)
-    ]
+    batches = MicroBatches(token_cache.TokenCache.open(folder), settings, pad_id)
+    return [batches.get(step, 0, 0, 1, torch.device("cpu")).tokens for step in range(settings.max_steps)]
+
+
+def _rows(data: str, seq: int) -> list[dict[str, object]]:
+    """The train split's records for BENCH_DATA (see the module's docstring)."""
+    if not data:
+        filler = " ".join(["the quick brown fox jumps over the lazy dog"] * (seq // 4))
+        return [{"prompt": f"Describe item {i}.", "completion": f"Item {i}: {filler}"} for i in range(64)]
+    import train_trl  # beside this file: the records TRL trains on
+
+    if data == "chat":
+        return train_trl.conversations()
+    if data == "dpo":
+        return train_trl.pairs()
+    if data == "sft-pairs":
+        return [{"messages": p["prompt"] + p[side]} for p in train_trl.pairs() for side in ("chosen", "rejected")]
+    raise SystemExit(f"BENCH_DATA must be chat, dpo or sft-pairs, not {data!r}")
 
 
 def _demo_model() -> str:
