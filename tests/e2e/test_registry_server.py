@@ -198,6 +198,10 @@ def test_ten_registrations_of_one_checkpoint_make_one_version_with_full_lineage(
         "gate.decision": "passed",
         "gate.reason": "all thresholds met: exact_match >= 0.6; no champion yet: thresholds only",
         "gate.thresholds": '["exact_match >= 0.6"]',
+        # what the adapter is, from its adapter_config.json (empty target_modules: the fake's config names none)
+        "lora.rank": "4",
+        "lora.use_dora": "false",
+        "lora.quantize": "none",
     }
 
 

@@ -222,7 +222,7 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
 
 def adapter_tags(adapter_dir: Path, quantize: Quantize) -> dict[str, str]:
     """The adapter's kind as tags, read from its adapter_config.json: what a fleet checks before it loads it."""
-    spec = vllm_lora.read_adapter(adapter_dir, "--adapter-dir")
+    spec = vllm_lora.read_adapter(adapter_dir, "--adapter-dir", weights=False)
     return {
         RANK_TAG: str(spec.rank),
         TARGET_MODULES_TAG: ",".join(spec.target_modules),

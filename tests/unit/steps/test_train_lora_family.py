@@ -219,3 +219,14 @@ def test_the_train_step_carries_the_lora_family_in_its_argv():
     args = Args.from_argv(["--dataset-dir=/d", "--base-model=m", "--output-dir=/o", f"--lora={argv_lora}"])
     assert (args.lora.target_modules, args.lora.use_dora, args.lora.quantize) == ("all-linear", True, "4bit")
     assert Path(args.output_dir) == Path("/o")
+
+
+@pytest.mark.parametrize("header", [b"\xff" * 8, (2**62).to_bytes(8, "little"), (1024).to_bytes(8, "little")])
+def test_a_weight_file_whose_header_names_a_length_beyond_it_is_one_line(tmp_path, header):
+    """Random bytes as adapter_model.safetensors made the shape reader allocate what its first 8 bytes named
+    (MemoryError, OverflowError); register's tags read the config alone, so such a folder registers."""
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(header + b"{}")
+    with pytest.raises(vllm_lora.StepInputError, match=r"is not a readable safetensors file \(its header length"):
+        vllm_lora.read_adapter(tmp_path, "--adapter-dir")
+    assert vllm_lora.read_adapter(tmp_path, "--adapter-dir", weights=False).rank == 4

@@ -9,6 +9,7 @@ It reads adapter_config.json and safetensors headers only, no weights.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from eksflow.llm.steps.common.vllm import VLLM_RANKS
 from eksflow.runtime.args import StepInputError
 
 ADAPTER_CONFIG = "adapter_config.json"
+SAFETENSORS_HEADER_LIMIT = 100_000_000  # bytes: safetensors refuses a larger header (its MAX_HEADER_SIZE)
 # Modules of Llama-style models that vLLM can apply a LoRA to (it fuses q/k/v and gate/up, adapters included).
 LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 _PEFT_PREFIX = "base_model.model."
@@ -38,8 +40,12 @@ class AdapterSpec:
     shapes: Mapping[str, tuple[int, int]]  # module -> (in_features, out_features), from the weight files
 
 
-def read_adapter(path: Path, field: str) -> AdapterSpec:
-    """Read adapter_config.json and the tensor shapes; StepInputError naming `field` if it is no adapter."""
+def read_adapter(path: Path, field: str, *, weights: bool = True) -> AdapterSpec:
+    """Read adapter_config.json and the tensor shapes; StepInputError naming `field` if it is no adapter.
+
+    `weights=False` reads the config alone (no shapes): what the adapter is, for register's tags, where the weight
+    files are checked later, by check_adapter before an engine loads them.
+    """
     config_path = path / ADAPTER_CONFIG
     if not config_path.is_file():
         raise StepInputError(f"{field}: no LoRA adapter at {path} (no {ADAPTER_CONFIG}); pass a PEFT adapter folder")
@@ -60,7 +66,7 @@ def read_adapter(path: Path, field: str) -> AdapterSpec:
         base_model=str(config.get("base_model_name_or_path") or ""),
         use_dora=bool(config.get("use_dora")),
         modules_to_save=tuple(config.get("modules_to_save") or ()),
-        shapes=_adapter_shapes(path, field),
+        shapes=_adapter_shapes(path, field) if weights else {},
     )
 
 
@@ -154,6 +160,9 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            # a damaged or foreign file's first 8 bytes can name any length: read none the file does not hold
+            if length > min(os.fstat(f.fileno()).st_size - 8, SAFETENSORS_HEADER_LIMIT):
+                raise ValueError(f"its header length {length} is beyond the file")
             header = json.loads(f.read(length))
     except (OSError, struct.error, ValueError) as err:
         raise StepInputError(f"{path} is not a readable safetensors file ({err})") from err
