@@ -45,6 +45,8 @@ from typing import Any
 CONVERSATIONS = 64
 PAIRS = 64
 SUBJECTS = ("a lighthouse", "the tides", "a compiler", "sourdough", "a glacier", "the violin", "a bridge", "tea")
+# The peer harness's own word list (bench/train_peers.py, vendored as its authors wrote it, keeps it inside a
+# function): the conversations read like the rows it makes.
 WORDS = [
     "the",
     "of",
