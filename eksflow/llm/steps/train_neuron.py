@@ -23,9 +23,9 @@ from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import TRAIN_FILE, load_examples
 from eksflow.llm.steps.common.encoding import BATCH, encode_batch
+from eksflow.llm.steps.common.modeling import truncated
 from eksflow.llm.steps.common.neuron import training_arguments
 from eksflow.llm.steps.train import Args, Outputs, TrainSettings
-from eksflow.llm.steps.train.data import truncated
 from eksflow.runtime.args import StepInputError, run_step
 
 

@@ -13,9 +13,8 @@ from eksflow.llm.steps.common import encoding
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.llm.steps.common.data import Example
 from eksflow.llm.steps.common.encoding import ConversationError, encode_batch, prompt_texts
-from eksflow.llm.steps.common.modeling import IGNORE_INDEX, encode_example, load_tokenizer, prompt_text
+from eksflow.llm.steps.common.modeling import IGNORE_INDEX, encode_example, load_tokenizer, prompt_text, truncated
 from eksflow.llm.steps.common.token_cache import ensure
-from eksflow.llm.steps.train.data import truncated
 from eksflow.runtime.args import StepInputError
 
 # ChatML with tool calls rendered as Qwen2.5's template renders them (the demo model's own template renders none)

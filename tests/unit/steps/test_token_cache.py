@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps.common import token_cache
-from eksflow.llm.steps.common.modeling import encode_example
+from eksflow.llm.steps.common.modeling import encode_example, truncated
 from eksflow.llm.steps.common.token_cache import MARKER, CorruptCacheError, TokenCache, ensure
-from eksflow.llm.steps.train.data import truncated
 
 
 def write_split(path: Path, n: int, bad_lines: dict[int, str] | None = None) -> Path:

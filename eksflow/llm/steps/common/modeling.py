@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import PreTrainedTokenizerBase
 
@@ -46,6 +47,21 @@ def encode_example(
     ids = (prompt_ids + answer_ids)[:max_len]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_len]
     return ids, labels
+
+
+def truncated(
+    ids: np.ndarray | Sequence[int], spans: Sequence[tuple[int, int]], max_len: int
+) -> tuple[list[int], list[int]]:
+    """(input ids, labels) cut to `max_len`: labels are the ids inside the learned spans, IGNORE_INDEX elsewhere.
+
+    For a pair (one span from the prompt's end to the last id) this is exactly what `encode_example` makes. Training
+    learns every span of a row; evaluate scores the spans of the answer it judges.
+    """
+    kept = [int(t) for t in ids[:max_len]] if isinstance(ids, Sequence) else ids[:max_len].tolist()
+    labels = [IGNORE_INDEX] * len(kept)
+    for start, end in spans:
+        labels[start:end] = kept[start:end]
+    return kept, labels
 
 
 def collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -33,19 +33,19 @@ def answer_logps(model: Any, tokenizer: Any, pairs: Sequence[Preference], batch_
     import torch
 
     from eksflow.llm.steps.common.encoding import encode_batch
-    from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate
+    from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate, truncated
 
     sums: dict[int, list[float]] = {0: [], 1: []}
     for which in (0, 1):
         for start in range(0, len(pairs), batch_size):
             part = pairs[start : start + batch_size]
             ids, spans = encode_batch(tokenizer, [p.answers()[which] for p in part])
-            rows = []
-            for row, learned, pair in zip(ids, spans, part, strict=True):
-                row_labels = [IGNORE_INDEX] * len(row)
-                for begin, end in answer_spans(learned, pair.chosen_turns if which == 0 else pair.rejected_turns):
-                    row_labels[begin:end] = row[begin:end]
-                rows.append((row, row_labels))
+            rows = [
+                truncated(
+                    row, answer_spans(learned, pair.chosen_turns if which == 0 else pair.rejected_turns), len(row)
+                )
+                for row, learned, pair in zip(ids, spans, part, strict=True)
+            ]
             batch = {k: v.to(model.device) for k, v in collate(rows, 0).items()}
             with torch.inference_mode():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

@@ -180,8 +180,6 @@ def answer_labels(ids: Sequence[int], answer: tuple[int, int], max_len: int) -> 
 
     For a pair (answer = (prompt_len, len(ids))) this is `modeling.encode_example(..., max_len)`.
     """
-    from eksflow.llm.steps.common.modeling import IGNORE_INDEX
+    from eksflow.llm.steps.common.modeling import truncated
 
-    start, end = answer
-    labels = [token if start <= i < end else IGNORE_INDEX for i, token in enumerate(ids)]
-    return list(ids[:max_len]), labels[:max_len]
+    return truncated(ids, [answer], max_len)

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from eksflow.llm.steps.common import token_cache
 from eksflow.llm.steps.common.data import TRAIN_FILE
-from eksflow.llm.steps.common.encoding import Span
-from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate, next_token_targets
+from eksflow.llm.steps.common.modeling import IGNORE_INDEX, collate, next_token_targets, truncated
 from eksflow.llm.steps.train import Args, TrainSettings
 from eksflow.runtime.args import StepInputError
 
@@ -66,18 +64,6 @@ def batch_indices(step: int, micro: int, rank: int, settings: TrainSettings, wor
     for position in range(first, first + settings.micro_batch_size):
         indices.append(int(epoch_order(settings.seed, position // n, n)[position % n]))
     return indices
-
-
-def truncated(ids: np.ndarray | Sequence[int], spans: Sequence[Span], max_len: int) -> tuple[list[int], list[int]]:
-    """(input ids, labels) cut to `max_len`: labels are the ids inside the learned spans, IGNORE_INDEX elsewhere.
-
-    For a pair (one span from the prompt's end to the last id) this is exactly what `modeling.encode_example` makes.
-    """
-    kept = [int(t) for t in ids[:max_len]] if isinstance(ids, Sequence) else ids[:max_len].tolist()
-    labels = [IGNORE_INDEX] * len(kept)
-    for start, end in spans:
-        labels[start:end] = kept[start:end]
-    return kept, labels
 
 
 def pack(examples: list[tuple[list[int], list[int]]], capacity: int, pad_id: int) -> dict[str, torch.Tensor]:
