@@ -147,7 +147,7 @@ def test_fsdp_across_two_nodes_survives_a_lost_worker_node_by_resuming_on_its_re
     node, status, log = run_on_nodes(tmp_path / "state", argv, retries=1, during=lose_a_worker_node)
     assert "recovered" in lost, f"the drill did not see the loss and the recovery: {lost}"
     assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
-    assert node.retries == 0, "Ray Train restarts the worker group within the attempt"
+    assert node.retries == 0, f"Ray Train restarts the worker group within the attempt: {node.message}\n{log[-4000:]}"
     assert "[FailurePolicy] RETRY" in log and "Source: worker group" in log, log[-3000:]  # Ray Train's own decision
     assert "worker pods replaced" in node.message and lost["node"] in node.message, node.message
 
