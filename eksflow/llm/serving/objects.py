@@ -433,12 +433,3 @@ def proxy_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
         service(cfg, name, "litellm", cfg.serving.proxy_port, {"app.kubernetes.io/instance": name}),
         disruption_budget(cfg, name, "litellm", cfg.serving.proxy_replicas),
     ]
-
-
-def fleet_objects(cfg: ServingConfig, fleet: str, model_dir: str) -> list[dict[str, Any]]:
-    """One base model's vLLM objects, in apply order."""
-    return [
-        vllm_deployment(cfg, fleet, model_dir),
-        vllm_service(cfg, fleet),
-        disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas),
-    ]

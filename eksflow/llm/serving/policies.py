@@ -1,8 +1,8 @@
 """The serving fleet's NetworkPolicies: vLLM admits only its proxy and the rollout's steps, the proxy only its clients.
 
 Ingress only (egress stays open: the proxy reaches the fleets, vLLM nothing it lacks). They come first in
-serving.yaml and in the rollout, in place before the pods they guard. The local fleet records them, unenforced
-(eksflow/llm/serving/local_fleet.py).
+serving.yaml, in place before the pods they guard; the rollout applies them beside the Deployments (apply_order.py).
+The local fleet records them, unenforced (eksflow/llm/serving/local_fleet.py).
 """
 
 from __future__ import annotations

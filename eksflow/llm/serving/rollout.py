@@ -11,10 +11,11 @@ candidate that fails it never answers a user.
     onExit: finish-rollout      (rolls back whatever did not reach promote: failed analysis, killed server, stop)
 
 Inside `with Pipeline(...) as p:` a pipeline calls `rollout(cfg, model_version=...)` where the stage belongs, and
-`finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py) are applied by Argo resource
-templates (action apply, no owner reference: the fleet outlives the workflow; the engine's task succeeds once a
-pod is available, i.e. its readiness probe generated; the proxy's once applied, as its pods are ready only when the
-routes file routes the public name, which serve-champion then waits for). Rollout steps reach the fleet by its
+`finish_rollout(cfg)` inside `with p.on_exit():`. The serving objects (objects.py, policies.py) are applied by
+Argo resource templates, one task each, in the order apply_order.py lists them (action apply, no owner reference:
+the fleet outlives the workflow; the engine's task succeeds once a pod is available, i.e. its readiness probe
+generated; the proxy's once applied, as its pods are ready only when the routes file routes the public name, which
+serve-champion then waits for). Rollout steps reach the fleet by its
 Service addresses; the keys come from the serving Secret mounted as files, and the steps that mount it carry
 objects.ROLLOUT_LABEL, the label the fleet's NetworkPolicies admit. Canary weights come from `canary.weights`, one
 shift/analyze pair each, after the pre-traffic analysis.
@@ -29,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
-from eksflow.llm.serving import objects, policies
+from eksflow.llm.serving import apply_order, objects
 from eksflow.llm.serving.objects import ServingConfig
 from eksflow.llm.steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
 from eksflow.llm.steps import finish_rollout as finish_step
@@ -135,28 +136,13 @@ def rollout(
         when=start_when,
     )
     fleet, model_dir = str(prepared.fleet), str(prepared.model_dir)  # wired by resource() as the tasks' inputs
-    ready = [
-        _apply("vllm", objects.vllm_deployment(cfg, fleet, model_dir), prepared),
-        _apply("vllm-service", objects.vllm_service(cfg, fleet), prepared, ready=False),
-        _apply("vllm-pdb", objects.disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas), prepared, ready=False),
-    ]
-    previous = prepared
-    config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
-    for name, manifest, wait in [
-        ("proxy-config", config_map, False),  # the config before the proxy that mounts it
-        # Not awaited: a proxy pod is ready only once the routes file routes the public name, which serve-champion
-        # (or, without a champion, the first shift) does and then waits for through the proxy's Service.
-        ("proxy", proxy, False),
-        ("proxy-service", proxy_service, False),
-        ("proxy-pdb", proxy_pdb, False),
-    ]:
-        previous = _apply(name, manifest, previous, ready=wait)
-        ready.append(previous)
-    # NetworkPolicies (no parameters: they select by the pipeline's labels), with the Deployments they guard.
-    for name, manifest in zip(("vllm-policy", "proxy-policy"), policies.network_policies(cfg), strict=True):
-        ready.append(_apply(name, manifest, prepared, ready=False))
+    applied: dict[str, TaskRef] = {}
+    for obj in apply_order.fleet_objects(cfg, fleet, model_dir):
+        applied[obj.task] = _apply(
+            obj.task, obj.manifest, applied[obj.after] if obj.after else prepared, ready=obj.awaited
+        )
     engine = Engine(prepared.vllm_url, prepared.fleet, prepared.model_dir, cfg.serving.engine.max_lora_rank)
-    champion = _keyed(cfg, serve_champion, engine, after=ready)
+    champion = _keyed(cfg, serve_champion, engine, after=list(applied.values()))
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     judged = {} if evaluated_champion is None else {"evaluated_champion": evaluated_champion}
     candidate = _keyed(
@@ -206,10 +192,17 @@ def finish_rollout(cfg: ServingConfig) -> TaskRef:
 
 
 def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:
-    """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml)."""
+    """The serving objects for the configured base model, for `make templates` (workflow-templates/serving.yaml).
+
+    The NetworkPolicies first (a stable sort keeps the rest in apply order): `kubectl apply -f` applies in file
+    order, so they are in place before the pods they guard.
+    """
     fleet = fleet_name(cfg.name, cfg.base_model)
     model_dir = str(model_folder(cfg.base_model, Path(cfg.storage.model_cache)))
-    return [*policies.network_policies(cfg), *objects.fleet_objects(cfg, fleet, model_dir), *objects.proxy_objects(cfg)]
+    ordered = sorted(
+        apply_order.fleet_objects(cfg, fleet, model_dir), key=lambda o: o.manifest["kind"] != "NetworkPolicy"
+    )
+    return [obj.manifest for obj in ordered]
 
 
 def rollout_pipeline(cfg: ServingConfig) -> Pipeline:
