@@ -76,6 +76,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             validate_data,
             cfg.validation,
             model,
+            cfg.train.template_settings,  # train.chat_template: token lengths as training renders the records
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,  # every example must fit the training sequence
@@ -101,6 +102,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             cfg.evaluate,
             tracking,
             model,
+            cfg.train.template_settings,  # asked as it was trained
             dataset_dir=staged.dataset_dir,
             adapter_dir=trained.adapter_dir,
             mlflow_run_id=trained.mlflow_run_id,
@@ -134,6 +136,7 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             start_after=staged,  # the engine loads while the model trains
             start_when=new_data,
             max_new_tokens=cfg.evaluate.max_new_tokens,
+            chat_template=cfg.train.template_settings,  # the engine asks the model as training rendered its data
         )
         with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page
             run_report(p, cfg, after=ended(finish_rollout(cfg)))

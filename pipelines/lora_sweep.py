@@ -112,6 +112,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
             validate_data,
             cfg.validation,
             model,
+            cfg.train.template_settings,  # train.chat_template: token lengths as training renders the records
             dataset_dir=staged.dataset_dir,
             report_dir=p.run_dir / "reports",
             max_tokens=cfg.train.max_seq_len,
@@ -137,6 +138,7 @@ def build(cfg: LoraSweepConfig) -> Pipeline:
                 cfg.evaluate,
                 tracking,
                 model,
+                cfg.train.template_settings,  # asked as it was trained
                 dataset_dir=staged.dataset_dir,
                 adapter_dir=trained.adapter_dir,
                 mlflow_run_id=trained.mlflow_run_id,

@@ -35,6 +35,7 @@ from eksflow.llm.serving.objects import ServingConfig
 from eksflow.llm.steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
 from eksflow.llm.steps import finish_rollout as finish_step
 from eksflow.llm.steps.common.base_model import model_folder
+from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.prepare_fleet import fleet_name
 from eksflow.refs import When
 
@@ -115,6 +116,7 @@ def rollout(
     start_when: When | None = None,
     candidate_after: TaskRef | Sequence[TaskRef] = (),
     max_new_tokens: int = 0,
+    chat_template: TemplateSettings | None = None,
 ) -> TaskRef:
     """Add the rollout's tasks to the pipeline being built; returns `promote`.
 
@@ -122,9 +124,11 @@ def rollout(
     and once the champion is served; `model_version` and `evaluated_champion` are values or task outputs.
     `evaluated_champion` is evaluate's champion_version: the rollout stops if `champion` is no longer that version
     ("" included: a champion appeared since). Left out (None) only where no evaluation judged the candidate.
+    `chat_template` is train's (train.chat_template): the fleet's engine applies it, on a fleet of its own when set.
     """
     prepared = task(
         prepare_fleet,
+        chat_template or TemplateSettings(),
         base_model=base_model,
         model_cache_dir=cfg.storage.model_cache,
         pipeline=cfg.name,

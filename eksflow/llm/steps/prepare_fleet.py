@@ -6,8 +6,10 @@ r"""Name the serving fleet of a base model and make the model folder vLLM loads 
 The fleet is one vLLM Deployment and Service per base model, named `<pipeline>-vllm-<8 hex of the base model
 reference>`: a candidate on the champion's base model joins the champion's engine as a second adapter; a
 candidate on a new base model gets a new fleet (a new Deployment), and the champion's keeps serving until
-promotion. The base model is resolved here (the demo GGUF converted once, an s3:// prefix copied once into the
-model cache on FSx), so the engine starts on a plain safetensors folder.
+promotion. A base model given a chat template (train.chat_template) is a fleet of its own, started on the model
+folder that holds the template (eksflow.llm.steps.common.chat_template). The base model is resolved here (the demo
+GGUF converted once, an s3:// prefix copied once into the model cache on FSx), so the engine starts on a plain
+safetensors folder.
 
 Outputs (one file each under --outputs-dir):
     model_dir   the base model folder the engine loads (--model)
@@ -25,11 +27,12 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
+from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.runtime.args import K8S_NAME, Location, StepArgs, run_step
 
 
-class Args(StepArgs):
-    """Which base model, and the names the fleet's objects get."""
+class Args(TemplateSettings, StepArgs):
+    """Which base model and chat template (train's), and the names the fleet's objects get."""
 
     base_model: Location = Field(
         min_length=1, description="demo name, model folder or s3:// prefix (eksflow.llm.steps.common.base_model)"
@@ -51,9 +54,14 @@ class Outputs(BaseModel):
     vllm_url: str
 
 
-def fleet_name(pipeline: str, base_model: str) -> str:
-    """`<pipeline>-vllm-<8 hex>`: stable for a base model, different for another (a new Deployment)."""
-    return f"{pipeline}-vllm-{hashlib.sha256(base_model.encode()).hexdigest()[:8]}"
+def fleet_name(pipeline: str, base_model: str, chat_template_sha256: str = "") -> str:
+    """`<pipeline>-vllm-<8 hex>`: stable for a base model, different for another (a new Deployment).
+
+    An engine applies one chat template to every request: a base model asked through train.chat_template's file
+    is served by a fleet of its own, named by both.
+    """
+    served = f"{base_model}\0{chat_template_sha256}" if chat_template_sha256 else base_model
+    return f"{pipeline}-vllm-{hashlib.sha256(served.encode()).hexdigest()[:8]}"
 
 
 def service_url(name: str, namespace: str, port: int) -> str:
@@ -69,8 +77,8 @@ def fleet_addresses(pipeline: str, namespace: str, port: int) -> str:
 
 def run(args: Args) -> Outputs:
     """Resolve the base model folder and name the fleet."""
-    model_dir = resolve_model(args.base_model, args.model_cache_dir)
-    fleet = fleet_name(args.pipeline, args.base_model)
+    model_dir = args.templated(resolve_model(args.base_model, args.model_cache_dir), args.model_cache_dir)
+    fleet = fleet_name(args.pipeline, args.base_model, args.template_digest())
     args.serving_dir.mkdir(parents=True, exist_ok=True)
     print(f"fleet {fleet} serves {args.base_model} from {model_dir}", file=sys.stderr)
     return Outputs(model_dir=str(model_dir), fleet=fleet, vllm_url=service_url(fleet, args.namespace, args.port))

@@ -34,7 +34,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from eksflow.llm.steps.common import adapters, rollout, tracking, vllm, vllm_auth, vllm_client, vllm_lora, vllm_process
+from eksflow.llm.steps.common import (
+    adapters,
+    chat_template,
+    rollout,
+    tracking,
+    vllm,
+    vllm_auth,
+    vllm_client,
+    vllm_lora,
+    vllm_process,
+)
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 
@@ -97,7 +107,12 @@ def run(args: Args) -> Outputs:
         raise StepInputError(
             f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
         )
-    base_dir = resolve_model(base_model, args.model_cache_dir)
+    run_id = str(adapters.registered_version(args.tracking_uri, args.model_name, version).run_id)
+    template = chat_template.recorded(
+        args.tracking_uri, run_id, args.serve_dir / args.model_name / f"v{version}-template"
+    )
+    # the model folder training and evaluate loaded: its chat template is the one the engine applies
+    base_dir = template.templated(resolve_model(base_model, args.model_cache_dir), args.model_cache_dir)
     vllm_lora.check_adapter(
         vllm_lora.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}"
     )

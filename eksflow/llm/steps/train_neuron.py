@@ -51,7 +51,7 @@ def run(args: Args) -> Outputs:
 
     from eksflow.llm.steps.common.modeling import load_tokenizer
 
-    model_dir = resolve_model(args.base_model, args.model_cache_dir)
+    model_dir = args.templated(resolve_model(args.base_model, args.model_cache_dir), args.model_cache_dir)
     tokenizer = load_tokenizer(model_dir)
     examples = load_examples(args.dataset_dir / TRAIN_FILE)
     dataset = []

@@ -20,7 +20,7 @@ def _publish_when_told(go, target: Path, fills: Path) -> None:
         (tmp / base_model.MODEL_MARKER).write_text("{}")
 
     go.wait()
-    base_model._publish(target, fill)
+    base_model.publish(target, fill)
 
 
 def test_tasks_starting_together_on_a_new_cache_convert_the_model_once(tmp_path):

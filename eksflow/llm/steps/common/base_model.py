@@ -52,7 +52,7 @@ def resolve_model(reference: str, cache_dir: Path | None = None) -> Path:
     if is_s3(reference):
         target = model_folder(reference, cache_dir)
         if not (target / MODEL_MARKER).exists():
-            _publish(target, lambda tmp: _download_model(reference, tmp))
+            publish(target, lambda tmp: _download_model(reference, tmp))
         return target
     folder = local_path(reference)
     if not (folder / MODEL_MARKER).is_file():
@@ -80,7 +80,7 @@ def _convert_demo_gguf(target: Path) -> Path:
             "to a model folder or an s3:// prefix"
         )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
-    _publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
+    publish(target, lambda tmp: _gguf_to_safetensors(package_dir, DEMO_GGUF, tmp))
     return target
 
 
@@ -102,7 +102,7 @@ def _gguf_to_safetensors(folder: Path, gguf_file: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _publish(target: Path, fill: Callable[[Path], object]) -> None:
+def publish(target: Path, fill: Callable[[Path], object]) -> None:
     """Fill a temporary sibling folder, then rename it to `target`: a crash never leaves a half-written model.
 
     Under an exclusive lock beside `target`: tasks that start together (validate-data and prepare-fleet on a new

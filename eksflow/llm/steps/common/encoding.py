@@ -54,8 +54,8 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
     """Raise StepInputError when the tokenizer has no chat template to ask, train and serve the model through."""
     if not getattr(tokenizer, "chat_template", None):
         raise StepInputError(
-            "the base model's tokenizer has no chat template: eksflow trains, evaluates and serves a model through "
-            "its chat template; choose a base model that has one (an instruct or chat model)"
+            "the base model has no chat template, which eksflow trains, evaluates and serves it through: give one "
+            "as a Jinja file in train.chat_template, or choose a base model that has one (an instruct or chat model)"
         )
 
 

@@ -55,6 +55,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import default_cache_dir
+from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.common.data import Method
 from eksflow.llm.steps.common.gate import Threshold
 from eksflow.llm.steps.evaluate.gate import LOSS_METRICS, never_holds, threshold_metric
@@ -161,8 +162,8 @@ class EvaluateSettings(Settings):
         return metric
 
 
-class Args(EvaluateSettings, StepArgs):
-    """Evaluate step arguments."""
+class Args(EvaluateSettings, TemplateSettings, StepArgs):
+    """Evaluate step arguments (train's chat template among them: the tuned model is asked as it was trained)."""
 
     dataset_dir: Path = Field(description="staged dataset folder holding eval.jsonl")
     adapter_dir: Path = Field(description="LoRA adapter folder written by the train step")

@@ -45,7 +45,7 @@ def score_models(args: Args, examples: Sequence[Example], preferences: Sequence[
     metric_functions(args)  # a metric that cannot be imported fails now, before minutes of scoring
     torch.manual_seed(0)
     torch.set_num_threads(compute_threads())
-    model_dir = resolve_model(args.base_model, args.model_cache_dir)
+    model_dir = args.templated(resolve_model(args.base_model, args.model_cache_dir), args.model_cache_dir)
     tokenizer = modeling.load_tokenizer(model_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

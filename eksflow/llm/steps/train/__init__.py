@@ -50,6 +50,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from eksflow.llm.steps.common import strategies
 from eksflow.llm.steps.common.base_model import default_cache_dir
+from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.common.data import Method
 from eksflow.runtime.args import Location, Settings, StepArgs
 from eksflow.runtime.preflight import Layout, Preflight
@@ -129,8 +130,8 @@ class DpoSettings(Settings):
     )
 
 
-class TrainSettings(Settings):
-    """Training hyper-parameters and layout (config section `train`)."""
+class TrainSettings(TemplateSettings):
+    """Training hyper-parameters and layout (config section `train`); the chat template from TemplateSettings."""
 
     max_steps: int = Field(24, ge=1, description="optimizer steps")
     micro_batch_size: int = Field(8, ge=1, description="examples per worker per forward pass")

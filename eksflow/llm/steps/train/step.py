@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from eksflow.llm.steps.common import checkpoints, lease, tracking
+from eksflow.llm.steps.common import chat_template, checkpoints, lease, tracking
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import TRAIN_FILE
 from eksflow.llm.steps.train import EXIT_PREEMPTED, MAX_FAILURES, Args, Launcher, Outputs, TrainSettings, mpi
@@ -55,7 +55,7 @@ def run(args: Args) -> Outputs:
         )
     if args.use_gpu and not _cuda_available():
         raise StepInputError("--use-gpu=true, but this machine has no CUDA GPU; train on CPU with --use-gpu=false")
-    model_dir = resolve_model(args.base_model, args.model_cache_dir)
+    model_dir = args.templated(resolve_model(args.base_model, args.model_cache_dir), args.model_cache_dir)
     cache_folder, pad_token_id = prepare_cache(args, model_dir)  # before Ray starts; bad data exits 2 here
     args.output_dir.mkdir(parents=True, exist_ok=True)
     root = (args.output_dir / "checkpoints").resolve()
@@ -149,6 +149,7 @@ def _mlflow_run(args: Args) -> str:
             {"eksflow.step": "train", tracking.WORKFLOW_TAG: args.run_name},
         )
     tracking.log_params(args.tracking_uri, run_id, _flat_params(args))
+    chat_template.record(args.tracking_uri, run_id, args)  # what `make serve` asks the registered version with
     stored.write_text(run_id, encoding="utf-8")
     return run_id
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field, field_validator
 
 from eksflow.llm.steps.common.base_model import default_cache_dir
+from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.common.data import FIELDS, Method
 from eksflow.runtime.args import Location, Settings, StepArgs
 
@@ -98,8 +99,8 @@ class ValidateSettings(Settings):
         return self.mostly_by_check.get(check, self.mostly)
 
 
-class Args(ValidateSettings, StepArgs):
-    """Settings plus the folders and model the workflow wires in."""
+class Args(ValidateSettings, TemplateSettings, StepArgs):
+    """Settings plus the folders and model (train's base model and chat template) the workflow wires in."""
 
     dataset_dir: Path = Field(description="staged dataset folder (stage_data's dataset_dir)")
     report_dir: Path = Field(description=f"folder to write {REPORT_FILE} and {DOCS_DIR}/ in")

@@ -11,6 +11,7 @@ from eksflow.runtime.outputs import atomic_write_text
 
 if TYPE_CHECKING:
     pass
+from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import SPLITS
 from eksflow.llm.steps.common.token_cache import default_cache_dir as default_token_cache
 from eksflow.llm.steps.validate_data import DOCS_DIR, REPORT_FILE, Args, Outputs, ValidateSettings
@@ -50,8 +51,7 @@ def run(args: Args) -> Outputs:
         settings,
         docs_dir=(args.report_dir / DOCS_DIR).absolute(),
         token_lengths=cached_token_lengths(
-            args.base_model,
-            args.model_cache_dir,
+            args.templated(resolve_model(args.base_model, args.model_cache_dir), args.model_cache_dir),
             args.token_cache_dir or default_token_cache(args.model_cache_dir),
             args.method,
         )

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import FIELDS, SPLITS, Method
 from eksflow.llm.steps.validate_data import ValidateSettings
 from eksflow.llm.steps.validate_data.merge import merge
@@ -329,10 +328,8 @@ def _write_docs(
     context.build_data_docs(site_names=["run"], resource_identifiers=cast(Any, [result_id, suite_id]))
 
 
-def cached_token_lengths(
-    base_model: str, model_cache_dir: Path | None, token_cache_dir: Path, method: Method = "sft"
-) -> TokenLengths:
-    """Token counts of a split's usable rows from its token cache (common/token_cache.py), built if missing.
+def cached_token_lengths(model_dir: Path, token_cache_dir: Path, method: Method = "sft") -> TokenLengths:
+    """Token counts of a split's usable rows, by `model_dir`'s tokenizer, from its token cache (built if missing).
 
     Counted as training encodes an example (before truncation; a preference pair's longer answer), and the cache
     built here is the one the train step then finds: the data is tokenized once for both steps.
@@ -340,7 +337,7 @@ def cached_token_lengths(
     from eksflow.llm.steps.common import token_cache
     from eksflow.llm.steps.common.modeling import load_tokenizer
 
-    tokenizer = load_tokenizer(resolve_model(base_model, model_cache_dir))
+    tokenizer = load_tokenizer(model_dir)
 
     def lengths(path: Path) -> tuple[Any, Any]:
         cache, built = token_cache.ensure(path, tokenizer, token_cache_dir, preference=method == "dpo")
