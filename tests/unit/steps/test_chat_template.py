@@ -10,7 +10,16 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow.config import load_config
-from eksflow.llm.steps.common.chat_template import FOLDER, TEMPLATE_FILE, TemplateSettings, sha256, with_template
+from eksflow.llm.steps import prepare_fleet
+from eksflow.llm.steps.common.chat_template import (
+    FOLDER,
+    TEMPLATE_FILE,
+    TemplateSettings,
+    record,
+    recorded,
+    sha256,
+    with_template,
+)
 from eksflow.llm.steps.common.data import Example
 from eksflow.llm.steps.common.encoding import encode_batch, tokenizer_fingerprint
 from eksflow.llm.steps.common.modeling import load_tokenizer
@@ -168,3 +177,41 @@ def test_a_relative_file_is_the_callers_and_every_chat_rendering_task_gets_it_wi
     after = memo_keys(localized(load_config(LlamaLoraConfig, None, ["train.chat_template=chat.jinja"]), tmp_path))
     assert before["train"] != after["train"] and before["evaluate"] != after["evaluate"]
     assert json.dumps(before) != json.dumps(after)
+
+
+def test_the_fleet_serves_the_templated_folder_on_a_fleet_of_its_own(tmp_path, tiny_tokenizer):
+    base = model_folder(tmp_path / "base", tiny_tokenizer)
+    given = template_file(tmp_path / "chat.jinja", OVERRIDE)
+
+    def prepared(*template: str) -> prepare_fleet.Outputs:
+        flags = [f"--base-model={base}", f"--model-cache-dir={tmp_path / 'cache'}", "--pipeline=llama-lora"]
+        flags += ["--namespace=argo", f"--serving-dir={tmp_path / 'adapters'}", f"--outputs-dir={tmp_path / 'out'}"]
+        return prepare_fleet.run(prepare_fleet.Args.from_argv([*flags, *template]))
+
+    plain, templated = prepared(), prepared(f"--chat-template={given}")
+    assert plain.model_dir == str(base) and plain.fleet == prepare_fleet.fleet_name("llama-lora", str(base))
+    assert load_tokenizer(Path(templated.model_dir)).chat_template == OVERRIDE  # what vLLM's --model is
+    assert templated.fleet != plain.fleet  # one engine applies one template: the champion's keeps its own
+
+
+def test_the_training_run_keeps_the_template_and_make_serve_reads_the_versions_back(tmp_path):
+    from eksflow.llm.steps.common import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    given = template_file(tmp_path / "chat.jinja", OVERRIDE)
+    settings = TrainSettings(chat_template=str(given))
+
+    def training_run(params: dict[str, str]) -> str:
+        run_id = tracking.start_run(uri, "llama-lora", "wf", {})
+        tracking.log_params(uri, run_id, params)
+        return run_id
+
+    trained = training_run(settings.template_settings.model_dump())
+    record(uri, trained, settings)
+    served = recorded(uri, trained, tmp_path / "serve")
+    assert Path(served.chat_template).read_text() == OVERRIDE and served.chat_template_sha256 == sha256(OVERRIDE)
+    assert recorded(uri, training_run(TemplateSettings().model_dump()), tmp_path / "serve") == TemplateSettings()
+    lost = training_run(settings.template_settings.model_dump())  # the digest logged, the file never
+    with pytest.raises(StepInputError, match=r"trained with train\.chat_template .* holds no copy of it") as err:
+        recorded(uri, lost, tmp_path / "serve")
+    assert "\n" not in str(err.value)
