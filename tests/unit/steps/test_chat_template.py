@@ -123,8 +123,8 @@ def test_a_missing_template_file_is_refused_before_the_run_and_by_the_step(tmp_p
     [
         ("{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}{{ oops( ) }}{% endif %}",
          "cannot render a conversation"),
-        ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
-         "{{ m['content'] }}{% endfor %}", "cannot render a conversation (TemplateError: no system turns)"),
+        ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('users only') }}{% endif %}"
+         "{{ m['content'] }}{% endfor %}", "cannot render a conversation (TemplateError: users only)"),
         ("{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }} {% endif %}{% endfor %}",
          "without its assistant turns' text"),
         ("{{ messages | length }}{% for m in messages %} {{ m['content'] }}{% endfor %}",
