@@ -35,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from eksflow.llm.steps import register
-from eksflow.llm.steps.common import litellm_proxy, rollout, vllm_lora
+from eksflow.llm.steps.common import adapters, chat_template, litellm_proxy, rollout, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
 
@@ -79,6 +79,9 @@ def check_candidate(args: Args, adapter: Path) -> None:
             f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
             f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
         )
+    run_id = str(adapters.registered_version(args.tracking_uri, args.model_name, args.model_version).run_id or "")
+    if problem := chat_template.serving_problem(args.tracking_uri, run_id, args.base_dir):
+        raise StepInputError(f"--model-version={args.model_version}: {problem}")
     # The version's tags say what kind of adapter it is (register.adapter_tags): refused before its folder is read
     targets = tags.get(register.TARGET_MODULES_TAG, "")
     unservable = vllm_lora.unservable_setting(

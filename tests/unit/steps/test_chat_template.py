@@ -17,6 +17,7 @@ from eksflow.llm.steps.common.chat_template import (
     TemplateSettings,
     record,
     recorded,
+    serving_problem,
     sha256,
     with_template,
 )
@@ -194,7 +195,9 @@ def test_the_fleet_serves_the_templated_folder_on_a_fleet_of_its_own(tmp_path, t
     assert templated.fleet != plain.fleet  # one engine applies one template: the champion's keeps its own
 
 
-def test_the_training_run_keeps_the_template_and_make_serve_reads_the_versions_back(tmp_path):
+def test_the_training_run_keeps_the_template_make_serve_reads_it_and_a_fleet_of_another_is_refused(
+    tmp_path, tiny_tokenizer
+):
     from eksflow.llm.steps.common import tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -215,3 +218,13 @@ def test_the_training_run_keeps_the_template_and_make_serve_reads_the_versions_b
     with pytest.raises(StepInputError, match=r"trained with train\.chat_template .* holds no copy of it") as err:
         recorded(uri, lost, tmp_path / "serve")
     assert "\n" not in str(err.value)
+    # load-candidate: a version is served only by a fleet whose engine applies the template it was trained with
+    base = model_folder(tmp_path / "base", tiny_tokenizer)
+    fleet = settings.templated(base, tmp_path / "cache")
+    own = training_run(TemplateSettings().model_dump())
+    assert serving_problem(uri, trained, fleet) is None and serving_problem(uri, own, base) is None
+    assert serving_problem(uri, trained, base) == (
+        f"it was trained through train.chat_template's file (sha256 {sha256(OVERRIDE)[:12]}), and this fleet serves "
+        "the base model's own template: roll it out with the train.chat_template it was trained with"
+    )
+    assert "it was trained through the base model's own template" in str(serving_problem(uri, own, fleet))

@@ -32,6 +32,7 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 LEGACY_TEMPLATE_FILE = "chat_template.json"  # an older place for it, read before the tokenizer config's
 FOLDER = "templated"  # under the model cache: <base folder name>-<16 hex>
 TEMPLATE_ARTIFACT = "chat_template"  # the training run's copy of the file (MLflow artifact path)
+DIGEST_FILE = "eksflow-chat-template.sha256"  # in a templated folder: its template's digest (what a fleet serves)
 _JINJA = ("{{", "{%")
 # A conversation every chat template must render: each turn's text must appear in what it renders. No system turn:
 # some models' templates refuse one (a record that has one is refused by encoding.encode_batch, naming it).
@@ -189,6 +190,7 @@ def _fill(source: Path, text: str, out: Path, reference: str) -> None:
     config.pop("chat_template", None)
     (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2))
     (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
+    (out / DIGEST_FILE).write_text(sha256(text))
     check_renders(out, reference)
 
 
@@ -256,3 +258,29 @@ def recorded(tracking_uri: str, run_id: str, folder: Path) -> TemplateSettings:
             f"under {TEMPLATE_ARTIFACT}/ ({type(err).__name__}); train the version again"
         ) from err
     return TemplateSettings(chat_template=path, chat_template_sha256=digest)
+
+
+def serving_problem(tracking_uri: str, run_id: str, model_dir: Path) -> str | None:
+    """Why an engine started on `model_dir` would ask a version trained in run `run_id` through another template.
+
+    The run's `chat_template_sha256` param ("": the base model's own) against the folder's (a templated folder's
+    DIGEST_FILE; none: the model's own). None when they agree, or when the version has no training run.
+    """
+    from eksflow.llm.steps.common import tracking
+
+    if not run_id:
+        return None
+    with tracking.errors(tracking_uri, f"reading the chat template of MLflow run {run_id}"):
+        trained = tracking.client(tracking_uri).get_run(run_id).data.params.get("chat_template_sha256", "")
+    marker = model_dir / DIGEST_FILE
+    served = marker.read_text().strip() if marker.is_file() else ""
+    if trained == served:
+        return None
+
+    def shown(digest: str) -> str:
+        return f"train.chat_template's file (sha256 {digest[:12]})" if digest else "the base model's own template"
+
+    return (
+        f"it was trained through {shown(trained)}, and this fleet serves {shown(served)}: roll it out with the "
+        "train.chat_template it was trained with"
+    )
