@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 from rich.console import Console
 
@@ -27,6 +28,7 @@ from tests.e2e.processes import serving_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines" / "llama_lora.py"
+ANSWER_TOKENS = 32  # a demo answer (an ISO date) ends with EOS in far fewer
 
 
 def pipeline(command_name, *args, state_dir: Path, model_cache: Path | None = None, timeout: int = 1500, env=None):
@@ -60,7 +62,7 @@ def fleet_name(status: dict) -> str:
     return outputs(status["prepare-fleet"])["fleet"]
 
 
-def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path) -> None:
+def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path, eval_report: Path) -> None:
     db = fsx(state_dir) / "mlflow" / "mlflow.db"
     command = [
         sys.executable, "-m", "eksflow.llm.steps.serve", "--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}",
@@ -79,10 +81,47 @@ def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path)
         answer = subprocess.run(shlex.split(curl), capture_output=True, text=True, timeout=300, check=True).stdout
         assert '"model":"llama-lora"' in answer.replace(" ", "")
         assert "1976-07-04" in json.loads(answer)["choices"][0]["message"]["content"]
+        words = shlex.split(curl)
+        url, key = words[2], words[words.index("-H") + 1].removeprefix("Authorization: Bearer ")
+        adapter = state_dir / "serve" / "llama-lora" / "v1"  # what serve downloaded: the registered adapter
+        assert_answers_as_evaluate(url, key, model_cache, adapter, json.loads(eval_report.read_text())["rows"])
     finally:
         serve.send_signal(signal.SIGINT)  # Ctrl-C: the engine and its processes stop with it
         assert serve.wait(timeout=120) in (0, 130)
     assert serving_processes() <= before  # the engine and its core and worker processes are gone
+
+
+def assert_answers_as_evaluate(url: str, key: str, model_cache: Path, adapter: Path, rows: list[dict]) -> None:
+    """Greedy decoding, served as evaluated: a held-out row's answer is the one in evaluate's report, and a two-turn
+    conversation (a held-out row, evaluate's answer to it, then another row's prompt) gets the answer evaluate's
+    generation (modeling.generate, the adapter merged, as scoring does) gives its history."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from eksflow.llm.steps.common import modeling
+    from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
+
+    def served(messages: list[dict[str, str]]) -> str:
+        body = {"model": "llama-lora", "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0}
+        answer = requests.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["choices"][0]["message"]["content"]).strip()
+
+    first, second = [row for row in rows if row["answer"] == row["reference"]][:2]  # answers that ended (EOS)
+    history = [
+        {"role": "user", "content": first["prompt"]},
+        {"role": "assistant", "content": first["answer"]},
+        {"role": "user", "content": second["prompt"]},
+    ]
+    model_dir = resolve_model(DEMO_MODEL, model_cache)
+    tokenizer = modeling.load_tokenizer(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter).merge_and_unload().eval()
+    with torch.inference_mode():
+        (evaluated,), _ = modeling.generate(model, tokenizer, [history], batch_size=1, max_new_tokens=ANSWER_TOKENS)
+    assert served([{"role": "user", "content": second["prompt"]}]) == second["answer"]  # the report's answer
+    assert served(history) == evaluated, (history, evaluated)
 
 
 def only_run(state_dir: Path) -> Path:
@@ -214,7 +253,7 @@ def test_full_run_survives_an_interrupt_then_skips_training_on_unchanged_data(
         assert shown in result.stderr
 
     # `make serve`: vLLM serves the champion's adapter as `llama-lora`; the curl line it prints works.
-    assert_serve_answers_through_the_adapter(tmp_path, model_cache)
+    assert_serve_answers_through_the_adapter(tmp_path, model_cache, on_host(tmp_path, scores["report"]))
 
     # The run's page, printed as a host path; the train run it plots was ended by the exit handler.
     page = run_dir / "report.html"
