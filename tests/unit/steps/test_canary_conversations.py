@@ -1,7 +1,7 @@
 """The canary asks a conversation's probe row with the whole history evaluate asked, through /v1/chat/completions
 (vLLM renders it with the model's chat template, the one training and evaluate used); a pair's row as one user turn,
 as before. The analysis is the real one (canary_step.run) against a real sqlite registry holding evaluate's report
-and a small live OpenAI-style server that records each request's messages."""
+and a small live OpenAI-style server that records each request's messages and answer cap."""
 
 import json
 from collections.abc import Iterator
@@ -32,6 +32,7 @@ ROWS = [
 ]
 
 ANSWERS = {json.dumps(HISTORY): "SELECT 1", json.dumps(PAIR): "4"}
+EVALUATED_CAP = 12  # the answer cap evaluate generated under, as its report records it
 
 
 class Recorder:
@@ -41,6 +42,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, list[dict]]] = []  # (model, messages) of each chat completion
+        self.caps: list[int] = []  # the max_tokens of each
         self.server, self.url = json_server(self._handle)
 
     def _handle(self, request: BaseHTTPRequestHandler, method: str, body: dict) -> tuple[int, dict, dict[str, str]]:
@@ -48,6 +50,7 @@ class Recorder:
             return (200 if request.path == "/health" else 404), {}, {}
         messages = body["messages"]
         self.asked.append((body["model"], messages))
+        self.caps.append(body["max_tokens"])
         answer = ANSWERS.get(json.dumps(messages), "no idea")  # right only when asked what evaluate asked
         return 200, {"choices": [{"message": {"role": "assistant", "content": answer}}]}, {}
 
@@ -59,7 +62,7 @@ def fleet(tmp_path) -> Iterator[tuple[dict, Recorder, Recorder]]:
     client = tracking.client(uri)
     experiment = client.create_experiment("rollout", artifact_location=(tmp_path / "artifacts").as_uri())
     report = tmp_path / REPORT_FILE
-    report.write_text(json.dumps({"task_metrics": ["exact_match"], "rows": ROWS}))
+    report.write_text(json.dumps({"task_metrics": ["exact_match"], "rows": ROWS, "max_new_tokens": EVALUATED_CAP}))
     client.create_registered_model(MODEL)
     for _ in range(2):
         run_id = client.create_run(experiment).info.run_id
@@ -100,6 +103,14 @@ def test_the_served_models_are_asked_with_a_conversations_whole_history_and_a_pa
     assert [p["messages"] for p in report["probes"]] == [HISTORY, []]  # the report shows what each row was asked
     assert out.metrics["served_score"] == out.metrics["evaluated_score"] == 1.0
     assert not proxy.asked  # the pre-traffic analysis sends nothing through the proxy
+
+
+def test_the_probes_are_asked_up_to_the_answer_cap_evaluate_generated_under(fleet):
+    """evaluate.max_new_tokens=0 sizes the cap from the references; a model that does not stop early (a DPO-tuned one
+    often runs on) would say more under the canary's own cap, and its served score would not be the evaluated one."""
+    values, engine, _ = fleet
+    canary_step.run(canary.Args.model_validate({**values, "max_new_tokens": 32}))
+    assert engine.caps == [EVALUATED_CAP] * 4  # two probes, candidate and champion
 
 
 def test_live_traffic_through_the_proxy_asks_with_the_whole_history_too(fleet):

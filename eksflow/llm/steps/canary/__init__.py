@@ -180,7 +180,9 @@ class Args(CanarySettings, FleetArgs):
         ge=0, le=100, description="the share the shift task just gave the candidate, percent; 0: pre-traffic"
     )
     report_dir: Path = Field(description="where canary-<percent>.json and .md are written")
-    max_new_tokens: int = Field(16, ge=1, description="answer length cap: evaluate.max_new_tokens")
+    max_new_tokens: int = Field(
+        16, ge=1, description="the probes' answer cap where the version's evaluation report records none"
+    )
 
     @property
     def pre_traffic(self) -> bool:

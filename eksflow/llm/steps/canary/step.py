@@ -35,6 +35,9 @@ def run(args: Args) -> Outputs:
         rollout.write_state(args.state_file, state.model_copy(update={"stage": f"{STEP}-{args.percent:g}"}))
         return Outputs(reason=reason, metrics={}, report="")
     evaluated = evaluation(args.tracking_uri, args.model_name, state.candidate_version)
+    # The probes are asked as evaluate asked them, up to the answer cap it generated under (it sizes one from the
+    # references when evaluate.max_new_tokens is 0): a model that does not stop early says more under a larger cap.
+    args = args.model_copy(update={"max_new_tokens": evaluated.max_new_tokens or args.max_new_tokens})
     metric, scorer = served_metric(args.task_metric, evaluated.task_metrics, state.candidate_version)
     sizing = canary_sizing.live_requests(
         args.percent / 100, args.share_tolerance, canary_sizing.share_z_limit(args.thresholds)

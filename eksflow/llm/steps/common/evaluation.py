@@ -14,10 +14,11 @@ REPORT_ARTIFACT = "eval"  # artifact folder of the reports in the MLflow run
 
 @dataclass(frozen=True)
 class Evaluation:
-    """What `evaluate` recorded for a registered version: the task metrics it scored with, its per-row scores."""
+    """What `evaluate` recorded for a registered version: its task metrics, per-row scores and answer cap."""
 
     task_metrics: list[str]  # as evaluate.task_metrics named them: the keys of each row's scores
     rows: list[dict[str, object]]  # in order: prompt, reference, answer and one score per task metric
+    max_new_tokens: int = 0  # new tokens each answer could take (0: a report that does not record it)
 
 
 def evaluated_rows(tracking_uri: str, model_name: str, version: str) -> list[dict[str, object]]:
@@ -45,4 +46,9 @@ def evaluation(tracking_uri: str, model_name: str, version: str) -> Evaluation:
             ) from err
     report = json.loads(text)
     rows, listed = report.get("rows") or [], report.get("task_metrics") or []
-    return Evaluation([m for m in listed if isinstance(m, str)], [r for r in rows if isinstance(r, dict)])
+    cap = report.get("max_new_tokens")
+    return Evaluation(
+        [m for m in listed if isinstance(m, str)],
+        [r for r in rows if isinstance(r, dict)],
+        cap if isinstance(cap, int) and cap > 0 else 0,
+    )
