@@ -147,3 +147,37 @@ def test_the_engine_serves_an_all_linear_lora_and_refuses_dora(shared_engine):
     assert refused.status == 400 and "'lora-family-dora' was found but could not be loaded" in refused.error, refused
     assert "vLLM does not yet support DoRA." in shared_engine.log.read_text(errors="replace")
     assert vllm_client.chat(base, BASE_NAME, "What is 2 plus 2?", api_key=key).ok  # the engine lives on
+
+
+@pytest.mark.drill  # an engine of its own: one to three minutes to start on 2 cores
+def test_an_engine_on_a_chat_template_folder_renders_as_training_does(model_cache, tmp_path):
+    """train.chat_template's one mechanism (eksflow/llm/steps/common/chat_template.py): vLLM started on the model
+    folder that holds the template applies it, and its /tokenize of a multi-turn conversation is the ids training
+    learns from through the same folder; the base model's own template gives other ids."""
+    from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
+    from eksflow.llm.steps.common.chat_template import with_template
+    from eksflow.llm.steps.common.data import Example
+    from eksflow.llm.steps.common.encoding import encode_batch
+    from eksflow.llm.steps.common.modeling import load_tokenizer
+
+    template = tmp_path / "chat.jinja"  # ChatML without SmolLM2's default system turn, roles in capitals
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] | upper }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>ASSISTANT\n{% endif %}"
+    )
+    base_dir = resolve_model(DEMO_MODEL, model_cache)
+    folder = with_template(base_dir, str(template), "", tmp_path / "cache")
+    turns = CONVERSATION[1:]  # no system turn: SmolLM2's own template would add its default one
+    example = Example(prompt="", completion=turns[-1]["content"], messages=turns)
+    ((ids,), _) = encode_batch(load_tokenizer(folder), [example])
+    ((own,), _) = encode_batch(load_tokenizer(base_dir), [example])
+    assert ids != own
+    engine = SharedEngine(folder, tmp_path)
+    try:
+        body = {"model": BASE_NAME, "messages": list(turns), "add_generation_prompt": False}
+        auth = {"Authorization": f"Bearer {engine.api_key}"}
+        answer = requests.post(f"{engine.url}/tokenize", json=body, headers=auth, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["tokens"] == ids
+    finally:
+        engine.stop()
