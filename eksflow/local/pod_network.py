@@ -122,8 +122,10 @@ class PodNetwork:
         self._pods: dict[str, Pod] = {}
         self._next = 2  # .1 is the bridge's
         registry.mkdir(parents=True, exist_ok=True)
-        sweep(registry)
-        with _locked(registry):  # two runs starting at once must not pick the same /24
+        # Under the registry's lock: two runs starting at once must not pick the same /24, and a sweep must not
+        # find this network's record before its owner is written (it would take it for a dead executor's).
+        with _locked(registry):
+            _sweep(registry)
             self.tag = secrets.token_hex(3)
             self.subnet = _free_subnet(registry)
             self.folder = registry / self.tag
@@ -199,6 +201,12 @@ class PodNetwork:
 
 def sweep(registry: Path = REGISTRY) -> list[str]:
     """Remove the pod networks whose executor is gone, and pod namespaces and bridges no network records; their tags."""
+    registry.mkdir(parents=True, exist_ok=True)
+    with _locked(registry):
+        return _sweep(registry)
+
+
+def _sweep(registry: Path) -> list[str]:
     removed = []
     for folder in sorted(registry.iterdir()) if registry.is_dir() else []:
         if folder.is_dir() and not _owner_alive(folder / "owner"):

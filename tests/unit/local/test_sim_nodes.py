@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from eksflow.local.pod_network import (
     REGISTRY,
     PodNetwork,
     PodNetworkError,
+    _locked,
+    _write_owner,
     hand_over,
     remove_network,
     sweep,
@@ -172,6 +175,21 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     )
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
     assert f"efb{tag}" not in links and "efb0badc1" not in links
+
+
+def test_a_sweep_waits_for_a_network_being_made_instead_of_taking_it_for_a_dead_ones(tmp_path):
+    """A run's record exists a moment before its owner is written: a sweep from a run starting beside it (another
+    test's, under pytest-xdist) must not find it then and remove a live run's network."""
+    making = tmp_path / "0a0b0c"
+    with _locked(tmp_path):  # as PodNetwork holds it from its sweep to its owner's record
+        making.mkdir()
+        swept = threading.Thread(target=sweep, args=(tmp_path,))
+        swept.start()
+        swept.join(1.0)
+        assert swept.is_alive() and making.is_dir()  # waiting on the lock, the record untouched
+        _write_owner(making, os.getpid())
+    swept.join()
+    assert making.is_dir()  # its owner is alive
 
 
 @needs_root
