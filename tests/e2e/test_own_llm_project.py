@@ -218,6 +218,9 @@ def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
     asked = [probe for probe in probes if len(probe["messages"]) == 3]
     assert asked and [probe["messages"] for probe in asked] == [row["messages"] for row in follow_ups][: len(asked)]
     assert all(probe["candidate"] for probe in asked)  # the served candidate answered each
+    # ... and, decoding greedily, as evaluate answered it: the model trained on conversations answers a multi-turn
+    # /v1/chat/completions request (through the fleet's vLLM and the chat template it applies) with evaluate's answer
+    assert [probe["candidate"] for probe in asked] == [row["answer"] for row in follow_ups][: len(asked)]
     assert registry(state, CHAMPION) == [("text2sql", 1)]  # the pipeline's name, by default; promoted by the rollout
     train_log = next((state / "runs").glob("*/logs/train.log")).read_text()
     assert "PlacementGroupCleaner" not in train_log  # Ray Train asked its own Ray, not the stale file's
