@@ -202,6 +202,7 @@ def test_ten_registrations_of_one_checkpoint_make_one_version_with_full_lineage(
         "lora.rank": "4",
         "lora.use_dora": "false",
         "lora.quantize": "none",
+        "kind": "adapter",
     }
 
 

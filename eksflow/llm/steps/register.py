@@ -1,4 +1,4 @@
-r"""Register a trained LoRA adapter in the MLflow model registry (runs only when the evaluation gate passed).
+r"""Register a trained LoRA adapter or model in the MLflow model registry (runs only when the evaluation gate passed).
 
     python -m eksflow.llm.steps.register --adapter-dir=/fsx/wf/adapter --base-model=smollm2-135m-instruct \
         --metrics='{"score": 0.82}' --dataset-digest=sha256:... --workflow-name=wf --merged-dir=/fsx/wf/merged
@@ -8,22 +8,26 @@ whose source is that artifact, with lineage tags (`base_model` among them: what 
 and alias `challenger` (aliases only, never stages). vLLM serves the adapter on the base model; only with
 --merged-dir does it also log base + adapter merged as plain safetensors (artifact path "model"), for the adapters
 an engine cannot load as adapters (DoRA, modules_to_save, ...: see eksflow/llm/steps/common/vllm.py).
+A full fine-tune's folder (train.finetune=full: a whole model, eksflow.llm.steps.common.trained) is logged as
+artifact "model" and the version's source is that artifact; vLLM serves it as a model of its own.
 
 Lineage tags on the version: checkpoint_digest, workflow_name and workflow_uid, dataset_digest and dataset_uri,
 base_model, git_commit, image, config_hash, eval_set_digest, metric.<name> for every metric, the adapter's kind
 (lora.rank, lora.target_modules, lora.use_dora from its adapter_config.json; lora.quantize), and from the
-evaluate report (--eval-report) gate.decision, gate.reason and gate.thresholds. Empty inputs are left out
+evaluate report (--eval-report) gate.decision, gate.reason and gate.thresholds; `kind`: adapter or model (what the
+rollout serves: an adapter on the base, or a Deployment of the model's own). Empty inputs are left out
 rather than recorded as "". A report whose gate failed is refused (exit 2): a failed model never registers.
 
-Idempotent: the version carries tag `checkpoint_digest` (sha256 of the adapter files); a rerun for the same
-checkpoint (Argo retry, manual rerun, a client retry whose first response was lost) returns the existing version
-and creates no other; lineage tags that version lacks are added, existing ones are never overwritten.
+Idempotent: the version carries tag `checkpoint_digest` (sha256 of the adapter's files, or of the model's); a rerun
+for the same checkpoint (Argo retry, manual rerun, a client retry whose first response was lost) returns the existing
+version and creates no other; lineage tags that version lacks are added, existing ones are never overwritten.
 
 Outputs (one file each under --outputs-dir):
     model_version   the registered version number, e.g. "3"
     model_uri       "models:/<model_name>/<model_version>"
     mlflow_run_id   the run holding the artifacts
     model_version_url  the version's page in the MLflow UI; empty without an http(s) address
+    model_kind      "adapter" (LoRA, served on the base) or "model" (a full fine-tune, served as a model)
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pydantic import BaseModel, Field, ValidationError
 from eksflow.llm.steps.common import tracking, vllm_lora
 from eksflow.llm.steps.common.adapter_digest import checkpoint_digest
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
+from eksflow.llm.steps.common.trained import ModelKind, model_digest, model_kind
 from eksflow.llm.steps.train import Quantize
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
 
@@ -57,6 +62,7 @@ RANK_TAG = "lora.rank"
 TARGET_MODULES_TAG = "lora.target_modules"
 USE_DORA_TAG = "lora.use_dora"
 QUANTIZE_TAG = "lora.quantize"
+KIND_TAG = "kind"  # adapter or model: how the rollout serves the version
 
 
 class Args(StepArgs):
@@ -69,7 +75,10 @@ class Args(StepArgs):
     )
     tracking_uri: Location = Field(description="MLflow tracking and registry URI (http(s):// or sqlite:///)")
     experiment: str = Field("eksflow", description="MLflow experiment of the run when no train run is given")
-    adapter_dir: Path = Field(description="LoRA adapter folder written by the train step (peft save_pretrained)")
+    adapter_dir: Path = Field(
+        description="what the train step wrote: a LoRA adapter folder (peft save_pretrained), or a whole model's "
+        "folder (train.finetune=full)"
+    )
     base_model: Location = Field(
         description="base model reference the adapter was trained on (see base_model.resolve_model)"
     )
@@ -113,13 +122,14 @@ class Outputs(BaseModel):
     model_uri: str
     mlflow_run_id: str
     model_version_url: str
+    model_kind: ModelKind
 
 
 def run(args: Args) -> Outputs:
-    """Register the adapter (or find its existing version) and set alias `challenger` on it."""
-    _check_inputs(args)
+    """Register the adapter or model (or find its existing version) and set alias `challenger` on it."""
+    kind = _check_inputs(args)
     gate_report = read_gate_report(args.eval_report) if args.eval_report is not None else None
-    digest = checkpoint_digest(args.adapter_dir)
+    digest = checkpoint_digest(args.adapter_dir) if kind == "adapter" else model_digest(args.adapter_dir)
     with tracking.errors(args.tracking_uri, "registering the model"):
         mlflow_client = tracking.client(args.tracking_uri)
         existing = find_version(mlflow_client, args.model_name, digest)
@@ -130,22 +140,30 @@ def run(args: Args) -> Outputs:
                 file=sys.stderr,
             )
             # Lineage the first registration lacked (e.g. an eval-set digest) is added, never overwritten.
-            for tag, value in lineage_tags(args, digest, gate_report).items():
+            for tag, value in lineage_tags(args, digest, gate_report, kind).items():
                 if tag not in existing.tags:
                     mlflow_client.set_model_version_tag(args.model_name, existing.version, tag, value)
             tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, existing.version)
-            return _outputs(args, existing)
+            return _outputs(args, existing, kind)
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.ADAPTER_ARTIFACT)
-        if args.merged_dir is not None:
+        if kind == "model":  # a whole model: nothing to merge, served as it is
+            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), MODEL_ARTIFACT)
+        else:
+            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.ADAPTER_ARTIFACT)
+        if args.merged_dir is not None and kind == "adapter":
             merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
             mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
-        version = create_version(mlflow_client, args.model_name, run_id, lineage_tags(args, digest, gate_report))
+        tags = lineage_tags(args, digest, gate_report, kind)
+        artifact = MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT
+        version = create_version(mlflow_client, args.model_name, run_id, tags, artifact)
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
-    print(f"registered {args.model_name!r} version {version.version} (alias {tracking.CHALLENGER})", file=sys.stderr)
-    return _outputs(args, version)
+    print(
+        f"registered {args.model_name!r} version {version.version} ({kind}, alias {tracking.CHALLENGER})",
+        file=sys.stderr,
+    )
+    return _outputs(args, version, kind)
 
 
 def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> ModelVersion | None:
@@ -154,8 +172,17 @@ def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> M
     return min(found, key=lambda v: int(v.version), default=None)
 
 
-def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, tags: Mapping[str, str]) -> ModelVersion:
-    """Create a version from the run's "adapter" artifact; collapse duplicates a retried POST may have made."""
+def create_version(
+    mlflow_client: MlflowClient,
+    model_name: str,
+    run_id: str,
+    tags: Mapping[str, str],
+    artifact: str = tracking.ADAPTER_ARTIFACT,
+) -> ModelVersion:
+    """Create a version from the run's `artifact` (the adapter, or a full fine-tune's model).
+
+    Duplicates a retried POST may have made are collapsed into the oldest.
+    """
     from mlflow.exceptions import MlflowException
 
     try:
@@ -163,7 +190,7 @@ def create_version(mlflow_client: MlflowClient, model_name: str, run_id: str, ta
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{tracking.ADAPTER_ARTIFACT}"
+    source = f"{mlflow_client.get_run(run_id).info.artifact_uri}/{artifact}"
     created = mlflow_client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
     # The client retries POSTs on timeouts and 5xx: one call may have created two versions. Keep the oldest.
     twins = mlflow_client.search_model_versions(f"name = '{model_name}' and tags.{DIGEST_TAG} = '{tags[DIGEST_TAG]}'")
@@ -195,8 +222,13 @@ def read_gate_report(path: Path) -> GateReport:
     return report
 
 
-def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None) -> dict[str, str]:
-    """Tags that let a version be traced back to its data, code, image, workflow, eval set and gate decision."""
+def lineage_tags(
+    args: Args, digest: str, gate_report: GateReport | None = None, kind: ModelKind = "adapter"
+) -> dict[str, str]:
+    """Tags that trace a version to its data, code, image, workflow, eval set and gate decision, and say its kind.
+
+    `kind` is adapter or model; an adapter's version also gets the lora.* tags of its adapter_config.json.
+    """
     values = {
         DIGEST_TAG: digest,
         tracking.DATASET_DIGEST_TAG: args.dataset_digest,
@@ -209,7 +241,8 @@ def lineage_tags(args: Args, digest: str, gate_report: GateReport | None = None)
         "image": args.image or os.environ.get("EKSFLOW_IMAGE", ""),
         "eval_set_digest": args.eval_set_digest or (gate_report.eval_set_digest if gate_report else ""),
         **{f"{tracking.METRIC_TAG_PREFIX}{name}": repr(value) for name, value in sorted(args.metrics.items())},
-        **adapter_tags(args.adapter_dir, args.lora_quantize),
+        KIND_TAG: kind,
+        **(adapter_tags(args.adapter_dir, args.lora_quantize) if kind == "adapter" else {}),
     }
     if gate_report is not None:
         values["gate.decision"] = "passed"
@@ -254,17 +287,15 @@ def merge_adapter(base_dir: Path, adapter_dir: Path, merged_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_inputs(args: Args) -> None:
-    if not (args.adapter_dir / "adapter_config.json").is_file():
-        raise StepInputError(
-            f"--adapter-dir={args.adapter_dir}: no adapter_config.json there; point it at the folder the train "
-            "step wrote with peft save_pretrained (tasks.train.outputs.parameters.adapter_dir)"
-        )
+def _check_inputs(args: Args) -> ModelKind:
+    """What --adapter-dir holds, once the inputs are checked."""
+    kind = model_kind(args.adapter_dir, "--adapter-dir")
     if not args.metrics:
         raise StepInputError("--metrics is empty; registration needs the evaluation metrics that passed the gate")
     bad = sorted(name for name, value in args.metrics.items() if not math.isfinite(value))
     if bad:
         raise StepInputError(f"--metrics has non-finite values for {bad}; a NaN or inf score must never register")
+    return kind
 
 
 def _run_id(args: Args) -> str:
@@ -286,13 +317,14 @@ def _run_id(args: Args) -> str:
     return args.mlflow_run_id
 
 
-def _outputs(args: Args, version: ModelVersion) -> Outputs:
+def _outputs(args: Args, version: ModelVersion, kind: ModelKind) -> Outputs:
     number = str(version.version)
     return Outputs(
         model_version=number,
         model_uri=f"models:/{args.model_name}/{number}",
         mlflow_run_id=str(version.run_id),
         model_version_url=tracking.model_version_url(args.tracking_uri, args.mlflow_ui_url, args.model_name, number),
+        model_kind=kind,
     )
 
 

@@ -38,6 +38,11 @@ def run(args: Args) -> Outputs:
             f"train.method={args.method}: the Trainium step trains with NeuronTrainer, supervised only; train "
             "preference tuning on CPU or GPU nodes (eksflow.llm.steps.train)"
         )
+    if args.finetune != "lora":
+        raise StepInputError(
+            f"train.finetune={args.finetune}: the Trainium step trains a LoRA adapter with NeuronTrainer; train a "
+            "full fine-tune on CPU or GPU nodes (eksflow.llm.steps.train)"
+        )
     try:
         from optimum.neuron import NeuronTrainer, NeuronTrainingArguments
     except ImportError as err:

@@ -143,6 +143,7 @@ def test_register_is_idempotent_and_tags_lineage(tmp_path, adapters, no_stage_ap
         "lora.target_modules": "q_proj,v_proj",
         "lora.use_dora": "false",
         "lora.quantize": "none",
+        "kind": "adapter",  # served on its base; a full fine-tune's version is a model
     }
     assert v1.current_stage in ("None", None)
     assert v1.source.endswith("/adapter") and v1.run_id == train_run  # serving loads the adapter onto its base

@@ -102,7 +102,7 @@ class Rank:
 
     def _save(self, folder: Path, **kw: Any) -> None:
         assert kw["rank"] == 0 and kw["model"] == "model" and kw["scheduler"] == "scheduler"
-        assert kw["strategy"] == "ddp" and kw["adapter"] == {"adapter": self.update.gathered}
+        assert kw["strategy"] == "ddp" and kw["weights"] == {"adapter": self.update.gathered}
         self.saved.append(kw["metrics"])
         (folder / "metrics.json").write_text(json.dumps(kw["metrics"]), encoding="utf-8")
 

@@ -15,7 +15,10 @@ Memory of one worker (bytes; LoRA: the base model is frozen, the adapter trains)
         deepspeed ZeRO-1    optimizer moments;  ZeRO-2: + gradients;  ZeRO-3: + weights and adapter weights
         deepspeed offload   moments live in host memory; ZeRO-3 parameters too, but they are counted on the device
                             (an upper bound: ZeRO-3 gathers each layer's parameters to the device to compute it)
+    reference    DPO with a full fine-tune only: a frozen copy of the base's weights (bf16 GPU, fp32 CPU), not sharded
     budget: 90% of the device's memory (fragmentation, NCCL buffers), or of the node's RAM share on CPU
+A full fine-tune (train.finetune=full) counts every parameter as trainable (16 bytes: fp32 weight, gradient, two
+AdamW moments, sharded as the adapter's are) and as weights only its bf16 compute copy on GPU (none on CPU).
 
 Decision matrix for `auto` (per device, LoRA on frozen bf16 weights):
     fits one device                     -> ddp        (a full replica per worker; the fastest when it fits)
@@ -50,6 +53,8 @@ ADAPTER_GRAD_BYTES = 4  # fp32
 ADAPTER_MOMENT_BYTES = 8  # AdamW exp_avg + exp_avg_sq, fp32
 ACTIVATION_BYTES_PER_TOKEN_PER_B = 0.5 * 1024**2
 CHECKPOINTING_DIVISOR = 8  # activations kept with gradient checkpointing: about an eighth
+# A parameter a full fine-tune trains: fp32 weight, gradient and AdamW's two moments
+FULL_STATE_BYTES = ADAPTER_WEIGHT_BYTES + ADAPTER_GRAD_BYTES + ADAPTER_MOMENT_BYTES
 HEADROOM = 0.9  # share of a device's memory a plan may use
 ZERO_STAGES = (1, 2, 3)
 
@@ -63,6 +68,7 @@ class Workload:
     tokens: int  # per micro-batch per worker: micro_batch_size x max_seq_len
     gradient_checkpointing: bool
     weight_bytes: float  # per frozen parameter: 2 (bf16 on GPU and Trainium), 4 (fp32 on CPU), ~0.56 (NF4, QLoRA)
+    reference_bytes: float = 0.0  # DPO with a full fine-tune: the frozen reference's weights, a copy per worker
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def memory_bytes(work: Workload, layout: Layout, world: int, zero_stage: int = 2
     activations = work.tokens * (work.num_params / 1e9) * ACTIVATION_BYTES_PER_TOKEN_PER_B
     if work.gradient_checkpointing:
         activations /= CHECKPOINTING_DIVISOR
-    return int(weights + adapter + grads + moments + activations)
+    return int(weights + adapter + grads + moments + activations + work.reference_bytes)
 
 
 def estimate_lora_params(num_params: int, rank: int, target_modules: int) -> int:

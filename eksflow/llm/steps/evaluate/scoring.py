@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from eksflow.llm.steps.common.base_model import resolve_model
 from eksflow.llm.steps.common.data import Example
 from eksflow.llm.steps.common.preference import Preference
+from eksflow.llm.steps.common.trained import model_kind
 from eksflow.llm.steps.evaluate import Args, base_scores
 from eksflow.llm.steps.evaluate import metrics as task_metrics
 from eksflow.runtime.args import StepInputError
@@ -26,17 +27,18 @@ class Scores(BaseModel):
     metrics: dict[str, float]
     answers: list[str]
     cut: int = 0  # answers that hit the new-token cap before their end
+    max_new_tokens: int = 0  # that cap: the canary asks the served model up to it too
 
 
 def score_models(args: Args, examples: Sequence[Example], preferences: Sequence[Preference] = ()) -> dict[str, Scores]:
-    """Scores of the base model and of base + adapter on `examples` (CPU or the first GPU).
+    """Scores of the base model and of the tuned one (base + adapter, or a full fine-tune's model) on `examples`.
 
+    They run on CPU or the first GPU.
     The base model's answers come from the model cache when an earlier evaluation decoded them (base_scores). With
     `preferences` (method dpo; `examples` their chosen answers) both get preference_accuracy and reward_margin from
     each model's log-probabilities of the chosen and rejected answers (eksflow.llm.steps.evaluate.preference).
     """
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from eksflow.llm.steps.common import encoding, modeling
@@ -70,9 +72,7 @@ def score_models(args: Args, examples: Sequence[Example], preferences: Sequence[
             print(f"base model: answers and loss of an earlier evaluation ({kept})", file=sys.stderr)
             progress.advance(2 * len(examples))
         base_logps = answer_logps(model, tokenizer, preferences, args.batch_size)
-        # Merged into the base weights (in place: the base model is scored already): unmerged, every adapted
-        # projection costs two more matmuls per token, which on CPU is most of a decode step's time.
-        tuned_model = PeftModel.from_pretrained(model, args.adapter_dir).merge_and_unload()
+        tuned_model = _tuned_model(model, args, device)
         tuned = _decode(tuned_model, tokenizer, examples, args, limit, progress)
         tuned_logps = answer_logps(tuned_model, tokenizer, preferences, args.batch_size)
     scores = {"base": _scores(base, examples, args, limit), "tuned": _scores(tuned, examples, args, limit)}
@@ -81,6 +81,23 @@ def score_models(args: Args, examples: Sequence[Example], preferences: Sequence[
         for name, found in zip(("tuned", "base"), ranked, strict=True):
             scores[name].metrics.update(found)
     return scores
+
+
+def _tuned_model(base: Any, args: Args, device: str) -> Any:
+    """The tuned model of --adapter-dir: a full fine-tune's model as saved, or the adapter merged into `base`.
+
+    Merged into the base weights (in place: the base model is scored already): unmerged, every adapted projection
+    costs two more matmuls per token, which on CPU is most of a decode step's time. A full fine-tune's preference
+    metrics still take `base`'s log-probabilities as the reference, computed before.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if model_kind(args.adapter_dir, "--adapter-dir") == "model":
+        tuned: Any = AutoModelForCausalLM.from_pretrained(args.adapter_dir, dtype=torch.float32)
+        return tuned.to(device).eval()
+    return PeftModel.from_pretrained(base, args.adapter_dir).merge_and_unload()
 
 
 def compute_threads() -> int:
@@ -143,7 +160,7 @@ def _scores(decoded: base_scores.Decoded, examples: Sequence[Example], args: Arg
     references = [e.completion for e in examples]
     for name, metric in metric_functions(args).items():
         metrics[name] = task_metrics.score(metric, decoded.answers, references)
-    return Scores(metrics=metrics, answers=decoded.answers, cut=decoded.cut)
+    return Scores(metrics=metrics, answers=decoded.answers, cut=decoded.cut, max_new_tokens=limit)
 
 
 def _completion_loss(model: Any, tokenizer: Any, examples: Sequence[Example], args: Args, progress: Progress) -> float:

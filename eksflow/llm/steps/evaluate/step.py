@@ -11,6 +11,7 @@ from eksflow.llm.steps.common import checkpoints, storage, tracking
 from eksflow.llm.steps.common.data import EVAL_FILE, Example, load_examples
 from eksflow.llm.steps.common.gate import gate
 from eksflow.llm.steps.common.preference import Preference, load_preferences, usable_preferences
+from eksflow.llm.steps.common.trained import model_kind
 from eksflow.llm.steps.evaluate import Args, Outputs
 from eksflow.llm.steps.evaluate.gate import Champion, champion_gate, combine
 from eksflow.llm.steps.evaluate.report import EVAL_SET_TAG, log_to_run, write_report
@@ -111,15 +112,12 @@ def _eval_records(args: Args) -> tuple[list[Example] | list[Preference], int]:
 
 
 def _verify_adapter(adapter_dir: Path) -> None:
-    """Refuse an adapter that is missing, or whose checkpoint fails its manifest check (docs/reliability.md EV1).
+    """Refuse an adapter (or model) that is missing, or whose checkpoint fails its manifest check (reliability EV1).
 
     An adapter inside a committed checkpoint folder (`step-<N>`) must verify: a step folder without a manifest
     is a save that never finished. An adapter elsewhere (a hand-made one) has no manifest to check.
     """
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise StepInputError(
-            f"no LoRA adapter at {adapter_dir}; did the train step finish? (tasks.train.outputs.parameters.adapter_dir)"
-        )
+    model_kind(adapter_dir, "--adapter-dir")  # a LoRA adapter or a full fine-tune's model
     in_checkpoint = re.fullmatch(r"step-\d+", adapter_dir.parent.name) is not None  # checkpoints.commit's naming
     if in_checkpoint or (adapter_dir.parent / checkpoints.MANIFEST).is_file():
         try:

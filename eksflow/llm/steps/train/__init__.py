@@ -1,4 +1,4 @@
-r"""Fine-tune a LoRA adapter on the staged dataset with Ray Train or mpirun (DDP, FSDP or DeepSpeed ZeRO).
+r"""Fine-tune a LoRA adapter (or every weight) on the staged dataset with Ray Train or mpirun (DDP, FSDP or ZeRO).
 
     python -m eksflow.llm.steps.train --dataset-dir=/fsx/run/data --base-model=smollm2-135m-instruct \
         --output-dir=/fsx/run/train
@@ -32,7 +32,9 @@ with EXIT_PREEMPTED (143, what a SIGTERM-killed process reports), which the work
 commit takes seconds, well inside the 2-minute Spot notice and the default 30 s grace period on CPU demo sizes.
 
 Outputs (one file each under --outputs-dir):
-    adapter_dir     the final LoRA adapter (peft format), inside the last checkpoint
+    adapter_dir     what trained, inside the last checkpoint: the LoRA adapter (peft format), or with
+                    train.finetune=full the whole model's folder (safetensors, config.json, tokenizer), which
+                    `from_pretrained` and vLLM load as a model
     checkpoint_dir  the last committed checkpoint
     final_loss      mean training loss over the last logging window
     tokens_per_s    training throughput: non-padding tokens per second, all workers
@@ -77,6 +79,8 @@ ALL_LINEAR = "all-linear"
 Quantize = Literal["none", "4bit"]
 # Bytes per base parameter in NF4: 4 bits, plus an fp32 absmax per 64-weight block (bitsandbytes' default blocksize)
 NF4_WEIGHT_BYTES = 0.5 + 4 / 64
+# What trains: an adapter over the frozen base (lora), or every weight of the model (full; train/model.py)
+Finetune = Literal["lora", "full"]
 
 
 class LoraSettings(Settings):
@@ -155,6 +159,13 @@ class TrainSettings(TemplateSettings):
         "prompt/chosen/rejected records, the reference being the base model (the adapter disabled)",
     )
     dpo: DpoSettings = Field(DpoSettings(), description="DPO's beta and loss (method: dpo)")
+    finetune: Finetune = Field(
+        "lora",
+        description="lora: an adapter over the frozen base (train.lora); full: every weight trains (fp32 weights, "
+        "gradients and AdamW's two moments, 16 bytes a parameter, sharded by fsdp or deepspeed; with method dpo "
+        "plus a frozen copy of the base as the reference) and the output is a whole model; train.lora's settings "
+        "are unused with full",
+    )
     # Measured on 2 cores: 2 DDP workers x 1 thread run at 0.96-0.975x a bare loop, 1 worker x 2 threads at 0.81x.
     num_workers: int = Field(2, ge=1, description="Ray Train workers (one per GPU on GPU nodes)")
     cpus_per_worker: int = Field(1, ge=1, description="CPU threads per worker")
@@ -206,7 +217,18 @@ class TrainSettings(TemplateSettings):
             )
         return self
 
-    def workload(self, num_params: int, trainable_params: int, weight_bytes: float) -> strategies.Workload:
+    @model_validator(mode="after")
+    def _full_fine_tune_unquantized(self) -> TrainSettings:
+        if self.finetune == "full" and self.lora.quantize == "4bit":
+            raise ValueError(
+                "lora.quantize=4bit with finetune=full: a 4-bit base is frozen (QLoRA trains an adapter over it), "
+                "a full fine-tune trains every weight in fp32; set lora.quantize=none or finetune=lora"
+            )
+        return self
+
+    def workload(
+        self, num_params: int, trainable_params: int, weight_bytes: float, reference_bytes: float = 0.0
+    ) -> strategies.Workload:
         """The memory model's inputs: the model's size and what these settings put through it per micro-batch."""
         return strategies.Workload(
             num_params=num_params,
@@ -215,7 +237,17 @@ class TrainSettings(TemplateSettings):
             tokens=self.micro_batch_size * self.max_seq_len * (2 if self.method == "dpo" else 1),
             gradient_checkpointing=self.gradient_checkpointing,
             weight_bytes=weight_bytes,
+            reference_bytes=reference_bytes,
         )
+
+    def reference_bytes(self, num_params: int, on_gpu: bool) -> float:
+        """Bytes of DPO's frozen reference with finetune=full; 0 otherwise (LoRA's reference is its own base).
+
+        A copy of the base's weights on every worker: bf16 on GPU, fp32 on CPU; no gradients or optimizer state.
+        """
+        if self.finetune != "full" or self.method != "dpo":
+            return 0.0
+        return float(num_params * (2 if on_gpu else 4))
 
     def resolve_strategy(
         self, *, num_params: int, trainable_params: int, on_gpu: bool, device_memory_bytes: int, world: int
@@ -231,10 +263,21 @@ class TrainSettings(TemplateSettings):
                 "ddp", use_gpu=on_gpu, work=work, device_memory_bytes=device_memory_bytes, world=world
             )
             return dataclasses.replace(plan, reason="lora.quantize=4bit: a 4-bit replica per worker, DDP")
+        if self.finetune == "full":
+            # Every parameter trains (16 bytes each, trainable); on GPU a bf16 copy of the weights computes besides
+            # the fp32 ones, on CPU the fp32 weights compute themselves.
+            work = self.workload(
+                num_params,
+                num_params,
+                weight_bytes=2 if on_gpu else 0,
+                reference_bytes=self.reference_bytes(num_params, on_gpu),
+            )
+        else:
+            work = self.workload(num_params, trainable_params, weight_bytes=2 if on_gpu else 4)  # bf16 GPU, fp32 CPU
         return strategies.choose(
             self.strategy,
             use_gpu=on_gpu,
-            work=self.workload(num_params, trainable_params, weight_bytes=2 if on_gpu else 4),  # bf16 GPU, fp32 CPU
+            work=work,
             device_memory_bytes=device_memory_bytes,
             world=world,
             zero_stage=self.zero_stage,

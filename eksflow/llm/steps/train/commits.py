@@ -88,11 +88,13 @@ class Commits:
         stop_file: Path,
         preempted: Callable[[], tuple[int, float]],
         durable_uri: str = "",
+        base_dir: str = "",
     ) -> None:
         self.root, self.settings, self.rank = root, settings, rank
         self.update, self.strategy = update, strategy
         self.stop_requested, self.stop_file, self.preempted = stop_requested, stop_file, preempted
         self.durable_uri = durable_uri
+        self.base_dir = base_dir  # a full fine-tune's base model folder: its checkpoints get the base's tokenizer
         self.durable: checkpoints.DurableCopy | None = None
         self.noticed = 0  # the preemption notices seen (and committed for)
         self.last_chance_taken = False  # one commit at the last chance before a preemption deadline
@@ -155,17 +157,18 @@ class Commits:
     def commit(self, done: int, metrics: dict[str, float]) -> None:
         """Gather the full state (a collective: every rank), rank 0 commits, prunes and queues the durable copy."""
         started = time.monotonic()
-        adapter, optimizer_state = self.update.full_state()
+        weights, optimizer_state = self.update.full_state()
         if self.rank == 0:
             save = partial(
                 save_checkpoint,
                 rank=self.rank,
                 model=self.update.model,
-                adapter=adapter,
+                weights=weights,
                 optimizer_state=optimizer_state,
                 scheduler=self.update.scheduler,
                 strategy=self.strategy,
                 metrics={"step": done, **metrics},
+                base_dir=self.base_dir,
             )
             committed = checkpoints.commit(self.root, done, save)
             checkpoints.prune(self.root, self.settings.keep_checkpoints)

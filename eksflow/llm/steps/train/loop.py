@@ -31,7 +31,7 @@ from eksflow.llm.steps.train.parallel import (
     resolve_precision,
     shard,
 )
-from eksflow.llm.steps.train.state import load_adapter
+from eksflow.llm.steps.train.state import MODEL_FOLDER, load_adapter, read_trainer_state
 from eksflow.runtime import trainer_status
 from eksflow.runtime.outputs import Progress
 
@@ -166,7 +166,7 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     """
     import torch
 
-    from eksflow.llm.steps.train.model import parameter_count, peft_model
+    from eksflow.llm.steps.train.model import parameter_count, trained_model
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
@@ -179,7 +179,14 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
 
     # A 4-bit base computes in the precision DDP resolves to (QLoRA trains under DDP only: TrainSettings)
     quantized_precision = resolve_precision(settings, device, "ddp") if settings.lora.quantize == "4bit" else "fp32"
-    model = peft_model(settings, loop.model_dir, device, quantized_precision)
+    full = settings.finetune == "full"
+    root = Path(loop.checkpoint_root)
+    start = checkpoints.latest(root)
+    # A full fine-tune resumes from the model its checkpoint holds (read_trainer_state refuses a checkpoint without
+    # one); LoRA loads the base, then the adapter into it (below).
+    state = read_trainer_state(start.path, "full") if full and start else {}
+    weights_dir = str(start.path / MODEL_FOLDER) if full and start else loop.model_dir
+    model = trained_model(settings, weights_dir, device, quantized_precision)
     if device.type == "cpu":
         from eksflow.llm.steps.train.dropout import use_mask_dropout
 
@@ -198,11 +205,10 @@ def train_worker(loop: LoopConfig, ctx: WorkerContext) -> None:
     if rank == 0:
         print(f"strategy: {plan.strategy} ({plan.reason}); precision: {precision}{kernels}", flush=True)
 
-    root = Path(loop.checkpoint_root)
-    start = checkpoints.latest(root)
     # The adapter goes into the unsharded model (PEFT's own loader); the optimizer state, keyed by parameter name,
     # is loaded once the optimizer exists over the final (possibly sharded) parameters.
-    state = load_adapter(start.path, model) if start else {}
+    if start and not full:
+        state = load_adapter(start.path, model)
     with process_group(device, world) if plan.strategy != "ddp" else nullcontext():
         if plan.strategy != "deepspeed":  # DeepSpeed's engine places and partitions the model itself
             model = shard(model, device, world, bf16) if plan.strategy == "fsdp" else ctx.prepare_model(model)
@@ -240,13 +246,16 @@ def _train(
     import torch
 
     from eksflow.llm.steps.train.loss import SupervisedObjective
+    from eksflow.llm.steps.train.model import reference_model
     from eksflow.llm.steps.train.preference import PreferenceObjective
 
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     model, scheduler = update.model, update.scheduler
     dpo = settings.method == "dpo"
-    objective = PreferenceObjective(model, settings.dpo) if dpo else SupervisedObjective(model)
+    # A full fine-tune's DPO reference is a frozen copy of the base, built once; LoRA's is its base, adapter disabled
+    reference = reference_model(loop.model_dir, device, bf16) if dpo and settings.finetune == "full" else None
+    objective = PreferenceObjective(model, settings.dpo, reference) if dpo else SupervisedObjective(model)
     root = Path(loop.checkpoint_root)
     cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir), dpo)
     batches = MicroBatches(cache, settings, loop.pad_token_id if pad_token_id is None else pad_token_id)
@@ -274,6 +283,7 @@ def _train(
         stop_file=root / STOP_FILE,
         preempted=ctx.preempted,
         durable_uri=loop.checkpoint_uri,
+        base_dir=loop.model_dir if settings.finetune == "full" else "",
     )
     model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
     with commits, status or nullcontext():  # the status's last state is sent on leaving, however the loop ends

@@ -1,4 +1,9 @@
-"""The model a worker trains: the base model loaded (in NF4 for QLoRA) and wrapped by peft with the adapter.
+"""The model a worker trains: the base model wrapped by peft with the adapter (lora), or the whole model (full).
+
+`train.finetune=full` loads the model in fp32 with every parameter trainable and no peft wrapping; a resumed run
+loads it from its checkpoint's model folder instead of the base. DPO's reference for it is a second, frozen copy of
+the base (`reference_model`), built once per attempt: LoRA's reference, the adapter disabled, has no counterpart
+when every weight moves.
 
 `train.lora.quantize=4bit` loads every linear layer of the base but the output head as bitsandbytes' NF4 (4-bit
 NormalFloat, the QLoRA paper's data type) computing in the worker's precision, and prepares it as peft's
@@ -12,6 +17,42 @@ from __future__ import annotations
 from typing import Any
 
 from eksflow.llm.steps.train import TrainSettings
+
+
+def trained_model(settings: TrainSettings, model_dir: str, device: Any, precision: str) -> Any:
+    """What `settings.finetune` trains: the whole model in `model_dir` (full) or the base with its adapter (lora)."""
+    return (
+        full_model(settings, model_dir)
+        if settings.finetune == "full"
+        else peft_model(settings, model_dir, device, precision)
+    )
+
+
+def full_model(settings: TrainSettings, model_dir: str) -> Any:
+    """The model in `model_dir` in fp32 on CPU, every parameter trainable (the strategy places and casts it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.requires_grad_(True)
+    return model
+
+
+def reference_model(model_dir: str, device: Any, bf16: bool) -> Any:
+    """DPO's reference for a full fine-tune: the base in `model_dir`, frozen (eval mode, no gradients) on `device`.
+
+    It computes in the worker's precision (bf16 or fp32) as loaded: its forward runs outside the strategy's wrapper
+    and its casts.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    model.requires_grad_(False)
+    return model.to(device).eval()
 
 
 def peft_model(settings: TrainSettings, model_dir: str, device: Any, precision: str) -> Any:

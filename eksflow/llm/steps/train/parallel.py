@@ -16,7 +16,8 @@ from eksflow.runtime.args import StepInputError
 def plan_strategy(settings: TrainSettings, device: Any, world: int, num_params: int, trainable: int) -> strategies.Plan:
     """Resolve `strategy` for this model and device (TrainSettings.resolve_strategy, which `plan` calls too).
 
-    On GPU, `auto` refuses a model that no row of the decision matrix fits (as `plan` does before submitting).
+    On GPU, `auto` refuses a model that no row of the decision matrix fits, and a full fine-tune one its strategy
+    does not fit (as `plan` does before submitting).
     """
     import torch
 
@@ -28,6 +29,12 @@ def plan_strategy(settings: TrainSettings, device: Any, world: int, num_params: 
         device_memory_bytes=torch.cuda.get_device_properties(device).total_memory if on_gpu else 0,
         world=world,
     )
+    if settings.finetune == "full" and not plan.fits:
+        raise StepInputError(
+            f"train.finetune=full: {plan.reason}, about {plan.memory_bytes / strategies.GIB:.1f} GiB per GPU to "
+            f"train every one of this model's {num_params:,} parameters, more than this GPU holds; set finetune=lora, "
+            "shard it (strategy fsdp or deepspeed with zero_stage 3), or raise num_workers"
+        )
     if settings.strategy == "auto" and not plan.fits:
         raise StepInputError(
             f"no strategy fits this model's {num_params:,} parameters: {plan.reason}; raise num_workers, lower "

@@ -13,6 +13,9 @@ r: reference; c: chosen, x: rejected), the losses are TRL's (trl/trainer/dpo_tra
                                                        concatenated_forward divides by the answer's length for ipo)
 
 A fresh adapter (LoRA's B is zero) is the reference: m = 0, and the sigmoid loss is log 2 at step 0.
+With train.finetune=full every weight moves, so the reference is a frozen copy of the base instead (built once
+per attempt in the worker's compute precision, eval mode, outside the strategy's wrapper: a replica per worker);
+at step 0 the policy is that base, and the loss is log 2 likewise.
 
 The reference forward runs through the same wrapper as the policy's (DDP, an FSDP2 root, a DeepSpeed engine), so
 each strategy gathers or reads its weights the way its policy forward does; disable_adapter() only switches the
@@ -85,6 +88,7 @@ class PreferenceObjective:
 
     model: Any  # what the loop calls: the DDP wrapper, the FSDP2 root or the DeepSpeed engine
     settings: DpoSettings
+    reference: Any = None  # a full fine-tune's frozen copy of the base (model.reference_model); None: LoRA's base
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, reward metrics) of a preference micro-batch (data.MicroBatch with target_rows)."""
@@ -96,11 +100,15 @@ class PreferenceObjective:
         return preference_loss(policy, reference, self.settings)
 
     def reference_logps(self, batch: Any) -> torch.Tensor:
-        """Each row's summed log-probability under the base model: the adapter disabled, no gradients."""
-        with torch.no_grad(), unwrapped(self.model).disable_adapter():
-            return self.logps(batch)
+        """Each row's summed log-probability under the base model (frozen copy or adapter disabled), no gradients."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return self.logps(batch, self.reference)
+            with unwrapped(self.model).disable_adapter():
+                return self.logps(batch)
 
-    def logps(self, batch: Any) -> torch.Tensor:
-        """Each row's summed log-probability under the model as it is (the policy, unless the adapter is disabled)."""
+    def logps(self, batch: Any, model: Any = None) -> torch.Tensor:
+        """Each row's summed log-probability under `model`, by default the one training (the policy, or its base)."""
         n_rows = int(batch.inputs["input_ids"].shape[0])
-        return sequence_logps(self.model(**batch.inputs).logits, batch.targets, batch.target_rows, n_rows)
+        logits = (model or self.model)(**batch.inputs).logits
+        return sequence_logps(logits, batch.targets, batch.target_rows, n_rows)

@@ -36,7 +36,11 @@ def memory_plan(settings: TrainSettings, layout: Layout, params_b: float) -> tup
     """How the train step will hold the model and what that takes per worker, as (label, strategy plan)."""
     num_params = int(params_b * 1e9)
     modules = settings.lora.modules_per_layer(LLAMA_LINEAR_LAYERS)
-    trainable = strategies.estimate_lora_params(num_params, settings.lora.rank, modules)
+    trainable = (
+        num_params
+        if settings.finetune == "full"
+        else strategies.estimate_lora_params(num_params, settings.lora.rank, modules)
+    )
     budget = int(layout.memory_per_worker_gib * GIB)
     if layout.kind == "trainium":
         work = settings.workload(num_params, trainable, weight_bytes=2)
@@ -84,6 +88,11 @@ def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
             f"train.lora.quantize: {settings.lora.quantize} needs bitsandbytes, which has no Trainium path; fix: "
             "--set train.lora.quantize=none"
         )
+    if layout.kind == "trainium" and settings.finetune == "full":
+        problems.append(
+            "train.finetune: the Trainium step trains a LoRA adapter (NeuronTrainer), not a full fine-tune; fix: "
+            "--set train.finetune=lora, or a CPU or GPU cluster.instance_type"
+        )
     params_b = model_params_b(base_model, layout.model_params_b)
     if params_b is None:
         problems.append(
@@ -95,16 +104,38 @@ def preflight(args: Mapping[str, object], layout: Layout) -> Preflight:
         label, plan = memory_plan(settings, layout, params_b)
     except StepInputError as err:  # a strategy this layout cannot run (e.g. ZeRO on one worker): the step's words
         return Preflight([], [*problems, f"train.strategy: {err}"])
-    if not plan.fits:
+    full = settings.finetune == "full"
+    if not plan.fits and full:
+        problems.append(
+            f"train.finetune: full needs about {plan.memory_bytes / GIB:.1f} GiB per worker ({label}; 16 bytes a "
+            f"parameter to train), {layout.memory_per_worker_gib:.0f} GiB available on {layout.instance_type}; fix: "
+            "--set train.finetune=lora, shard it (train.strategy=fsdp or deepspeed with zero_stage=3), add "
+            "cluster.nodes, or pick a larger cluster.instance_type"
+        )
+    elif not plan.fits:
         problems.append(
             f"train.micro_batch_size: about {plan.memory_bytes / GIB:.1f} GiB per worker needed ({label}), "
             f"{layout.memory_per_worker_gib:.0f} GiB available on {layout.instance_type}; fix: lower "
             "train.micro_batch_size or train.max_seq_len, set train.gradient_checkpointing=true, add cluster.nodes, "
             "or pick a larger cluster.instance_type"
         )
+    num_params = int(params_b * 1e9)
     rows = [
-        ("adapter", adapter_row(settings.lora)),
+        ("fine-tune", full_row(settings, num_params, plan)) if full else ("adapter", adapter_row(settings.lora)),
         ("strategy", label),
         ("memory per worker", f"~{plan.memory_bytes / GIB:.1f} GiB of {layout.memory_per_worker_gib:.0f} GiB"),
     ]
+    reference = settings.reference_bytes(num_params, layout.kind == "gpu")
+    if reference:
+        rows.append(("DPO reference", f"a frozen copy of the base on every worker, ~{reference / GIB:.1f} GiB of it"))
     return Preflight(rows, problems)
+
+
+def full_row(settings: TrainSettings, num_params: int, plan: strategies.Plan) -> str:
+    """What a full fine-tune trains and what its training state costs in all, before the strategy shards it."""
+    state = num_params * strategies.FULL_STATE_BYTES
+    sharded = "" if plan.strategy == "ddp" else f", sharded by {plan.strategy}"
+    return (
+        f"full: every weight of ~{num_params / 1e9:.2f}B trains; fp32 weights, gradients and AdamW's two moments "
+        f"~{state / GIB:.1f} GiB in all{sharded}; the output is a whole model"
+    )

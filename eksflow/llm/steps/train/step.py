@@ -24,7 +24,7 @@ from eksflow.llm.steps.train.loop import (
     train_loop,
     train_worker,
 )
-from eksflow.llm.steps.train.state import read_metrics
+from eksflow.llm.steps.train.state import read_metrics, trained_folder
 from eksflow.runtime.args import StepFailedError, StepInputError, run_step
 from eksflow.runtime.ports import free_port
 
@@ -110,7 +110,7 @@ def _run_holding_lease(
         raise RuntimeError(f"training ended without a final checkpoint in {loop.checkpoint_root}")
     metrics = read_metrics(final.path)
     return Outputs(
-        adapter_dir=str(final.path / "adapter"),
+        adapter_dir=str(trained_folder(final.path, args.finetune)),
         checkpoint_dir=str(final.path),
         final_loss=float(metrics.get("loss", math.nan)),
         tokens_per_s=float(metrics.get("tokens_per_s", 0.0)),
