@@ -126,6 +126,13 @@ def test_evaluate_with_method_dpo_gates_on_preference_metrics(tmp_path, tiny_tok
     assert outputs.passed
     report = json.loads(Path(outputs.report).read_text())
     assert report["metrics"]["preference_accuracy"] == metrics["preference_accuracy"]
+    # The rows the canary asks the served model: each pair's prompt (a conversation's history), scored against
+    # `chosen`, up to the answer cap evaluate generated under.
+    asked = [(row["prompt"], row.get("messages"), row["reference"]) for row in report["rows"]]
+    assert asked == [(p["prompt"], None, p["chosen"]) for p in PAIRS[:4]] + [
+        ("user: what is 1 plus 1\nassistant: 2\nuser: what is 2 plus 2", PAIRS[4]["prompt"], "the answer is 4")
+    ]
+    assert report["max_new_tokens"] == 4
 
 
 def test_the_flagship_wires_the_method_and_refuses_a_preference_rule_under_sft():

@@ -63,6 +63,7 @@ def write_report(
         "eval_set_digest": digest,
         "examples": len(examples),
         "task_metrics": list(args.task_metrics),
+        "max_new_tokens": scores["tuned"].max_new_tokens,  # the answers' cap, which the canary's probes keep
         "eval_set_examples": total or len(examples),
         "confidence": {"level": args.confidence, "intervals": dict(intervals)} if intervals else None,
         "adapter_dir": str(args.adapter_dir),
