@@ -184,7 +184,8 @@ def with_template(model_dir: Path, reference: str, expected_sha256: str, cache_d
 def _fill(source: Path, text: str, out: Path, reference: str) -> None:
     for entry in source.iterdir():
         if entry.name not in (TEMPLATE_FILE, LEGACY_TEMPLATE_FILE, TOKENIZER_CONFIG):
-            os.symlink(entry.resolve(), out / entry.name)
+            # relative: the folder and the base sit on one volume, which pods may mount at other paths
+            os.symlink(os.path.relpath(entry.resolve(), out), out / entry.name)
     config_file = source / TOKENIZER_CONFIG
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     config.pop("chat_template", None)
