@@ -331,3 +331,44 @@ def test_the_lora_family_trains_on_cpu(workdir, tmp_path, launcher, strategy, lo
     assert config["use_dora"] is bool(lora.get("use_dora"))
     if lora.get("quantize") == "4bit":
         assert "strategy: ddp (lora.quantize=4bit: a 4-bit replica per worker, DDP)" in done.stdout + done.stderr
+
+
+def test_a_full_fine_tune_trains_every_weight_resumes_exactly_under_zero3_and_fsdp_and_loads_as_a_model(
+    workdir, tmp_path
+):
+    """train.finetune=full, 2 torchrun workers: DDP trains every weight of the model (no adapter) with a checkpoint a
+    step, each holding the whole model; retries of the run after step 2 under ZeRO-3 (each rank holding a partition
+    of the weights) and FSDP (a shard) continue with the uninterrupted run's losses; the final folder loads with
+    `from_pretrained` as a model whose every weight moved from the base's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
+
+    def train(out: Path, strategy: str) -> None:
+        argv = train_args(workdir, out, strategy, 3, **{"max-steps": 4, "finetune": "full", "learning-rate": 0.001})
+        command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun", *argv]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    reference = tmp_path / "ddp"
+    train(reference, "ddp")
+    run = losses(reference)
+    assert sorted(run) == [1, 2, 3, 4] and run[4] < run[1], run
+    final = checkpoints.latest(reference / "checkpoints").path
+    assert not (final / "adapter").exists()
+    assert (reference / "outputs" / "adapter_dir").read_text() == str(final / "model")
+    for strategy in ("deepspeed", "fsdp"):
+        resume_from(reference, 2, tmp_path / strategy)
+        train(tmp_path / strategy, strategy)
+        continued = {s: v for s, v in losses(tmp_path / strategy).items() if s > 2}
+        difference = worst(continued, run)
+        print(
+            f"full fine-tune, DDP checkpoint resumed under {strategy}: max |loss difference| steps 3-4 {difference:.1e}"
+        )
+        assert sorted(continued) == [3, 4] and difference <= ZERO_TOLERANCE
+
+    tuned = AutoModelForCausalLM.from_pretrained(final / "model").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
+    assert sorted(tuned) == sorted(base)
+    assert all(not torch.equal(tuned[name], base[name]) for name in base), "a weight did not train"
