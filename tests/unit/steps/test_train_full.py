@@ -90,7 +90,10 @@ def test_trainium_refuses_a_full_fine_tune():
 
 
 def test_a_checkpoint_of_the_other_finetune_is_refused_on_resume(tmp_path):
+    import torch
+
     (tmp_path / "step-00000002" / "adapter").mkdir(parents=True)
+    torch.save({"step": 2, "strategy": "ddp"}, tmp_path / "step-00000002" / "trainer_state.pt")
     with pytest.raises(StepInputError, match=r"holds no model folder: it was written with another train\.finetune"):
         read_trainer_state(tmp_path / "step-00000002", "full")
 

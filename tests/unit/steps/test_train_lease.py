@@ -134,7 +134,7 @@ def test_only_rank_0_writes_checkpoints(tmp_path):
             tmp_path,
             rank=1,
             model=None,
-            adapter={},
+            weights={},
             optimizer_state={},
             scheduler=None,
             strategy="fsdp",

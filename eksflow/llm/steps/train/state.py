@@ -133,16 +133,16 @@ def read_trainer_state(folder: Path, finetune: str = "lora") -> dict[str, Any]:
     """
     import torch
 
-    if not trained_folder(folder, finetune).is_dir():
-        raise StepInputError(
-            f"{folder} holds no {trained_folder(folder, finetune).name} folder: it was written with another "
-            f"train.finetune than {finetune}; start a new run (another run_name) or delete {folder.parent}"
-        )
     state: dict[str, Any] = torch.load(folder / STATE_FILE, weights_only=False)
     if "strategy" not in state:
         raise StepInputError(
             f"{folder} was written by an older eksflow (optimizer state keyed by position, not by parameter name) "
             f"and cannot be resumed: start a new run (another run_name) or delete {folder.parent}"
+        )
+    if not trained_folder(folder, finetune).is_dir():
+        raise StepInputError(
+            f"{folder} holds no {trained_folder(folder, finetune).name} folder: it was written with another "
+            f"train.finetune than {finetune}; start a new run (another run_name) or delete {folder.parent}"
         )
     return state
 
