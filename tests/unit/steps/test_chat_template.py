@@ -228,3 +228,5 @@ def test_the_training_run_keeps_the_template_make_serve_reads_it_and_a_fleet_of_
         "the base model's own template: roll it out with the train.chat_template it was trained with"
     )
     assert "it was trained through the base model's own template" in str(serving_problem(uri, own, fleet))
+    whole = model_folder(tmp_path / "whole", load_tokenizer(fleet))  # a full fine-tune saves the tokenizer it trained
+    assert (whole / TEMPLATE_FILE).read_text() == OVERRIDE and serving_problem(uri, trained, whole) is None

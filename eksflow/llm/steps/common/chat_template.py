@@ -265,7 +265,9 @@ def serving_problem(tracking_uri: str, run_id: str, model_dir: Path) -> str | No
     """Why an engine started on `model_dir` would ask a version trained in run `run_id` through another template.
 
     The run's `chat_template_sha256` param ("": the base model's own) against the folder's (a templated folder's
-    DIGEST_FILE; none: the model's own). None when they agree, or when the version has no training run.
+    DIGEST_FILE; none: the model's own). None when they agree, when the folder's own chat_template.jinja is the
+    trained one (a whole model trained through it saves its tokenizer with it: finetune full), or when the version
+    has no training run.
     """
     from eksflow.llm.steps.common import tracking
 
@@ -275,7 +277,8 @@ def serving_problem(tracking_uri: str, run_id: str, model_dir: Path) -> str | No
         trained = tracking.client(tracking_uri).get_run(run_id).data.params.get("chat_template_sha256", "")
     marker = model_dir / DIGEST_FILE
     served = marker.read_text().strip() if marker.is_file() else ""
-    if trained == served:
+    own = model_dir / TEMPLATE_FILE
+    if trained == served or (trained and own.is_file() and sha256(own.read_text(encoding="utf-8")) == trained):
         return None
 
     def shown(digest: str) -> str:
