@@ -107,6 +107,8 @@ class TemplateSettings(Settings):
 
 def value_problem(value: str) -> str | None:
     """Why `value` is not a template file's path (no I/O), or None; an empty value is the model's own template."""
+    if "\x00" in value:
+        return "holds a NUL byte, which no file's path does: give the template file's path"
     if any(marker in value for marker in _JINJA):
         return (
             "holds Jinja ('{{' or '{%'): give the template as a file, e.g. chat_template: templates/chat.jinja, "
