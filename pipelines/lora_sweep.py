@@ -19,7 +19,8 @@ from pydantic import Field, field_validator, model_validator
 
 from eksflow import ClusterSettings, Item, Location, Pipeline, Ref, Settings, distributed, main, name_field, task
 from eksflow.llm import BIG, LlmPipelineConfig, MlflowSettings, base_model_field, lineage, run_report
-from eksflow.llm.serving.objects import ServingSettings, refuse_unservable_ranks
+from eksflow.llm.serving.objects import ServingSettings
+from eksflow.llm.serving.servable import refuse_unservable_ranks
 from eksflow.llm.steps import (
     champion,
     evaluate,

@@ -23,31 +23,30 @@ Keys come from one Secret (serving.secret) that an operator creates once, never 
     kubectl create secret generic eksflow-serving --from-literal=vllm-api-key=... \
         --from-literal=litellm-master-key=sk-...
 
-ServingConfig refuses, when the config is loaded, a LoRA rank the engine cannot load (refuse_unservable_ranks: every
-LoraSettings section's rank against serving.engine.max_lora_rank; a grid of ranks calls it too), and an adapter
-vLLM cannot serve as a LoRA, DoRA among them (refuse_unservable_adapters).
+ServingConfig refuses, when the config is loaded, what its fleet could not serve once trained (servable.py): a
+full fine-tune, a LoRA rank the engine cannot load, an adapter vLLM cannot serve as a LoRA (DoRA among them).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from eksflow import profiles
 from eksflow.config import Image, image_field, pinned_image
 from eksflow.llm.pipeline import LlmPipelineConfig, base_model_field
+from eksflow.llm.serving import servable
 from eksflow.llm.steps.canary import CanarySettings
-from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout, vllm, vllm_lora
+from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout, vllm
 from eksflow.llm.steps.evaluate import EvaluateSettings
 from eksflow.llm.steps.evaluate.metrics import configured, shown
 from eksflow.llm.steps.prepare_fleet import fleet_addresses
-from eksflow.llm.steps.train import LoraSettings
 from eksflow.names import PIPELINE_LABEL
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
@@ -58,7 +57,6 @@ MODEL_LABEL = "eksflow.dev/model"  # the public model name a proxy routes (the l
 FLEET_LABEL = "eksflow.dev/fleet"
 ROLLOUT_LABEL = "eksflow.dev/rollout"  # on the workflow's pods that talk to the fleet (value: the pipeline's name)
 PROXY_CONFIG_DIR = "/etc/litellm"
-ENGINE_RANK_LIMIT = "serving.engine.max_lora_rank"  # the largest LoRA rank the fleet's engine loads
 COMPROMISED_LITELLM = ("1.82.7", "1.82.8")  # malicious releases on PyPI: never deploy them
 # Inference nodes: CPU, g5, p4d and the inference-only L4 GPUs (g6); requests/limits come from the profile.
 INFERENCE_PROFILES: dict[str, Profile] = {
@@ -112,70 +110,6 @@ class ServingSettings(Settings):
         return image
 
 
-def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
-    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key."""
-    if isinstance(section, LoraSettings):
-        return {key: section}
-    found: dict[str, LoraSettings] = {}
-    for name in type(section).model_fields:
-        value = getattr(section, name)
-        if isinstance(value, BaseModel):
-            found |= lora_sections(value, f"{key}.{name}" if key else name)
-    return found
-
-
-def lora_ranks(section: BaseModel) -> dict[str, int]:
-    """The rank of every LoRA adapter a config trains, by the dotted key of its setting."""
-    return {f"{key}.rank": lora.rank for key, lora in lora_sections(section).items()}
-
-
-def refuse_unservable_adapters(sections: Mapping[str, LoraSettings]) -> None:
-    """Refuse (ValidationError) an adapter the pipeline's vLLM fleet cannot serve as a LoRA, at its setting's key.
-
-    A DoRA adapter (or a module vLLM has no LoRA layer for) would train, pass the gate and register, and then be
-    refused by load-candidate: rolling it out needs it merged into its base and served as a model of its own, which
-    the rollout does not build yet.
-    """
-    for key, lora in sections.items():
-        unservable = vllm_lora.unservable_setting(lora.use_dora, lora.target_modules)
-        if unservable is not None:
-            field, why, fix = unservable
-            problem = (
-                f"{why}: rolling it out needs it merged into its base and served as a model, which this "
-                f"pipeline's rollout does not do yet; {fix}"
-            )
-            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
-            details = InitErrorDetails(type=error, loc=(*key.split("."), field), input=getattr(lora, field))
-            raise ValidationError.from_exception_data("LoRA adapters", [details])
-
-
-def refuse_unservable_ranks(
-    trained: Mapping[str, int | Sequence[int]], max_lora_rank: int, limit: str = ENGINE_RANK_LIMIT
-) -> None:
-    """Refuse (ValidationError) a LoRA rank the serving engine cannot load, at the key of the setting that holds it.
-
-    vLLM sizes its LoRA buffers by --max-lora-rank and refuses a larger adapter, which load-candidate finds only
-    after training: a config's validator calls this, so the config is refused wherever it is loaded (plan, render,
-    run, submit, config). `trained` maps each setting to its rank, or to its ranks (a grid: the largest must fit);
-    `limit` names where `max_lora_rank` comes from: the config's own serving.engine.max_lora_rank (the fix may
-    raise it), or an engine the config does not hold.
-    """
-    errors = []
-    for key, value in trained.items():
-        rank = max(value) if isinstance(value, Sequence) else value
-        if rank > max_lora_rank:
-            fit = next((r for r in vllm.VLLM_RANKS if r >= rank), None)  # the smallest --max-lora-rank that holds it
-            raise_limit = f", or raise {limit} to {fit}" if limit == ENGINE_RANK_LIMIT and fit else ""
-            problem = (
-                f"rank {rank} is above {limit} ({max_lora_rank}), so vLLM could not load the trained adapter; "
-                f"train at rank {max_lora_rank} or less{raise_limit}"
-            )
-            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
-            errors.append(InitErrorDetails(type=error, loc=tuple(key.split(".")), input=value))
-    if errors:
-        raise ValidationError.from_exception_data("LoRA ranks", errors)
-
-
 class ServingConfig(LlmPipelineConfig):
     """A pipeline that rolls its model out: the base model its fleet serves, the fleet, the canary.
 
@@ -202,13 +136,10 @@ class ServingConfig(LlmPipelineConfig):
         return self
 
     @model_validator(mode="after")
-    def _servable_ranks(self) -> ServingConfig:
-        refuse_unservable_ranks(lora_ranks(self), self.serving.engine.max_lora_rank)
-        return self
-
-    @model_validator(mode="after")
-    def _servable_adapters(self) -> ServingConfig:
-        refuse_unservable_adapters(lora_sections(self))
+    def _servable(self) -> ServingConfig:
+        servable.refuse_full_fine_tunes(self)  # first: a full fine-tune's LoRA settings are not used
+        servable.refuse_unservable_ranks(servable.lora_ranks(self), self.serving.engine.max_lora_rank)
+        servable.refuse_unservable_adapters(servable.lora_sections(self))
         return self
 
 

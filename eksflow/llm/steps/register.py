@@ -62,7 +62,7 @@ RANK_TAG = "lora.rank"
 TARGET_MODULES_TAG = "lora.target_modules"
 USE_DORA_TAG = "lora.use_dora"
 QUANTIZE_TAG = "lora.quantize"
-KIND_TAG = "kind"  # adapter or model: how the rollout serves the version
+KIND_TAG = tracking.KIND_TAG  # adapter or model: how the rollout serves the version
 
 
 class Args(StepArgs):

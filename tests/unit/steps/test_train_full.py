@@ -7,8 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from eksflow import plan
+from eksflow.config import load_config
 from eksflow.errors import ConfigError
-from eksflow.llm.steps import register
+from eksflow.llm.steps import load_candidate, register
 from eksflow.llm.steps.common import strategies, tracking
 from eksflow.llm.steps.common.base_model import DEMO_MODEL
 from eksflow.llm.steps.common.trained import model_digest, model_kind
@@ -17,7 +18,10 @@ from eksflow.llm.steps.train import TrainSettings, sizing
 from eksflow.llm.steps.train.state import read_trainer_state
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.preflight import Layout
-from tests.flagship import config, pipeline
+from pipelines import lora_sweep
+from pipelines.lora_sweep import LoraSweepConfig
+from tests.flagship import config
+from tests.unit.steps.test_load_candidate import load
 from tests.unit.steps.test_train_lora_family import tiny_llama
 
 GIB = 2**30
@@ -65,8 +69,23 @@ def test_dpo_with_full_adds_a_frozen_reference_copy_of_weights_on_every_worker()
     assert memory({"method": "dpo"}, "ddp") == memory({}, "ddp")  # LoRA's reference is its base: no copy
 
 
+def sweep(overrides: list[str]):
+    """lora_sweep's pipeline: it trains and evaluates, rolling nothing out, so it takes a full fine-tune."""
+    return lora_sweep.build(load_config(LoraSweepConfig, None, overrides))
+
+
+def test_a_pipeline_that_rolls_out_refuses_a_full_fine_tune_where_its_config_loads():
+    """Its rollout serves adapters on the base's engine: a whole model would train, pass the gate and register,
+    and only then be refused by load-candidate."""
+    with pytest.raises(ConfigError) as raised:
+        config(["train.finetune=full", "train.lora.use_dora=true"])  # full's LoRA settings are unused: not named
+    (line,) = str(raised.value).splitlines()
+    assert line.startswith("train.finetune: a full fine-tune registers a whole model, which rolls out as a model")
+    assert "train it with finetune=lora here, or in a pipeline that does not roll out" in line
+
+
 def test_plan_says_what_full_costs_and_refuses_a_model_it_does_not_fit():
-    rows = dict(plan.check(pipeline(["train.finetune=full"])).rows)
+    rows = dict(plan.check(sweep(["train.finetune=full"])).rows)
     assert rows["train: fine-tune"].startswith("full: every weight of ~0.14B trains; fp32 weights, gradients and")
     assert "train: adapter" not in rows
     dpo = sizing.preflight({"finetune": "full", "method": "dpo", "base_model": DEMO_MODEL}, A_GPU)
@@ -79,7 +98,7 @@ def test_plan_says_what_full_costs_and_refuses_a_model_it_does_not_fit():
     assert problem.startswith("train.finetune: full needs about 85.5 GiB per worker (deepspeed ZeRO-3 with CPU offload")
     assert "24 GiB available on g5.xlarge; fix: --set train.finetune=lora" in problem
     with pytest.raises(ConfigError, match=r"train\.finetune: full needs about"):
-        plan.check(pipeline(["train.finetune=full", "cluster.model_params_b=70"]))
+        plan.check(sweep(["train.finetune=full", "cluster.model_params_b=70"]))
 
 
 def test_trainium_refuses_a_full_fine_tune():
@@ -138,3 +157,25 @@ def test_register_logs_a_model_folder_as_a_version_of_kind_model(model_folder, t
     assert version.source.endswith(f"/{register.MODEL_ARTIFACT}")
     logged = {a.path for a in client.list_artifacts(first.mlflow_run_id, register.MODEL_ARTIFACT)}
     assert {f"{register.MODEL_ARTIFACT}/config.json", f"{register.MODEL_ARTIFACT}/model.safetensors"} <= logged
+
+
+def test_a_version_of_kind_model_is_refused_by_load_candidate_in_one_line(model_folder, tmp_path, capsys):
+    """A whole model registered elsewhere (rollout_pipeline takes any version) is not fetched as an adapter."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = register.Args.model_validate(
+        {
+            "adapter_dir": model_folder,
+            "base_model": DEMO_MODEL,
+            "metrics": {"exact_match": 0.9},
+            "dataset_digest": "sha256:" + "d" * 64,
+            "workflow_name": "wf",
+            "tracking_uri": uri,
+            "outputs_dir": tmp_path / "out",
+        }
+    )
+    version = register.run(args).model_version
+    capsys.readouterr()
+    assert load_candidate.main(load(tmp_path, uri, version)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--model-version={version}: llama-lora version {version} is a whole model (tag kind=model" in line
+    assert not any((tmp_path / "adapters").rglob("*.safetensors"))  # nothing published for the fleet

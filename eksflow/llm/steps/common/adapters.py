@@ -69,6 +69,12 @@ def fetch(registered: ModelVersion, dest: Path) -> None:
     from mlflow.exceptions import MlflowException
 
     model_name, version = registered.name, registered.version
+    if (registered.tags or {}).get(tracking.KIND_TAG) == "model":
+        raise StepInputError(
+            f"--model-version={version}: {model_name} version {version} is a whole model (tag "
+            f"{tracking.KIND_TAG}=model: train.finetune=full), not an adapter; serving one as a model of its own "
+            "(a vLLM Deployment of its own behind the proxy) is not built yet: roll out or serve a LoRA version"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:

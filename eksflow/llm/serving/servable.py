@@ -1,0 +1,103 @@
+"""What a pipeline's fleet can serve once trained, checked when its config loads (ServingConfig's validator).
+
+A setting that trains something the rollout cannot serve would train, pass the gate and register, and then be
+refused by load-candidate: each is refused instead at its own key, wherever the config is loaded (plan, render,
+run, submit, config). A full fine-tune (a model of its own: a second vLLM Deployment behind the proxy, not built
+yet), a LoRA rank above the engine's --max-lora-rank, and an adapter vLLM cannot serve as a LoRA (DoRA among them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from eksflow.llm.steps.common import vllm, vllm_lora
+from eksflow.llm.steps.train import LoraSettings, TrainSettings
+
+ENGINE_RANK_LIMIT = "serving.engine.max_lora_rank"  # the largest LoRA rank the fleet's engine loads
+
+
+def _sections(section: BaseModel, kind: type[BaseModel], key: str = "") -> dict[str, BaseModel]:
+    """Every section of type `kind` in a config (at any depth), by dotted key."""
+    if isinstance(section, kind):
+        return {key: section}
+    found: dict[str, BaseModel] = {}
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        if isinstance(value, BaseModel):
+            found |= _sections(value, kind, f"{key}.{name}" if key else name)
+    return found
+
+
+def refuse_full_fine_tunes(config: BaseModel) -> None:
+    """Refuse (ValidationError) `finetune: full` in a pipeline that rolls out, at the setting's key."""
+    for key, train in _sections(config, TrainSettings).items():
+        assert isinstance(train, TrainSettings)
+        if train.finetune == "full":
+            problem = (
+                "a full fine-tune registers a whole model, which rolls out as a model of its own (a vLLM "
+                "Deployment beside the champion's, behind the proxy) that this pipeline's rollout does not build "
+                "yet; train it with finetune=lora here, or in a pipeline that does not roll out"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            details = InitErrorDetails(type=error, loc=(*key.split("."), "finetune"), input=train.finetune)
+            raise ValidationError.from_exception_data("fine-tunes", [details])
+
+
+def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
+    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key."""
+    return {k: lora for k, lora in _sections(section, LoraSettings, key).items() if isinstance(lora, LoraSettings)}
+
+
+def lora_ranks(section: BaseModel) -> dict[str, int]:
+    """The rank of every LoRA adapter a config trains, by the dotted key of its setting."""
+    return {f"{key}.rank": lora.rank for key, lora in lora_sections(section).items()}
+
+
+def refuse_unservable_adapters(sections: Mapping[str, LoraSettings]) -> None:
+    """Refuse (ValidationError) an adapter the pipeline's vLLM fleet cannot serve as a LoRA, at its setting's key.
+
+    A DoRA adapter (or a module vLLM has no LoRA layer for) would train, pass the gate and register, and then be
+    refused by load-candidate: rolling it out needs it merged into its base and served as a model of its own, which
+    the rollout does not build yet.
+    """
+    for key, lora in sections.items():
+        unservable = vllm_lora.unservable_setting(lora.use_dora, lora.target_modules)
+        if unservable is not None:
+            field, why, fix = unservable
+            problem = (
+                f"{why}: rolling it out needs it merged into its base and served as a model, which this "
+                f"pipeline's rollout does not do yet; {fix}"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            details = InitErrorDetails(type=error, loc=(*key.split("."), field), input=getattr(lora, field))
+            raise ValidationError.from_exception_data("LoRA adapters", [details])
+
+
+def refuse_unservable_ranks(
+    trained: Mapping[str, int | Sequence[int]], max_lora_rank: int, limit: str = ENGINE_RANK_LIMIT
+) -> None:
+    """Refuse (ValidationError) a LoRA rank the serving engine cannot load, at the key of the setting that holds it.
+
+    vLLM sizes its LoRA buffers by --max-lora-rank and refuses a larger adapter, which load-candidate finds only
+    after training: a config's validator calls this, so the config is refused wherever it is loaded (plan, render,
+    run, submit, config). `trained` maps each setting to its rank, or to its ranks (a grid: the largest must fit);
+    `limit` names where `max_lora_rank` comes from: the config's own serving.engine.max_lora_rank (the fix may
+    raise it), or an engine the config does not hold.
+    """
+    errors = []
+    for key, value in trained.items():
+        rank = max(value) if isinstance(value, Sequence) else value
+        if rank > max_lora_rank:
+            fit = next((r for r in vllm.VLLM_RANKS if r >= rank), None)  # the smallest --max-lora-rank that holds it
+            raise_limit = f", or raise {limit} to {fit}" if limit == ENGINE_RANK_LIMIT and fit else ""
+            problem = (
+                f"rank {rank} is above {limit} ({max_lora_rank}), so vLLM could not load the trained adapter; "
+                f"train at rank {max_lora_rank} or less{raise_limit}"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            errors.append(InitErrorDetails(type=error, loc=tuple(key.split(".")), input=value))
+    if errors:
+        raise ValidationError.from_exception_data("LoRA ranks", errors)
