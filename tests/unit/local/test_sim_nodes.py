@@ -253,6 +253,9 @@ def test_a_node_whose_pods_cannot_be_reached_is_lost_with_its_pods_and_recorded(
             assert time.monotonic() < deadline, "the pod's process never started"
             time.sleep(0.05)
         cut.network.disconnect()
+        # A hang guard of its own: under a loaded machine (make test's other worker) the start above can take most
+        # of its 30 s, and the loss needs 1 s of silence, then the pod's processes killed and reaped.
+        deadline = time.monotonic() + 60
         while not cluster.lost_record.exists():  # written once the node's pods are gone
             assert time.monotonic() < deadline, "the unreachable node was never lost"
             time.sleep(0.1)
