@@ -1,6 +1,7 @@
 """train.finetune=full: its refusals, what the memory model and `plan` count for it, resume's check, evaluate's and
 register's handling of a whole model's folder (kind `model`)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -135,7 +136,8 @@ def test_evaluate_scores_a_model_folder_as_it_is(model_folder, tmp_path):
     assert not tuned.training and all(torch.equal(saved[k], v) for k, v in tuned.state_dict().items())
 
 
-def test_register_logs_a_model_folder_as_a_version_of_kind_model(model_folder, tmp_path):
+def register_args(model_folder: Path, tmp_path: Path) -> tuple[str, register.Args]:
+    """The registry's URI under `tmp_path`, and register's arguments for the model folder the train step wrote."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = register.Args.model_validate(
         {
@@ -148,6 +150,11 @@ def test_register_logs_a_model_folder_as_a_version_of_kind_model(model_folder, t
             "outputs_dir": tmp_path / "out",
         }
     )
+    return uri, args
+
+
+def test_register_logs_a_model_folder_as_a_version_of_kind_model(model_folder, tmp_path):
+    uri, args = register_args(model_folder, tmp_path)
     first, again = register.run(args), register.run(args)
     assert (first.model_kind, first.model_version, again.model_version) == ("model", "1", "1")  # idempotent
     client = tracking.client(uri)
@@ -161,18 +168,7 @@ def test_register_logs_a_model_folder_as_a_version_of_kind_model(model_folder, t
 
 def test_a_version_of_kind_model_is_refused_by_load_candidate_in_one_line(model_folder, tmp_path, capsys):
     """A whole model registered elsewhere (rollout_pipeline takes any version) is not fetched as an adapter."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = register.Args.model_validate(
-        {
-            "adapter_dir": model_folder,
-            "base_model": DEMO_MODEL,
-            "metrics": {"exact_match": 0.9},
-            "dataset_digest": "sha256:" + "d" * 64,
-            "workflow_name": "wf",
-            "tracking_uri": uri,
-            "outputs_dir": tmp_path / "out",
-        }
-    )
+    uri, args = register_args(model_folder, tmp_path)
     version = register.run(args).model_version
     capsys.readouterr()
     assert load_candidate.main(load(tmp_path, uri, version)) == 2
