@@ -72,15 +72,15 @@ class Outputs(BaseModel):
 
 def check_candidate(args: Args, adapter: Path) -> None:
     """Every input check of the candidate's adapter folder (exit 2 on any); no server is contacted."""
-    tags = rollout.version_tags(args.tracking_uri, args.model_name, args.model_version)
+    registered = adapters.registered_version(args.tracking_uri, args.model_name, args.model_version)  # read once
+    tags = dict(registered.tags or {})
     trained_on = tags.get("base_model", "")
     if trained_on and trained_on != args.base_model:
         raise StepInputError(
             f"--base-model: {args.model_name} version {args.model_version} was trained on {trained_on!r}, this "
             f"fleet serves {args.base_model!r}; roll it out on a fleet of its base model (run with that base_model)"
         )
-    run_id = str(adapters.registered_version(args.tracking_uri, args.model_name, args.model_version).run_id or "")
-    if problem := chat_template.serving_problem(args.tracking_uri, run_id, args.base_dir):
+    if problem := chat_template.serving_problem(args.tracking_uri, str(registered.run_id or ""), args.base_dir):
         raise StepInputError(f"--model-version={args.model_version}: {problem}")
     # The version's tags say what kind of adapter it is (register.adapter_tags): refused before its folder is read
     targets = tags.get(register.TARGET_MODULES_TAG, "")

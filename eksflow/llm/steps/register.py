@@ -148,15 +148,12 @@ def run(args: Args) -> Outputs:
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        if kind == "model":  # a whole model: nothing to merge, served as it is
-            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), MODEL_ARTIFACT)
-        else:
-            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.ADAPTER_ARTIFACT)
+        artifact = MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT  # a whole model: served as is
+        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), artifact)
         if args.merged_dir is not None and kind == "adapter":
             merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
             mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
         tags = lineage_tags(args, digest, gate_report, kind)
-        artifact = MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT
         version = create_version(mlflow_client, args.model_name, run_id, tags, artifact)
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
     print(

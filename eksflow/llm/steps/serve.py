@@ -37,7 +37,6 @@ from pydantic import BaseModel, Field, field_validator
 from eksflow.llm.steps.common import (
     adapters,
     chat_template,
-    rollout,
     tracking,
     vllm,
     vllm_auth,
@@ -102,14 +101,14 @@ def run(args: Args) -> Outputs:
     key = kept or api_key(args.serve_dir)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
-    base_model = rollout.version_tags(args.tracking_uri, args.model_name, version).get("base_model", "")
+    registered = adapters.registered_version(args.tracking_uri, args.model_name, version)  # read once: tags, run
+    base_model = (registered.tags or {}).get("base_model", "")
     if not base_model:
         raise StepInputError(
             f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
         )
-    run_id = str(adapters.registered_version(args.tracking_uri, args.model_name, version).run_id)
     template = chat_template.recorded(
-        args.tracking_uri, run_id, args.serve_dir / args.model_name / f"v{version}-template"
+        args.tracking_uri, str(registered.run_id or ""), args.serve_dir / args.model_name / f"v{version}-template"
     )
     # the model folder training and evaluate loaded: its chat template is the one the engine applies
     base_dir = template.templated(resolve_model(base_model, args.model_cache_dir), args.model_cache_dir)

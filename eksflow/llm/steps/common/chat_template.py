@@ -236,12 +236,9 @@ def recorded(tracking_uri: str, run_id: str, folder: Path) -> TemplateSettings:
 
     StepInputError when the run's params name a template whose file the run does not hold.
     """
-    from eksflow.llm.steps.common import tracking
-
     if not run_id:  # a version registered without a training run: nothing was trained through a template file
         return TemplateSettings()
-    with tracking.errors(tracking_uri, f"reading the chat template of MLflow run {run_id}"):
-        params = tracking.client(tracking_uri).get_run(run_id).data.params
+    params = _run_params(tracking_uri, run_id)
     digest = params.get("chat_template_sha256", "")
     if not digest:
         return TemplateSettings()
@@ -271,12 +268,9 @@ def serving_problem(tracking_uri: str, run_id: str, model_dir: Path) -> str | No
     trained one (a whole model trained through it saves its tokenizer with it: finetune full), or when the version
     has no training run.
     """
-    from eksflow.llm.steps.common import tracking
-
     if not run_id:
         return None
-    with tracking.errors(tracking_uri, f"reading the chat template of MLflow run {run_id}"):
-        trained = tracking.client(tracking_uri).get_run(run_id).data.params.get("chat_template_sha256", "")
+    trained = _run_params(tracking_uri, run_id).get("chat_template_sha256", "")
     marker = model_dir / DIGEST_FILE
     served = marker.read_text().strip() if marker.is_file() else ""
     own = model_dir / TEMPLATE_FILE
@@ -290,3 +284,11 @@ def serving_problem(tracking_uri: str, run_id: str, model_dir: Path) -> str | No
         f"it was trained through {shown(trained)}, and this fleet serves {shown(served)}: roll it out with the "
         "train.chat_template it was trained with"
     )
+
+
+def _run_params(tracking_uri: str, run_id: str) -> dict[str, str]:
+    """The training run's params: its train settings, chat_template and chat_template_sha256 among them."""
+    from eksflow.llm.steps.common import tracking
+
+    with tracking.errors(tracking_uri, f"reading the chat template of MLflow run {run_id}"):
+        return dict(tracking.client(tracking_uri).get_run(run_id).data.params)

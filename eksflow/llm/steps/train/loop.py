@@ -252,9 +252,9 @@ def _train(
     settings = loop.settings
     rank, world, device = ctx.rank, ctx.world, ctx.device
     model, scheduler = update.model, update.scheduler
-    dpo = settings.method == "dpo"
+    dpo, full = settings.method == "dpo", settings.finetune == "full"
     # A full fine-tune's DPO reference is a frozen copy of the base, built once; LoRA's is its base, adapter disabled
-    reference = reference_model(loop.model_dir, device, bf16) if dpo and settings.finetune == "full" else None
+    reference = reference_model(loop.model_dir, device, bf16) if dpo and full else None
     objective = PreferenceObjective(model, settings.dpo, reference) if dpo else SupervisedObjective(model)
     root = Path(loop.checkpoint_root)
     cache, pad_token_id = open_cache(loop.token_cache, Path(loop.train_file), Path(loop.model_dir), dpo)
@@ -283,7 +283,7 @@ def _train(
         stop_file=root / STOP_FILE,
         preempted=ctx.preempted,
         durable_uri=loop.checkpoint_uri,
-        base_dir=loop.model_dir if settings.finetune == "full" else "",
+        base_dir=loop.model_dir if full else "",
     )
     model.train()  # once: nothing in the loop switches to eval (a checkpoint only reads the weights)
     with commits, status or nullcontext():  # the status's last state is sent on leaving, however the loop ends
