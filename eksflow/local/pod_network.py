@@ -43,6 +43,7 @@ from eksflow.errors import EXIT_FAILED, EksflowError
 from eksflow.local.watchdog import NETNS, delete_netns, remove_pod_network, start_time
 from eksflow.profiles import POD_INTERFACE  # the name the training pods' socket settings give gloo and NCCL
 
+# One per machine, as the namespaces and bridges it records are: a sweep removes every `ef*` one it does not list.
 REGISTRY = Path("/run/eksflow/pod-networks")
 POD_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544's benchmarking range: never a real network's
 _ENTER = Path(__file__).with_name("enter_pod.py")
@@ -117,18 +118,18 @@ def pod_init(handle: int, wait_s: float = 5.0) -> int:
 class PodNetwork:
     """The run's bridge and its pods; `close` removes them all."""
 
-    def __init__(self, registry: Path = REGISTRY) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pods: dict[str, Pod] = {}
         self._next = 2  # .1 is the bridge's
-        registry.mkdir(parents=True, exist_ok=True)
+        REGISTRY.mkdir(parents=True, exist_ok=True)
         # Under the registry's lock: two runs starting at once must not pick the same /24, and a sweep must not
         # find this network's record before its owner is written (it would take it for a dead executor's).
-        with _locked(registry):
-            _sweep(registry)
+        with _locked():
+            _sweep()
             self.tag = secrets.token_hex(3)
-            self.subnet = _free_subnet(registry)
-            self.folder = registry / self.tag
+            self.subnet = _free_subnet()
+            self.folder = REGISTRY / self.tag
             self.folder.mkdir()
             (self.folder / "subnet").write_text(str(self.subnet), encoding="utf-8")
             _write_owner(self.folder, os.getpid())
@@ -199,43 +200,43 @@ class PodNetwork:
                 hosts.write("\n".join(lines) + "\n")
 
 
-def sweep(registry: Path = REGISTRY) -> list[str]:
+def sweep() -> list[str]:
     """Remove the pod networks whose executor is gone, and pod namespaces and bridges no network records; their tags."""
-    registry.mkdir(parents=True, exist_ok=True)
-    with _locked(registry):
-        return _sweep(registry)
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    with _locked():
+        return _sweep()
 
 
-def _sweep(registry: Path) -> list[str]:
+def _sweep() -> list[str]:
     removed = []
-    for folder in sorted(registry.iterdir()) if registry.is_dir() else []:
+    for folder in sorted(REGISTRY.iterdir()) if REGISTRY.is_dir() else []:
         if folder.is_dir() and not _owner_alive(folder / "owner"):
             remove_pod_network(folder)
             removed.append(folder.name)
     # a record is made before its bridge and namespaces and removed after them: one without a record was left behind
     for netns in sorted(NETNS.glob("ef*-*")) if NETNS.is_dir() else []:
         tag = netns.name[2:].partition("-")[0]
-        if _TAG.fullmatch(tag) and not (registry / tag).is_dir():
+        if _TAG.fullmatch(tag) and not (REGISTRY / tag).is_dir():
             delete_netns(netns.name)
             removed.append(tag)
     for link in _ip("-o", "link", "show", "type", "bridge").splitlines():
         bridge = link.split(":")[1].strip()
-        if bridge.startswith("efb") and _TAG.fullmatch(bridge[3:]) and not (registry / bridge[3:]).is_dir():
+        if bridge.startswith("efb") and _TAG.fullmatch(bridge[3:]) and not (REGISTRY / bridge[3:]).is_dir():
             with contextlib.suppress(PodNetworkError):
                 _ip("link", "delete", bridge)
             removed.append(bridge[3:])
     return sorted(set(removed))
 
 
-def hand_over(tag: str, pid: int, registry: Path = REGISTRY) -> None:
+def hand_over(tag: str, pid: int) -> None:
     """Make process `pid` the owner of network `tag`: it lives as long as that daemon, past its maker's exit."""
-    _write_owner(registry / tag, pid)
+    _write_owner(REGISTRY / tag, pid)
 
 
-def remove_network(tag: str, registry: Path = REGISTRY) -> None:
+def remove_network(tag: str) -> None:
     """Remove network `tag` (its pods with their processes, its bridge, its record), whoever owns it."""
-    if _TAG.fullmatch(tag) and (registry / tag).is_dir():
-        remove_pod_network(registry / tag)
+    if _TAG.fullmatch(tag) and (REGISTRY / tag).is_dir():
+        remove_pod_network(REGISTRY / tag)
 
 
 def _write_owner(folder: Path, pid: int) -> None:
@@ -254,7 +255,7 @@ def _owner_alive(owner: Path) -> bool:
     return start_time(pid) == started.strip() and bool(started.strip())
 
 
-def _free_subnet(registry: Path) -> ipaddress.IPv4Network:
+def _free_subnet() -> ipaddress.IPv4Network:
     """A /24 of POD_RANGE that no interface here, no route and no other run's network uses."""
     used: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = _routed()
     listed = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False)
@@ -263,7 +264,7 @@ def _free_subnet(registry: Path) -> ipaddress.IPv4Network:
         if "inet" in words:
             with contextlib.suppress(ValueError):
                 used.add(ipaddress.ip_interface(words[words.index("inet") + 1]).network)
-    for record in registry.glob("*/subnet"):
+    for record in REGISTRY.glob("*/subnet"):
         with contextlib.suppress(OSError, ValueError):
             used.add(ipaddress.ip_network(record.read_text(encoding="utf-8").strip()))
     for subnet in POD_RANGE.subnets(new_prefix=24):
@@ -292,8 +293,8 @@ def _routed() -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
 
 
 @contextlib.contextmanager
-def _locked(registry: Path) -> Iterator[None]:
-    with open(registry / ".lock", "a", encoding="utf-8") as lock:
+def _locked() -> Iterator[None]:
+    with open(REGISTRY / ".lock", "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -150,14 +150,13 @@ def test_pods_have_their_own_address_and_host_name_reach_each_other_and_nothing_
 
 
 @needs_root
-def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
-    registry = REGISTRY  # the machine's: a sweep sees every run's records
+def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one():
     make = (
-        "import sys,time;from pathlib import Path;from eksflow.local.pod_network import PodNetwork;"
-        "n=PodNetwork(Path(sys.argv[1]));p=n.add('orphan');"
+        "import time;from eksflow.local.pod_network import PodNetwork;"
+        "n=PodNetwork();p=n.add('orphan');"
         "import subprocess;subprocess.Popen([*p.enter(n.hosts),'sleep','300']);print(n.tag,flush=True);time.sleep(300)"
     )
-    owner = subprocess.Popen([sys.executable, "-c", make, str(registry)], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
     tag = owner.stdout.readline().strip() if owner.stdout else ""
     assert tag
     owner.send_signal(signal.SIGKILL)
@@ -169,7 +168,7 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     subprocess.run(["ip", "netns", "add", "ef0badc0-7"], check=True)  # a namespace whose record is gone
     subprocess.run(["ip", "link", "add", "efb0badc1", "type", "bridge"], check=True)  # and a bridge
     assert {tag, "0badc0", "0badc1"} <= set(sweep())
-    assert not netns_pids(f"ef{tag}-2") and not (registry / tag).exists()
+    assert not netns_pids(f"ef{tag}-2") and not (REGISTRY / tag).exists()
     assert (
         "ef0badc0-7" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     )
@@ -177,19 +176,26 @@ def test_a_network_whose_executor_was_killed_is_swept_by_the_next_one(tmp_path):
     assert f"efb{tag}" not in links and "efb0badc1" not in links
 
 
-def test_a_sweep_waits_for_a_network_being_made_instead_of_taking_it_for_a_dead_ones(tmp_path):
+@needs_root
+def test_a_sweep_waits_for_a_network_being_made_instead_of_taking_it_for_a_dead_ones():
     """A run's record exists a moment before its owner is written: a sweep from a run starting beside it (another
-    test's, under pytest-xdist) must not find it then and remove a live run's network."""
-    making = tmp_path / "0a0b0c"
-    with _locked(tmp_path):  # as PodNetwork holds it from its sweep to its owner's record
-        making.mkdir()
-        swept = threading.Thread(target=sweep, args=(tmp_path,))
-        swept.start()
-        swept.join(1.0)
-        assert swept.is_alive() and making.is_dir()  # waiting on the lock, the record untouched
-        _write_owner(making, os.getpid())
-    swept.join()
-    assert making.is_dir()  # its owner is alive
+    test's, under pytest-xdist) must not find it then and remove a live run's network. The machine's registry: the
+    namespaces a sweep removes are the machine's, so no other registry may be swept (it would take every live run's
+    for unrecorded)."""
+    making = REGISTRY / "0a0b0c"
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    try:
+        with _locked():  # as PodNetwork holds it from its sweep to its owner's record
+            making.mkdir()
+            swept = threading.Thread(target=sweep)
+            swept.start()
+            swept.join(1.0)
+            assert swept.is_alive() and making.is_dir()  # waiting on the lock, the record untouched
+            _write_owner(making, os.getpid())
+        swept.join()
+        assert making.is_dir()  # its owner is alive
+    finally:
+        remove_network(making.name)
 
 
 @needs_root
@@ -227,7 +233,8 @@ def test_a_network_handed_over_to_a_daemon_lives_as_long_as_it_and_a_disconnecte
         assert "default dev eth0" in route
         daemon.kill()
         daemon.wait()
-        assert network.tag in sweep() and not pod.exists()  # its owner gone, the network goes
+        sweep()  # its owner gone, the network goes (this sweep's doing, or another test's run beside it)
+        assert not pod.exists() and not (REGISTRY / network.tag).exists()
     finally:
         daemon.kill()
         remove_network(network.tag)
