@@ -1,4 +1,4 @@
-"""Resource tasks: a Kubernetes object created or applied by Argo (a resource template), its values wired typed.
+"""Resource tasks: a Kubernetes object created, applied or deleted by Argo (a resource template), values wired typed.
 
 `resource(name, manifest)` adds the task. A manifest's task outputs become input parameters of the template, found
 as Refs (whole values, or Refs formatted into strings), never by parsing text; every string reaches Argo as a
@@ -25,13 +25,15 @@ from eksflow.refs import Ref, TaskRef, When, formatted
 _TEXT_DATA = {"ConfigMap": ("data", "binaryData"), "Secret": ("data", "stringData")}
 MAX_DATA_KEY = 253  # a ConfigMap's or Secret's key becomes a file name in a volume
 _DATA_KEY = re.compile(rf"[-._a-zA-Z0-9]{{1,{MAX_DATA_KEY}}}")
+# What a delete reads: Argo runs `kubectl delete --ignore-not-found -f <manifest>`, which finds the object by these.
+_DELETE_KEYS = ("apiVersion", "kind", "metadata")
 
 
 def resource(
     name: str,
     manifest: Mapping[str, Any],
     *,
-    action: Literal["create", "apply"] = "create",
+    action: Literal["create", "apply", "delete"] = "create",
     success: str | None = None,
     failure: str | None = None,
     owned: bool = True,
@@ -44,7 +46,7 @@ def resource(
     step: str = "",
     active_deadline_seconds: int | None = None,
 ) -> TaskRef:
-    """Add a task that creates or applies a Kubernetes object (an Argo resource template); returns it.
+    """Add a task that creates, applies or deletes a Kubernetes object (an Argo resource template); returns it.
 
     `manifest` is the object as a dict. Its values may be task outputs and workflow values, whole (`made.path`) or
     formatted into strings (`f"{fleet}-vllm"` with `fleet = prepared.fleet`): each task output becomes an input
@@ -53,8 +55,14 @@ def resource(
     manifest built from a step's argv reads as `{{inputs.parameters.<name>}}`. Argo waits for `success` (e.g.
     `status.availableReplicas > 0`) or fails on `failure`; `owned` objects are deleted with the workflow (a
     serving fleet outlives it: `owned=False`). `active_deadline_seconds` bounds how long Argo waits for it.
+
+    `action="delete"`: Argo runs `kubectl delete --ignore-not-found -f <manifest>`, so an object that is not there is
+    no error; the manifest names the object (apiVersion, kind, metadata.name, nothing else), Argo refuses
+    `success` and `failure` for a delete, and `owned` has nothing to own (none is set).
     """
     pipeline = Pipeline.current()
+    if action == "delete":
+        _check_delete(manifest, success, failure, f"resource {name!r}")
     wired = _ManifestInputs(pipeline, f"resource {name!r}", inputs or {})
     wired_manifest = wired.wire(manifest)
     check_metadata(wired_manifest, f"resource {name!r}: {manifest.get('kind', 'object')}")
@@ -66,7 +74,8 @@ def resource(
     template = Resource(
         name=name,
         action=action,
-        set_owner_reference=owned or None,  # deleting the workflow deletes the object (and a job's pods)
+        # deleting the workflow deletes the object (and a job's pods); a deleted object has no owner to be given
+        set_owner_reference=(owned and action != "delete") or None,
         success_condition=success,
         failure_condition=failure,
         retry_strategy=retry_strategy,
@@ -78,6 +87,20 @@ def resource(
     )
     kind = step or str(manifest.get("kind", "object"))
     return pipeline.add(name, template, step=kind, outputs={}, inputs=wired.params, after=after, when=when)
+
+
+def _check_delete(manifest: Mapping[str, Any], success: str | None, failure: str | None, where: str) -> None:
+    """A delete's manifest and conditions as Argo takes them; PipelineError naming what is refused."""
+    if success is not None or failure is not None:
+        raise PipelineError(f"{where}: a delete takes no success or failure condition (Argo refuses them)")
+    metadata = manifest.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    named = isinstance(name, Ref) or bool(name)  # a task output (a fleet a step named) is known when the task runs
+    extra = [str(key) for key in manifest if key not in _DELETE_KEYS]
+    extra += [f"metadata.{key}" for key in metadata if key != "name"] if isinstance(metadata, Mapping) else []
+    if extra or not named or not manifest.get("apiVersion") or not manifest.get("kind"):
+        got = f"got {', '.join(extra)} too" if extra else "one is missing"
+        raise PipelineError(f"{where}: a delete names its object by apiVersion, kind and metadata.name only; {got}")
 
 
 def _check_text_data(obj: Mapping[str, Any], where: str) -> None:

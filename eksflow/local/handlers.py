@@ -11,8 +11,8 @@ status and stopping; a handler only turns a template into a process.
   RayJob's entrypoint under `bash -c` with the head container's env and mounts, a PodGroup admitted at once);
   new kinds register there. A TrainJob's pods run as the Trainer runs them (train_pods.py), reporting to its
   status endpoint (trainer_status_server.py). An object of a run service's kind (services.py) goes to that service
-  of the run, whose processes outlive the task; a container's argv and env values that are an address of something
-  a run service runs get the local one.
+  of the run, whose processes outlive the task (a delete ends them); a container's argv and env values that are an
+  address of something a run service runs get the local one.
 """
 
 from __future__ import annotations
@@ -161,6 +161,8 @@ class ResourceHandler:
         """Describe the substituted object and run what it runs here."""
         assert isinstance(template, ResourceTemplate)
         where = f"template {template.name!r}: resource.manifest"
+        if template.action == "delete":
+            return _delete(template, where, ctx)
         try:
             job = resources.describe(ctx.scope.substitute(template.manifest), where)
         except (UnresolvedError, resources.ResourceError) as exc:
@@ -350,6 +352,21 @@ def _apply(manifest: Mapping[str, object], where: str, ctx: TaskContext) -> Atte
     started = time.monotonic()
     try:
         note = ctx.services.apply(manifest, where, ctx.stop_reason, ctx.nodes)
+    except services.RunServiceError as exc:
+        return Attempt(Phase.FAILED, None, str(exc), time.monotonic() - started, retriable=exc.retriable)
+    return Attempt(Phase.SUCCEEDED, 0, note, time.monotonic() - started)
+
+
+def _delete(template: ResourceTemplate, where: str, ctx: TaskContext) -> Attempt:
+    """An object of a run service's kind, deleted by the run's service: what it ran ends, as on the cluster."""
+    started = time.monotonic()
+    try:
+        manifest = services.deleted(ctx.scope.substitute(template.manifest), where)
+        if ctx.services is None:
+            return _refused(f"{where}: {manifest.get('kind')} is deleted by a run service, and this task has none")
+        note = ctx.services.delete(manifest, where)
+    except UnresolvedError as exc:
+        return _refused(str(exc))
     except services.RunServiceError as exc:
         return Attempt(Phase.FAILED, None, str(exc), time.monotonic() - started, retriable=exc.retriable)
     return Attempt(Phase.SUCCEEDED, 0, note, time.monotonic() - started)

@@ -147,6 +147,7 @@ class ResourceTemplate(Template):
 
     manifest: str  # YAML text with its {{...}} references: substituted for each attempt, then parsed (as Argo does)
     paths: PathRules
+    action: str = "create"  # Argo's kubectl verb: create and apply run the object, delete ends a run service's
 
 
 @dataclass(frozen=True)

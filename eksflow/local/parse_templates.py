@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from eksflow.local import expression_tags, node, resources
+from eksflow.local import expression_tags, node, resources, services
 from eksflow.local.errors import LocalExecutorError
 from eksflow.local.fields import FieldReader, duration_s, go_duration_s
 from eksflow.local.model import (
@@ -24,7 +24,8 @@ from eksflow.manifests import REFERENCE
 from eksflow.names import dns_label_problem, dns_subdomain_problem
 
 RETRY_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
-RESOURCE_ACTIONS = ("create", "apply")  # both make the job run; get/patch/delete act on an object that is not here
+# create and apply make the object run; delete ends what a run service runs (get and patch act on a live object)
+RESOURCE_ACTIONS = ("create", "apply", "delete")
 MEMO_KEY = re.compile(r"[a-zA-Z0-9][-a-zA-Z0-9]*")  # Argo's cacheKeyRegex: a ConfigMap key it accepts
 
 # Keys that only shape scheduling or security on a cluster; a local process has nothing to apply them to.
@@ -283,7 +284,7 @@ def parse_resource(template: Mapping[str, Any], where: str) -> ResourceTemplate:
     action = fields.text(resource.get("action"), f"{at}.action")
     if action not in RESOURCE_ACTIONS:
         raise LocalExecutorError(
-            f"{at}.action {action!r} is not supported locally; only {' and '.join(RESOURCE_ACTIONS)} run a job here"
+            f"{at}.action {action!r} is not supported locally; only {', '.join(RESOURCE_ACTIONS)} run here"
         )
     manifest = fields.text(resource.get("manifest"), f"{at}.manifest")
     try:
@@ -292,12 +293,15 @@ def parse_resource(template: Mapping[str, Any], where: str) -> ResourceTemplate:
                 expression_tags.check(reference[1:])
     except expression_tags.ExpressionTagError as exc:
         raise LocalExecutorError(f"{at}.manifest: {exc}") from None
-    try:
-        job = resources.describe(REFERENCE.sub(PLACEHOLDER, manifest), f"{at}.manifest")
-    except resources.ResourceError as exc:
-        raise LocalExecutorError(str(exc)) from None
-    if job.refusal:  # its kind is never templated, so a cluster-only job is known now, before any task runs
-        raise LocalExecutorError(f"template {name!r}: {job.refusal}")
+    if action == "delete":
+        _check_delete(resource, manifest, at)
+    else:
+        try:
+            job = resources.describe(REFERENCE.sub(PLACEHOLDER, manifest), f"{at}.manifest")
+        except resources.ResourceError as exc:
+            raise LocalExecutorError(str(exc)) from None
+        if job.refusal:  # its kind is never templated, so a cluster-only job is known now, before any task runs
+            raise LocalExecutorError(f"template {name!r}: {job.refusal}")
     return ResourceTemplate(
         name=name,
         inputs=parse_inputs(template, where),
@@ -307,4 +311,16 @@ def parse_resource(template: Mapping[str, Any], where: str) -> ResourceTemplate:
         memoize=parse_memoize(template.get("memoize"), f"{where}.memoize"),
         manifest=manifest,
         paths=path_rules(template_annotations(template, where)),
+        action=action,
     )
+
+
+def _check_delete(resource: Mapping[str, Any], manifest: str, at: str) -> None:
+    """A delete, before the run: no conditions (Argo refuses them), an object of a run service's kind, named."""
+    for key in ("successCondition", "failureCondition"):
+        if resource.get(key) is not None:
+            raise LocalExecutorError(f"{at}.{key}: Argo refuses a success or failure condition on a delete")
+    try:
+        services.deleted(REFERENCE.sub(PLACEHOLDER, manifest), f"{at}.manifest")
+    except services.RunServiceError as exc:
+        raise LocalExecutorError(str(exc)) from None

@@ -6,11 +6,14 @@ factory, and the executor does the rest for every run.
     register_run_service({("apps/v1", "Deployment"), ("v1", "Service")}, factory, check=None, prepare=None)
     factory(state_dir, run_dir, cwd, tracker) -> RunService   # one per run, made when the run starts
     service.apply(manifest, where, stop_reason, nodes=...)      # nodes=: only in a run with simulated nodes
+    service.delete(manifest, where)                             # a resource template's action: delete
 
 The executor makes one service of each registered factory when a run starts (making one must be cheap: nothing
 starts before an object is applied), hands it every object of its kinds that a resource template applies
-(`apply`; the task's message is its note), maps each container's argv and env through it (`local_argv`,
-`local_value`: an address of something it runs becomes the local one), gives every task its `task_env`, and calls
+(`apply`; the task's message is its note) and every one a resource template deletes (`delete`: what the object
+runs ends, as on the cluster; one that is not there is no error, as Argo's `kubectl delete --ignore-not-found`),
+maps each container's argv and env through it (`local_argv`, `local_value`: an address of something it runs
+becomes the local one), gives every task its `task_env`, and calls
 `stop` once when the run ends, after the exit handler: succeeded, failed or interrupted. A service tells the run's
 ProcessTracker of each process it starts, so the watchdog stops them if the executor dies. `check` (optional) looks
 at an object up front, with placeholders, so an object the service could never run fails before the run starts.
@@ -19,8 +22,8 @@ workflow applies: it refuses the run in one line when what they need cannot be h
 Preparing that makes it beside the run's first tasks (an engine's install): the executor begins it as the run
 starts, with a way to show lines on the run's display, and stops the run, in one line, once it says it failed.
 
-A resumed run applies the objects of service kinds again, with every task after them (`restarted`): the
-processes ended with the earlier try. An object of a kind nobody registered fails up front, as any unknown resource
+A resumed run applies (and deletes) the objects of service kinds again, with every task after them (`restarted`):
+the processes ended with the earlier try. An object of a kind nobody registered fails up front, as any unknown resource
 kind does (resources.py). This project's serving fleet (vLLM and LiteLLM) is one: eksflow/llm/serving/local_fleet.py.
 """
 
@@ -77,6 +80,12 @@ class RunService(Protocol):
 
         `nodes`: the run's simulated nodes (`run --nodes N`), where the object's pods go; passed only in such a run,
         so a service that runs everything on this machine may leave it out.
+        """
+
+    def delete(self, manifest: Mapping[str, Any], where: str) -> str:
+        """Do what deleting the object `manifest` names does on a cluster; the task's message. Raises RunServiceError.
+
+        An object this run's service does not hold is no error (Argo deletes with --ignore-not-found): say so.
         """
 
     def local_argv(self, argv: Sequence[str]) -> list[str]:
@@ -156,17 +165,26 @@ class RunServices:
         self, manifest: Mapping[str, Any], where: str, stop_reason: Callable[[], str], nodes: NodesContext | None
     ) -> str:
         """Apply `manifest` with the service that takes its kind. Raises RunServiceError."""
+        service = self._taking(manifest, where)
+        if nodes is None:
+            return service.apply(manifest, where, stop_reason)
+        return service.apply(manifest, where, stop_reason, nodes=nodes)
+
+    def _taking(self, manifest: Mapping[str, Any], where: str) -> RunService:
+        """The service of this run that takes the object's kind; RunServiceError if none does."""
         kind = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
         for kinds, service in self._services:
-            if kind in kinds and nodes is None:
-                return service.apply(manifest, where, stop_reason)
             if kind in kinds:
-                return service.apply(manifest, where, stop_reason, nodes=nodes)
+                return service
         raise RunServiceError(
             f"{where}: no run service of this run takes {kind[1]} ({kind[0]}); it was registered after the run "
             "started: register it (register_run_service) before running the workflow",
             retriable=False,
         )
+
+    def delete(self, manifest: Mapping[str, Any], where: str) -> str:
+        """Delete the object `manifest` names with the service that takes its kind. Raises RunServiceError."""
+        return self._taking(manifest, where).delete(manifest, where)
 
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         """`argv` mapped by every service in turn."""
@@ -200,7 +218,7 @@ def prepare(workflow: Workflow) -> list[Preparing]:
 
     Raises what they raise.
     """
-    applied = [manifest for _, manifest in _service_objects(workflow)]
+    applied = [manifest for name, manifest in _service_objects(workflow) if not _deletes(workflow, name)]
     preparing = []
     for kinds, made in _PREPARE.items():
         if (mine := [m for m in applied if (m.get("apiVersion"), m.get("kind")) in kinds]) and (started := made(mine)):
@@ -208,8 +226,38 @@ def prepare(workflow: Workflow) -> list[Preparing]:
     return preparing
 
 
+def deleted(text: str, where: str) -> dict[str, Any]:
+    """The object a delete's substituted manifest names: of a run service's kind, with its name; RunServiceError else.
+
+    Only a run service's objects are deleted here: the jobs' kinds (a RayJob, an MPIJob, a TrainJob) run as a task's
+    process, which ends with its task, so no later task has one to delete.
+    """
+    try:
+        manifest = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RunServiceError(f"{where} is not valid YAML after substitution: {exc}", retriable=False) from None
+    manifest = manifest if isinstance(manifest, dict) else {}
+    kind = (str(manifest.get("apiVersion", "")), str(manifest.get("kind", "")))
+    if kind not in service_kinds():
+        known = ", ".join(f"{k} ({v})" for v, k in sorted(service_kinds())) or "none registered"
+        raise RunServiceError(
+            f"{where}: deleting {kind[1] or 'an object without a kind'} ({kind[0]}) is not supported locally; a delete "
+            f"runs here for the kinds a run service runs: {known}; submit this workflow to a cluster",
+            retriable=False,
+        )
+    metadata = manifest.get("metadata")
+    if not isinstance(metadata, dict) or not metadata.get("name"):
+        raise RunServiceError(f"{where}.metadata.name is required: it names the object deleted", retriable=False)
+    return manifest
+
+
+def _deletes(workflow: Workflow, name: str) -> bool:
+    template = workflow.templates[name]
+    return isinstance(template, ResourceTemplate) and template.action == "delete"
+
+
 def _service_objects(workflow: Workflow) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(template name, object with placeholders) of each resource template applying an object of a service kind."""
+    """(template name, object with placeholders) of each resource template applying or deleting a service kind."""
     kinds = service_kinds()
     for name, template in workflow.templates.items():
         if isinstance(template, ResourceTemplate):
@@ -219,10 +267,11 @@ def _service_objects(workflow: Workflow) -> Iterator[tuple[str, dict[str, Any]]]
 
 
 def restarted(workflow: Workflow) -> set[str]:
-    """Main tasks a resumed run runs again: those applying an object of a run service, and every task after one.
+    """Main tasks a resumed run runs again: those applying or deleting a run service's object, and every task after.
 
     A service's processes ended with the earlier try; its objects must be applied again, and the tasks that used
-    them (loaded state into them, talked to them) ran against processes that are gone.
+    them (loaded state into them, talked to them) ran against processes that are gone; a delete after an apply
+    again deletes what that apply started.
     """
     tasks = workflow.dag(workflow.entrypoint).tasks
     applying = {name for name, _ in _service_objects(workflow)}

@@ -31,6 +31,12 @@ does here what the cluster would do:
   that takes the cluster's CNI. Every process listens on 127.0.0.1 or its pod's address only, and vLLM asks for
   its key on every route.
 
+A resource template's `delete` of one of these objects (`LocalFleet.delete`) does what the cluster does: a
+Deployment's pods end as `stop()` ends them (SIGTERM, then SIGKILL; the watchdog forgets them; on simulated nodes its
+pods are removed) and leave the endpoints of the Services that selected them; a Service's address closes and its
+endpoints list empties; a ConfigMap or NetworkPolicy is forgotten. An object the run does not hold is no error, as
+Argo's `kubectl delete --ignore-not-found`: the task says it found none.
+
 The engines its Deployments need are made ready beside the run's first tasks, side by side (installed once per
 machine where missing, checked against their locks where not: engine_supply.py); one that cannot be stops the run
 in one line then, not after training, and a Deployment whose engine is still being installed waits for it. One run
@@ -355,29 +361,66 @@ class LocalFleet:
         """Nothing: the steps reach the fleet through their arguments (addresses, the routes file on FSx)."""
         return {}
 
+    def delete(self, manifest: Mapping[str, Any], where: str) -> str:
+        """Do what deleting the object `manifest` names does on a cluster; the task's message.
+
+        A Deployment's pods end as `stop` ends them and leave its Services' endpoints; a Service's address closes; a
+        ConfigMap or NetworkPolicy is forgotten. An object this run does not hold is no error, as Argo's
+        `kubectl delete --ignore-not-found`.
+        """
+        kind = str(manifest.get("kind"))
+        name = str((manifest.get("metadata") or {}).get("name", ""))
+        process, proxy = None, None
+        with self._lock:
+            if kind == "Deployment" and (process := self._processes.pop(name, None)) is not None:
+                gone = f"Deployment {name}: deleted, its {process.role} pod(s) stopped"
+            elif kind == "Service" and (service := self._services.pop(name, None)) is not None:
+                proxy = self._service_proxies.pop(name, None)
+                fleet_endpoints.write(self.run_dir, name, service[2], [])  # its EndpointSlices go with it
+                gone = f"Service {name}: deleted, its address closed"
+            elif kind == "ConfigMap" and self._inputs.config_maps.pop(name, None) is not None:
+                gone = f"ConfigMap {name}: deleted (the pods that mount it keep their files)"
+            elif kind == "NetworkPolicy" and self.policies.pop(name, None) is not None:
+                gone = f"NetworkPolicy {name}: deleted"
+            elif kind == "PodDisruptionBudget":
+                gone = f"PodDisruptionBudget {name}: deleted; no evictions happen here, so it protected nothing"
+            else:
+                return f"{kind} {name}: not found in this run, nothing to delete (Argo deletes with --ignore-not-found)"
+        if proxy is not None:
+            proxy.close()
+        if process is not None:
+            self._stop_processes([process])
+            self._refresh_endpoints()  # out of the Services that selected it
+        return gone
+
     def stop(self) -> None:
         """Stop every process the fleet started (SIGTERM, SIGKILL after the grace); delete the run's keys."""
         with self._lock:
-            pods = [p.replicas for p in self._processes.values() if p.replicas is not None]
-            processes = [p for p in self._processes.values() if p.popen is not None]
-            scratch = [p.scratch for p in self._processes.values() if p.scratch]
+            processes = list(self._processes.values())
             self._processes.clear()
             proxies, self._service_proxies = list(self._service_proxies.values()), {}
-        for replicas in pods:
-            replicas.close()
         for proxy in proxies:
             proxy.close()
+        self._stop_processes(processes)
+        self._inputs.delete_secrets()
+        self._locks.release()
+
+    def _stop_processes(self, stopped: Sequence[FleetProcess]) -> None:
+        """End each process's pods (SIGTERM, SIGKILL after the grace); an adopted engine is its owner's to stop."""
+        processes = [p for p in stopped if p.popen is not None]
+        for process in stopped:
+            if process.replicas is not None:
+                process.replicas.close()  # its pods end, are removed from their nodes and leave their Services
         for process in processes:
             assert process.popen is not None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGTERM)
         for process in processes:  # all told at once: the grace runs for all of them together
             assert process.popen is not None
-            self._end(process.popen)
-        for folder in scratch:
-            shutil.rmtree(folder, ignore_errors=True)
-        self._inputs.delete_secrets()
-        self._locks.release()
+            self._end(process.popen)  # the watchdog forgets it
+        for process in stopped:
+            if process.scratch:
+                shutil.rmtree(process.scratch, ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------------------------------
 

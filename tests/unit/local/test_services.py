@@ -179,6 +179,34 @@ def test_an_object_the_run_cannot_take_fails_before_anything_runs(
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.parametrize(
+    ("manifest", "extra", "message"),
+    [
+        (
+            {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "x"}},
+            {},
+            r"deleting RayJob \(ray\.io/v1\) is not supported locally; a delete runs here for the kinds a run service "
+            r"runs: .*FileServer \(test\.eksflow\.dev/v1\)",
+        ),
+        ({"apiVersion": API, "kind": KIND, "metadata": {}}, {}, r"metadata\.name is required: it names the object"),
+        (
+            {"apiVersion": API, "kind": KIND, "metadata": {"name": "x"}},
+            {"successCondition": "status.gone == true"},
+            r"resource\.successCondition: Argo refuses a success or failure condition on a delete",
+        ),
+    ],
+    ids=["a-job-kind", "unnamed", "condition"],
+)
+def test_a_delete_the_run_cannot_do_fails_before_anything_runs(
+    tmp_path: Path, manifest: dict[str, Any], extra: dict[str, str], message: str
+) -> None:
+    template = {"name": "gone", "resource": {"action": "delete", "manifest": yaml.safe_dump(manifest), **extra}}
+    with pytest.raises(LocalExecutorError, match=message) as caught:
+        run(workflow([task("gone", "gone")], [template]), tmp_path)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_kind_goes_to_one_service_only() -> None:
     with pytest.raises(RunServiceError, match="already go to the run service") as refused:
         register_run_service({(API, KIND)}, OtherServers)

@@ -1,4 +1,5 @@
-"""The fleet's engines beside a run's first tasks, and one fleet per pipeline and state folder, one engine per machine.
+"""The fleet's engines beside a run's first tasks, one fleet per pipeline and state folder, one engine per machine,
+and a fleet object deleted by a later task.
 
 Small workflows with the flagship's own proxy objects run on the real executor; the LiteLLM proxy is a script named by
 $EKSFLOW_LITELLM (a broken engine, or one whose check waits for the first task), so nothing trains and no engine
@@ -7,6 +8,7 @@ installs (but where the install's failure is the point: an empty cache, no index
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +31,14 @@ CFG = config()
 TRACEBACK = "Traceback (most recent call last):\n  File proxy_server.py\nImportError: cannot import name 'proxy_server'"
 
 
-def applied(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "resource": {"action": "apply", "manifest": yaml.safe_dump(manifest)}}
+def applied(name: str, manifest: dict[str, Any], action: str = "apply") -> dict[str, Any]:
+    return {"name": name, "resource": {"action": action, "manifest": yaml.safe_dump(manifest)}}
+
+
+def deleted(name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A delete of the object `manifest` names, as resource(..., action="delete") renders it."""
+    named = {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"], "metadata": manifest["metadata"]}
+    return applied(name, {**named, "metadata": {"name": manifest["metadata"]["name"]}}, "delete")
 
 
 def fake_litellm(tmp_path: Path, body: str) -> Path:
@@ -185,3 +193,53 @@ def test_a_held_lock_names_its_holder_a_stopped_run_stops_waiting_and_sigkill_fr
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_deleted_deployment_is_stopped_and_leaves_its_service_and_a_missing_one_is_no_error(
+    tmp_path: Path, engines_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The proxy's pod (a small HTTP server as its program) gets SIGTERM from the delete, before the run ends."""
+    mark = tmp_path / "terminated"
+    serve = (
+        "import http.server, signal\n"
+        "if '--version' in sys.argv: sys.exit(0)\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({str(mark)!r}, 'w').close(), sys.exit(0)))\n"
+        "port = int(next(a.split('=')[1] for a in sys.argv if a.startswith('--port=')))\n"
+        "class Live(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', port), Live).serve_forever()"
+    )
+    monkeypatch.setenv("EKSFLOW_LITELLM", str(fake_litellm(tmp_path, serve)))
+    config_map, proxy, service, _ = serving.proxy_objects(CFG)
+    engine = serving.vllm_deployment(CFG, "llama-lora-vllm-never", "/fsx/models/m")  # never applied in this run
+    stopped = container("stopped", "import os, sys; sys.exit(not os.path.exists(sys.argv[1]))", str(mark))
+    manifest = workflow(
+        [
+            task("proxy-config", "proxy-config"),
+            task("proxy", "proxy", "proxy-config"),
+            task("proxy-service", "proxy-service", "proxy"),
+            task("delete-proxy", "delete-proxy", "proxy-service"),
+            task("stopped", "stopped", "delete-proxy"),
+            task("delete-engine", "delete-engine", "stopped"),
+            task("delete-service", "delete-service", "stopped"),
+        ],
+        [
+            applied("proxy-config", config_map),
+            applied("proxy", proxy),
+            applied("proxy-service", service),
+            deleted("delete-proxy", proxy),
+            stopped,
+            deleted("delete-engine", engine),
+            deleted("delete-service", service),
+        ],
+    )
+    result = run(manifest, tmp_path)
+    assert result.phase == "Succeeded", result.output
+    assert result.nodes["delete-proxy"].message == "Deployment llama-lora-proxy: deleted, its litellm pod(s) stopped"
+    assert result.nodes["delete-engine"].message == (
+        "Deployment llama-lora-vllm-never: not found in this run, nothing to delete (Argo deletes with "
+        "--ignore-not-found)"
+    )
+    assert result.nodes["delete-service"].message == "Service llama-lora-proxy: deleted, its address closed"
+    endpoints = json.loads((result.run_dir / "fleet" / "endpoints" / "llama-lora-proxy.json").read_text())
+    assert endpoints["items"] == []  # the proxy's pod left it, then the Service went
