@@ -295,8 +295,9 @@ def test_a_runs_proxy_never_routes_by_the_routes_file_an_earlier_run_left(tmp_pa
         assert "is not routed to an engine of this fleet" in refused[0][2]
         not_ready = probe()
         assert not_ready.returncode == 1 and "not an engine of this fleet" in not_ready.stderr, not_ready.stderr
-        # serve-champion: the champion on this run's engine, with all the traffic.
-        engine = Engine("engine", vllm_key, port=fleet.engine_port())
+        # serve-champion: the champion on this run's engine, with all the traffic; it starts after the proxy, on a
+        # port of the run's (engine_ports.py), which the fleet lends it as it does starting an engine.
+        engine = Engine("engine", vllm_key, port=fleet._ports.take("llama-lora-vllm", "vllm"))
         routes = litellm_proxy.RoutesFile(routes_file, MODEL)
         routes.assign("blue", "llama-lora-v2-bbbbbbbb", engine.url)
         routes.set_weights(litellm_proxy.weights_for(MODEL, "blue", "green", 0))

@@ -1,4 +1,4 @@
-"""Who may run a serving fleet here: one run per pipeline and state folder, and one local vLLM engine per machine.
+"""Who may run a serving fleet here: one run per pipeline and state folder, and one run's vLLM engines per machine.
 
 Two runs at once in one project broke each other's rollout, naming no cause: the second run's proxy removed the
 routes file they share and routed the public name to its own engine, and the first failed its canary
@@ -7,9 +7,10 @@ only. So a run's fleet holds two locks, each a file it keeps locked (flock) whil
 
 - its pipeline's fleet in its state folder (<state>/fleets/<pipeline>.lock), from the first object of the fleet the
   run applies: the routes file, the proxy and the public name are the pipeline's, in that folder;
-- this machine's local vLLM engine (local-vllm.lock in the engines' cache, which every project of the user's on the
-  machine shares), from the start of an engine on 127.0.0.1: pods on simulated nodes stand for other machines, and an
-  adopted engine ($EKSFLOW_VLLM_URL) runs already.
+- this machine's local vLLM engines (local-vllm.lock in the engines' cache, which every project of the user's on the
+  machine shares), from the start of the run's first engine on 127.0.0.1, once for all its engines (how many one run
+  may run: engine_ports.py): pods on simulated nodes stand for other machines, and an adopted engine
+  ($EKSFLOW_VLLM_URL) runs already.
 
 A run that finds one held waits for it (after its own first tasks, which need no fleet), saying once which run holds
 it: its name, state folder and pid, which the holder writes into the file. Stopping the run stops the wait. The
@@ -59,8 +60,8 @@ class FleetLocks:
         )
 
     def engine(self, where: str, stop_reason: Callable[[], str]) -> None:
-        """Hold this machine's one local vLLM engine (waited for while another run's engine runs)."""
-        self._take(engines.cache_dir() / ENGINE_LOCK, "this machine's one local vLLM engine", where, stop_reason)
+        """Hold this machine's local vLLM engines for the run (waited for while another run's engines run)."""
+        self._take(engines.cache_dir() / ENGINE_LOCK, "this machine's local vLLM engines", where, stop_reason)
 
     def release(self) -> None:
         """Let the next run take what this one held."""

@@ -2,14 +2,18 @@
 
 The pod's readiness probe, polled as the kubelet would: a real generation for vLLM, /health/liveliness for the
 proxy (fleet_pods.ready); an adopted engine ($EKSFLOW_VLLM_URL) is first asked which model it serves. A process that
-dies before it is ready is named by its log's error line.
+dies before it is ready is named by its log's error line. `stop` ends pods, for the run's end and a delete alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +81,25 @@ def wait_ready(process: FleetProcess, stop_reason: Callable[[], str], where: str
     raise FleetError(f"{where}: {stop_reason()} while {process.name} was starting")
 
 
+def stop(stopped: Sequence[FleetProcess], end: Callable[[subprocess.Popen[bytes]], None]) -> None:
+    """End each process's pods: SIGTERM, then `end` (SIGKILL after the grace); an adopted engine is its owner's."""
+    processes = [p.popen for p in stopped if p.popen is not None]
+    for process in stopped:
+        if process.replicas is not None:
+            process.replicas.close()  # its pods end, are removed from their nodes and leave their Services
+    for popen in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGTERM)
+    for popen in processes:  # all told at once: the grace runs for all of them together
+        end(popen)  # the watchdog forgets it
+    for process in stopped:
+        if process.scratch:
+            shutil.rmtree(process.scratch, ignore_errors=True)
+
+
 def _routed(proxy: FleetProcess) -> str:
     """Whether the proxy is ready: its readiness probe's verdict on its routes (steps/common/litellm_routes.py)."""
     why, _ = unrouted(proxy.model, *proxy.routes)
     if not why:
-        return f"ready: it routes {proxy.model!r} to this run's engine"
+        return f"ready: it routes {proxy.model!r} to this run's engines"
     return f"not ready, and it refuses {proxy.model!r} (503) until the run routes it to its engine ({why})"

@@ -10,17 +10,18 @@ does here what the cluster would do:
   virtualenv (eksflow.llm.engines), its args and env, container paths (whole values) mapped to the run's volumes
   (fleet_inputs.py); it resolves the adapters published to the FSx adapter folder by name, as every pod does. On this
   machine: one engine on 127.0.0.1 whatever spec.replicas says (every pod serves the same adapters from the same
-  folder, so one stands for all; two stall each other on 2 cores, so a second vLLM Deployment in one run is refused),
-  or the engine $EKSFLOW_VLLM_URL names (adopted_engine.py). On simulated nodes (`run --nodes N`): spec.replicas
+  folder, so one stands for all), on a port of the run's engine ports; a run may run several vLLM Deployments (a
+  champion's and a candidate's), up to a cap (engine_ports.py). Or the engine $EKSFLOW_VLLM_URL names, which one
+  Deployment adopts (adopted_engine.py). On simulated nodes (`run --nodes N`): spec.replicas
   pods, spread over the nodes (fleet_nodes.py). The task succeeds when the engine answers a real generation (the
   pod's readiness probe), as Argo's successCondition waits for an available Deployment.
 - apps/v1 Deployment of the LiteLLM proxy (`litellm --config ...`): the proxy's virtualenv ($EKSFLOW_LITELLM) in
   the folder its ConfigMap volume maps to, holding the ConfigMap's files unchanged (config.yaml and the routes
   callback); it routes by the routes file on the run's FSx volume, as every proxy pod does, to the engines this
-  fleet runs only ($EKSFLOW_UPSTREAMS). The proxy is new with the run, so a routes file an earlier run left (naming
-  that run's engine) is removed before it starts. Its task succeeds once it answers /health/liveliness; it is
-  ready, as its pod's readiness probe would say, once the run routes the public name to the engine
-  (serve-champion), and refuses the name (503) until then.
+  fleet runs only ($EKSFLOW_UPSTREAMS: the run's engine ports, its engines started before or after the proxy). The
+  proxy is new with the run, so a routes file an earlier run left (naming that run's engine) is removed first. Its
+  task succeeds once it answers /health/liveliness; it is ready, as its pod's readiness probe would say, once the
+  run routes the public name to an engine (serve-champion), and refuses the name (503) until then.
 - v1 Service: an address. A whole argv value (`--vllm-url=http://x.ns.svc.cluster.local:8000`, a path after it
   allowed) or env value naming a Service becomes http://127.0.0.1:<port of the process it selects>, or on
   simulated nodes the Service's address on the run's bridge (eksflow/local/service_proxy.py); free text is never
@@ -31,18 +32,17 @@ does here what the cluster would do:
   that takes the cluster's CNI. Every process listens on 127.0.0.1 or its pod's address only, and vLLM asks for
   its key on every route.
 
-A resource template's `delete` of one of these objects (`LocalFleet.delete`) does what the cluster does: a
-Deployment's pods end as `stop()` ends them (SIGTERM, then SIGKILL; the watchdog forgets them; on simulated nodes its
-pods are removed) and leave the endpoints of the Services that selected them; a Service's address closes and its
-endpoints list empties; a ConfigMap or NetworkPolicy is forgotten. An object the run does not hold is no error, as
-Argo's `kubectl delete --ignore-not-found`: the task says it found none.
+A resource template's `delete` of one of these objects does what the cluster does: a Deployment's pods end as
+`stop()` ends them (SIGTERM, then SIGKILL; on simulated nodes its pods are removed) and leave the endpoints of its
+Services; a Service's address closes, its endpoints list empties; a ConfigMap or NetworkPolicy is forgotten. One the
+run does not hold is no error, as Argo's `kubectl delete --ignore-not-found`: the task says it found none.
 
 The engines its Deployments need are made ready beside the run's first tasks, side by side (installed once per
 machine where missing, checked against their locks where not: engine_supply.py); one that cannot be stops the run
 in one line then, not after training, and a Deployment whose engine is still being installed waits for it. One run
-at a time holds a pipeline's fleet in a state folder, and one local vLLM engine runs per machine; a second waits,
-saying which run holds it (fleet_locks.py). A process that dies before it is ready fails its task with its log's
-error line.
+at a time holds a pipeline's fleet in a state folder, and one run at a time runs local vLLM engines on a machine;
+another waits, saying which run holds them (fleet_locks.py). A process that dies before it is ready fails its task
+with its log's error line.
 
 Every process runs in its own session, is told to the run's watchdog (it is stopped if the executor dies), and is
 stopped (SIGTERM, then SIGKILL) by `stop()`, which the executor calls when the run ends, after the exit handler:
@@ -53,12 +53,9 @@ fleet_process.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -67,8 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eksflow.llm.serving import adopted_engine, engine_supply, fleet_endpoints, fleet_pods
+from eksflow.llm.serving import adopted_engine, engine_supply, fleet_endpoints, fleet_pods, fleet_process
 from eksflow.llm.serving.adopted_engine import ADOPT_ENV, RESOLVER_DIR_ENV, adopted_url
+from eksflow.llm.serving.engine_ports import EnginePorts
 from eksflow.llm.serving.fleet_endpoints import Endpoint
 from eksflow.llm.serving.fleet_inputs import ContainerInputs
 from eksflow.llm.serving.fleet_locks import FleetLocks
@@ -122,12 +120,12 @@ class LocalFleet:
     _services: dict[str, tuple[int, dict[str, str], str]] = field(default_factory=dict)
     _service_proxies: dict[str, ServiceProxy] = field(default_factory=dict)  # with simulated nodes: name -> address
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # NetworkPolicies applied, by name
-    _engine_port: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def __post_init__(self) -> None:
         self._inputs = ContainerInputs(self.state_dir, self.run_dir)
         self._locks = FleetLocks(self.state_dir, self.run_dir, engine_supply.tell)
+        self._ports = EnginePorts()  # reserved when first needed: making a fleet starts nothing
 
     # -- applying objects ----------------------------------------------------------------------------------
 
@@ -194,21 +192,31 @@ class LocalFleet:
     ) -> str:
         """The program of the Deployment's engine, waited for outside the fleet's lock (other tasks go on meanwhile).
 
-        A vLLM engine on this machine first holds the machine's one local engine (fleet_locks.py).
+        A vLLM engine on this machine is first checked against the cap (at once, not after waiting), then holds the
+        machine's local engines for the run (fleet_locks.py).
         """
         role = fleet_pods.role(fleet_pods.container(manifest, where), where)
+        if role == "vllm":
+            self._check_room(str(manifest["metadata"]["name"]), where, nodes)
         if role == "vllm" and adopted_url():
             return ""  # it runs already: the fleet adopts it
         if role == "vllm" and nodes is None:
-            self._refuse_a_second_engine(where)  # at once, not after waiting for the machine's engine
             self._locks.engine(where, stop_reason)
         return engine_supply.program(role, stop_reason, where)
 
-    def _refuse_a_second_engine(self, where: str) -> None:
-        if any(p.role == "vllm" and p.alive() for p in self._processes.values()):
+    def _check_room(self, name: str, where: str, nodes: NodesContext | None) -> None:
+        """FleetError (not retried) for a vLLM engine this machine cannot add (engine_ports.py: the cap).
+
+        On simulated nodes each Deployment has its own pods, placed by their requests; an adopted engine
+        ($EKSFLOW_VLLM_URL) is one engine, so one Deployment adopts it.
+        """
+        adopter = next((p.name for p in self._processes.values() if p.role == "vllm" and p.name != name), "")
+        if nodes is None and not adopted_url():
+            self._ports.check(name, where)
+        elif nodes is None and adopter:
             raise FleetError(
-                f"{where}: a second vLLM engine would run on this machine; two engines stall each other, so one "
-                "fleet (one base model) per local run: a base-model change rolls out on a cluster",
+                f"{where}: ${ADOPT_ENV} names one engine, which Deployment {adopter} adopted; Deployment {name} "
+                f"needs its own: unset {ADOPT_ENV} to start each vLLM Deployment's engine",
                 retriable=False,
             )
 
@@ -218,7 +226,7 @@ class LocalFleet:
         container = fleet_pods.container(manifest, where)
         role = fleet_pods.role(container, where)
         if role == "vllm":
-            self._refuse_a_second_engine(where)  # again under the fleet's lock: two tasks may apply engines at once
+            self._check_room(name, where, nodes)  # again under the fleet's lock: two tasks may apply engines at once
         gpus = fleet_pods.gpu_request(container)
         if gpus:
             raise FleetError(
@@ -248,7 +256,7 @@ class LocalFleet:
         if nodes is not None:  # the container's port on the pod's own address
             port, host = fleet_pods.container_port(container), "0.0.0.0"  # the pod's own interfaces
         else:
-            port, host = (self.engine_port() if role == "vllm" else free_port()), "127.0.0.1"
+            port, host = (self._ports.take(name, where) if role == "vllm" else free_port()), "127.0.0.1"
         args = [a for a in args if not a.startswith(("--port=", "--host="))] + [f"--port={port}", f"--host={host}"]
         scratch = ""
         if role == "vllm":
@@ -259,16 +267,17 @@ class LocalFleet:
         else:
             cwd = self._inputs.write_config_maps(template.get("spec") or {}, name)
             argv = [program, *args]
-            # The engines this fleet runs, whatever the cluster's pattern of fleet Services says: its one engine
-            # (its own or the adopted one), or on simulated nodes a Service of this run (only they listen on the
-            # run's bridge address, in whatever order the run applies them). A routes file left by an earlier run
-            # names that run's engine, which is gone or someone else's by now: this proxy is new, so its routes
-            # start empty, as a new fleet's.
-            env[UPSTREAMS_ENV] = (
-                re.escape(f"http://{nodes.cluster.network.gateway}:") + "[0-9]+"
-                if nodes is not None
-                else re.escape(f"http://127.0.0.1:{self.engine_port()}")
-            )
+            # The engines this fleet runs, whatever the cluster's pattern of fleet Services says: the ports of its
+            # engines, started or not yet (engine_ports.py), or the adopted one, or on simulated nodes a Service of
+            # this run (only they listen on the run's bridge address, in whatever order the run applies them). A
+            # routes file left by an earlier run names that run's engine, which is gone or someone else's by now:
+            # this proxy is new, so its routes start empty, as a new fleet's.
+            if nodes is not None:
+                env[UPSTREAMS_ENV] = re.escape(f"http://{nodes.cluster.network.gateway}:") + "[0-9]+"
+            elif adopted_url():
+                env[UPSTREAMS_ENV] = re.escape(f"http://127.0.0.1:{adopted_engine.adopted_port()}")
+            else:
+                env[UPSTREAMS_ENV] = self._ports.upstreams()
             model = labels.get(MODEL_LABEL, "")
             _remove_leftover(Path(env.get(ROUTES_FILE_ENV, "")))
         full_env = {**os.environ, **env, "HF_HUB_OFFLINE": "1"}
@@ -314,17 +323,10 @@ class LocalFleet:
         """The engine at $EKSFLOW_VLLM_URL (checked once it answers: fleet_process.wait_ready)."""
         wanted = next((a.split("=", 1)[1] for a in args if a.startswith("--model=")), "")
         return FleetProcess(
-            name, "vllm", None, self.engine_port(), labels, log, "", adopted_engine.adopted_key(), wanted
+            name, "vllm", None, adopted_engine.adopted_port(), labels, log, "", adopted_engine.adopted_key(), wanted
         )
 
     # -- what steps see ------------------------------------------------------------------------------------
-
-    def engine_port(self) -> int:
-        """The port of this run's (single) vLLM engine, chosen before it starts so the proxy can name it first."""
-        with self._lock:
-            if not self._engine_port:
-                self._engine_port = adopted_engine.adopted_port() if adopted_url() else free_port()
-            return self._engine_port
 
     def local_value(self, value: str) -> str:
         """`value` with a Service address replaced by the local one, when the whole value is such an address.
@@ -362,12 +364,7 @@ class LocalFleet:
         return {}
 
     def delete(self, manifest: Mapping[str, Any], where: str) -> str:
-        """Do what deleting the object `manifest` names does on a cluster; the task's message.
-
-        A Deployment's pods end as `stop` ends them and leave its Services' endpoints; a Service's address closes; a
-        ConfigMap or NetworkPolicy is forgotten. An object this run does not hold is no error, as Argo's
-        `kubectl delete --ignore-not-found`.
-        """
+        """Do what deleting the object `manifest` names does on a cluster (see the module); the task's message."""
         kind = str(manifest.get("kind"))
         name = str((manifest.get("metadata") or {}).get("name", ""))
         process, proxy = None, None
@@ -389,8 +386,10 @@ class LocalFleet:
         if proxy is not None:
             proxy.close()
         if process is not None:
-            self._stop_processes([process])
+            fleet_process.stop([process], self._end)
             self._refresh_endpoints()  # out of the Services that selected it
+            lost = self._ports.give_back(name) if process.role == "vllm" else ""  # held for the next engine
+            gone = "; ".join(filter(None, [gone, lost]))
         return gone
 
     def stop(self) -> None:
@@ -401,26 +400,10 @@ class LocalFleet:
             proxies, self._service_proxies = list(self._service_proxies.values()), {}
         for proxy in proxies:
             proxy.close()
-        self._stop_processes(processes)
+        fleet_process.stop(processes, self._end)
+        self._ports.close()
         self._inputs.delete_secrets()
         self._locks.release()
-
-    def _stop_processes(self, stopped: Sequence[FleetProcess]) -> None:
-        """End each process's pods (SIGTERM, SIGKILL after the grace); an adopted engine is its owner's to stop."""
-        processes = [p for p in stopped if p.popen is not None]
-        for process in stopped:
-            if process.replicas is not None:
-                process.replicas.close()  # its pods end, are removed from their nodes and leave their Services
-        for process in processes:
-            assert process.popen is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.popen.pid, signal.SIGTERM)
-        for process in processes:  # all told at once: the grace runs for all of them together
-            assert process.popen is not None
-            self._end(process.popen)  # the watchdog forgets it
-        for process in stopped:
-            if process.scratch:
-                shutil.rmtree(process.scratch, ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------------------------------
 

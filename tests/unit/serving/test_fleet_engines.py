@@ -1,5 +1,5 @@
-"""The fleet's engines beside a run's first tasks, one fleet per pipeline and state folder, one engine per machine,
-and a fleet object deleted by a later task.
+"""The fleet's engines beside a run's first tasks, one fleet per pipeline and state folder, one run's engines per
+machine, and a fleet object deleted by a later task.
 
 Small workflows with the flagship's own proxy objects run on the real executor; the LiteLLM proxy is a script named by
 $EKSFLOW_LITELLM (a broken engine, or one whose check waits for the first task), so nothing trains and no engine
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -168,7 +169,7 @@ def test_a_second_run_waits_for_the_fleet_the_first_holds_in_its_state_folder_an
 def test_a_held_lock_names_its_holder_a_stopped_run_stops_waiting_and_sigkill_frees_it(
     tmp_path: Path, engines_dir: Path
 ):
-    """One local vLLM engine per machine, across runs and state folders (it was checked within a run only)."""
+    """One run's local vLLM engines per machine, across runs and state folders (it was checked within a run only)."""
     said: list[str] = []
     code = (
         "import sys, time; from pathlib import Path; from eksflow.llm.serving.fleet_locks import FleetLocks\n"
@@ -180,11 +181,11 @@ def test_a_held_lock_names_its_holder_a_stopped_run_stops_waiting_and_sigkill_fr
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         locks = FleetLocks(tmp_path / "b", tmp_path / "b" / "runs" / "llama-lora-fghij", said.append)
         stopping = iter(["", "interrupted"])
-        with pytest.raises(FleetError, match=r"vllm: interrupted while waiting for this machine's one local vLLM"):
+        with pytest.raises(FleetError, match=r"vllm: interrupted while waiting for this machine's local vLLM engines"):
             locks.engine("vllm", lambda: next(stopping))
         assert said == [
             f"vllm: waits for run llama-lora-abcde (pid {holder.pid}, state folder {tmp_path / 'a'}) to end: it holds "
-            f"this machine's one local vLLM engine ({engines_dir / 'local-vllm.lock'})"
+            f"this machine's local vLLM engines ({engines_dir / 'local-vllm.lock'})"
         ]
         holder.kill()  # SIGKILL: no code of its runs, the kernel lets go of its lock
         holder.wait()
@@ -198,11 +199,15 @@ def test_a_held_lock_names_its_holder_a_stopped_run_stops_waiting_and_sigkill_fr
 def test_a_deleted_deployment_is_stopped_and_leaves_its_service_and_a_missing_one_is_no_error(
     tmp_path: Path, engines_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """The proxy's pod (a small HTTP server as its program) gets SIGTERM from the delete, before the run ends."""
+    """The proxy's pod (a small HTTP server as its program) gets SIGTERM from the delete, before the run ends.
+
+    It may route to the run's engine ports, none started yet (engine_ports.py), and to nothing else.
+    """
     mark = tmp_path / "terminated"
     serve = (
         "import http.server, signal\n"
         "if '--version' in sys.argv: sys.exit(0)\n"
+        f"open({str(tmp_path / 'upstreams')!r}, 'w').write(os.environ['EKSFLOW_UPSTREAMS'])\n"
         f"signal.signal(signal.SIGTERM, lambda *_: (open({str(mark)!r}, 'w').close(), sys.exit(0)))\n"
         "port = int(next(a.split('=')[1] for a in sys.argv if a.startswith('--port=')))\n"
         "class Live(http.server.BaseHTTPRequestHandler):\n"
@@ -243,3 +248,5 @@ def test_a_deleted_deployment_is_stopped_and_leaves_its_service_and_a_missing_on
     assert result.nodes["delete-service"].message == "Service llama-lora-proxy: deleted, its address closed"
     endpoints = json.loads((result.run_dir / "fleet" / "endpoints" / "llama-lora-proxy.json").read_text())
     assert endpoints["items"] == []  # the proxy's pod left it, then the Service went
+    origin, ports = (tmp_path / "upstreams").read_text().split(":(?:")  # the two engine ports of the run, only
+    assert origin == re.escape("http://127.0.0.1") and re.fullmatch(r"\d+\|\d+\)", ports)

@@ -1,6 +1,9 @@
-"""The local fleet's bookkeeping: addresses mapped only where a whole value is one, objects it refuses."""
+"""The local fleet's bookkeeping: addresses mapped only where a whole value is one, objects it refuses, the ports of
+a run's several engines, their cap and the machine's engine lock."""
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +13,8 @@ import yaml
 
 from eksflow.llm.serving import adopted_engine, fleet_pods, policies
 from eksflow.llm.serving import objects as serving
+from eksflow.llm.serving.engine_ports import MAX_ENGINES, EnginePorts
+from eksflow.llm.serving.fleet_locks import FleetLocks
 from eksflow.llm.serving.fleet_process import FleetProcess
 from eksflow.llm.serving.local_fleet import FleetError, LocalFleet  # registers the fleet's kinds
 from eksflow.local import resources
@@ -84,11 +89,85 @@ def test_a_gpu_deployment_is_refused_here_with_the_way_out(fleet):
     assert caught.value.retriable is False
 
 
-def test_a_second_engine_in_one_run_is_refused(fleet, tmp_path):
-    fleet._processes["engine-a"] = FleetProcess("engine-a", "vllm", None, 1, {}, tmp_path)
-    deployment = serving.vllm_deployment(load_config(), "engine-b", "/fsx/models/m")
-    with pytest.raises(FleetError, match="two engines stall each other"):
-        fleet.apply(deployment, "vllm", running)
+def bound_by_another(port: int) -> bool:
+    """Whether another socket can listen on 127.0.0.1:`port` now (what a stranger would need to stand behind it)."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            other.bind(("127.0.0.1", port))
+            other.listen(1)
+        except OSError:
+            return False
+        return True
+
+
+def test_the_proxy_may_reach_every_engine_port_of_the_run_and_nothing_else_and_each_is_held_till_its_engine():
+    ports = EnginePorts()
+    upstreams = re.compile(ports.upstreams())
+    pool = [int(p) for p in re.findall(r"\d{4,5}", ports.upstreams())]
+    assert len(pool) == MAX_ENGINES == 2
+    others = ["http://127.0.0.1:1", "http://localhost:" + str(pool[0]), f"http://127.0.0.1:{pool[0]}0"]
+    assert not any(upstreams.fullmatch(origin) for origin in others)
+    assert not any(bound_by_another(port) for port in pool)  # held: no stranger can listen behind the proxy's list
+    champion = ports.take("champion", "vllm")
+    assert upstreams.fullmatch(f"http://127.0.0.1:{champion}")  # an engine started after the proxy is in its list
+    assert bound_by_another(champion)  # let go for the engine to bind
+    assert ports.take("champion", "vllm") == champion  # applied again: its own port
+    candidate = ports.take("candidate", "vllm")
+    assert {champion, candidate} == set(pool)
+    with pytest.raises(FleetError) as refused:
+        ports.take("third", "vllm-third")
+    assert str(refused.value) == (
+        "vllm-third: Deployment third would be vLLM engine 3 of this run; this machine runs at most 2 at once "
+        '(candidate, champion run): delete one first (resource(..., action="delete")) or roll this out on a cluster'
+    )
+    assert refused.value.retriable is False
+    assert ports.give_back("champion") == ""  # its engine ended: held again for the next one
+    assert not bound_by_another(champion)
+    assert ports.take("third", "vllm-third") == champion
+    ports.close()
+
+
+def vllm(name: str) -> dict:
+    return serving.vllm_deployment(load_config(), name, "/fsx/models/m")
+
+
+def test_a_third_engine_is_refused_before_waiting_for_the_machines_engines_and_a_deleted_one_frees_its_port(
+    fleet, tmp_path
+):
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    port = fleet._ports.take("champion", "vllm")  # what starting its engine takes (the process: a stand-in)
+    fleet._processes["champion"] = FleetProcess("champion", "vllm", engine, port, {}, tmp_path)
+    fleet._ports.take("candidate", "vllm")
+    fleet._processes["candidate"] = FleetProcess("candidate", "vllm", None, 0, {}, tmp_path)
+    waited = []
+    with pytest.raises(FleetError, match="Deployment third would be vLLM engine 3 of this run"):
+        fleet.apply(vllm("third"), "vllm", lambda: waited.append(1) or "stopped")
+    assert waited == []  # refused at once: not after waiting for the machine's engines or the engine's install
+    named = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "champion"}}
+    assert fleet.delete(named, "retire") == "Deployment champion: deleted, its vllm pod(s) stopped"
+    assert engine.poll() is not None  # SIGTERM, as stop() ends it
+    assert fleet._ports.take("third", "vllm") == port
+
+
+def test_the_run_takes_the_machines_engine_lock_once_for_all_its_engines(tmp_path, monkeypatch):
+    monkeypatch.setenv("EKSFLOW_ENGINES_DIR", str(tmp_path / "engines"))
+    locks = FleetLocks(tmp_path / "state", tmp_path / "run", print)
+    locks.engine("champion", running)
+    locks.engine("candidate", lambda: "stopped")  # a second take of its own lock would wait, and stop: it does not
+    other = FleetLocks(tmp_path / "other", tmp_path / "other-run", print)
+    with pytest.raises(FleetError, match="stopped while waiting for this machine's local vLLM engines"):
+        other.engine("vllm", lambda: "stopped")  # another run's engines wait for this run's
+    locks.release()
+    other.engine("vllm", running)
+    other.release()
+
+
+def test_an_adopted_engine_is_adopted_by_one_deployment_of_the_run(fleet, tmp_path, monkeypatch):
+    monkeypatch.setenv(adopted_engine.ADOPT_ENV, "http://127.0.0.1:9")
+    fleet._processes["champion"] = FleetProcess("champion", "vllm", None, 9, {}, tmp_path)
+    with pytest.raises(FleetError, match=r"EKSFLOW_VLLM_URL names one engine, which Deployment champion adopted"):
+        fleet.apply(vllm("candidate"), "vllm", running)
 
 
 def test_an_unknown_deployment_is_refused_before_the_run():
