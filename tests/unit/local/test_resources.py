@@ -285,7 +285,7 @@ def test_a_volcano_job_is_refused_before_any_task_runs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda t, m: t["resource"].update(action="delete"), r"action 'delete' is not supported locally"),
+        (lambda t, m: t["resource"].update(action="patch"), r"action 'patch' is not supported locally"),
         (
             lambda t, m: t["resource"].update(manifest="apiVersion: batch/v1\nkind: Job\n"),
             r"Job \(batch/v1\) does not run locally",
