@@ -42,7 +42,8 @@ class EnginePorts:
         self._count = count
         self._held: dict[int, socket.socket] = {}  # port -> the socket holding it while no engine does
         self._lent: dict[int, str] = {}  # port -> the Deployment whose engine runs there
-        self._ports: list[int] = []  # the pool, in reservation order; empty until first needed
+        self._ports: list[int] = []  # the pool, in reservation order, less a port lost to another process
+        self._reserved = False  # the pool is reserved once, when first needed: the proxy's list never changes
         self._lock = threading.Lock()
 
     def upstreams(self) -> str:
@@ -93,7 +94,8 @@ class EnginePorts:
 
     def _pool(self) -> list[int]:
         with self._lock:
-            if not self._ports:
+            if not self._reserved:
+                self._reserved = True
                 for _ in range(self._count):
                     holder = _hold(0)
                     port = int(holder.getsockname()[1])
@@ -102,7 +104,7 @@ class EnginePorts:
             return list(self._ports)
 
     def _refuse_beyond_cap(self, deployment: str, where: str) -> None:
-        cap = len(self._ports) if self._ports else self._count  # a port lost to another process is not lent again
+        cap = len(self._ports) if self._reserved else self._count  # a port lost to another process is not lent again
         if deployment in self._lent.values() or len(self._lent) < cap:
             return
         raise FleetError(

@@ -192,10 +192,17 @@ class LocalFleet:
     ) -> str:
         """The program of the Deployment's engine, waited for outside the fleet's lock (other tasks go on meanwhile).
 
-        A vLLM engine on this machine is first checked against the cap (at once, not after waiting), then holds the
-        machine's local engines for the run (fleet_locks.py).
+        A GPU ask and a vLLM engine beyond the cap are refused at once, not after waiting; then a vLLM engine on this
+        machine holds the machine's local engines for the run (fleet_locks.py).
         """
-        role = fleet_pods.role(fleet_pods.container(manifest, where), where)
+        container = fleet_pods.container(manifest, where)
+        role = fleet_pods.role(container, where)
+        if gpus := fleet_pods.gpu_request(container):
+            raise FleetError(
+                f"{where}: the Deployment asks for {gpus} nvidia.com/gpu; the local fleet runs vLLM's CPU build "
+                "(eksflow.llm.engines): use serving.instance_type=m6i.4xlarge here, or submit to a cluster",
+                retriable=False,
+            )
         if role == "vllm":
             self._check_room(str(manifest["metadata"]["name"]), where, nodes)
         if role == "vllm" and adopted_url():
@@ -227,13 +234,6 @@ class LocalFleet:
         role = fleet_pods.role(container, where)
         if role == "vllm":
             self._check_room(name, where, nodes)  # again under the fleet's lock: two tasks may apply engines at once
-        gpus = fleet_pods.gpu_request(container)
-        if gpus:
-            raise FleetError(
-                f"{where}: the Deployment asks for {gpus} nvidia.com/gpu; the local fleet runs vLLM's CPU build "
-                "(eksflow.llm.engines): use serving.instance_type=m6i.4xlarge here, or submit to a cluster",
-                retriable=False,
-            )
         template = (manifest.get("spec") or {}).get("template") or {}
         labels = {str(k): str(v) for k, v in ((template.get("metadata") or {}).get("labels") or {}).items()}
         paths = self._inputs.mounts(template.get("spec") or {}, container, name)
