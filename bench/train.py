@@ -20,6 +20,9 @@ multi-turn conversations (every assistant turn learned); `dpo`, its preference p
 micro-batch of BENCH_MB pairs is 2 x BENCH_MB sequences, as in TRL's DPOTrainer); `sft-pairs`, the same pairs'
 chosen and rejected sequences as SFT conversations, 2 x BENCH_MB a micro-batch (the same rows a DPO step forwards:
 DPO's peak memory against SFT's at the same batch).
+
+BENCH_FINETUNE=full trains every weight (`train.finetune: full`; BENCH_LORA is then unused) instead of the adapter:
+the comparison with the harness's peers fine-tuning every weight is bench/train_full.py's.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> int:
     threads = int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1)))
     lora = json.loads(os.environ.get("BENCH_LORA", "{}"))
     precision = os.environ.get("BENCH_PRECISION", "auto")  # the step's default: bf16 on a CPU with AMX
+    finetune = os.environ.get("BENCH_FINETUNE", "lora")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         train_file = Path(tmp) / TRAIN_FILE
@@ -89,6 +93,7 @@ def main() -> int:
             num_workers=1,
             cpus_per_worker=threads,
             precision=precision,
+            finetune=finetune,
             checkpoint_every=total,
             log_every=total,
             lora={
@@ -125,6 +130,7 @@ def main() -> int:
         "startup_s": clock.marks[0] - started,
         "threads": threads,
         "precision": precision,
+        "finetune": finetune,
     }
     print("RESULT " + json.dumps(result), flush=True)
     return 0
