@@ -18,12 +18,11 @@ from eksflow.llm.steps import (
     canary,
     finish_rollout,
     load_candidate,
-    prepare_fleet,
     promote,
     serve_champion,
     shift_traffic,
 )
-from eksflow.llm.steps.common import litellm_routes, vllm_auth
+from eksflow.llm.steps.common import fleet_names, litellm_routes, vllm_auth
 from eksflow.local.manifest import parse_manifest
 from eksflow.local.model import ResourceTemplate
 from eksflow.pipeline import EXIT_HANDLER
@@ -152,8 +151,8 @@ def test_a_proxy_pod_routes_only_to_the_pipelines_fleets_and_is_ready_only_once_
     (container,) = serving.proxy_deployment(cfg)["spec"]["template"]["spec"]["containers"]
     upstreams = re.compile(next(e["value"] for e in container["env"] if e["name"] == "EKSFLOW_UPSTREAMS"))
     for base_model in ("smollm2-135m-instruct", "s3://models/other"):
-        fleet = prepare_fleet.fleet_name(cfg.name, base_model)
-        assert upstreams.fullmatch(prepare_fleet.service_url(fleet, cfg.namespace, cfg.serving.port))
+        fleet = fleet_names.fleet_name(cfg.name, base_model)
+        assert upstreams.fullmatch(fleet_names.service_url(fleet, cfg.namespace, cfg.serving.port))
     assert not upstreams.fullmatch(f"http://{serving.proxy_name(cfg)}.{cfg.namespace}.svc.cluster.local:8000")
     # The pod's readiness probe is the shipped callback run as a script (stdlib only: the image's python3).
     assert container["readinessProbe"]["exec"]["command"] == [
@@ -326,3 +325,44 @@ def test_the_vllm_pods_probes_fit_the_key_on_every_route():
     ]  # sends the key
     env = {e["name"]: e for e in container["env"]}
     assert env[vllm_auth.KEY_ENV]["valueFrom"]["secretKeyRef"]["name"] == cfg.serving.secret
+
+
+def test_a_full_fine_tunes_rollout_serves_each_whole_model_on_a_fleet_of_its_own_and_deletes_the_one_left(
+    argo_validator,
+):
+    """train.finetune=full: no base model fleet; publish-champion and publish-candidate name each whole model's own
+    fleet, applied only when the version is one; promote's retired fleet and a rollback's discarded one are deleted."""
+    workflow = rendered(["train.finetune=full"])
+    assert [e.message for e in argo_validator("Workflow").iter_errors(workflow)] == []
+    dags = {t["name"]: {task["name"]: task for task in t["dag"]["tasks"]} for t in workflow["spec"]["templates"]
+            if "dag" in t}  # fmt: skip
+    main, exit_tasks = dags["main"], dags[EXIT_HANDLER]
+    assert not {"prepare-fleet", "vllm", "vllm-service"} & set(main)
+    for role in ("champion", "candidate"):
+        for obj in ("vllm", "vllm-service", "vllm-pdb"):
+            assert main[f"{role}-{obj}"]["when"] == f"{{{{tasks.publish-{role}.outputs.parameters.own_fleet}}}} == true"
+    # The step after a fleet that was not applied (an adapter champion, or none) runs all the same
+    assert "champion-vllm.Skipped" in main["serve-champion"]["depends"]
+    assert {"publish-candidate.Succeeded", "candidate-vllm.Skipped"} <= set(
+        re.findall(r"[\w-]+\.\w+", main["load-candidate"]["depends"])
+    )
+    assert {"register.Succeeded", "serve-champion.Succeeded"} <= set(main["publish-candidate"]["depends"].split(" && "))
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    for name, after, flag in [("retire", main, "promote.outputs.parameters.retires"),
+                              ("discard", exit_tasks, "finish-rollout.outputs.parameters.discards")]:  # fmt: skip
+        for kind in ("deployment", "service", "poddisruptionbudget"):
+            assert after[f"{name}-{kind}"]["when"] == f"{{{{tasks.{flag}}}}} == true"
+            assert templates[f"{name}-{kind}"]["resource"]["action"] == "delete"
+    samples = {"fleet": "llama-lora-vllm-0123abcd", "model_dir": "/fsx/serving/m/models/llama-lora-v2-0123abcd",
+               "served_name": "llama-lora-v2-0123abcd", "retired": "llama-lora-vllm-89abcdef",
+               "discarded": "llama-lora-vllm-89abcdef"}  # fmt: skip
+    made = resource_objects(workflow, lambda name: samples[name.removeprefix("inputs.parameters.")])
+    for obj in made.values():
+        kubernetes_validate.validate(obj, K8S, strict=True)
+    (container,) = made["candidate-vllm"]["spec"]["template"]["spec"]["containers"]
+    assert "--served-model-name=llama-lora-v2-0123abcd" in container["args"]
+    assert "--model=/fsx/serving/m/models/llama-lora-v2-0123abcd" in container["args"]
+    assert not any(a.startswith(("--enable-lora", "--max-lora")) for a in container["args"])  # no adapters to serve
+    assert "VLLM_PLUGINS" not in {e["name"] for e in container["env"]}
+    assert made["retire-deployment"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "metadata": {"name": "llama-lora-vllm-89abcdef"}}  # fmt: skip

@@ -19,8 +19,6 @@ Outputs (one file each under --outputs-dir):
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
 from eksflow.llm.steps.common.chat_template import TemplateSettings
+from eksflow.llm.steps.common.fleet_names import fleet_name, service_url
 from eksflow.runtime.args import K8S_NAME, Location, StepArgs, run_step
 
 
@@ -52,27 +51,6 @@ class Outputs(BaseModel):
     model_dir: str
     fleet: str
     vllm_url: str
-
-
-def fleet_name(pipeline: str, base_model: str, chat_template_sha256: str = "") -> str:
-    """`<pipeline>-vllm-<8 hex>`: stable for a base model, different for another (a new Deployment).
-
-    An engine applies one chat template to every request: a base model asked through train.chat_template's file
-    is served by a fleet of its own, named by both.
-    """
-    served = f"{base_model}\0{chat_template_sha256}" if chat_template_sha256 else base_model
-    return f"{pipeline}-vllm-{hashlib.sha256(served.encode()).hexdigest()[:8]}"
-
-
-def service_url(name: str, namespace: str, port: int) -> str:
-    """The in-cluster address of Service `name`."""
-    return f"http://{name}.{namespace}.svc.cluster.local:{port}"
-
-
-def fleet_addresses(pipeline: str, namespace: str, port: int) -> str:
-    """A regular expression matching the address of every fleet of `pipeline`: where its proxy may send requests."""
-    any_fleet = re.escape(f"{pipeline}-vllm-") + "[0-9a-f]{8}"  # fleet_name's form, for any base model
-    return re.escape(service_url("\0", namespace, port)).replace(re.escape("\0"), any_fleet)
 
 
 def run(args: Args) -> Outputs:

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
-MODEL_ARTIFACT = "model"
 DIGEST_TAG = "checkpoint_digest"
 # The adapter's kind (adapter_tags): load-candidate refuses a version whose tags say vLLM cannot serve it
 RANK_TAG = "lora.rank"
@@ -148,11 +147,12 @@ def run(args: Args) -> Outputs:
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        artifact = MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT  # a whole model: served as is
+        # a whole model is served as is
+        artifact = tracking.MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT
         mlflow_client.log_artifacts(run_id, str(args.adapter_dir), artifact)
         if args.merged_dir is not None and kind == "adapter":
             merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
-            mlflow_client.log_artifacts(run_id, str(args.merged_dir), MODEL_ARTIFACT)
+            mlflow_client.log_artifacts(run_id, str(args.merged_dir), tracking.MODEL_ARTIFACT)
         tags = lineage_tags(args, digest, gate_report, kind)
         version = create_version(mlflow_client, args.model_name, run_id, tags, artifact)
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)

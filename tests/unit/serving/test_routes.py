@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from eksflow.llm.steps.common import litellm_proxy, litellm_routes
+from eksflow.llm.steps.common.fleet_names import fleet_addresses, fleet_name, service_url
 from eksflow.llm.steps.common.litellm_routes import Routes
-from eksflow.llm.steps.prepare_fleet import fleet_addresses, fleet_name, service_url
 
 ENGINE = "http://127.0.0.1:41000"
 ALLOWED = re.escape(ENGINE)

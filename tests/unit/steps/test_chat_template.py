@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from eksflow.config import load_config
 from eksflow.llm.steps import prepare_fleet
+from eksflow.llm.steps.common import fleet_names
 from eksflow.llm.steps.common.chat_template import (
     FOLDER,
     TEMPLATE_FILE,
@@ -190,7 +191,7 @@ def test_the_fleet_serves_the_templated_folder_on_a_fleet_of_its_own(tmp_path, t
         return prepare_fleet.run(prepare_fleet.Args.from_argv([*flags, *template]))
 
     plain, templated = prepared(), prepared(f"--chat-template={given}")
-    assert plain.model_dir == str(base) and plain.fleet == prepare_fleet.fleet_name("llama-lora", str(base))
+    assert plain.model_dir == str(base) and plain.fleet == fleet_names.fleet_name("llama-lora", str(base))
     assert load_tokenizer(Path(templated.model_dir)).chat_template == OVERRIDE  # what vLLM's --model is
     assert templated.fleet != plain.fleet  # one engine applies one template: the champion's keeps its own
 

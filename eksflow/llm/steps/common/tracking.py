@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 ADAPTER_ARTIFACT = (
     "adapter"  # eksflow.llm.steps.register logs the adapter folder under this artifact path of the version's run
 )
+MODEL_ARTIFACT = "model"  # ... and a whole model (a full fine-tune, or an adapter merged into its base) under this
 KIND_TAG = "kind"  # a registered version's kind: adapter (LoRA on its base) or model (train.finetune=full)
 METRIC_TAG_PREFIX = "metric."  # eksflow.llm.steps.register records each metric as tag metric.<name> on the version
 
