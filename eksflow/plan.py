@@ -212,7 +212,7 @@ def services(pipeline: Pipeline) -> tuple[list[Service], list[str]]:
     """Every Deployment and StatefulSet the pipeline's resource tasks apply, as the manifests Argo gets say."""
     found, problems = [], []
     for task, template in pipeline.templates.items():
-        if not isinstance(template, Resource) or not isinstance(template.manifest, str):
+        if not isinstance(template, Resource) or not isinstance(template.manifest, str) or template.action == "delete":
             continue
         obj = yaml.safe_load(_EXPRESSION_TAG.sub("'(set at run time)'", template.manifest))
         if not isinstance(obj, dict) or obj.get("kind") not in SERVICE_KINDS:
@@ -241,6 +241,19 @@ def services(pipeline: Pipeline) -> tuple[list[Service], list[str]]:
     return found, problems
 
 
+def retiring(pipeline: Pipeline) -> list[str]:
+    """The resource tasks that delete a Deployment or StatefulSet (a fleet retired at run time)."""
+    return [
+        task
+        for task, template in pipeline.templates.items()
+        if isinstance(template, Resource)
+        and template.action == "delete"
+        and isinstance(template.manifest, str)
+        and (yaml.safe_load(_EXPRESSION_TAG.sub("'(set at run time)'", template.manifest)) or {}).get("kind")
+        in SERVICE_KINDS
+    ]
+
+
 def services_plan(pipeline: Pipeline, table: Mapping[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
     """The rows of every Deployment and StatefulSet and their total cost per hour; the problems found."""
     found, problems = services(pipeline)
@@ -266,6 +279,17 @@ def services_plan(pipeline: Pipeline, table: Mapping[str, Any]) -> tuple[list[tu
         # A fleet the workflow leaves running costs for as long as it serves, which no run length bounds.
         when = "after the workflow ends" if any(s.outlives for s in found) else "while the workflow runs"
         rows.append(("serving: cost per hour", f"{known}; it serves {when}: a cost per hour, not per run"))
+        if deleting := retiring(pipeline):
+            # A full fine-tune's rollout: the champion's fleet and the candidate's both serve during the canary,
+            # and the loser's is deleted once it ends (promote retires the former champion's, a rollback the
+            # candidate's); which one is known only then.
+            rows.append(
+                (
+                    "serving: during a rollout",
+                    f"every Deployment above; once it ends, one fewer for each Deployment {', '.join(deleting)} "
+                    "deletes (named at run time)",
+                )
+            )
     return rows, problems
 
 

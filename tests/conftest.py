@@ -31,6 +31,7 @@ ENGINE_MODULES = (
     "tests/e2e/test_local_run.py",
     "tests/e2e/test_locked_routes.py",
     "tests/e2e/test_dpo_run.py",
+    "tests/e2e/test_full_rollout.py",
     "tests/e2e/test_rollout.py",
 )
 STARTUP_TIMEOUT_S = 30.0

@@ -4,6 +4,10 @@
     proxy-config ─▶ proxy ─▶ proxy-service ─▶ proxy-pdb  the ConfigMap before the proxy that mounts it
     vllm-policy, proxy-policy                           after prepare-fleet, with the Deployments they guard
 
+A full fine-tune's rollout has no base model fleet: each whole-model version gets a fleet of its own
+(engine_objects with its served name: `champion-vllm...`, `candidate-vllm...`), and `removed` lists what deleting one
+deletes (promote retires the former champion's, a rollback the candidate's).
+
 The rollout (rollout.py) loops over the list; `make templates` writes the same manifests to serving.yaml. The
 manifests come from objects.py and policies.py (the NetworkPolicies import objects.py, hence this third module).
 """
@@ -29,13 +33,30 @@ class FleetObject:
 
 
 def fleet_objects(cfg: ServingConfig, fleet: str, model_dir: str) -> list[FleetObject]:
-    """The vLLM engine's, the proxy's and the NetworkPolicies' objects of `fleet` (serving `model_dir`), in order."""
+    """The base model fleet `fleet` (serving `model_dir`), the proxy and the NetworkPolicies, in apply order."""
+    return engine_objects(cfg, fleet, model_dir) + shared_objects(cfg)
+
+
+def engine_objects(
+    cfg: ServingConfig, fleet: str, model_dir: str, served_name: str = "", prefix: str = ""
+) -> list[FleetObject]:
+    """One vLLM fleet's Deployment, Service and PodDisruptionBudget, its tasks named `<prefix>-vllm...` when given.
+
+    Without `served_name`, the base model's fleet (adapters resolved at run time); with it, a whole model's own.
+    """
+    task = f"{prefix}-vllm" if prefix else "vllm"
+    return [
+        FleetObject(task, objects.vllm_deployment(cfg, fleet, model_dir, served_name), awaited=True),
+        FleetObject(f"{task}-service", objects.vllm_service(cfg, fleet)),
+        FleetObject(f"{task}-pdb", objects.disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas)),
+    ]
+
+
+def shared_objects(cfg: ServingConfig) -> list[FleetObject]:
+    """The pipeline's proxy and the NetworkPolicies guarding every fleet of it, whichever models they serve."""
     config_map, proxy, proxy_service, proxy_pdb = objects.proxy_objects(cfg)
     vllm_policy, proxy_policy = policies.network_policies(cfg)
     return [
-        FleetObject("vllm", objects.vllm_deployment(cfg, fleet, model_dir), awaited=True),
-        FleetObject("vllm-service", objects.vllm_service(cfg, fleet)),
-        FleetObject("vllm-pdb", objects.disruption_budget(cfg, fleet, "vllm", cfg.serving.replicas)),
         FleetObject("proxy-config", config_map),
         # Not awaited: a proxy pod is ready only once the routes file routes the public name, which serve-champion
         # (or, without a champion, the first shift) does and then waits for through the proxy's Service.
@@ -44,4 +65,12 @@ def fleet_objects(cfg: ServingConfig, fleet: str, model_dir: str) -> list[FleetO
         FleetObject("proxy-pdb", proxy_pdb, after="proxy-service"),
         FleetObject("vllm-policy", vllm_policy),
         FleetObject("proxy-policy", proxy_policy),
+    ]
+
+
+def removed(fleet: str) -> list[dict[str, Any]]:
+    """What deleting one vLLM fleet deletes: its Deployment, Service and PodDisruptionBudget, by name."""
+    return [
+        {"apiVersion": api, "kind": kind, "metadata": {"name": fleet}}
+        for api, kind in (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
     ]

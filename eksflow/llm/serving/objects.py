@@ -24,7 +24,9 @@ Keys come from one Secret (serving.secret) that an operator creates once, never 
         --from-literal=litellm-master-key=sk-...
 
 ServingConfig refuses, when the config is loaded, what its fleet could not serve once trained (servable.py): a
-full fine-tune, a LoRA rank the engine cannot load, an adapter vLLM cannot serve as a LoRA (DoRA among them).
+LoRA rank the engine cannot load, an adapter vLLM cannot serve as a LoRA (DoRA among them). A full fine-tune's
+whole model gets a vLLM fleet of its own (the same Deployment, Service and PodDisruptionBudget, named by the model:
+eksflow/llm/steps/common/served_models.py), serving the model under its published name, without LoRA.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from eksflow.llm.pipeline import LlmPipelineConfig, base_model_field
 from eksflow.llm.serving import servable
 from eksflow.llm.steps.canary import CanarySettings
 from eksflow.llm.steps.common import litellm_proxy, litellm_routes, rollout, vllm
+from eksflow.llm.steps.common.fleet_names import fleet_addresses
 from eksflow.llm.steps.evaluate import EvaluateSettings
 from eksflow.llm.steps.evaluate.metrics import configured, shown
-from eksflow.llm.steps.prepare_fleet import fleet_addresses
 from eksflow.names import PIPELINE_LABEL
 from eksflow.profiles import Profile
 from eksflow.runtime.args import Location, Settings
@@ -137,7 +139,6 @@ class ServingConfig(LlmPipelineConfig):
 
     @model_validator(mode="after")
     def _servable(self) -> ServingConfig:
-        servable.refuse_full_fine_tunes(self)  # first: a full fine-tune's LoRA settings are not used
         servable.refuse_unservable_ranks(servable.lora_ranks(self), self.serving.engine.max_lora_rank)
         servable.refuse_unservable_adapters(servable.lora_sections(self))
         return self
@@ -171,6 +172,11 @@ def adapters_dir(cfg: ServingConfig) -> str:
     return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/adapters"
 
 
+def models_dir(cfg: ServingConfig) -> str:
+    """The pipeline's model folder on FSx: published whole models, each loaded by a fleet of its own."""
+    return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/models"
+
+
 def routes_file(cfg: ServingConfig) -> str:
     """The routes file on FSx: the rollout steps write it, every proxy pod routes by it."""
     return f"{cfg.storage.fsx_mount}/serving/{cfg.model_name}/routes.json"
@@ -195,13 +201,18 @@ def _security(profile: Profile) -> dict[str, Any]:
     return {**profiles.container_security(profile), "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str, Any]:
-    """The vLLM engine on the inference profile: base model from FSx, adapters at run time, ready when it generates."""
+def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str, served_name: str = "") -> dict[str, Any]:
+    """The vLLM engine on the inference profile: its model from FSx, ready when it generates.
+
+    Without `served_name`, a base model's fleet: served as `<model>-base`, adapters resolved at run time from the
+    adapter folder. With it, a whole model's own fleet (a full fine-tune: served_models.py), under that name.
+    """
     profile = INFERENCE_PROFILES[cfg.serving.instance_type]
     gpus = profile.devices if profile.kind == "gpu" else 0
     settings = cfg.serving.engine
-    base_name = f"{cfg.model_name}-base"
-    engine_env = vllm.engine_env(settings, cpu=profile.kind == "cpu", adapters_dir=adapters_dir(cfg))
+    base_name = served_name or f"{cfg.model_name}-base"
+    resolved = "" if served_name else adapters_dir(cfg)
+    engine_env = vllm.engine_env(settings, cpu=profile.kind == "cpu", adapters_dir=resolved)
     env = [{"name": k, "value": v} for k, v in sorted(engine_env.items())] + [
         _secret_env(cfg, litellm_proxy.VLLM_KEY_ENV, rollout.VLLM_KEY_FILE)
     ]
@@ -211,7 +222,7 @@ def vllm_deployment(cfg: ServingConfig, fleet: str, model_dir: str) -> dict[str,
         "name": "vllm",
         "image": cfg.serving.image if gpus else cfg.serving.cpu_image,
         "command": ["python3", "-m", vllm.ENGINE_MODULE],
-        "args": vllm.engine_args(model_dir, base_name, cfg.serving.port, settings, gpus=gpus),
+        "args": vllm.engine_args(model_dir, base_name, cfg.serving.port, settings, gpus=gpus, lora=not served_name),
         "env": env,
         "ports": [{"name": "http", "containerPort": cfg.serving.port}],
         "resources": profiles.resources(profile),

@@ -32,12 +32,21 @@ from typing import Any
 from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
 from eksflow.llm.serving import apply_order, objects
 from eksflow.llm.serving.objects import ServingConfig
-from eksflow.llm.steps import canary, load_candidate, prepare_fleet, promote, serve_champion, shift_traffic
+from eksflow.llm.steps import (
+    canary,
+    load_candidate,
+    prepare_fleet,
+    promote,
+    publish_model,
+    serve_champion,
+    shift_traffic,
+)
 from eksflow.llm.steps import finish_rollout as finish_step
 from eksflow.llm.steps.common.base_model import model_folder
 from eksflow.llm.steps.common.chat_template import TemplateSettings
-from eksflow.llm.steps.prepare_fleet import fleet_name
-from eksflow.refs import When
+from eksflow.llm.steps.common.fleet_names import fleet_name
+from eksflow.llm.steps.train import Finetune
+from eksflow.refs import When, ended
 
 DEPLOYMENT_READY = "status.availableReplicas > 0"  # Argo waits for it: at least one pod passed its readiness probe
 PREPARE_RESOURCES = Resources(cpu_request=1, memory_request="4Gi", memory_limit="8Gi")  # converts the base model
@@ -99,11 +108,50 @@ def _keyed(cfg: ServingConfig, step: ModuleType, *sections: Settings | Section, 
     )
 
 
-def _apply(name: str, manifest: dict[str, Any], after: TaskRef, *, ready: bool = True) -> TaskRef:
+def _apply(
+    name: str,
+    manifest: dict[str, Any],
+    after: TaskRef | Sequence[TaskRef],
+    *,
+    ready: bool = True,
+    when: When | None = None,
+) -> TaskRef:
     """A task applying one serving object: idempotent (a fleet already serving stays as it is), outliving the run."""
     return resource(
-        name, manifest, action="apply", owned=False, success=DEPLOYMENT_READY if ready else None, after=after
+        name,
+        manifest,
+        action="apply",
+        owned=False,
+        success=DEPLOYMENT_READY if ready else None,
+        after=after,
+        when=when,
     )
+
+
+def _applied(
+    listed: Sequence[apply_order.FleetObject], first: TaskRef | Sequence[TaskRef], when: When | None = None
+) -> list[TaskRef]:
+    """A task for each object, in order: each after the object it names, or after `first`."""
+    applied: dict[str, TaskRef] = {}
+    for obj in listed:
+        after = applied[obj.after] if obj.after else first
+        applied[obj.task] = _apply(obj.task, obj.manifest, after, ready=obj.awaited, when=when)
+    return list(applied.values())
+
+
+def _delete_fleet(prefix: str, fleet: Ref, when: Ref, after: TaskRef) -> list[TaskRef]:
+    """Tasks deleting whole-model fleet `fleet` (a task output) after `after`, when `when` (its bool output) holds."""
+    return [
+        resource(
+            f"{prefix}-{obj['kind'].lower()}",
+            {**obj, "metadata": {"name": fleet}},
+            action="delete",
+            owned=False,
+            after=after,
+            when=when,
+        )
+        for obj in apply_order.removed("")
+    ]
 
 
 def rollout(
@@ -117,6 +165,7 @@ def rollout(
     candidate_after: TaskRef | Sequence[TaskRef] = (),
     max_new_tokens: int = 0,
     chat_template: TemplateSettings | None = None,
+    finetune: Finetune = "lora",
 ) -> TaskRef:
     """Add the rollout's tasks to the pipeline being built; returns `promote`.
 
@@ -125,40 +174,21 @@ def rollout(
     `evaluated_champion` is evaluate's champion_version: the rollout stops if `champion` is no longer that version
     ("" included: a champion appeared since). Left out (None) only where no evaluation judged the candidate.
     `chat_template` is train's (train.chat_template): the fleet's engine applies it, on a fleet of its own when set.
+    `finetune` is train's (train.finetune): with full the pipeline registers whole models, each served by a fleet of
+    its own (the champion's too, when it is one), and no base model fleet runs.
     """
-    prepared = task(
-        prepare_fleet,
-        chat_template or TemplateSettings(),
-        base_model=base_model,
-        model_cache_dir=cfg.storage.model_cache,
-        pipeline=cfg.name,
-        namespace=cfg.namespace,
-        port=cfg.serving.port,
-        serving_dir=objects.adapters_dir(cfg),
-        resources=PREPARE_RESOURCES,
-        after=start_after,
-        when=start_when,
-    )
-    fleet, model_dir = str(prepared.fleet), str(prepared.model_dir)  # wired by resource() as the tasks' inputs
-    applied: dict[str, TaskRef] = {}
-    for obj in apply_order.fleet_objects(cfg, fleet, model_dir):
-        applied[obj.task] = _apply(
-            obj.task, obj.manifest, applied[obj.after] if obj.after else prepared, ready=obj.awaited
-        )
-    engine = Engine(prepared.vllm_url, prepared.fleet, prepared.model_dir, cfg.serving.engine.max_lora_rank)
-    champion = _keyed(cfg, serve_champion, engine, after=list(applied.values()))
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     judged = {} if evaluated_champion is None else {"evaluated_champion": evaluated_champion}
-    candidate = _keyed(
-        cfg,
-        load_candidate,
-        engine,
-        model_version=model_version,
+    candidate_args = {
+        "model_version": model_version,
         **judged,
-        base_model=base_model,
-        workflow_name=Pipeline.current().workflow_name,
-        after=[*after, champion],
-    )
+        "base_model": base_model,
+        "workflow_name": Pipeline.current().workflow_name,
+    }
+    if finetune == "full":
+        candidate, engine = _whole_models(cfg, candidate_args, after, start_after, start_when)
+    else:
+        candidate, engine = _adapters(cfg, candidate_args, after, start_after, start_when, chat_template)
 
     def analysis(percent: float, after: TaskRef, when: When | None = None) -> TaskRef:
         return _keyed(
@@ -184,15 +214,114 @@ def rollout(
         label = canary.step_label(percent)
         shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
         previous = analysis(percent, shifted)
-    return _keyed(cfg, promote, engine, after=previous)
+    promoted = _keyed(cfg, promote, engine, after=previous)
+    if finetune == "full":
+        _delete_fleet(
+            "retire", promoted.retired, promoted.retires, promoted
+        )  # the former champion's own fleet, if it had one
+    return promoted
 
 
-def finish_rollout(cfg: ServingConfig) -> TaskRef:
+def _adapters(
+    cfg: ServingConfig,
+    candidate_args: dict[str, Any],
+    after: list[TaskRef],
+    start_after: TaskRef | Sequence[TaskRef],
+    start_when: When | None,
+    chat_template: TemplateSettings | None,
+) -> tuple[TaskRef, Engine]:
+    """The base model's fleet, the champion's adapter on it, then the candidate's: load-candidate and the engine."""
+    prepared = task(
+        prepare_fleet,
+        chat_template or TemplateSettings(),
+        base_model=candidate_args["base_model"],
+        model_cache_dir=cfg.storage.model_cache,
+        pipeline=cfg.name,
+        namespace=cfg.namespace,
+        port=cfg.serving.port,
+        serving_dir=objects.adapters_dir(cfg),
+        resources=PREPARE_RESOURCES,
+        after=start_after,
+        when=start_when,
+    )
+    fleet, model_dir = str(prepared.fleet), str(prepared.model_dir)  # wired by resource() as the tasks' inputs
+    applied = _applied(apply_order.fleet_objects(cfg, fleet, model_dir), prepared)
+    engine = Engine(prepared.vllm_url, prepared.fleet, prepared.model_dir, cfg.serving.engine.max_lora_rank)
+    champion = _keyed(cfg, serve_champion, engine, after=applied)
+    return _keyed(cfg, load_candidate, engine, **candidate_args, after=[*after, champion]), engine
+
+
+def _whole_models(
+    cfg: ServingConfig,
+    candidate_args: dict[str, Any],
+    after: list[TaskRef],
+    start_after: TaskRef | Sequence[TaskRef],
+    start_when: When | None,
+) -> tuple[TaskRef, Engine]:
+    """The proxy, then the champion's and the candidate's own fleets (each when it is a whole model), loaded in turn.
+
+    publish-<role> downloads a whole-model version to the models folder and names its fleet; its objects are
+    applied when it is one (kind model), and serve-champion and load-candidate route a slot to it. A champion that
+    is an adapter has no fleet here: the rollout goes on without a live champion. The objects of a fleet that was not
+    applied are skipped, and the step after them runs all the same (ended): it finds the fleet's address empty.
+    """
+    shared = _applied(apply_order.shared_objects(cfg), start_after, start_when)
+
+    def published(
+        role: str, version: dict[str, Any], after: TaskRef | Sequence[TaskRef]
+    ) -> tuple[TaskRef, Engine, list[TaskRef]]:
+        made = task(
+            publish_model,
+            model_name=cfg.model_name,
+            tracking_uri=cfg.mlflow.tracking_uri,
+            models_dir=objects.models_dir(cfg),
+            pipeline=cfg.name,
+            namespace=cfg.namespace,
+            port=cfg.serving.port,
+            task_name=f"publish-{role}",
+            after=after,
+            when=start_when,
+            **version,
+        )
+        listed = apply_order.engine_objects(
+            cfg, str(made.fleet), str(made.model_dir), str(made.served_name), prefix=role
+        )
+        fleet = _applied(listed, made, when=made.own_fleet)
+        engine = Engine(made.vllm_url, made.fleet, made.model_dir, cfg.serving.engine.max_lora_rank)
+        return made, engine, [ended(t) for t in fleet]
+
+    champion_made, champion_engine, champion_fleet = published("champion", {"alias": "champion"}, start_after)
+    champion = _keyed(
+        cfg,
+        serve_champion,
+        champion_engine,
+        served_name=champion_made.served_name,
+        after=[*shared, *champion_fleet],
+    )
+    candidate_made, engine, candidate_fleet = published(
+        "candidate", {"model_version": candidate_args["model_version"]}, [*after, champion]
+    )
+    candidate = _keyed(
+        cfg,
+        load_candidate,
+        engine,
+        **candidate_args,
+        served_name=candidate_made.served_name,
+        after=[candidate_made, *candidate_fleet],
+    )
+    return candidate, engine
+
+
+def finish_rollout(cfg: ServingConfig, finetune: Finetune = "lora") -> TaskRef:
     """The exit handler's task (inside `with p.on_exit():`): roll back whatever did not reach promote.
 
-    The exit handler cannot read task outputs: the fleet's address comes from the state file.
+    The exit handler cannot read the main DAG's task outputs: the fleet's address comes from the state file. A
+    whole-model candidate rolled back has its own fleet deleted after it.
     """
-    return _keyed(cfg, finish_step, workflow_status=Pipeline.current().workflow_status)
+    finished = _keyed(cfg, finish_step, workflow_status=Pipeline.current().workflow_status)
+    if finetune == "full":
+        _delete_fleet("discard", finished.discarded, finished.discards, finished)
+    return finished
 
 
 def gitops_objects(cfg: ServingConfig) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 A setting that trains something the rollout cannot serve would train, pass the gate and register, and then be
 refused by load-candidate: each is refused instead at its own key, wherever the config is loaded (plan, render,
-run, submit, config). A full fine-tune (a model of its own: a second vLLM Deployment behind the proxy, not built
-yet), a LoRA rank above the engine's --max-lora-rank, and an adapter vLLM cannot serve as a LoRA (DoRA among them).
+run, submit, config): a LoRA rank above the engine's --max-lora-rank, and an adapter vLLM cannot serve as a LoRA
+(DoRA among them). A full fine-tune trains no adapter: its LoRA settings are not checked (its whole model is
+served by a vLLM fleet of its own: eksflow/llm/steps/publish_model.py).
 """
 
 from __future__ import annotations
@@ -31,24 +32,19 @@ def _sections(section: BaseModel, kind: type[BaseModel], key: str = "") -> dict[
     return found
 
 
-def refuse_full_fine_tunes(config: BaseModel) -> None:
-    """Refuse (ValidationError) `finetune: full` in a pipeline that rolls out, at the setting's key."""
-    for key, train in _sections(config, TrainSettings).items():
-        assert isinstance(train, TrainSettings)
-        if train.finetune == "full":
-            problem = (
-                "a full fine-tune registers a whole model, which rolls out as a model of its own (a vLLM "
-                "Deployment beside the champion's, behind the proxy) that this pipeline's rollout does not build "
-                "yet; train it with finetune=lora here, or in a pipeline that does not roll out"
-            )
-            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
-            details = InitErrorDetails(type=error, loc=(*key.split("."), "finetune"), input=train.finetune)
-            raise ValidationError.from_exception_data("fine-tunes", [details])
-
-
 def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
-    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key."""
-    return {k: lora for k, lora in _sections(section, LoraSettings, key).items() if isinstance(lora, LoraSettings)}
+    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key.
+
+    A full fine-tune's are left out: it trains no adapter (its whole model is served by a fleet of its own).
+    """
+    full = [
+        k for k, train in _sections(section, TrainSettings, key).items() if getattr(train, "finetune", "") == "full"
+    ]
+    return {
+        k: lora
+        for k, lora in _sections(section, LoraSettings, key).items()
+        if isinstance(lora, LoraSettings) and not any(k.startswith(f"{t}.") or not t for t in full)
+    }
 
 
 def lora_ranks(section: BaseModel) -> dict[str, int]:

@@ -11,6 +11,8 @@ back to the champion's slot (without a champion, the candidate's slot loses its 
 unloaded from every replica of the fleet, each addressed on its own by the fleet Service's endpoints and checked
 after (eksflow/llm/steps/common/replicas.py), and the candidate version is tagged rollout.phase=Degraded with the
 reason (the failing step's own message, from the state file).
+A whole-model candidate (train.finetune=full) has a fleet of its own instead of an adapter: `discarded` names
+it, and the exit handler deletes its Deployment, Service and PodDisruptionBudget next.
 `champion` never moved, so the registry needs no repair. Clean-up against a fleet that is gone (a killed engine)
 is reported and skipped; the tags are always written. A run that never loaded a candidate (the gate failed,
 training was skipped) has nothing to undo.
@@ -25,6 +27,8 @@ Outputs (one file each under --outputs-dir):
     champion_serving  after a rollback to a champion: true if it answered its probe set, false if not; else empty
     candidate_left_on after a rollback: the replicas that still list the candidate, or could not be checked (why);
                       empty when every replica was checked and none holds it
+    discarded         after a rollback: the whole-model candidate's own fleet, to delete; else empty
+    discards          whether there is one (the exit handler's condition for deleting it)
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class Outputs(BaseModel):
     reason: str
     champion_serving: str = ""  # after a rollback: "true" when the champion answered its probe set, else "false"
     candidate_left_on: str = ""  # after a rollback: replicas still holding the candidate or not checked ("" = none)
+    discarded: str = ""  # after a rollback: the whole-model candidate's own fleet, which the exit handler deletes
+    discards: bool = False
 
 
 def run(args: Args) -> Outputs:
@@ -72,7 +78,8 @@ def run(args: Args) -> Outputs:
     else:  # nothing to route back to: the public name is refused (503) rather than answered by a failed candidate
         rollout.best_effort("take the traffic off the candidate", lambda: rollout.routes(args).withdraw(candidate_slot))
     vllm_url = args.vllm_url or state.vllm_url
-    left_on = _withdraw(args, state, vllm_url, key) if state.candidate_adapter else ""
+    discarded = state.fleet if state.candidate_is_model else ""  # its fleet goes whole: nothing to unload
+    left_on = _withdraw(args, state, vllm_url, key) if state.candidate_adapter and not discarded else ""
     rollout.tag_version(
         args.tracking_uri,
         args.model_name,
@@ -83,14 +90,26 @@ def run(args: Args) -> Outputs:
     rolled = f"rolled back v{state.candidate_version} (Degraded): {reason}"
     if state.champion_slot is None or not state.champion_version:
         rollout.log(f"{rolled}; no champion to serve")
-        return Outputs(phase="Degraded", reason=reason, candidate_left_on=left_on)
+        return Outputs(
+            phase="Degraded", reason=reason, candidate_left_on=left_on, discarded=discarded, discards=bool(discarded)
+        )
     why = rollout.not_answering(args, state.champion_version, state.champion_slot, timeout_s=30)
+    champion_url = state.champion_vllm_url or vllm_url
     champion = f"champion v{state.champion_version}"
     if not why:
         rollout.log(f"{rolled}; traffic on {champion}, which answers its probe set through the proxy")
     else:
-        rollout.log(f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({_cause(args, vllm_url, why)})")
-    return Outputs(phase="Degraded", reason=reason, champion_serving=str(not why).lower(), candidate_left_on=left_on)
+        rollout.log(
+            f"{rolled}; traffic is routed to {champion}, but it is NOT serving ({_cause(args, champion_url, why)})"
+        )
+    return Outputs(
+        phase="Degraded",
+        reason=reason,
+        champion_serving=str(not why).lower(),
+        candidate_left_on=left_on,
+        discarded=discarded,
+        discards=bool(discarded),
+    )
 
 
 def _cause(args: Args, vllm_url: str, why: str) -> str:

@@ -15,7 +15,10 @@ naming both versions.
 
 The adapter is published to the fleet's adapter folder (eksflow/llm/steps/common/adapters.py: every engine resolves it
 by name, no load call) and assigned to the free slot in the routes file at weight 0 (the champion keeps every
-request); it must answer a real generation before the task succeeds.
+request); it must answer a real generation before the task succeeds. A whole model (train.finetune=full) is served
+by a fleet of its own, which the rollout applied from publish-candidate's outputs: --served-name is the name its
+engine serves it under, --vllm-url and --fleet that fleet's Service; its slot is routed to that engine, and every
+replica of it must answer.
 
 A candidate that is already the champion (a rerun on unchanged data registers the same version) is not rolled
 out: the step says so in one line, loads nothing, and outputs rolls_out=false, which skips the canary steps and
@@ -35,7 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from eksflow.llm.steps import register
-from eksflow.llm.steps.common import adapters, chat_template, litellm_proxy, rollout, vllm_lora
+from eksflow.llm.steps.common import adapters, chat_template, litellm_proxy, rollout, served_models, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
 
@@ -57,6 +60,12 @@ class Args(FleetArgs):
         description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
     )
     max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
+    served_name: str = Field(
+        "",
+        pattern=r"^([A-Za-z0-9][A-Za-z0-9._\-]{0,200})?$",
+        description="a whole-model candidate: the name its own fleet's engine serves it under (publish-candidate's "
+        "served_name); empty: an adapter, published to the fleet's base model engine",
+    )
     workflow_name: str = Field("", description="the rollout's workflow, {{workflow.name}} (tag on the version)")
     timeout_s: int = Field(300, ge=1, description="seconds for the candidate's first answer")
 
@@ -70,10 +79,17 @@ class Outputs(BaseModel):
     answer: str
 
 
-def check_candidate(args: Args, adapter: Path) -> None:
-    """Every input check of the candidate's adapter folder (exit 2 on any); no server is contacted."""
+def check_candidate(args: Args, adapter: Path | None) -> None:
+    """Every input check of the candidate (its adapter folder; None: a whole model), exit 2 on any; no server asked."""
     registered = adapters.registered_version(args.tracking_uri, args.model_name, args.model_version)  # read once
     tags = dict(registered.tags or {})
+    if served_models.is_model(registered) != bool(args.served_name):
+        served = "on a fleet of its own (--served-name)" if args.served_name else "as an adapter on its base model"
+        raise StepInputError(
+            f"--model-version={args.model_version}: {args.model_name} v{args.model_version} is "
+            f"{'a whole model' if served_models.is_model(registered) else 'an adapter'}, and this rollout serves its "
+            f"candidate {served}; roll it out with the pipeline (train.finetune) that trained it"
+        )
     trained_on = tags.get("base_model", "")
     if trained_on and trained_on != args.base_model:
         raise StepInputError(
@@ -82,6 +98,8 @@ def check_candidate(args: Args, adapter: Path) -> None:
         )
     if problem := chat_template.serving_problem(args.tracking_uri, str(registered.run_id or ""), args.base_dir):
         raise StepInputError(f"--model-version={args.model_version}: {problem}")
+    if adapter is None:
+        return
     # The version's tags say what kind of adapter it is (register.adapter_tags): refused before its folder is read
     targets = tags.get(register.TARGET_MODULES_TAG, "")
     unservable = vllm_lora.unservable_setting(
@@ -150,9 +168,15 @@ def run(args: Args) -> Outputs:
         rollout.routes(args).set_weights(litellm_proxy.weights_for(args.model_name, state.champion_slot, slot, 0.0))
     else:  # no weight left by an earlier rollout: the candidate answers no user before its analysis
         rollout.routes(args).withdraw(slot)
-    name, answer = rollout.publish_to_slot(
-        args, args.model_version, slot, lambda adapter: check_candidate(args, adapter), timeout_s=args.timeout_s
-    )
+    if args.served_name:  # a whole model, on its own fleet (the rollout applied it): its engine serves it already
+        check_candidate(args, None)
+        rollout.routes(args).assign(slot, args.served_name, args.vllm_url)
+        name = args.served_name
+        answer = rollout.load_everywhere(args, args.model_version, name, timeout_s=args.timeout_s)
+    else:
+        name, answer = rollout.publish_to_slot(
+            args, args.model_version, slot, lambda adapter: check_candidate(args, adapter), timeout_s=args.timeout_s
+        )
     rollout.tag_version(
         args.tracking_uri,
         args.model_name,
@@ -169,6 +193,7 @@ def run(args: Args) -> Outputs:
                 "stage": STEP,
                 "vllm_url": args.vllm_url,
                 "fleet": args.fleet,
+                "candidate_is_model": bool(args.served_name),
             }
         ),
     )

@@ -17,6 +17,9 @@ In order:
 5. a request to the public name through the proxy proves the result: the first held-out row `evaluate` scored for
    the version, as a user of the task would ask it (the generic readiness prompt only for a version registered
    without an evaluation report); the version is tagged rollout.phase=Healthy.
+6. a former champion served by a fleet of its own (a whole model: eksflow/llm/steps/publish_model.py) is retired:
+   its slot leaves the routes file and `retired` names its fleet, whose Deployment, Service and
+   PodDisruptionBudget the rollout then deletes. A rollback to it applies its fleet again.
 
 Outputs (one file each under --outputs-dir):
     champion_version  the new champion
@@ -24,6 +27,8 @@ Outputs (one file each under --outputs-dir):
     answer            the public name's answer, through the proxy, to the first held-out row `evaluate` scored;
                       empty for a version without an evaluation report (its answer to a generic prompt says
                       nothing of the task)
+    retired           the former champion's own fleet, to delete ("" when it shares the candidate's, or none)
+    retires           whether there is one (the rollout's condition for deleting it)
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Outputs(BaseModel):
     champion_version: str
     previous_version: str
     answer: str
+    retired: str = ""
+    retires: bool = False
 
 
 def compare_and_set(tracking_uri: str, model_name: str, expected: str, candidate: str) -> None:
@@ -108,12 +115,25 @@ def run(args: Args) -> Outputs:
         {rollout.PHASE_TAG: "Healthy", rollout.REASON_TAG: "promoted"},
     )
     rollout.log(f"v{state.candidate_version} is champion, serving all of {args.model_name!r} from {candidate}")
+    retired = retired_fleet(state)
+    if retired and state.champion_slot is not None:
+        routes.withdraw(state.champion_slot)  # no request goes there again: its fleet is deleted next
+        rollout.log(f"v{state.champion_version}'s own fleet {retired} is retired")
     task_answer = answer.text if reference else ""  # only a held-out row's answer tells of the task
     if task_answer:
         rollout.log(f"{args.model_name!r} answered {task_answer!r} to held-out row 0 (reference {reference!r})")
     return Outputs(
-        champion_version=state.candidate_version, previous_version=state.champion_version, answer=task_answer
+        champion_version=state.candidate_version,
+        previous_version=state.champion_version,
+        answer=task_answer,
+        retired=retired,
+        retires=bool(retired),
     )
+
+
+def retired_fleet(state: rollout.RolloutState) -> str:
+    """The former champion's fleet when it was its own (a whole model's), not the candidate's; "" otherwise."""
+    return state.champion_fleet if state.champion_fleet and state.champion_fleet != state.fleet else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,11 @@ version that has none). The state file records the champion this rollout compare
 then goes ahead without a live champion (its recorded scores still gated `evaluate`), the state file still naming it
 as the champion the candidate replaces.
 
+A whole-model champion (train.finetune=full) is served by a fleet of its own, which the rollout applied from
+publish-champion's outputs: --served-name is the name its engine serves it under, --vllm-url and --fleet that
+fleet's Service. Its slot is routed to that engine, which must answer on every replica. An empty --vllm-url (a
+full fine-tune's rollout whose champion is an adapter: no base model fleet runs) is a rollout without a live champion.
+
 Outputs (one file each under --outputs-dir):
     champion_version  the version serving as champion, empty when there is none (yet, or on this engine)
     champion_slot     its slot (blue or green), empty when none
@@ -41,6 +46,12 @@ class Args(FleetArgs):
         description="the fleet's base model folder (tasks.prepare-fleet.outputs.parameters.model_dir)"
     )
     max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
+    served_name: str = Field(
+        "",
+        pattern=r"^([A-Za-z0-9][A-Za-z0-9._\-]{0,200})?$",
+        description="a whole-model champion: the name its own fleet's engine serves it under (publish-champion's "
+        "served_name); empty: an adapter, published to the fleet's base model engine",
+    )
     timeout_s: int = Field(
         300, ge=1, description="seconds for the adapter's first answer, and then for its answer through the proxy"
     )
@@ -70,7 +81,14 @@ def run(args: Args) -> Outputs:
         )
 
     try:
-        name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
+        if not args.vllm_url:
+            raise StepInputError("no fleet of this rollout serves it (an adapter, and no base model fleet runs)")
+        if args.served_name:  # a whole model, on its own fleet: nothing to publish, its engine serves it already
+            rollout.routes(args).assign(slot, args.served_name, args.vllm_url)
+            name = args.served_name
+            rollout.load_everywhere(args, version, name, timeout_s=args.timeout_s)
+        else:
+            name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
     except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline
         rollout.log(f"champion v{version} cannot be served on this fleet ({err}); rollout without a live champion")
         # Still the champion the candidate is compared with and replaces (load-candidate, promote); no slot: not served.
@@ -91,6 +109,8 @@ def run(args: Args) -> Outputs:
             stage=STEP,
             vllm_url=args.vllm_url,
             fleet=args.fleet,
+            champion_vllm_url=args.vllm_url,
+            champion_fleet=args.fleet,
         ),
     )
     rollout.log(f"champion v{version} serves all traffic from slot {slot} ({name})")

@@ -143,23 +143,23 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
     cache_file = probe_cache.cache_path(args.state_file)
     cache = probe_cache.read(cache_file)
     prompts = [p.asked() for p in probes]
-    models = {
-        "candidate": (state.candidate_adapter, state.candidate_version),
-        "champion": (state.champion_adapter, state.champion_version),
+    models = {  # each on the fleet serving it: the same one for adapters, each its own for whole models
+        "candidate": (state.candidate_adapter, state.candidate_version, args.vllm_url),
+        "champion": (state.champion_adapter, state.champion_version, state.champion_vllm_url or args.vllm_url),
     }
     asked: dict[str, Asked] = {}
-    for role, (name, version) in models.items():
+    for role, (name, version, url) in models.items():
         if not name:
             continue
-        model = probe_cache.model_key(args.vllm_url, key, name, version, prompts, args.max_new_tokens)
-        before = probe_cache.engine_requests(args.vllm_url, key) if model else None
+        model = probe_cache.model_key(url, key, name, version, prompts, args.max_new_tokens)
+        before = probe_cache.engine_requests(url, key) if model else None
         # The pre-traffic step always asks: it is the gate before any user, and it times the candidate's answers.
         if model and not args.pre_traffic and (entry := probe_cache.lookup(cache, model, before)):
             answers = [vllm_client.Answer(200, text, 0.0) for text in entry.answers]
             asked[role] = Asked(sent=0, errors=0, reused_from=entry.step)
             rollout.log(f"{role} {name}: probe answers reused from {entry.step} (same engine, adapter, prompts)")
         else:
-            answers = _ask(args, key, name, prompts)
+            answers = _ask(args, url, key, name, prompts)
             asked[role] = Asked(sent=len(answers), errors=sum(not a.ok for a in answers))
             if role == "candidate":
                 for probe, answer in zip(probes, answers, strict=True):
@@ -172,12 +172,12 @@ def send_probes(args: Args, state: RolloutState, probes: list[Probe], scorer: Me
     return asked
 
 
-def _ask(args: Args, key: str, name: str, prompts: Sequence[vllm_client.Prompt]) -> list[vllm_client.Answer]:
-    """Every prompt to the adapter served as `name`, straight to the engine, `concurrency` at a time."""
+def _ask(args: Args, url: str, key: str, name: str, prompts: Sequence[vllm_client.Prompt]) -> list[vllm_client.Answer]:
+    """Every prompt to the model served as `name`, straight to the engine at `url`, `concurrency` at a time."""
 
     def one(prompt: vllm_client.Prompt) -> vllm_client.Answer:
         return vllm_client.chat(
-            args.vllm_url, name, prompt, api_key=key, max_tokens=args.max_new_tokens, timeout_s=args.request_timeout_s
+            url, name, prompt, api_key=key, max_tokens=args.max_new_tokens, timeout_s=args.request_timeout_s
         )
 
     with ThreadPoolExecutor(args.concurrency) as pool:

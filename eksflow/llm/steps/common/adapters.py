@@ -72,8 +72,8 @@ def fetch(registered: ModelVersion, dest: Path) -> None:
     if (registered.tags or {}).get(tracking.KIND_TAG) == "model":
         raise StepInputError(
             f"--model-version={version}: {model_name} version {version} is a whole model (tag "
-            f"{tracking.KIND_TAG}=model: train.finetune=full), not an adapter; serving one as a model of its own "
-            "(a vLLM Deployment of its own behind the proxy) is not built yet: roll out or serve a LoRA version"
+            f"{tracking.KIND_TAG}=model: train.finetune=full), not an adapter: it is served by a vLLM fleet of its "
+            "own, which the rollout of a pipeline with train.finetune=full applies (eksflow.llm.steps.publish_model)"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))

@@ -11,7 +11,7 @@ nothing from them. Two variables of the proxy's environment set it up:
                                          "api_base": "http://<fleet Service>:8000/v1"}, ...}}
     EKSFLOW_UPSTREAMS    a regular expression the origin (scheme://host:port) of every api_base must match as a
                          whole: the engines of this fleet (in the cluster the pipeline's fleet Services, locally
-                         the one engine the run's fleet runs). A slot naming any other address is not routed, so
+                         the engines the run's fleet runs). A slot naming any other address is not routed, so
                          no request and no key ever goes there: a routes file an earlier run left behind names
                          that run's engine, which may be gone or replaced by another listener.
 

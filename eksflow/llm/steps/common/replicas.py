@@ -195,11 +195,11 @@ def unload_from_every_replica(
 
 
 def holders(fleet: Sequence[Replica], adapter: str, *, api_key: str) -> tuple[list[Replica], dict[Replica, str]]:
-    """The replicas whose /v1/models lists `adapter`, and those that could not be asked (why)."""
+    """The replicas whose /v1/models lists `adapter` (or a whole model served so), and those not asked (why)."""
 
     def listed(replica: Replica) -> bool | str:
         try:
-            return adapter in vllm_client.loaded_adapters(replica.url, api_key=api_key)
+            return adapter in vllm_client.served_names(replica.url, api_key=api_key)
         except ServingError as err:
             return str(err)
 

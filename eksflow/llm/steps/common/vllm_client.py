@@ -107,6 +107,11 @@ def loaded_adapters(base_url: str, *, api_key: str = "") -> dict[str, str]:
     return {str(card["id"]): str(card.get("root", "")) for card in _models(base_url, api_key) if card.get("parent")}
 
 
+def served_names(base_url: str, *, api_key: str = "") -> set[str]:
+    """Every name the engine answers to (GET /v1/models): its model's served name and its adapters'."""
+    return {str(card["id"]) for card in _models(base_url, api_key)}
+
+
 def base_model_card(base_url: str, *, api_key: str = "") -> dict[str, Any] | None:
     """The engine's base model entry of GET /v1/models (id = served name, root = the folder), or None."""
     return next((card for card in _models(base_url, api_key) if not card.get("parent")), None)
