@@ -84,6 +84,30 @@ def test_a_rollback_unloads_the_candidate_from_every_replica_and_checks_each(fle
     assert f"{CANDIDATE} is on no replica: vllm-a on node-1 ({a.url}), vllm-b on node-2 ({b.url}) checked" in err
 
 
+def test_a_whole_model_candidates_rollback_names_its_own_fleet_to_delete_and_unloads_nothing(fleet, tmp_path):
+    """A full fine-tune's candidate has a fleet of its own (no adapter to unpublish or unload): the exit handler
+    deletes the fleet `discarded` names; the champion, on its own fleet too, gets the traffic back."""
+    candidate = FakeReplica(tmp_path / "adapters", loaded=[CANDIDATE])
+    list_endpoints(tmp_path / "run", [("vllm-a", "node-1", candidate)])
+    own = state(candidate.url, candidate_is_model=True, fleet="llama-lora-vllm-0badc0de",
+                champion_vllm_url=closed_url(), champion_fleet="llama-lora-vllm-0c0ffee0")  # fmt: skip
+    rollout.write_state(fleet["state_file"], own)
+    out = finish_rollout.run(finish_rollout.Args.model_validate({**fleet, "workflow_status": "Failed"}))
+    assert (out.phase, out.discarded, out.discards) == ("Degraded", "llama-lora-vllm-0badc0de", True)
+    assert CANDIDATE in candidate.loaded and (tmp_path / "adapters" / CANDIDATE).exists()  # nothing unloaded
+    weights = {slot: route["weight"] for slot, route in litellm_proxy.RoutesFile(
+        tmp_path / "routes.json", MODEL).read()[MODEL].items()}  # fmt: skip
+    assert weights == {litellm_proxy.slot_id(MODEL, "blue"): 100.0, litellm_proxy.slot_id(MODEL, "green"): 0.0}
+
+
+def test_promote_names_a_whole_model_champions_own_fleet_to_retire_and_takes_its_slot_out_of_the_routes():
+    """Only a champion on a fleet of its own (not the candidate's) is retired: adapters share one fleet."""
+    shared = state("http://vllm:8000", champion_fleet=SERVICE)
+    assert promote.retired_fleet(shared) == "" and promote.retired_fleet(state("http://vllm:8000")) == ""
+    own = state("http://vllm:8000", champion_fleet="llama-lora-vllm-0c0ffee0")
+    assert promote.retired_fleet(own) == "llama-lora-vllm-0c0ffee0"
+
+
 def test_a_replica_the_rollback_cannot_ask_is_named_not_taken_as_clean(fleet, tmp_path):
     a, gone = (FakeReplica(tmp_path / "adapters", loaded=[CHAMPION, CANDIDATE]) for _ in range(2))
     gone.stop()
