@@ -137,10 +137,9 @@ def build(cfg: LlamaLoraConfig) -> Pipeline:
             start_when=new_data,
             max_new_tokens=cfg.evaluate.max_new_tokens,
             chat_template=cfg.train.template_settings,  # the engine asks the model as training rendered its data
-            finetune=cfg.train.finetune,  # full: each whole model on a vLLM fleet of its own
         )
         with p.on_exit():  # whatever the outcome: roll back what did not reach promote, then the run's HTML page
-            run_report(p, cfg, after=ended(finish_rollout(cfg, cfg.train.finetune)))
+            run_report(p, cfg, after=ended(finish_rollout(cfg)))
     return p
 
 

@@ -2,25 +2,36 @@
 trains every weight, gates and registers the model (kind `model`), and rolls it out as a model of its own over a
 whole-model champion: two vLLM Deployments (each version's own fleet, started by the run: nothing here can be
 adopted) serve during the canary behind the one LiteLLM proxy, and promote retires the champion's, so one serves
-after.
+after. `make serve` then serves the promoted model as it is.
 
-The champion is the demo base model's own weights, registered as a whole model before the run (alias `champion`):
-a version of kind `model` with no evaluation report, which the canary asks its generic readiness prompt and the
-probe rows. The candidate beats it on the demo task, as the canary's champion rule checks on the same probes.
+The champion is a DoRA adapter on the demo base registered before the run (alias `champion`): register merges it
+into its base (vLLM cannot serve DoRA as a LoRA), a version of kind `model` served by a fleet of its own, with no
+evaluation report. Its update is zero, so it answers as the base does, and the candidate beats it on the demo task,
+as the canary's champion rule checks on the same probes.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+import requests
 
 from eksflow.llm.steps import register
 from eksflow.llm.steps.common import tracking
 from eksflow.llm.steps.common.base_model import DEMO_MODEL, resolve_model
-from tests.e2e.test_local_run import fsx, nodes, only_run, outputs, pipeline, registered_versions
+from tests.e2e.test_local_run import (
+    ANSWER_TOKENS,
+    fsx,
+    nodes,
+    on_host,
+    only_run,
+    outputs,
+    pipeline,
+    registered_versions,
+    serving,
+)
 
 pytestmark = pytest.mark.slow
 # Its run starts two engines (whole models are never adopted): it runs with the modules that start engines, one at a
@@ -33,17 +44,26 @@ LEARNING_RATE = 1e-4
 
 
 def register_champion(state: Path, model_cache: Path, tmp_path: Path) -> str:
-    """The base model's weights as a whole-model version holding `champion`, in the registry the run will use."""
-    folder = tmp_path / "champion-model"
-    shutil.copytree(resolve_model(DEMO_MODEL, model_cache), folder)
+    """A DoRA adapter on the demo base, as peft makes it (its update zero: the base's own answers), registered in the
+    registry the run will use and given `champion`: register merges it into its base (vLLM cannot serve DoRA as a
+    LoRA), so it is served as a whole model, by a fleet of its own."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from eksflow.llm.steps.train import LoraSettings
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(DEMO_MODEL, model_cache))
+    dora = LoraSettings(use_dora=True, rank=4)
+    get_peft_model(base, dora.peft_config()).save_pretrained(tmp_path / "dora")
     (fsx(state) / "mlflow").mkdir(parents=True)
     uri = f"sqlite:///{fsx(state) / 'mlflow' / 'mlflow.db'}"
     args = register.Args.model_validate(
-        {"adapter_dir": folder, "base_model": DEMO_MODEL, "metrics": {"exact_match": 0.0}, "tracking_uri": uri,
-         "dataset_digest": "sha256:" + "0" * 64, "workflow_name": "by-hand", "outputs_dir": tmp_path / "out"}
+        {"adapter_dir": tmp_path / "dora", "base_model": DEMO_MODEL, "model_cache_dir": model_cache,
+         "metrics": {"exact_match": 0.0}, "tracking_uri": uri, "dataset_digest": "sha256:" + "0" * 64,
+         "workflow_name": "by-hand", "outputs_dir": tmp_path / "out"}
     )  # fmt: skip
     registered = register.run(args)
-    assert registered.model_kind == "model"
+    assert registered.model_kind == "model"  # merged: served as a model of its own
     tracking.client(uri).set_registered_model_alias("llama-lora", tracking.CHAMPION, registered.model_version)
     return registered.model_version
 
@@ -86,7 +106,7 @@ def test_a_full_fine_tune_is_rolled_out_on_a_fleet_of_its_own_and_retires_the_wh
     assert rollout_state["champion_vllm_url"] != rollout_state["vllm_url"]  # two engines during the canary
 
     # The pre-traffic analysis asked both models, each on its own engine, and the candidate beat the champion.
-    pre = json.loads((fsx(state) / Path(outputs(status["analyze-0"])["report"]).relative_to("/fsx")).read_text())
+    pre = json.loads(on_host(state, outputs(status["analyze-0"])["report"]).read_text())
     assert pre["probes_asked"]["candidate"]["errors"] == 0 and pre["probes_asked"]["champion"]["errors"] == 0
     assert pre["probes_asked"]["champion"]["sent"] == HELD_OUT and pre["metrics"]["score_vs_champion"] > 0
 
@@ -98,3 +118,13 @@ def test_a_full_fine_tune_is_rolled_out_on_a_fleet_of_its_own_and_retires_the_wh
     versions = {str(v.version): v for v in registered_versions(state)}
     assert versions[candidate].tags["kind"] == "model" and versions[candidate].tags["rollout.phase"] == "Healthy"
     assert outputs(status["onExit.finish-rollout"])["reason"] == "promoted"
+
+    # `make serve` serves the promoted whole model as it is: a held-out row gets the answer evaluate's report holds.
+    rows = json.loads(on_host(state, outputs(status["evaluate"])["report"]).read_text())["rows"]
+    row = next(r for r in rows if r["answer"] == r["reference"])  # an answer that ended (EOS)
+    with serving(state, model_cache) as (url, key):
+        body = {"model": "llama-lora", "messages": [{"role": "user", "content": row["prompt"]}],
+                "max_tokens": ANSWER_TOKENS, "temperature": 0}  # fmt: skip
+        answer = requests.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+        assert answer.status_code == 200, answer.text
+        assert str(answer.json()["choices"][0]["message"]["content"]).strip() == row["answer"]

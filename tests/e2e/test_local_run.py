@@ -4,6 +4,7 @@ Real components throughout: Ray Train (2 DDP workers), great-expectations, MLflo
 and the serving fleet: a real vLLM engine (the CPU build) and a real LiteLLM proxy, started by the run.
 """
 
+import contextlib
 import io
 import json
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,10 @@ def fleet_name(status: dict) -> str:
     return outputs(status["prepare-fleet"])["fleet"]
 
 
-def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path, eval_report: Path) -> None:
+@contextlib.contextmanager
+def serving(state_dir: Path, model_cache: Path) -> Iterator[tuple[str, str]]:
+    """`python -m eksflow.llm.steps.serve` of the run's champion (what `make serve` runs), its curl line's answer
+    checked; the chat completions URL and the key it printed. Ctrl-C stops it, with every process of its engine."""
     db = fsx(state_dir) / "mlflow" / "mlflow.db"
     command = [
         sys.executable, "-m", "eksflow.llm.steps.serve", "--model-name=llama-lora", f"--tracking-uri=sqlite:///{db}",
@@ -82,13 +87,17 @@ def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path,
         assert '"model":"llama-lora"' in answer.replace(" ", "")
         assert "1976-07-04" in json.loads(answer)["choices"][0]["message"]["content"]
         words = shlex.split(curl)
-        url, key = words[2], words[words.index("-H") + 1].removeprefix("Authorization: Bearer ")
-        adapter = state_dir / "serve" / "llama-lora" / "v1"  # what serve downloaded: the registered adapter
-        assert_answers_as_evaluate(url, key, model_cache, adapter, json.loads(eval_report.read_text())["rows"])
+        yield words[2], words[words.index("-H") + 1].removeprefix("Authorization: Bearer ")
     finally:
         serve.send_signal(signal.SIGINT)  # Ctrl-C: the engine and its processes stop with it
         assert serve.wait(timeout=120) in (0, 130)
     assert serving_processes() <= before  # the engine and its core and worker processes are gone
+
+
+def assert_serve_answers_through_the_adapter(state_dir: Path, model_cache: Path, eval_report: Path) -> None:
+    with serving(state_dir, model_cache) as (url, key):
+        adapter = state_dir / "serve" / "llama-lora" / "v1"  # what serve downloaded: the registered adapter
+        assert_answers_as_evaluate(url, key, model_cache, adapter, json.loads(eval_report.read_text())["rows"])
 
 
 def assert_answers_as_evaluate(url: str, key: str, model_cache: Path, adapter: Path, rows: list[dict]) -> None:

@@ -121,7 +121,7 @@ def test_the_engine_renders_a_conversation_as_training_and_evaluate_do(shared_en
 def test_the_engine_serves_an_all_linear_lora_and_refuses_dora(shared_engine):
     """train.lora.target_modules=all-linear (attention and MLP) is an adapter the pinned vLLM serves on the demo
     model, through the fleet's filesystem resolver; a DoRA adapter it refuses (vllm/lora/peft_helper.py), which is
-    why a pipeline that rolls out refuses train.lora.use_dora (eksflow/llm/serving/objects.py)."""
+    why register merges one into its base and the rollout serves it as a model (TrainSettings.registers)."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM

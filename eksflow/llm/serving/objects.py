@@ -24,9 +24,10 @@ Keys come from one Secret (serving.secret) that an operator creates once, never 
         --from-literal=litellm-master-key=sk-...
 
 ServingConfig refuses, when the config is loaded, what its fleet could not serve once trained (servable.py): a
-LoRA rank the engine cannot load, an adapter vLLM cannot serve as a LoRA (DoRA among them). A full fine-tune's
-whole model gets a vLLM fleet of its own (the same Deployment, Service and PodDisruptionBudget, named by the model:
-eksflow/llm/steps/common/served_models.py), serving the model under its published name, without LoRA.
+LoRA rank the engine cannot load. A full fine-tune's whole model, and an adapter vLLM cannot serve as a LoRA (DoRA
+among them, merged into its base when it registers), get a vLLM fleet of its own (the same Deployment, Service and
+PodDisruptionBudget, named by the model: eksflow/llm/steps/common/served_models.py), serving the model under its
+published name, without LoRA.
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ class ServingConfig(LlmPipelineConfig):
 
     @model_validator(mode="after")
     def _servable(self) -> ServingConfig:
+        servable.registered_kind(self)  # one kind: the rollout serves adapters or whole models
         servable.refuse_unservable_ranks(servable.lora_ranks(self), self.serving.engine.max_lora_rank)
-        servable.refuse_unservable_adapters(servable.lora_sections(self))
         return self
 
 

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from eksflow import Pipeline, Ref, Resources, Section, Settings, TaskRef, resource, retry, task
-from eksflow.llm.serving import apply_order, objects
+from eksflow.llm.serving import apply_order, objects, servable
 from eksflow.llm.serving.objects import ServingConfig
 from eksflow.llm.steps import (
     canary,
@@ -45,7 +45,6 @@ from eksflow.llm.steps import finish_rollout as finish_step
 from eksflow.llm.steps.common.base_model import model_folder
 from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.common.fleet_names import fleet_name
-from eksflow.llm.steps.train import Finetune
 from eksflow.refs import When, ended
 
 DEPLOYMENT_READY = "status.availableReplicas > 0"  # Argo waits for it: at least one pod passed its readiness probe
@@ -165,7 +164,6 @@ def rollout(
     candidate_after: TaskRef | Sequence[TaskRef] = (),
     max_new_tokens: int = 0,
     chat_template: TemplateSettings | None = None,
-    finetune: Finetune = "lora",
 ) -> TaskRef:
     """Add the rollout's tasks to the pipeline being built; returns `promote`.
 
@@ -174,8 +172,9 @@ def rollout(
     `evaluated_champion` is evaluate's champion_version: the rollout stops if `champion` is no longer that version
     ("" included: a champion appeared since). Left out (None) only where no evaluation judged the candidate.
     `chat_template` is train's (train.chat_template): the fleet's engine applies it, on a fleet of its own when set.
-    `finetune` is train's (train.finetune): with full the pipeline registers whole models, each served by a fleet of
-    its own (the champion's too, when it is one), and no base model fleet runs.
+    A config whose training registers whole models (servable.registered_kind: a full fine-tune, or an adapter merged
+    into its base) gets each served by a fleet of its own (the champion's too, when it is one), and no base model
+    fleet runs.
     """
     after = [candidate_after] if isinstance(candidate_after, TaskRef) else list(candidate_after)
     judged = {} if evaluated_champion is None else {"evaluated_champion": evaluated_champion}
@@ -185,7 +184,8 @@ def rollout(
         "base_model": base_model,
         "workflow_name": Pipeline.current().workflow_name,
     }
-    if finetune == "full":
+    whole_models = servable.registered_kind(cfg) == "model"
+    if whole_models:
         candidate, engine = _whole_models(cfg, candidate_args, after, start_after, start_when)
     else:
         candidate, engine = _adapters(cfg, candidate_args, after, start_after, start_when, chat_template)
@@ -215,7 +215,7 @@ def rollout(
         shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
         previous = analysis(percent, shifted)
     promoted = _keyed(cfg, promote, engine, after=previous)
-    if finetune == "full":
+    if whole_models:
         _delete_fleet(
             "retire", promoted.retired, promoted.retires, promoted
         )  # the former champion's own fleet, if it had one
@@ -312,14 +312,14 @@ def _whole_models(
     return candidate, engine
 
 
-def finish_rollout(cfg: ServingConfig, finetune: Finetune = "lora") -> TaskRef:
+def finish_rollout(cfg: ServingConfig) -> TaskRef:
     """The exit handler's task (inside `with p.on_exit():`): roll back whatever did not reach promote.
 
     The exit handler cannot read the main DAG's task outputs: the fleet's address comes from the state file. A
     whole-model candidate rolled back has its own fleet deleted after it.
     """
     finished = _keyed(cfg, finish_step, workflow_status=Pipeline.current().workflow_status)
-    if finetune == "full":
+    if servable.registered_kind(cfg) == "model":
         _delete_fleet("discard", finished.discarded, finished.discards, finished)
     return finished
 

@@ -2,9 +2,10 @@
 
 A setting that trains something the rollout cannot serve would train, pass the gate and register, and then be
 refused by load-candidate: each is refused instead at its own key, wherever the config is loaded (plan, render,
-run, submit, config): a LoRA rank above the engine's --max-lora-rank, and an adapter vLLM cannot serve as a LoRA
-(DoRA among them). A full fine-tune trains no adapter: its LoRA settings are not checked (its whole model is
-served by a vLLM fleet of its own: eksflow/llm/steps/publish_model.py).
+run, submit, config): a LoRA rank above the engine's --max-lora-rank, and trainings that register both adapters and
+whole models (one rollout serves one kind). A full fine-tune, and an adapter vLLM cannot serve as a LoRA (DoRA
+among them: merged into its base when it registers), are served as whole models, each by a vLLM fleet of its own
+(eksflow/llm/steps/publish_model.py): their LoRA settings are not checked against the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from eksflow.llm.steps.common import vllm, vllm_lora
+from eksflow.llm.steps.common import vllm
+from eksflow.llm.steps.common.trained import ModelKind
 from eksflow.llm.steps.train import LoraSettings, TrainSettings
 
 ENGINE_RANK_LIMIT = "serving.engine.max_lora_rank"  # the largest LoRA rank the fleet's engine loads
@@ -32,44 +34,45 @@ def _sections(section: BaseModel, kind: type[BaseModel], key: str = "") -> dict[
     return found
 
 
-def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
-    """Every LoRA adapter's settings a config trains (each LoraSettings in it, at any depth), by dotted key.
+def registered_kind(config: BaseModel) -> ModelKind:
+    """What the config's training registers (TrainSettings.registers), so how its rollout serves it.
 
-    A full fine-tune's are left out: it trains no adapter (its whole model is served by a fleet of its own).
+    ValidationError, at the setting, for a config whose trainings register both kinds: one rollout serves one.
     """
-    full = [
-        k for k, train in _sections(section, TrainSettings, key).items() if getattr(train, "finetune", "") == "full"
-    ]
+    kinds: dict[str, ModelKind] = {key: train.registers for key, train in _sections(config, TrainSettings).items()
+                                   if isinstance(train, TrainSettings)}  # fmt: skip
+    first: ModelKind = next(iter(kinds.values()), "adapter")
+    for key, kind in kinds.items():
+        if kind != first:
+            problem = (
+                f"it registers {'whole models' if kind == 'model' else 'adapters'} and another training of this "
+                f"config {'whole models' if first == 'model' else 'adapters'}: one rollout serves one kind; give "
+                "them the same train.finetune (and LoRA settings vLLM serves alike)"
+            )
+            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
+            details = InitErrorDetails(type=error, loc=(*key.split("."), "finetune"), input=kind)
+            raise ValidationError.from_exception_data("trainings", [details])
+    return first
+
+
+def lora_sections(section: BaseModel, key: str = "") -> dict[str, LoraSettings]:
+    """Every LoRA adapter's settings a config serves as an adapter (each LoraSettings in it, at any depth), by key.
+
+    Those of a training that registers a whole model are left out: a full fine-tune trains no adapter, and an
+    adapter vLLM cannot serve as a LoRA is merged into its base (TrainSettings.registers).
+    """
+    models = [k for k, train in _sections(section, TrainSettings, key).items()
+              if isinstance(train, TrainSettings) and train.registers == "model"]  # fmt: skip
     return {
         k: lora
         for k, lora in _sections(section, LoraSettings, key).items()
-        if isinstance(lora, LoraSettings) and not any(k.startswith(f"{t}.") or not t for t in full)
+        if isinstance(lora, LoraSettings) and not any(k.startswith(f"{t}.") or not t for t in models)
     }
 
 
 def lora_ranks(section: BaseModel) -> dict[str, int]:
     """The rank of every LoRA adapter a config trains, by the dotted key of its setting."""
     return {f"{key}.rank": lora.rank for key, lora in lora_sections(section).items()}
-
-
-def refuse_unservable_adapters(sections: Mapping[str, LoraSettings]) -> None:
-    """Refuse (ValidationError) an adapter the pipeline's vLLM fleet cannot serve as a LoRA, at its setting's key.
-
-    A DoRA adapter (or a module vLLM has no LoRA layer for) would train, pass the gate and register, and then be
-    refused by load-candidate: rolling it out needs it merged into its base and served as a model of its own, which
-    the rollout does not build yet.
-    """
-    for key, lora in sections.items():
-        unservable = vllm_lora.unservable_setting(lora.use_dora, lora.target_modules)
-        if unservable is not None:
-            field, why, fix = unservable
-            problem = (
-                f"{why}: rolling it out needs it merged into its base and served as a model, which this "
-                f"pipeline's rollout does not do yet; {fix}"
-            )
-            error = PydanticCustomError("value_error", "{problem}", {"problem": problem})
-            details = InitErrorDetails(type=error, loc=(*key.split("."), field), input=getattr(lora, field))
-            raise ValidationError.from_exception_data("LoRA adapters", [details])
 
 
 def refuse_unservable_ranks(

@@ -5,9 +5,11 @@ r"""Register a trained LoRA adapter or model in the MLflow model registry (runs 
 
 Logs the adapter folder (artifact path "adapter") to the train step's MLflow run and registers a model version
 whose source is that artifact, with lineage tags (`base_model` among them: what serving loads the adapter onto)
-and alias `challenger` (aliases only, never stages). vLLM serves the adapter on the base model; only with
---merged-dir does it also log base + adapter merged as plain safetensors (artifact path "model"), for the adapters
-an engine cannot load as adapters (DoRA, modules_to_save, ...: see eksflow/llm/steps/common/vllm.py).
+and alias `challenger` (aliases only, never stages). vLLM serves the adapter on the base model. An adapter the
+pinned vLLM cannot load as a LoRA (DoRA, modules_to_save, a module with no vLLM LoRA layer:
+eksflow/llm/steps/common/vllm_lora.py) is also merged into its base and logged as plain safetensors (artifact path
+"model"), and the version's source is that model (kind `model`: served by a fleet of its own, as a full
+fine-tune is); --merged-dir keeps the merge there, and merges a servable adapter too (its version stays an adapter).
 A full fine-tune's folder (train.finetune=full: a whole model, eksflow.llm.steps.common.trained) is logged as
 artifact "model" and the version's source is that artifact; vLLM serves it as a model of its own.
 
@@ -126,9 +128,10 @@ class Outputs(BaseModel):
 
 def run(args: Args) -> Outputs:
     """Register the adapter or model (or find its existing version) and set alias `challenger` on it."""
-    kind = _check_inputs(args)
+    trained = _check_inputs(args)
     gate_report = read_gate_report(args.eval_report) if args.eval_report is not None else None
-    digest = checkpoint_digest(args.adapter_dir) if kind == "adapter" else model_digest(args.adapter_dir)
+    kind = served_kind(args.adapter_dir, trained)
+    digest = checkpoint_digest(args.adapter_dir) if trained == "adapter" else model_digest(args.adapter_dir)
     with tracking.errors(args.tracking_uri, "registering the model"):
         mlflow_client = tracking.client(args.tracking_uri)
         existing = find_version(mlflow_client, args.model_name, digest)
@@ -147,12 +150,14 @@ def run(args: Args) -> Outputs:
         run_id = _run_id(args)
         if not args.mlflow_run_id:  # the evaluate step logs them to the train run; a new run needs its own copy
             tracking.log_metrics(args.tracking_uri, run_id, args.metrics)
-        # a whole model is served as is
+        # what is served: a whole model as trained, an adapter merged into its base, or the adapter itself
         artifact = tracking.MODEL_ARTIFACT if kind == "model" else tracking.ADAPTER_ARTIFACT
-        mlflow_client.log_artifacts(run_id, str(args.adapter_dir), artifact)
-        if args.merged_dir is not None and kind == "adapter":
-            merge_adapter(resolve_model(args.base_model, args.model_cache_dir), args.adapter_dir, args.merged_dir)
-            mlflow_client.log_artifacts(run_id, str(args.merged_dir), tracking.MODEL_ARTIFACT)
+        if trained == "model":
+            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.MODEL_ARTIFACT)
+        else:
+            mlflow_client.log_artifacts(run_id, str(args.adapter_dir), tracking.ADAPTER_ARTIFACT)
+            if args.merged_dir is not None or kind == "model":
+                _log_merged(args, mlflow_client, run_id)
         tags = lineage_tags(args, digest, gate_report, kind)
         version = create_version(mlflow_client, args.model_name, run_id, tags, artifact)
         tracking.set_alias(mlflow_client, args.model_name, tracking.CHALLENGER, version.version)
@@ -161,6 +166,35 @@ def run(args: Args) -> Outputs:
         file=sys.stderr,
     )
     return _outputs(args, version, kind)
+
+
+def served_kind(adapter_dir: Path, trained: ModelKind) -> ModelKind:
+    """How a version is served: a whole model, or its adapter on the base (TrainSettings.registers, from the folder).
+
+    An adapter the pinned vLLM cannot serve as a LoRA (DoRA, modules_to_save, a module with no vLLM LoRA layer) is
+    registered merged into its base, as a model of its own.
+    """
+    if trained == "model":
+        return "model"
+    spec = vllm_lora.read_adapter(adapter_dir, "--adapter-dir", weights=False)
+    unservable = vllm_lora.unservable_setting(spec.use_dora, spec.target_modules) or spec.modules_to_save
+    return "model" if unservable else "adapter"
+
+
+def _log_merged(args: Args, mlflow_client: MlflowClient, run_id: str) -> None:
+    """Merge the adapter into its base and log the merged model as artifact "model".
+
+    Merged in --merged-dir when given, else in a folder beside the adapter for the time it takes.
+    """
+    base = resolve_model(args.base_model, args.model_cache_dir)
+    if args.merged_dir is not None:
+        merge_adapter(base, args.adapter_dir, args.merged_dir)
+        mlflow_client.log_artifacts(run_id, str(args.merged_dir), tracking.MODEL_ARTIFACT)
+        return
+    with tempfile.TemporaryDirectory(prefix=".merged.", dir=args.adapter_dir.parent) as scratch:
+        merged = Path(scratch) / "model"
+        merge_adapter(base, args.adapter_dir, merged)
+        mlflow_client.log_artifacts(run_id, str(merged), tracking.MODEL_ARTIFACT)
 
 
 def find_version(mlflow_client: MlflowClient, model_name: str, digest: str) -> ModelVersion | None:
@@ -224,7 +258,8 @@ def lineage_tags(
 ) -> dict[str, str]:
     """Tags that trace a version to its data, code, image, workflow, eval set and gate decision, and say its kind.
 
-    `kind` is adapter or model; an adapter's version also gets the lora.* tags of its adapter_config.json.
+    `kind` is adapter or model (how it is served); a trained adapter's version, merged or not, also gets the lora.*
+    tags of its adapter_config.json.
     """
     values = {
         DIGEST_TAG: digest,
@@ -239,7 +274,12 @@ def lineage_tags(
         "eval_set_digest": args.eval_set_digest or (gate_report.eval_set_digest if gate_report else ""),
         **{f"{tracking.METRIC_TAG_PREFIX}{name}": repr(value) for name, value in sorted(args.metrics.items())},
         KIND_TAG: kind,
-        **(adapter_tags(args.adapter_dir, args.lora_quantize) if kind == "adapter" else {}),
+        # the adapter's kind, merged or not (a folder with adapter_config.json)
+        **(
+            adapter_tags(args.adapter_dir, args.lora_quantize)
+            if model_kind(args.adapter_dir, "--adapter-dir") == "adapter"
+            else {}
+        ),
     }
     if gate_report is not None:
         values["gate.decision"] = "passed"

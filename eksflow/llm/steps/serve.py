@@ -8,7 +8,8 @@ Not a pipeline step: the command a user runs to talk to the model a rollout prom
 fleet runs (eksflow/llm/steps/common/vllm.py): the version's base model (its `base_model` tag) plus its LoRA adapter,
 served under the registered model's name, so a request for model "llama-lora" answers with the adapter; the plain base
 model answers as "<name>-base". The adapter is checked (rank, base model) before the engine starts: bad input
-exits 2 without starting anything.
+exits 2 without starting anything. A whole-model version (kind `model`: a full fine-tune, or an adapter merged into
+its base) is served as it is, its registered folder under the registered model's name, without LoRA.
 
 Every route asks for the API key (eksflow/llm/steps/common/vllm_auth.py), runtime LoRA loading included: the key is made
 once (`secrets.token_urlsafe`), kept in <serve dir>/api-key (a file of the user's, never a link, mode 0600, one line;
@@ -31,12 +32,14 @@ import shlex
 import stat
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, field_validator
 
 from eksflow.llm.steps.common import (
     adapters,
     chat_template,
+    served_models,
     tracking,
     vllm,
     vllm_auth,
@@ -46,6 +49,9 @@ from eksflow.llm.steps.common import (
 )
 from eksflow.llm.steps.common.base_model import default_cache_dir, resolve_model
 from eksflow.runtime.args import Location, StepArgs, StepInputError, run_step
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 KEY_FILE = "api-key"  # in --serve-dir: the engine's key, reused across restarts
@@ -100,31 +106,22 @@ def run(args: Args) -> Outputs:
     tracking.require_registry(args.tracking_uri)  # before a key file is made: a mistyped registry leaves nothing
     key = kept or api_key(args.serve_dir)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
-    adapter = adapters.download(args.tracking_uri, args.model_name, version, args.serve_dir / args.model_name)
     registered = adapters.registered_version(args.tracking_uri, args.model_name, version)  # read once: tags, run
-    base_model = (registered.tags or {}).get("base_model", "")
-    if not base_model:
-        raise StepInputError(
-            f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
-        )
-    template = chat_template.recorded(
-        args.tracking_uri, str(registered.run_id or ""), args.serve_dir / args.model_name / f"v{version}-template"
-    )
-    # the model folder training and evaluate loaded: its chat template is the one the engine applies
-    base_dir = template.templated(resolve_model(base_model, args.model_cache_dir), args.model_cache_dir)
-    vllm_lora.check_adapter(
-        vllm_lora.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}"
-    )
-    engine_args = [
-        *vllm.engine_args(str(base_dir), f"{args.model_name}-base", args.port, args),
-        f"--host={args.host}",
-        f"--lora-modules={args.model_name}={adapter}",
-    ]
+    if served_models.is_model(registered):  # a whole model (a full fine-tune, a merged adapter): served as it is
+        with tracking.errors(args.tracking_uri, f"downloading {args.model_name} version {version}"):
+            _, folder = served_models.publish(registered, args.serve_dir / args.model_name / "models")
+        engine_args = [
+            *vllm.engine_args(str(folder), args.model_name, args.port, args, lora=False),
+            f"--host={args.host}",
+        ]
+        served = f"{args.model_name} v{version}, a whole model"
+    else:
+        engine_args, served = _adapter_on_its_base(args, registered, version)
     log_path = args.serve_dir / f"vllm-{args.model_name}-v{version}.log"
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address in a URL
     base_url = f"http://{host}:{args.port}"
     env = {**vllm.engine_env(args, cpu=True), vllm_auth.KEY_ENV: key}
-    print(f"starting vLLM: {args.model_name} v{version} on {base_model} (log: {log_path})", file=sys.stderr)
+    print(f"starting vLLM: {served} (log: {log_path})", file=sys.stderr)
     with vllm_process.engine(engine_args, env, log_path=log_path) as process:
         vllm_client.wait_ready(
             base_url, args.model_name, api_key=key, timeout_s=args.startup_timeout_s, process=process,
@@ -138,6 +135,33 @@ def run(args: Args) -> Outputs:
             print("\nstopping vLLM", file=sys.stderr)
             return Outputs(endpoint=f"{base_url}/v1/chat/completions", model_version=version)
     raise vllm.ServingError(f"vLLM exited with code {code}; {vllm_process.log_excerpt(log_path)}")
+
+
+def _adapter_on_its_base(args: Args, registered: ModelVersion, version: str) -> tuple[list[str], str]:
+    """The engine's flags for a LoRA version, and what is served (for the log line).
+
+    Its base model (with the template it trained through) and the adapter, checked before anything starts.
+    """
+    base_model = (registered.tags or {}).get("base_model", "")
+    if not base_model:
+        raise StepInputError(
+            f"--version={version}: the version has no base_model tag; register it with eksflow.llm.steps.register"
+        )
+    adapter = adapters.download(registered, args.serve_dir / args.model_name)
+    template = chat_template.recorded(
+        args.tracking_uri, str(registered.run_id or ""), args.serve_dir / args.model_name / f"v{version}-template"
+    )
+    # the model folder training and evaluate loaded: its chat template is the one the engine applies
+    base_dir = template.templated(resolve_model(base_model, args.model_cache_dir), args.model_cache_dir)
+    vllm_lora.check_adapter(
+        vllm_lora.read_adapter(adapter, "--version"), args.max_lora_rank, base_dir, f"--version={version}"
+    )
+    engine_args = [
+        *vllm.engine_args(str(base_dir), f"{args.model_name}-base", args.port, args),
+        f"--host={args.host}",
+        f"--lora-modules={args.model_name}={adapter}",
+    ]
+    return engine_args, f"{args.model_name} v{version} on {base_model}"
 
 
 def resolve_alias(tracking_uri: str, model_name: str, alias: str) -> str:

@@ -115,7 +115,9 @@ def test_bad_candidate_exits_2_naming_the_field_before_any_server(tmp_path, regi
 
 def test_rank_within_a_larger_engine_limit_passes_the_checks(tmp_path, registry):
     args = load_candidate.Args.from_argv(load(tmp_path, registry, "1", max_lora_rank="32"))
-    load_candidate.check_candidate(args, adapters.download(registry, "llama-lora", "1", tmp_path / "downloaded"))
+    load_candidate.check_candidate(
+        args, adapters.download(adapters.registered_version(registry, "llama-lora", "1"), tmp_path / "downloaded")
+    )
 
 
 def test_serve_refuses_a_bad_adapter_before_starting_vllm(tmp_path, registry, capsys):

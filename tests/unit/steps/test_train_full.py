@@ -76,10 +76,10 @@ def sweep(overrides: list[str]):
 
 
 def test_a_full_fine_tunes_lora_settings_are_not_checked_against_the_engine():
-    """It trains no adapter: DoRA, which vLLM cannot serve as a LoRA, is refused with lora only."""
-    assert config(["train.finetune=full", "train.lora.use_dora=true"]).train.finetune == "full"
-    with pytest.raises(ConfigError, match=r"train\.lora\.use_dora"):
-        config(["train.lora.use_dora=true"])
+    """It trains no adapter: a LoRA rank above the engine's limit is refused with lora only."""
+    assert config(["train.finetune=full", "train.lora.rank=64"]).train.registers == "model"
+    with pytest.raises(ConfigError, match=r"train\.lora\.rank: rank 64 is above serving\.engine\.max_lora_rank"):
+        config(["train.lora.rank=64"])
 
 
 def test_plan_says_what_full_costs_and_refuses_a_model_it_does_not_fit():

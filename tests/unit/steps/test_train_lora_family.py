@@ -10,18 +10,15 @@ from pydantic import ValidationError
 
 from eksflow import plan
 from eksflow.config import load_config
-from eksflow.errors import ConfigError
 from eksflow.llm import engines
-from eksflow.llm.steps import load_candidate, register
+from eksflow.llm.steps import register
 from eksflow.llm.steps.common import tracking, vllm_lora
-from eksflow.llm.steps.common.base_model import DEMO_MODEL
+from eksflow.llm.steps.common.base_model import DEMO_MODEL, default_cache_dir, resolve_model
 from eksflow.llm.steps.train import LoraSettings, TrainSettings, sizing
 from eksflow.runtime.preflight import Layout
 from pipelines import llama_lora, lora_sweep
 from pipelines.lora_sweep import LoraSweepConfig
-from tests.commands import python
 from tests.flagship import config, pipeline
-from tests.unit.steps.test_load_candidate import load
 
 LLAMA_LINEAR = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
@@ -109,36 +106,15 @@ def test_the_pinned_vllm_refuses_dora_adapters():
     assert 'error_msg.append("vLLM does not yet support DoRA.")' in engine_source("lora/peft_helper.py")
 
 
-@pytest.mark.parametrize(
-    ("overrides", "line"),
-    [
-        (
-            ["train.lora.use_dora=true"],
-            "config error: train.lora.use_dora: the pinned vLLM cannot serve a DoRA adapter as a LoRA: rolling it out "
-            "needs it merged into its base and served as a model, which this pipeline's rollout does not do yet; set "
-            "use_dora=false (got True); fix it with --set train.lora.use_dora=<value> or in the --config file",
-        ),
-        (
-            ['train.lora.target_modules=["c_attn"]'],
-            "config error: train.lora.target_modules: modules ['c_attn'] have no vLLM LoRA layer: rolling it out "
-            "needs it merged into its base and served as a model, which this pipeline's rollout does not do yet; "
-            "adapt down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj or all-linear (got ('c_attn',)); "
-            "fix it with --set train.lora.target_modules=<value> or in the --config file",
-        ),
-    ],
-    ids=["dora", "module-without-a-vllm-layer"],
-)
-def test_an_adapter_the_fleet_cannot_serve_is_refused_where_the_config_loads(overrides, line):
-    with pytest.raises(ConfigError) as raised:
-        config(overrides)
-    assert str(raised.value) == line.removeprefix("config error: ")
-
-
-def test_render_refuses_dora_in_one_line():
-    result = python("pipelines/llama_lora.py", "render", "--set", "train.lora.use_dora=true")
-    assert result.returncode == 2 and result.stdout == ""
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("config error: train.lora.use_dora: the pinned vLLM cannot serve a DoRA adapter")
+@pytest.mark.parametrize("overrides", [["train.lora.use_dora=true"], ['train.lora.target_modules=["c_attn"]']],
+                         ids=["dora", "module-without-a-vllm-layer"])  # fmt: skip
+def test_an_adapter_vllm_cannot_serve_as_a_lora_rolls_out_merged_as_a_model_of_its_own(overrides):
+    """It registers merged into its base (kind model), so the rollout serves it as a full fine-tune's: no base model
+    fleet, each version on a fleet of its own."""
+    cfg = config(overrides)
+    assert cfg.train.registers == "model" and config([]).train.registers == "adapter"
+    tasks = set(llama_lora.build(cfg).templates)
+    assert {"publish-champion", "candidate-vllm", "retire-deployment"} <= tasks and "prepare-fleet" not in tasks
 
 
 def test_plan_lists_the_adapter_and_passes_qlora_on_all_linear():
@@ -149,7 +125,8 @@ def test_plan_lists_the_adapter_and_passes_qlora_on_all_linear():
     assert dict(plan.check(pipeline([])).rows)["train: adapter"] == "LoRA rank 16 on q_proj, k_proj, v_proj, o_proj"
     sweep = lora_sweep.build(load_config(LoraSweepConfig, None, ["train.lora.use_dora=true"]))  # it rolls nothing out
     assert dict(plan.check(sweep).rows)["train: adapter"] == (
-        "DoRA rank 16 on q_proj, k_proj, v_proj, o_proj; vLLM cannot serve it as a LoRA, only merged into its base"
+        "DoRA rank 16 on q_proj, k_proj, v_proj, o_proj; vLLM cannot serve it as a LoRA: merged into its base at "
+        "register time and rolled out as a model of its own"
     )
     # a renderer takes it as a step argument (the train step's Args parse the same JSON)
     assert (
@@ -176,17 +153,29 @@ def test_trainium_refuses_a_quantized_base():
     )
 
 
-def test_register_tags_the_adapters_kind_and_load_candidate_refuses_dora_by_its_tags(tmp_path, capsys):
-    from peft import get_peft_model
+def test_register_merges_a_dora_adapter_into_its_base_as_a_model_and_keeps_its_tags(tmp_path):
+    """vLLM cannot serve DoRA as a LoRA: the version is the adapter merged into its base (artifact model, kind model),
+    the adapter logged beside it, its lora.* tags kept; the merged weights are peft's merge of it."""
+    import torch
+    from peft import PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
-    folder = tmp_path / "dora"
+    base, folder = tmp_path / "base", tmp_path / "dora"
+    tiny_llama().save_pretrained(base)
+    AutoTokenizer.from_pretrained(resolve_model(DEMO_MODEL, default_cache_dir())).save_pretrained(base)
     lora = LoraSettings(target_modules="all-linear", use_dora=True, rank=4)
-    get_peft_model(tiny_llama(), lora.peft_config()).save_pretrained(folder)
+    dora = get_peft_model(tiny_llama(), lora.peft_config())
+    torch.manual_seed(1)
+    for name, weight in dora.named_parameters():  # trained: DoRA's update is zero as peft initializes it
+        if "lora_B" in name:
+            weight.data.normal_(std=0.1)
+    dora.save_pretrained(folder)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = register.Args.model_validate(
         {
             "adapter_dir": folder,
-            "base_model": DEMO_MODEL,
+            "base_model": str(base),
             "metrics": {"exact_match": 0.9},
             "dataset_digest": "sha256:" + "d" * 64,
             "workflow_name": "wf",
@@ -195,21 +184,24 @@ def test_register_tags_the_adapters_kind_and_load_candidate_refuses_dora_by_its_
             "outputs_dir": tmp_path / "out",
         }
     )
-    version = register.run(args).model_version
-    tags = tracking.client(uri).get_model_version("llama-lora", version).tags
-    assert {k: v for k, v in tags.items() if k.startswith("lora.")} == {
+    registered = register.run(args)
+    assert registered.model_kind == "model" and register.run(args).model_version == registered.model_version
+    client = tracking.client(uri)
+    version = client.get_model_version("llama-lora", registered.model_version)
+    assert version.tags["kind"] == "model" and version.source.endswith(f"/{tracking.MODEL_ARTIFACT}")
+    assert {k: v for k, v in version.tags.items() if k.startswith("lora.")} == {
         "lora.rank": "4",
         "lora.target_modules": ",".join(sorted(LLAMA_LINEAR)),  # peft's full paths, read as module names
         "lora.use_dora": "true",
         "lora.quantize": "4bit",
     }
-    capsys.readouterr()
-    assert load_candidate.main(load(tmp_path, uri, version)) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert f"--model-version={version}: its tags record train.lora.use_dora=true: the pinned vLLM cannot serve" in line
-    spec = vllm_lora.read_adapter(folder, "adapter")
-    assert set(spec.target_modules) == LLAMA_LINEAR
-    assert json.loads((folder / "adapter_config.json").read_text())["use_dora"] is True
+    logged = {a.path for a in client.list_artifacts(registered.mlflow_run_id)}
+    assert {tracking.ADAPTER_ARTIFACT, tracking.MODEL_ARTIFACT} <= logged
+    merged_file = Path(client.download_artifacts(registered.mlflow_run_id, tracking.MODEL_ARTIFACT, str(tmp_path)))
+    merged = load_file(merged_file / "model.safetensors")
+    expected = PeftModel.from_pretrained(tiny_llama(), folder).merge_and_unload().state_dict()
+    assert all(torch.allclose(merged[k], v, atol=1e-6) for k, v in expected.items() if k in merged)
+    assert not list(folder.parent.glob(".merged.*"))  # the merge's scratch folder went with it
 
 
 def test_the_train_step_carries_the_lora_family_in_its_argv():

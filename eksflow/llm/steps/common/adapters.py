@@ -101,12 +101,12 @@ def fetch(registered: ModelVersion, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def download(tracking_uri: str, model_name: str, version: str, folder: Path) -> Path:
+def download(registered: ModelVersion, folder: Path) -> Path:
     """The version's adapter under `folder/v<version>` (downloaded once: registered versions are immutable)."""
-    target = folder / f"v{version}"
+    target = folder / f"v{registered.version}"
     if not (target / CONFIG).is_file():
         shutil.rmtree(target, ignore_errors=True)
-        fetch(registered_version(tracking_uri, model_name, version), target)
+        fetch(registered, target)
     return target
 
 

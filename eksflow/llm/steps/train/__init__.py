@@ -50,10 +50,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from eksflow.llm.steps.common import strategies
+from eksflow.llm.steps.common import strategies, vllm_lora
 from eksflow.llm.steps.common.base_model import default_cache_dir
 from eksflow.llm.steps.common.chat_template import TemplateSettings
 from eksflow.llm.steps.common.data import Method
+from eksflow.llm.steps.common.trained import ModelKind
 from eksflow.runtime.args import Location, Settings, StepArgs
 from eksflow.runtime.preflight import Layout, Preflight
 
@@ -95,8 +96,8 @@ class LoraSettings(Settings):
     )
     use_dora: bool = Field(
         False,
-        description="DoRA: the adapter also learns each weight's magnitude; vLLM serves no DoRA adapter, so a "
-        "pipeline that rolls out refuses it",
+        description="DoRA: the adapter also learns each weight's magnitude; vLLM serves no DoRA adapter, so "
+        "register merges it into its base and the rollout serves it as a model of its own",
     )
     quantize: Quantize = Field(
         "none", description="4bit: QLoRA, the frozen base in NF4 (bitsandbytes) under DDP; the adapter stays fp32"
@@ -239,6 +240,17 @@ class TrainSettings(TemplateSettings):
             weight_bytes=weight_bytes,
             reference_bytes=reference_bytes,
         )
+
+    @property
+    def registers(self) -> ModelKind:
+        """What register makes of what this trains, so how it is served: a whole model, or an adapter on its base.
+
+        An adapter the pinned vLLM cannot serve as a LoRA (DoRA, a module with no vLLM LoRA layer) is merged into
+        its base when it registers, and served as a model of its own like a full fine-tune.
+        """
+        if self.finetune == "full" or vllm_lora.unservable_setting(self.lora.use_dora, self.lora.target_modules):
+            return "model"
+        return "adapter"
 
     def reference_bytes(self, num_params: int, on_gpu: bool) -> float:
         """Bytes of DPO's frozen reference with finetune=full; 0 otherwise (LoRA's reference is its own base).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from eksflow.llm.steps.common import strategies
+from eksflow.llm.steps.common import strategies, vllm_lora
 from eksflow.llm.steps.train import ALL_LINEAR, LoraSettings, TrainSettings
 from eksflow.runtime.args import StepInputError
 from eksflow.runtime.preflight import Layout, Preflight
@@ -68,8 +68,13 @@ def adapter_row(lora: LoraSettings) -> str:
     modules = "all-linear (attention and MLP)" if targets == ALL_LINEAR else ", ".join(targets)
     kind = "DoRA" if lora.use_dora else "LoRA"
     base = "; base in 4-bit NF4 (QLoRA), served unquantized" if lora.quantize == "4bit" else ""
-    # A pipeline that rolls out refuses DoRA (serving/objects.py); one that registers can log it merged (--merged-dir)
-    served = "; vLLM cannot serve it as a LoRA, only merged into its base" if lora.use_dora else ""
+    # register merges such an adapter into its base; the rollout serves it as a whole model (TrainSettings.registers)
+    unservable = vllm_lora.unservable_setting(lora.use_dora, lora.target_modules)
+    served = (
+        "; vLLM cannot serve it as a LoRA: merged into its base at register time and rolled out as a model of its own"
+        if unservable
+        else ""
+    )
     return f"{kind} rank {lora.rank} on {modules}{base}{served}"
 
 
