@@ -65,9 +65,6 @@ def registered_version(tracking_uri: str, model_name: str, version: str) -> Mode
 
 def fetch(registered: ModelVersion, dest: Path) -> None:
     """Download a registered version's adapter folder to `dest` (which must not exist)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
     model_name, version = registered.name, registered.version
     if (registered.tags or {}).get(tracking.KIND_TAG) == "model":
         raise StepInputError(
@@ -75,27 +72,39 @@ def fetch(registered: ModelVersion, dest: Path) -> None:
             f"{tracking.KIND_TAG}=model: train.finetune=full), not an adapter: it is served by a vLLM fleet of its "
             "own, which the rollout of a pipeline with train.finetune=full applies (eksflow.llm.steps.publish_model)"
         )
+    download_folder(registered, tracking.ADAPTER_ARTIFACT, CONFIG, dest)
+
+
+def download_folder(registered: ModelVersion, artifact: str, marker: str, dest: Path) -> None:
+    """Download artifact folder `artifact` of a registered version to `dest`, renamed into place whole.
+
+    StepInputError naming the version when the artifact is missing or holds no `marker` file (an adapter's
+    adapter_config.json, a model's config.json).
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    model_name, version = registered.name, registered.version
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         try:
             local = Path(
                 mlflow.artifacts.download_artifacts(
-                    run_id=str(registered.run_id), artifact_path=tracking.ADAPTER_ARTIFACT, dst_path=str(tmp)
+                    run_id=str(registered.run_id), artifact_path=artifact, dst_path=str(tmp)
                 )
             )
         except (MlflowException, OSError) as err:
             raise StepInputError(
-                f"--model-version={version}: {model_name} version {version} has no "
-                f"{tracking.ADAPTER_ARTIFACT!r} artifact in run {registered.run_id} ({type(err).__name__}); "
-                "register it with eksflow.llm.steps.register"
+                f"--model-version={version}: {model_name} version {version} has no {artifact!r} artifact in run "
+                f"{registered.run_id} ({type(err).__name__}); register it with eksflow.llm.steps.register"
             ) from err
-        if not (local / CONFIG).is_file():
+        if not (local / marker).is_file():
             raise StepInputError(
-                f"--model-version={version}: the {tracking.ADAPTER_ARTIFACT!r} artifact of {model_name} "
-                f"version {version} holds no {CONFIG} (missing adapter folder); register the train step's "
-                "adapter_dir"
+                f"--model-version={version}: the {artifact!r} artifact of {model_name} version {version} holds no "
+                f"{marker} (missing folder); register the train step's adapter_dir"
             )
+        shutil.rmtree(dest, ignore_errors=True)  # a folder left without its marker by a killed step
         os.replace(local, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,17 +10,13 @@ the version's "model" artifact next to the folder and renames it into place, so 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eksflow.llm.steps.common import tracking
-from eksflow.llm.steps.common.adapters import published_name
+from eksflow.llm.steps.common.adapters import download_folder, published_name
 from eksflow.llm.steps.common.fleet_names import fleet_name
 from eksflow.llm.steps.common.trained import MODEL_CONFIG
-from eksflow.runtime.args import StepInputError
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -39,37 +35,10 @@ def model_fleet(pipeline: str, published: str) -> str:
 def publish(registered: ModelVersion, models_dir: Path) -> tuple[str, Path]:
     """Publish a whole-model version under `models_dir` (once); its published name and folder.
 
-    StepInputError (via tracking's errors) when the version has no "model" artifact holding a model's config.json.
+    StepInputError when the version has no "model" artifact holding a model's config.json.
     """
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
     name = published_name(registered.name, str(registered.version), str(registered.run_id))
     target = models_dir / name
-    if (target / MODEL_CONFIG).is_file():
-        return name, target
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=models_dir))
-    try:
-        try:
-            local = Path(
-                mlflow.artifacts.download_artifacts(
-                    run_id=str(registered.run_id), artifact_path=tracking.MODEL_ARTIFACT, dst_path=str(staging)
-                )
-            )
-        except (MlflowException, OSError) as err:
-            raise StepInputError(
-                f"{registered.name} version {registered.version} has no {tracking.MODEL_ARTIFACT!r} artifact in run "
-                f"{registered.run_id} ({type(err).__name__}); register the train step's model folder with "
-                "eksflow.llm.steps.register"
-            ) from err
-        if not (local / MODEL_CONFIG).is_file():
-            raise StepInputError(
-                f"the {tracking.MODEL_ARTIFACT!r} artifact of {registered.name} version {registered.version} holds no "
-                f"{MODEL_CONFIG}: not a model folder"
-            )
-        shutil.rmtree(target, ignore_errors=True)  # a folder left without its config by a killed step
-        os.replace(local, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    if not (target / MODEL_CONFIG).is_file():
+        download_folder(registered, tracking.MODEL_ARTIFACT, MODEL_CONFIG, target)
     return name, target
