@@ -48,7 +48,7 @@ class Args(FleetArgs):
     max_lora_rank: int = Field(16, ge=1, description="the engine's --max-lora-rank (serving.engine.max_lora_rank)")
     served_name: str = Field(
         "",
-        pattern=r"^([A-Za-z0-9][A-Za-z0-9._\-]{0,200})?$",
+        pattern=rollout.SERVED_NAME_OR_EMPTY,
         description="a whole-model champion: the name its own fleet's engine serves it under (publish-champion's "
         "served_name); empty: an adapter, published to the fleet's base model engine",
     )

@@ -39,6 +39,8 @@ PROBE_ROWS = 8  # held-out rows a restored champion must answer before a rollbac
 Phase = Literal["Progressing", "Healthy", "Degraded", "RolledBack"]
 OutputsT = TypeVar("OutputsT", bound=BaseModel)
 K8S_NAME_OR_EMPTY = f"^$|{K8S_NAME}"
+# A whole model's published name (adapters.published_name), which its own fleet's engine serves it under; "" none
+SERVED_NAME_OR_EMPTY = r"^([A-Za-z0-9][A-Za-z0-9._\-]{0,200})?$"
 
 
 class FleetArgs(StepArgs):
