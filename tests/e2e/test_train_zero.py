@@ -252,10 +252,11 @@ def test_zero2_under_torchrun_commits_on_sigterm_and_resumes_matching_ddp(refere
 
 
 def test_dpo_under_ddp_learns_its_preferences_and_resumes_exactly_under_zero3(workdir, tmp_path):
-    """method=dpo, 2 torchrun workers: the reference is the model with its adapter disabled, so step 1 (a fresh
-    adapter) scores log 2 with zero rewards; training on 8 pairs (each step's global batch) ranks most chosen answers
-    above their rejected ones; a retry of the run after step 2 under ZeRO-3 (the reference forward gathering partitioned
-    weights) continues with the uninterrupted run's losses and rewards."""
+    """method=dpo, 2 workers of an MPIJob (`mpirun -np 2`, run by the local executor): the reference is the model with
+    its adapter disabled, so step 1 (a fresh adapter) scores log 2 with zero rewards; training on 8 pairs (each step's
+    global batch) ranks most chosen answers above their rejected ones; a retry of the run after step 2 under ZeRO-3
+    with torchrun (the reference forward gathering partitioned weights) continues with the uninterrupted run's losses
+    and rewards."""
     import json
     import math
 
@@ -272,9 +273,12 @@ def test_dpo_under_ddp_learns_its_preferences_and_resumes_exactly_under_zero3(wo
     (prefs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nnodes", "1", "--nproc-per-node", "2"]
 
+    def argv(out: Path, strategy: str, stage: int) -> list[str]:
+        dpo = {"dataset-dir": prefs, "max-steps": 4, "method": "dpo", "learning-rate": 0.01}
+        return train_args(workdir, out, strategy, stage, **dpo)
+
     def train(out: Path, strategy: str, stage: int) -> None:
-        argv = train_args(workdir, out, strategy, stage, **{"dataset-dir": prefs, "max-steps": 4, "method": "dpo"})
-        command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun", *argv, "--learning-rate=0.01"]
+        command = [*torchrun, "-m", "eksflow.llm.steps.train", "--launcher=torchrun", *argv(out, strategy, stage)]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -282,7 +286,8 @@ def test_dpo_under_ddp_learns_its_preferences_and_resumes_exactly_under_zero3(wo
         return {c.step: read_metrics(c.path) for c in checkpoints.committed(out / "checkpoints")}
 
     reference = tmp_path / "ddp"
-    train(reference, "ddp", 2)
+    node, log = run_as_mpijob(tmp_path / "state", argv(reference, "ddp", 2))
+    assert node.phase == "Succeeded", f"{node.message}\n{log[-3000:]}"
     run = metrics(reference)
     assert sorted(run) == [1, 2, 3, 4]
     assert run[1]["loss"] == pytest.approx(math.log(2), abs=1e-6) and run[1]["rewards/accuracy"] == 0.0
