@@ -159,7 +159,13 @@ def submitter(
 
 
 def test_the_train_step_runs_as_a_slurm_job_and_its_outputs_reach_the_task(slurm, workdir, tmp_path):
-    task = submitter(slurm, "train-ok", tmp_path, train_argv(workdir, tmp_path / "train", 3))
+    """Preference tuning (method=dpo) on pairs, as a 2-node Slurm job: the step's outputs reach the Argo task."""
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    rows = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{2 * i}.", "rejected": f"{2 * i + 1}."} for i in range(8)]
+    (pairs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dpo = {"dataset-dir": pairs, "method": "dpo"}
+    task = submitter(slurm, "train-ok", tmp_path, train_argv(workdir, tmp_path / "train", 3, **dpo))
     log, _ = task.communicate(timeout=600)
     assert task.returncode == 0, log
     job = slurm.job("train-ok")
