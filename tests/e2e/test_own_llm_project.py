@@ -30,10 +30,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from eksflow.runtime.ports import free_port
 from tests.e2e.conftest import SharedEngine
+from tests.e2e.test_local_run import serving
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +213,8 @@ def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
     # The two-turn conversations: a held-out one was asked with its first exchange as history, in evaluate and by
     # the canary alike, and scored on its last answer.
     fsx = state / "volumes" / "fsx-claim"
-    evaluated = json.loads((fsx / Path(outputs["evaluate"]["report"]).relative_to("/fsx")).read_text())["rows"]
+    report = json.loads((fsx / Path(outputs["evaluate"]["report"]).relative_to("/fsx")).read_text())
+    evaluated = report["rows"]
     follow_ups = [row for row in evaluated if len(row.get("messages", ())) == 3]
     assert follow_ups and all(" AND price < " in row["reference"] for row in follow_ups)  # the follow-up's answer
     probes = json.loads((fsx / Path(outputs["analyze-0"]["report"]).relative_to("/fsx")).read_text())["probes"]
@@ -222,6 +225,16 @@ def test_the_guide_runs_the_project_end_to_end_with_the_rollout(
     # /v1/chat/completions request (through the fleet's vLLM and the chat template it applies) with evaluate's answer
     assert [probe["candidate"] for probe in asked] == [row["answer"] for row in follow_ups][: len(asked)]
     assert registry(state, CHAMPION) == [("text2sql", 1)]  # the pipeline's name, by default; promoted by the rollout
+    # `make serve`'s command, from the wheel, serves the champion as the fleet did: the same two-turn request gets
+    # evaluate's answer (its own engine, the chat template the version trained through)
+    own = {k: v for k, v in environment.items() if k != "PYTHONPATH" and not k.startswith("EKSFLOW_VLLM")}
+    with serving(state, model_cache, "text2sql", python, own, cwd=project) as (url, key):
+        for row in follow_ups[:2]:
+            body = {"model": "text2sql", "messages": row["messages"], "max_tokens": report["max_new_tokens"],
+                    "temperature": 0}  # fmt: skip
+            answer = requests.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300)
+            assert answer.status_code == 200, answer.text
+            assert str(answer.json()["choices"][0]["message"]["content"]).strip() == row["answer"]
     train_log = next((state / "runs").glob("*/logs/train.log")).read_text()
     assert "PlacementGroupCleaner" not in train_log  # Ray Train asked its own Ray, not the stale file's
 
