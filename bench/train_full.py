@@ -17,15 +17,14 @@ Everything else (model, data, sequence length, micro-batch, learning rate, threa
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import round_ratios  # beside this file too
 import train_peers  # the harness beside this file
 
 
@@ -48,35 +47,6 @@ RATIOS = {
 }
 
 
-def report(path: str) -> int:
-    """Per-round ratios of eksflow's full fine-tune to its peers (RATIOS), each variant's figures, then medians."""
-    runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
-    by_round: dict[int, dict[str, dict[str, Any]]] = {}
-    for variant, results in runs.items():
-        for result in results:
-            by_round.setdefault(result["round"], {})[variant] = result
-    ratios: dict[str, list[float]] = {}
-    for number, round_runs in sorted(by_round.items()):
-        line = [f"round {number}:"]
-        for name, (top, bottom, key) in RATIOS.items():
-            if top in round_runs and bottom in round_runs:
-                ratio = round_runs[top][key] / round_runs[bottom][key]
-                ratios.setdefault(name, []).append(ratio)
-                line.append(f"{name} {ratio:.3f}")
-        for variant, result in sorted(round_runs.items()):
-            line.append(
-                f"{variant} {result['tokens_per_s']:.1f} tok/s {result['tree_peak_rss_mb']:.0f} MiB "
-                f"cpu-pressure {result['cpu_pressure_some'] or 0:.2f}"
-            )
-        print("  ".join(line))
-    for variant, results in runs.items():
-        if results:
-            print(f"median {variant}: {statistics.median(r['tokens_per_s'] for r in results):.1f} tok/s")
-    for name, values in ratios.items():
-        print(f"median {name}: {statistics.median(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})")
-    return 0
-
-
 def main() -> int:
     """Run the harness's `bare` or `hf` variant on the whole model (printing its RESULT line), or `report`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -85,15 +55,9 @@ def main() -> int:
     parsed = parser.parse_args()
     variant = parsed.variant
     if variant == "report":
-        return report(parsed.results)
+        return round_ratios.report(parsed.results, RATIOS, variant_medians=True)
     train_peers.build_model = whole_model  # run_bare and run_hf look it up when they run
-    harness = argparse.Namespace(
-        variant=variant,
-        steps=int(os.environ["BENCH_STEPS"]),
-        warmup=int(os.environ["BENCH_WARMUP"]),
-        threads=int(os.environ["BENCH_THREADS"]),
-    )
-    train_peers.child_main(harness)
+    train_peers.child_main(round_ratios.harness_args(variant))
     return 0
 
 

@@ -17,13 +17,13 @@ optimizer, threads, the step clock) is the harness's.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import round_ratios  # beside this file too
 import train_peers  # the harness beside this file
 
 
@@ -50,13 +50,7 @@ def main() -> int:
             return arguments(**kwargs, bf16=True)
 
         transformers.TrainingArguments = bf16_arguments  # run_hf imports it from transformers when it runs
-    harness = argparse.Namespace(
-        variant=variant,
-        steps=int(os.environ["BENCH_STEPS"]),
-        warmup=int(os.environ["BENCH_WARMUP"]),
-        threads=int(os.environ["BENCH_THREADS"]),
-    )
-    train_peers.child_main(harness)
+    train_peers.child_main(round_ratios.harness_args(variant))
     return 0
 
 

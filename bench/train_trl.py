@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import round_ratios  # beside this file: a script's folder is on its path
+
 CONVERSATIONS = 64
 PAIRS = 64
 SUBJECTS = ("a lighthouse", "the tides", "a compiler", "sourdough", "a glacier", "the violin", "a bridge", "tea")
@@ -294,35 +296,12 @@ def check() -> int:
     return 0 if max(lengths) <= 256 and longest_pair <= 256 else 1
 
 
-def report(path: str) -> int:
-    """Per-round tokens/s ratios (eksflow / TRL) and the peak-RSS ratio (eksflow DPO / eksflow SFT), then medians."""
-    runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
-    by_round: dict[int, dict[str, dict[str, Any]]] = {}
-    for variant, results in runs.items():
-        for result in results:
-            by_round.setdefault(result["round"], {})[variant] = result
-    ratios: dict[str, list[float]] = {}
-    for number, round_runs in sorted(by_round.items()):
-        line = [f"round {number}:"]
-        for name, (top, bottom, key) in {
-            "chat SFT eksflow/TRL tokens/s": ("eksflow_chat", "trl_sft", "tokens_per_s"),
-            "DPO eksflow/TRL tokens/s": ("eksflow_dpo", "trl_dpo", "tokens_per_s"),
-            "peak RSS eksflow DPO/SFT": ("eksflow_dpo", "eksflow_sft_pairs", "tree_peak_rss_mb"),
-            "peak RSS TRL DPO/eksflow DPO": ("trl_dpo", "eksflow_dpo", "tree_peak_rss_mb"),
-        }.items():
-            if top in round_runs and bottom in round_runs:
-                ratio = round_runs[top][key] / round_runs[bottom][key]
-                ratios.setdefault(name, []).append(ratio)
-                line.append(f"{name} {ratio:.3f}")
-        for variant, result in sorted(round_runs.items()):
-            line.append(
-                f"{variant} {result['tokens_per_s']:.1f} tok/s {result['tree_peak_rss_mb']:.0f} MiB "
-                f"cpu-pressure {result['cpu_pressure_some'] or 0:.2f}"
-            )
-        print("  ".join(line))
-    for name, values in ratios.items():
-        print(f"median {name}: {statistics.median(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})")
-    return 0
+TRL_RATIOS = {  # name: (numerator variant, denominator variant, result key), each a ratio per round
+    "chat SFT eksflow/TRL tokens/s": ("eksflow_chat", "trl_sft", "tokens_per_s"),
+    "DPO eksflow/TRL tokens/s": ("eksflow_dpo", "trl_dpo", "tokens_per_s"),
+    "peak RSS eksflow DPO/SFT": ("eksflow_dpo", "eksflow_sft_pairs", "tree_peak_rss_mb"),
+    "peak RSS TRL DPO/eksflow DPO": ("trl_dpo", "eksflow_dpo", "tree_peak_rss_mb"),
+}
 
 
 def _demo_model() -> str:
@@ -341,7 +320,7 @@ def main() -> int:
     if what == "check":
         return check()
     if what == "report":
-        return report(parser.parse_args().results)
+        return round_ratios.report(parser.parse_args().results, TRL_RATIOS)
     print("RESULT " + json.dumps(run_trl(what)), flush=True)
     return 0
 
