@@ -5,7 +5,7 @@
     vllm-policy, proxy-policy                           after prepare-fleet, with the Deployments they guard
 
 A full fine-tune's rollout has no base model fleet: each whole-model version gets a fleet of its own
-(engine_objects with its served name: `champion-vllm...`, `candidate-vllm...`), and `removed` lists what deleting one
+(engine_objects with its served name: `champion-vllm...`, `candidate-vllm...`), and FLEET_KINDS lists what deleting one
 deletes (promote retires the former champion's, a rollback the candidate's).
 
 The rollout (rollout.py) loops over the list; `make templates` writes the same manifests to serving.yaml. The
@@ -68,9 +68,5 @@ def shared_objects(cfg: ServingConfig) -> list[FleetObject]:
     ]
 
 
-def removed(fleet: str) -> list[dict[str, Any]]:
-    """What deleting one vLLM fleet deletes: its Deployment, Service and PodDisruptionBudget, by name."""
-    return [
-        {"apiVersion": api, "kind": kind, "metadata": {"name": fleet}}
-        for api, kind in (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
-    ]
+# What deleting one vLLM fleet deletes (its objects are named as the fleet): (apiVersion, kind)
+FLEET_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))

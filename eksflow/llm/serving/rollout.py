@@ -142,14 +142,14 @@ def _delete_fleet(prefix: str, fleet: Ref, when: Ref, after: TaskRef) -> list[Ta
     """Tasks deleting whole-model fleet `fleet` (a task output) after `after`, when `when` (its bool output) holds."""
     return [
         resource(
-            f"{prefix}-{obj['kind'].lower()}",
-            {**obj, "metadata": {"name": fleet}},
+            f"{prefix}-{kind.lower()}",
+            {"apiVersion": api, "kind": kind, "metadata": {"name": fleet}},
             action="delete",
             owned=False,
             after=after,
             when=when,
         )
-        for obj in apply_order.removed("")
+        for api, kind in apply_order.FLEET_KINDS
     ]
 
 
@@ -215,10 +215,8 @@ def rollout(
         shifted = _keyed(cfg, shift_traffic, engine, percent=percent, task_name=f"shift-{label}", after=previous)
         previous = analysis(percent, shifted)
     promoted = _keyed(cfg, promote, engine, after=previous)
-    if whole_models:
-        _delete_fleet(
-            "retire", promoted.retired, promoted.retires, promoted
-        )  # the former champion's own fleet, if it had one
+    if whole_models:  # the former champion's own fleet, if it had one
+        _delete_fleet("retire", promoted.retired, promoted.retires, promoted)
     return promoted
 
 

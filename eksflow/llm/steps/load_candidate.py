@@ -38,7 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from eksflow.llm.steps import register
-from eksflow.llm.steps.common import adapters, chat_template, litellm_proxy, rollout, served_models, vllm_lora
+from eksflow.llm.steps.common import adapters, chat_template, litellm_proxy, rollout, tracking, vllm_lora
 from eksflow.llm.steps.common.rollout import FleetArgs
 from eksflow.runtime.args import Location, StepFailedError, StepInputError, run_step
 
@@ -83,11 +83,11 @@ def check_candidate(args: Args, adapter: Path | None) -> None:
     """Every input check of the candidate (its adapter folder; None: a whole model), exit 2 on any; no server asked."""
     registered = adapters.registered_version(args.tracking_uri, args.model_name, args.model_version)  # read once
     tags = dict(registered.tags or {})
-    if served_models.is_model(registered) != bool(args.served_name):
+    if tracking.is_model(registered) != bool(args.served_name):
         served = "on a fleet of its own (--served-name)" if args.served_name else "as an adapter on its base model"
         raise StepInputError(
             f"--model-version={args.model_version}: {args.model_name} v{args.model_version} is "
-            f"{'a whole model' if served_models.is_model(registered) else 'an adapter'}, and this rollout serves its "
+            f"{'a whole model' if tracking.is_model(registered) else 'an adapter'}, and this rollout serves its "
             f"candidate {served}; roll it out with the pipeline (train.finetune) that trained it"
         )
     trained_on = tags.get("base_model", "")
@@ -170,9 +170,8 @@ def run(args: Args) -> Outputs:
         rollout.routes(args).withdraw(slot)
     if args.served_name:  # a whole model, on its own fleet (the rollout applied it): its engine serves it already
         check_candidate(args, None)
-        rollout.routes(args).assign(slot, args.served_name, args.vllm_url)
         name = args.served_name
-        answer = rollout.load_everywhere(args, args.model_version, name, timeout_s=args.timeout_s)
+        answer = rollout.route_to_own_fleet(args, args.model_version, slot, name, timeout_s=args.timeout_s)
     else:
         name, answer = rollout.publish_to_slot(
             args, args.model_version, slot, lambda adapter: check_candidate(args, adapter), timeout_s=args.timeout_s

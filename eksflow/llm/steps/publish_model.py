@@ -74,7 +74,7 @@ def run(args: Args) -> Outputs:
             return Outputs()
         version = str(held.version)
     registered = adapters.registered_version(args.tracking_uri, args.model_name, version)
-    if not served_models.is_model(registered):
+    if not tracking.is_model(registered):
         print(f"{args.model_name} v{version} is an adapter: served on its base model's fleet", file=sys.stderr)
         return Outputs(version=version, kind="adapter")
     with tracking.errors(args.tracking_uri, f"downloading {args.model_name} version {version}"):

@@ -107,7 +107,7 @@ def run(args: Args) -> Outputs:
     key = kept or api_key(args.serve_dir)
     version = args.version or resolve_alias(args.tracking_uri, args.model_name, args.alias)
     registered = adapters.registered_version(args.tracking_uri, args.model_name, version)  # read once: tags, run
-    if served_models.is_model(registered):  # a whole model (a full fine-tune, a merged adapter): served as it is
+    if tracking.is_model(registered):  # a whole model (a full fine-tune, a merged adapter): served as it is
         with tracking.errors(args.tracking_uri, f"downloading {args.model_name} version {version}"):
             _, folder = served_models.publish(registered, args.serve_dir / args.model_name / "models")
         engine_args = [

@@ -83,10 +83,9 @@ def run(args: Args) -> Outputs:
     try:
         if not args.vllm_url:
             raise StepInputError("no fleet of this rollout serves it (an adapter, and no base model fleet runs)")
-        if args.served_name:  # a whole model, on its own fleet: nothing to publish, its engine serves it already
-            rollout.routes(args).assign(slot, args.served_name, args.vllm_url)
+        if args.served_name:  # a whole model, on its own fleet
             name = args.served_name
-            rollout.load_everywhere(args, version, name, timeout_s=args.timeout_s)
+            rollout.route_to_own_fleet(args, version, slot, name, timeout_s=args.timeout_s)
         else:
             name, _ = rollout.publish_to_slot(args, version, slot, check, timeout_s=args.timeout_s)
     except StepInputError as err:  # not this engine's: the old fleet keeps serving it (cluster); compare offline

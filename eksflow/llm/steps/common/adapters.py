@@ -66,7 +66,7 @@ def registered_version(tracking_uri: str, model_name: str, version: str) -> Mode
 def fetch(registered: ModelVersion, dest: Path) -> None:
     """Download a registered version's adapter folder to `dest` (which must not exist)."""
     model_name, version = registered.name, registered.version
-    if (registered.tags or {}).get(tracking.KIND_TAG) == "model":
+    if tracking.is_model(registered):
         raise StepInputError(
             f"--model-version={version}: {model_name} version {version} is a whole model (tag "
             f"{tracking.KIND_TAG}=model: train.finetune=full), not an adapter: it is served by a vLLM fleet of its "

@@ -172,6 +172,17 @@ def publish_to_slot(
     return name, load_everywhere(args, version, name, timeout_s=timeout_s)
 
 
+def route_to_own_fleet(
+    args: FleetArgs, version: str, slot: Slot, served_name: str, *, timeout_s: float
+) -> vllm_client.Answer:
+    """Assign `slot` to a whole model its own fleet (args.vllm_url) serves as `served_name`, then `load_everywhere`.
+
+    Nothing to publish: the fleet's engine loaded the model's folder when it started.
+    """
+    routes(args).assign(slot, served_name, args.vllm_url)
+    return load_everywhere(args, version, served_name, timeout_s=timeout_s)
+
+
 def load_everywhere(args: FleetArgs, version: str, name: str, *, timeout_s: float) -> vllm_client.Answer:
     """`version`'s published adapter `name` answering on every ready replica and listed by each; the first answer.
 

@@ -22,11 +22,6 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
 
 
-def is_model(registered: ModelVersion) -> bool:
-    """Whether a registered version is a whole model (tag kind=model), served by a fleet of its own."""
-    return (registered.tags or {}).get(tracking.KIND_TAG) == "model"
-
-
 def model_fleet(pipeline: str, published: str) -> str:
     """The Deployment and Service serving published model `published`: one per model version, named as fleets are."""
     return fleet_name(pipeline, f"models:/{published}")

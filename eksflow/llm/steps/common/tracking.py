@@ -35,6 +35,11 @@ KIND_TAG = "kind"  # a registered version's kind: adapter (LoRA on its base) or 
 METRIC_TAG_PREFIX = "metric."  # eksflow.llm.steps.register records each metric as tag metric.<name> on the version
 
 
+def is_model(registered: ModelVersion) -> bool:
+    """Whether a registered version is a whole model (tag kind=model), served by a vLLM fleet of its own."""
+    return (registered.tags or {}).get(KIND_TAG) == "model"
+
+
 def recorded_metrics(tags: Mapping[str, str]) -> dict[str, float]:
     """The metrics eksflow.llm.steps.register recorded as a version's tags (`metric.<name>`); other tags are skipped."""
     metrics = {}
